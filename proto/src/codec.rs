@@ -1,0 +1,455 @@
+//! Tensors on the wire: dtypes, shapes, validation, and `f32` access without
+//! per-element allocation.
+//!
+//! A [`TensorData`] is a validated tensor whose bytes may live in several
+//! [`Bytes`] segments (the chunks of a stream, sliced straight out of receive
+//! buffers). Reading it as `f32` never copies when a segment is `f32` and
+//! 4-byte aligned; otherwise elements are decoded through a small stack buffer,
+//! so unaligned payloads are read correctly and still without heap allocation.
+
+use bytes::Bytes;
+use half::{bf16, f16};
+
+use crate::v1;
+
+/// Elements decoded at a time on the slow (unaligned or half-precision) path.
+const DECODE_BLOCK: usize = 1024;
+
+/// Errors found while validating a tensor received from the wire.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    /// The dtype field was left at its default.
+    #[error("dtype is unspecified; set it to DTYPE_F32, DTYPE_F16 or DTYPE_BF16")]
+    UnspecifiedDtype,
+    /// The dtype number is not one this protocol version knows.
+    #[error("dtype {value} is not a known ps.v1.DType (1 = f32, 2 = f16, 3 = bf16)")]
+    UnknownDtype {
+        /// The number received.
+        value: i32,
+    },
+    /// The product of the dimensions (or the byte length) does not fit in memory.
+    #[error("shape {shape:?} has too many elements to address")]
+    ShapeOverflow {
+        /// The shape received.
+        shape: Vec<u64>,
+    },
+    /// The data is not `elements * dtype size` bytes long.
+    #[error(
+        "data is {got} bytes but shape {shape:?} of {dtype} needs {expected} bytes \
+         ({elements} elements x {elem_size} bytes)"
+    )]
+    LengthMismatch {
+        /// The shape received.
+        shape: Vec<usize>,
+        /// The dtype received.
+        dtype: DType,
+        /// Elements implied by the shape.
+        elements: usize,
+        /// Bytes per element.
+        elem_size: usize,
+        /// Bytes implied by the shape.
+        expected: usize,
+        /// Bytes received.
+        got: usize,
+    },
+}
+
+/// Element type of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE 754 binary32.
+    F32,
+    /// IEEE 754 binary16.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    /// Reads a dtype from its protobuf number.
+    ///
+    /// # Errors
+    /// [`CodecError::UnspecifiedDtype`] for 0, [`CodecError::UnknownDtype`] for numbers
+    /// this version does not know.
+    pub fn from_proto(value: i32) -> Result<Self, CodecError> {
+        match v1::DType::try_from(value) {
+            Ok(v1::DType::DtypeF32) => Ok(DType::F32),
+            Ok(v1::DType::DtypeF16) => Ok(DType::F16),
+            Ok(v1::DType::DtypeBf16) => Ok(DType::BF16),
+            Ok(v1::DType::DtypeUnspecified) => Err(CodecError::UnspecifiedDtype),
+            Err(_) => Err(CodecError::UnknownDtype { value }),
+        }
+    }
+
+    /// The protobuf number of this dtype.
+    pub fn to_proto(self) -> i32 {
+        let dtype = match self {
+            DType::F32 => v1::DType::DtypeF32,
+            DType::F16 => v1::DType::DtypeF16,
+            DType::BF16 => v1::DType::DtypeBf16,
+        };
+        dtype as i32
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+        })
+    }
+}
+
+/// Converts a wire shape to `usize` dimensions and checks that the element count
+/// and the byte length of a tensor of `dtype` are addressable.
+///
+/// # Errors
+/// [`CodecError::ShapeOverflow`] when the product or the byte length overflows.
+pub fn checked_shape(shape: &[u64], dtype: DType) -> Result<Vec<usize>, CodecError> {
+    let overflow = || CodecError::ShapeOverflow {
+        shape: shape.to_vec(),
+    };
+    let dims = shape
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| overflow()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let elements = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(overflow)?;
+    elements.checked_mul(dtype.size()).ok_or_else(overflow)?;
+    Ok(dims)
+}
+
+/// Number of elements of a shape already checked by [`checked_shape`].
+pub fn element_count(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// A validated tensor: dtype, shape, and its bytes in one or more segments.
+///
+/// Invariants: every segment holds a whole number of elements, and the segments
+/// together hold exactly `element_count(shape) * dtype.size()` bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorData {
+    dtype: DType,
+    shape: Vec<usize>,
+    segments: Vec<Bytes>,
+}
+
+impl TensorData {
+    /// Validates a tensor held in one buffer.
+    ///
+    /// # Errors
+    /// [`CodecError::LengthMismatch`] when `data` is not exactly the size the shape implies.
+    pub fn new(dtype: DType, shape: Vec<usize>, data: Bytes) -> Result<Self, CodecError> {
+        Self::from_segments(dtype, shape, vec![data])
+    }
+
+    /// Validates a tensor held in several buffers, in order.
+    ///
+    /// # Errors
+    /// [`CodecError::LengthMismatch`] when the segments do not add up to the size the
+    /// shape implies or one of them splits an element.
+    pub fn from_segments(
+        dtype: DType,
+        shape: Vec<usize>,
+        segments: Vec<Bytes>,
+    ) -> Result<Self, CodecError> {
+        let elements = element_count(&shape);
+        let expected = elements * dtype.size();
+        let got: usize = segments.iter().map(Bytes::len).sum();
+        let split_element = segments.iter().any(|s| s.len() % dtype.size() != 0);
+        if got != expected || split_element {
+            return Err(CodecError::LengthMismatch {
+                shape,
+                dtype,
+                elements,
+                elem_size: dtype.size(),
+                expected,
+                got,
+            });
+        }
+        let segments = segments.into_iter().filter(|s| !s.is_empty()).collect();
+        Ok(Self {
+            dtype,
+            shape,
+            segments,
+        })
+    }
+
+    /// Validates a `ps.v1.Tensor`'s dtype, shape and data (the name is the caller's).
+    ///
+    /// # Errors
+    /// Any [`CodecError`].
+    pub fn from_proto(tensor: &v1::Tensor) -> Result<Self, CodecError> {
+        let dtype = DType::from_proto(tensor.dtype)?;
+        let shape = checked_shape(&tensor.shape, dtype)?;
+        Self::new(dtype, shape, tensor.data.clone())
+    }
+
+    /// Encodes `values` in `dtype` (rounding to nearest for half precision).
+    /// Costs one allocation and one pass.
+    pub fn from_f32(dtype: DType, shape: Vec<usize>, values: &[f32]) -> Self {
+        assert_eq!(
+            element_count(&shape),
+            values.len(),
+            "from_f32: shape {shape:?} does not match {} values",
+            values.len()
+        );
+        let data = encode_f32(dtype, values);
+        Self {
+            dtype,
+            shape,
+            segments: vec![data],
+        }
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Dimensions.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        element_count(&self.shape)
+    }
+
+    /// True for a tensor with no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes of data.
+    pub fn byte_len(&self) -> usize {
+        self.len() * self.dtype.size()
+    }
+
+    /// The data segments, in order.
+    pub fn segments(&self) -> &[Bytes] {
+        &self.segments
+    }
+
+    /// The data as one buffer: free for a single segment, one copy otherwise.
+    pub fn to_contiguous(&self) -> Bytes {
+        match self.segments.as_slice() {
+            [] => Bytes::new(),
+            [one] => one.clone(),
+            many => Bytes::from(many.concat()),
+        }
+    }
+
+    /// Calls `f(first_element_index, values)` over consecutive blocks that together
+    /// cover every element in order, decoding half precision and unaligned data
+    /// through a stack buffer (no heap allocation).
+    pub fn for_each_f32_block(&self, mut f: impl FnMut(usize, &[f32])) {
+        let mut index = 0;
+        for segment in &self.segments {
+            for_each_segment_block(self.dtype, segment, |values| {
+                f(index, values);
+                index += values.len();
+            });
+        }
+    }
+
+    /// All elements as `f32`, in one allocation.
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.len());
+        self.for_each_f32_block(|_, values| out.extend_from_slice(values));
+        out
+    }
+
+    /// The first element that is NaN or infinite, as `(index, value)`.
+    pub fn first_non_finite(&self) -> Option<(usize, f32)> {
+        let mut found = None;
+        self.for_each_f32_block(|start, values| {
+            if found.is_none() && !values.iter().all(|v| v.is_finite()) {
+                found = values
+                    .iter()
+                    .position(|v| !v.is_finite())
+                    .map(|i| (start + i, values[i]));
+            }
+        });
+        found
+    }
+}
+
+/// Encodes `values` as little-endian bytes of `dtype`.
+pub fn encode_f32(dtype: DType, values: &[f32]) -> Bytes {
+    match dtype {
+        DType::F32 if cfg!(target_endian = "little") => {
+            Bytes::copy_from_slice(bytemuck::cast_slice(values))
+        }
+        DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        DType::F16 => values
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect(),
+        DType::BF16 => values
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect(),
+    }
+}
+
+fn for_each_segment_block(dtype: DType, bytes: &[u8], mut f: impl FnMut(&[f32])) {
+    if dtype == DType::F32 && cfg!(target_endian = "little") {
+        if let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(bytes) {
+            f(values);
+            return;
+        }
+    }
+    let size = dtype.size();
+    let mut buffer = [0f32; DECODE_BLOCK];
+    for block in bytes.chunks(DECODE_BLOCK * size) {
+        let n = block.len() / size;
+        for (out, element) in buffer.iter_mut().zip(block.chunks_exact(size)) {
+            *out = decode_element(dtype, element);
+        }
+        f(&buffer[..n]);
+    }
+}
+
+fn decode_element(dtype: DType, element: &[u8]) -> f32 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes([element[0], element[1], element[2], element[3]]),
+        DType::F16 => f16::from_le_bytes([element[0], element[1]]).to_f32(),
+        DType::BF16 => bf16::from_le_bytes([element[0], element[1]]).to_f32(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_bytes(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn unaligned_f32_is_decoded_correctly() {
+        let values: Vec<f32> = (0..3000).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let mut raw = vec![0u8];
+        raw.extend(f32_bytes(&values));
+        let unaligned = Bytes::from(raw).slice(1..);
+        assert_ne!(
+            unaligned.as_ptr() as usize % 4,
+            0,
+            "test needs an odd address"
+        );
+        let tensor = TensorData::new(DType::F32, vec![3000], unaligned).unwrap();
+        assert_eq!(tensor.to_f32_vec(), values);
+    }
+
+    #[test]
+    fn aligned_f32_is_read_in_place() {
+        let values: Vec<f32> = (0..100).map(|i| i as f32).collect();
+        let tensor = TensorData::from_f32(DType::F32, vec![10, 10], &values);
+        let mut blocks = 0;
+        tensor.for_each_f32_block(|start, block| {
+            assert_eq!(start, 0);
+            assert_eq!(block, values.as_slice());
+            blocks += 1;
+        });
+        assert_eq!(blocks, 1);
+    }
+
+    #[test]
+    fn segments_are_read_in_order_with_running_index() {
+        let values: Vec<f32> = (0..10).map(|i| i as f32).collect();
+        let bytes = Bytes::from(f32_bytes(&values));
+        let parts = vec![bytes.slice(0..12), bytes.slice(12..12), bytes.slice(12..40)];
+        let tensor = TensorData::from_segments(DType::F32, vec![10], parts).unwrap();
+        let mut starts = Vec::new();
+        tensor.for_each_f32_block(|start, _| starts.push(start));
+        assert_eq!(starts, vec![0, 3]);
+        assert_eq!(tensor.to_f32_vec(), values);
+    }
+
+    #[test]
+    fn half_precision_round_trips() {
+        let values = [0.5f32, -2.0, 1024.0, 0.0];
+        for dtype in [DType::F16, DType::BF16] {
+            let tensor = TensorData::from_f32(dtype, vec![4], &values);
+            assert_eq!(tensor.byte_len(), 8);
+            assert_eq!(tensor.to_f32_vec(), values);
+        }
+    }
+
+    #[test]
+    fn length_mismatch_names_expected_and_received_bytes() {
+        let err = TensorData::new(DType::F32, vec![2, 3], Bytes::from(vec![0u8; 20])).unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("20 bytes"), "{message}");
+        assert!(message.contains("needs 24 bytes"), "{message}");
+    }
+
+    #[test]
+    fn split_element_is_a_length_mismatch() {
+        let bytes = Bytes::from(vec![0u8; 8]);
+        let parts = vec![bytes.slice(0..3), bytes.slice(3..8)];
+        let err = TensorData::from_segments(DType::F32, vec![2], parts).unwrap_err();
+        assert!(matches!(err, CodecError::LengthMismatch { .. }));
+    }
+
+    #[test]
+    fn empty_tensors_are_valid() {
+        let tensor = TensorData::new(DType::F32, vec![0, 5], Bytes::new()).unwrap();
+        assert!(tensor.is_empty());
+        assert_eq!(tensor.to_f32_vec(), Vec::<f32>::new());
+    }
+
+    #[test]
+    fn scalar_has_one_element() {
+        let tensor = TensorData::from_f32(DType::F32, vec![], &[3.0]);
+        assert_eq!(tensor.len(), 1);
+    }
+
+    #[test]
+    fn shape_overflow_is_detected() {
+        let err = checked_shape(&[u64::MAX, 2], DType::F32).unwrap_err();
+        assert!(matches!(err, CodecError::ShapeOverflow { .. }));
+        let err = checked_shape(&[1 << 62], DType::F32).unwrap_err();
+        assert!(matches!(err, CodecError::ShapeOverflow { .. }));
+    }
+
+    #[test]
+    fn dtype_numbers_are_checked() {
+        assert_eq!(DType::from_proto(0), Err(CodecError::UnspecifiedDtype));
+        assert_eq!(
+            DType::from_proto(42),
+            Err(CodecError::UnknownDtype { value: 42 })
+        );
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            assert_eq!(DType::from_proto(dtype.to_proto()), Ok(dtype));
+        }
+    }
+
+    #[test]
+    fn first_non_finite_reports_index_and_value() {
+        let mut values = vec![1.0f32; 2500];
+        values[2100] = f32::NAN;
+        values[2200] = f32::INFINITY;
+        let tensor = TensorData::from_f32(DType::F32, vec![2500], &values);
+        let (index, value) = tensor.first_non_finite().unwrap();
+        assert_eq!(index, 2100);
+        assert!(value.is_nan());
+        let finite = TensorData::from_f32(DType::F32, vec![3], &[1.0, 2.0, 3.0]);
+        assert_eq!(finite.first_non_finite(), None);
+    }
+}

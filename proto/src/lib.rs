@@ -1,0 +1,20 @@
+//! `ps-proto`: the contract between candle-ps processes.
+//!
+//! - [`v1`]: the code generated from `proto/ps/v1/*.proto` (messages, clients, servers).
+//! - [`codec`]: tensors on the wire — dtypes, shapes, validation, zero-copy `f32` access.
+//! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
+//! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
+//! - [`process`]: logging set-up and the shutdown signal, the same in every binary.
+//! - [`transport`]: one place for HTTP/2 windows, frame sizes, message limits and keep-alive.
+
+pub mod chunk;
+pub mod codec;
+pub mod key;
+pub mod process;
+pub mod transport;
+
+/// Generated code for package `ps.v1`.
+#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
+pub mod v1 {
+    tonic::include_proto!("ps.v1");
+}

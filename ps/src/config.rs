@@ -1,0 +1,125 @@
+//! [`ServerConfig`]: everything a parameter-server shard can be told, with
+//! defaults that suit one machine, and [`ServerConfig::validate`].
+
+use std::time::Duration;
+
+use ps_proto::chunk::DEFAULT_CHUNK_BYTES;
+use ps_proto::transport::TransportConfig;
+
+use crate::consistency::Consistency;
+use crate::param::Group;
+use crate::store::StoreRules;
+
+/// Settings of one parameter-server shard.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// BSP, ASP or SSP(k).
+    pub consistency: Consistency,
+    /// Workers in the BSP/SSP group; gradients are scaled by `1 / workers`.
+    pub workers: u32,
+    /// Refuse NaN and infinite gradients and initial values.
+    pub reject_non_finite: bool,
+    /// How long a pull waits for its version when the request names no timeout.
+    pub default_pull_timeout: Duration,
+    /// The longest wait a pull may ask for.
+    pub max_pull_timeout: Duration,
+    /// Bytes per chunk of PullStream responses when the request names none.
+    pub chunk_bytes: usize,
+    /// HTTP/2 and message-size settings.
+    pub transport: TransportConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            consistency: Consistency::Bsp,
+            workers: 1,
+            reject_non_finite: true,
+            default_pull_timeout: Duration::from_secs(60),
+            max_pull_timeout: Duration::from_secs(600),
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            transport: TransportConfig::default(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Checks that the settings make sense together.
+    ///
+    /// # Errors
+    /// A message naming the setting to change.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.workers == 0 {
+            return Err("--workers must be at least 1".into());
+        }
+        if self.chunk_bytes < 4 || self.chunk_bytes + 1024 > self.transport.max_message_bytes {
+            return Err(format!(
+                "chunk size {} bytes must be at least 4 and leave 1 KiB of room under the {}-byte message limit",
+                self.chunk_bytes, self.transport.max_message_bytes
+            ));
+        }
+        if self.default_pull_timeout > self.max_pull_timeout {
+            return Err(format!(
+                "default pull timeout {:?} exceeds the maximum {:?}",
+                self.default_pull_timeout, self.max_pull_timeout
+            ));
+        }
+        self.transport.validate()
+    }
+
+    /// The rules the store enforces.
+    pub fn store_rules(&self) -> StoreRules {
+        StoreRules {
+            group: Group {
+                consistency: self.consistency,
+                workers: self.workers,
+            },
+            reject_non_finite: self.reject_non_finite,
+        }
+    }
+
+    /// The wait for a pull that asked for `requested_ms` (0: the default), capped.
+    pub fn pull_timeout(&self, requested_ms: u64) -> Duration {
+        if requested_ms == 0 {
+            self.default_pull_timeout
+        } else {
+            Duration::from_millis(requested_ms).min(self.max_pull_timeout)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        assert_eq!(ServerConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn zero_workers_is_refused() {
+        let config = ServerConfig {
+            workers: 0,
+            ..ServerConfig::default()
+        };
+        assert!(config.validate().unwrap_err().contains("--workers"));
+    }
+
+    #[test]
+    fn chunks_must_fit_in_a_message() {
+        let config = ServerConfig {
+            chunk_bytes: 4 << 20,
+            ..ServerConfig::default()
+        };
+        assert!(config.validate().unwrap_err().contains("message limit"));
+    }
+
+    #[test]
+    fn pull_timeout_is_capped() {
+        let config = ServerConfig::default();
+        assert_eq!(config.pull_timeout(0), config.default_pull_timeout);
+        assert_eq!(config.pull_timeout(5), Duration::from_millis(5));
+        assert_eq!(config.pull_timeout(u64::MAX), config.max_pull_timeout);
+    }
+}

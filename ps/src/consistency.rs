@@ -1,0 +1,159 @@
+//! Consistency models and the per-key rule that admits a worker's push.
+//!
+//! - BSP: the gradients of step `t` from every worker of the group are averaged and
+//!   applied once; the key's version becomes `t + 1`.
+//! - SSP(k): each push is applied at once; the version is the group's clock (the
+//!   lowest `step + 1` pushed by any group worker), and a worker may push step `t`
+//!   only while `t <= version + k`.
+//! - ASP: each push is applied at once and bumps the version by one.
+//!
+//! Exactly once: a push whose step is not above the worker's last admitted step for
+//! the key is a retry; it is acknowledged and not applied again.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// How pushes from different workers are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consistency {
+    /// Bulk-synchronous: one averaged update per step.
+    Bsp,
+    /// Asynchronous: every push applied at once.
+    Asp,
+    /// Stale-synchronous: asynchronous, but no worker more than `staleness` steps
+    /// ahead of the slowest.
+    Ssp {
+        /// How many steps a worker may run ahead of the slowest one.
+        staleness: u64,
+    },
+}
+
+impl Consistency {
+    /// True when the server knows a fixed group of workers (BSP and SSP).
+    pub fn has_group(self) -> bool {
+        !matches!(self, Consistency::Asp)
+    }
+}
+
+impl fmt::Display for Consistency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Consistency::Bsp => f.write_str("bsp"),
+            Consistency::Asp => f.write_str("asp"),
+            Consistency::Ssp { staleness } => write!(f, "ssp:{staleness}"),
+        }
+    }
+}
+
+impl FromStr for Consistency {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let lower = s.to_ascii_lowercase();
+        match lower.as_str() {
+            "bsp" => Ok(Consistency::Bsp),
+            "asp" => Ok(Consistency::Asp),
+            other => other
+                .strip_prefix("ssp:")
+                .and_then(|k| k.parse().ok())
+                .map(|staleness| Consistency::Ssp { staleness })
+                .ok_or_else(|| {
+                    format!(
+                        "unknown consistency `{s}`; use bsp, asp or ssp:K (K = staleness in steps)"
+                    )
+                }),
+        }
+    }
+}
+
+/// What to do with one key's share of a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Take the gradient.
+    Accept,
+    /// `(worker, step)` was already taken: acknowledge, change nothing.
+    Duplicate,
+    /// The step is further ahead of the key's version than the model allows.
+    Future {
+        /// Largest step that would be admitted now.
+        max_step: u64,
+    },
+    /// BSP only: the step was completed without this worker.
+    Stale,
+}
+
+/// Decides whether a push of `step` by a worker whose last admitted step for this
+/// key is `last_step` is admitted, given the key's `version`.
+pub fn admit(
+    consistency: Consistency,
+    version: u64,
+    last_step: Option<u64>,
+    step: u64,
+) -> Admission {
+    if last_step.is_some_and(|last| step <= last) {
+        return Admission::Duplicate;
+    }
+    let staleness = match consistency {
+        Consistency::Asp => return Admission::Accept,
+        Consistency::Bsp => 0,
+        Consistency::Ssp { staleness } => staleness,
+    };
+    let max_step = version.saturating_add(staleness);
+    if step > max_step {
+        Admission::Future { max_step }
+    } else if consistency == Consistency::Bsp && step < version {
+        Admission::Stale
+    } else {
+        Admission::Accept
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_prints_every_model() {
+        for (text, model) in [
+            ("bsp", Consistency::Bsp),
+            ("asp", Consistency::Asp),
+            ("ssp:3", Consistency::Ssp { staleness: 3 }),
+        ] {
+            assert_eq!(text.parse::<Consistency>(), Ok(model));
+            assert_eq!(model.to_string(), text);
+        }
+        assert!("ssp".parse::<Consistency>().unwrap_err().contains("ssp:K"));
+        assert!("sync".parse::<Consistency>().is_err());
+    }
+
+    #[test]
+    fn admission_table() {
+        use Admission::*;
+        let bsp = Consistency::Bsp;
+        let ssp2 = Consistency::Ssp { staleness: 2 };
+        let asp = Consistency::Asp;
+        // (model, version, last step, step) -> admission
+        let cases = [
+            (bsp, 0, None, 0, Accept),
+            (bsp, 0, Some(0), 0, Duplicate),
+            (bsp, 3, Some(2), 3, Accept),
+            (bsp, 3, Some(3), 3, Duplicate),
+            (bsp, 3, Some(2), 2, Duplicate),
+            (bsp, 3, Some(2), 4, Future { max_step: 3 }),
+            (bsp, 3, None, 1, Stale),
+            (ssp2, 3, Some(4), 5, Accept),
+            (ssp2, 3, Some(5), 6, Future { max_step: 5 }),
+            (ssp2, 3, Some(5), 5, Duplicate),
+            (asp, 0, Some(10), 11, Accept),
+            (asp, 0, Some(10), 10, Duplicate),
+            (asp, 0, None, 1_000, Accept),
+        ];
+        for (model, version, last, step, expected) in cases {
+            assert_eq!(
+                admit(model, version, last, step),
+                expected,
+                "{model} version {version} last {last:?} step {step}"
+            );
+        }
+    }
+}

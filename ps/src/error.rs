@@ -1,0 +1,232 @@
+//! [`Error`]: everything a parameter-server request can be refused for, each
+//! mapped to a precise gRPC status whose message says what to change.
+
+use std::time::Duration;
+
+use ps_proto::chunk::ChunkError;
+use ps_proto::codec::{CodecError, DType};
+use ps_proto::key::ParamKey;
+use tonic::{Code, Status};
+
+/// Why a request was refused. A refused request changes nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request named nothing to do.
+    #[error("empty request: {what}")]
+    EmptyRequest {
+        /// What was missing.
+        what: &'static str,
+    },
+    /// A tensor's dtype, shape or data length is malformed.
+    #[error("{key}: {source}")]
+    Codec {
+        /// The tensor.
+        key: ParamKey,
+        /// What is wrong.
+        source: CodecError,
+    },
+    /// A chunk stream is malformed.
+    #[error(transparent)]
+    Chunk(#[from] ChunkError),
+    /// A stream's messages disagree about the pushing worker or step.
+    #[error(
+        "stream message {index} says worker {got_worker} step {got_step}, but the stream began as worker {worker} step {step}"
+    )]
+    MixedStream {
+        /// Index of the offending message.
+        index: usize,
+        /// Worker of the first message.
+        worker: u32,
+        /// Step of the first message.
+        step: u64,
+        /// Worker of this message.
+        got_worker: u32,
+        /// Step of this message.
+        got_step: u64,
+    },
+    /// The key is not registered here.
+    #[error(
+        "unknown key {key}: it was never registered on this server ({known} keys are); register it first or check the shard map"
+    )]
+    UnknownKey {
+        /// The key.
+        key: ParamKey,
+        /// How many keys this server holds.
+        known: usize,
+    },
+    /// The same key appears twice in one request.
+    #[error("{key} appears more than once in one request")]
+    RepeatedKey {
+        /// The key.
+        key: ParamKey,
+    },
+    /// A gradient's dtype differs from the parameter's.
+    #[error(
+        "{key} is {expected} but the gradient is {got}; push gradients in the parameter's dtype"
+    )]
+    DtypeMismatch {
+        /// The key.
+        key: ParamKey,
+        /// The parameter's dtype.
+        expected: DType,
+        /// The gradient's dtype.
+        got: DType,
+    },
+    /// A gradient's shape differs from the parameter's.
+    #[error("{key} has shape {expected:?} but the gradient has shape {got:?}")]
+    ShapeMismatch {
+        /// The key.
+        key: ParamKey,
+        /// The parameter's shape.
+        expected: Vec<usize>,
+        /// The gradient's shape.
+        got: Vec<usize>,
+    },
+    /// A gradient or initial value is NaN or infinite.
+    #[error(
+        "{what} of {key} has a non-finite value {value} at element {index}; fix the model or loss scale, or start the server with --allow-non-finite"
+    )]
+    NonFinite {
+        /// The key.
+        key: ParamKey,
+        /// "gradient" or "initial value".
+        what: &'static str,
+        /// Element index.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+    /// The optimizer is missing or has an out-of-range hyper-parameter.
+    #[error("optimizer of {key}: {reason}")]
+    InvalidOptimizer {
+        /// The key.
+        key: ParamKey,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A key exists with a different spec.
+    #[error("{key} already exists as {existing}; this request registers it as {requested}")]
+    SpecConflict {
+        /// The key.
+        key: ParamKey,
+        /// The stored spec.
+        existing: String,
+        /// The requested spec.
+        requested: String,
+    },
+    /// A worker id outside the BSP/SSP group.
+    #[error(
+        "worker {worker} is outside this server's group of {group} workers (ids 0..{group}); start the server with --workers N to match the job"
+    )]
+    WorkerOutsideGroup {
+        /// The worker id.
+        worker: u32,
+        /// Group size.
+        group: u32,
+    },
+    /// A push's step is ahead of what the consistency model allows.
+    #[error(
+        "step {step} of worker {worker} is from the future for {key}: the key is at version {version} and accepts steps up to {max_step}; pull version {max_step} before pushing step {step}"
+    )]
+    FutureStep {
+        /// The key.
+        key: ParamKey,
+        /// The worker.
+        worker: u32,
+        /// The pushed step.
+        step: u64,
+        /// The key's version.
+        version: u64,
+        /// The largest step accepted now.
+        max_step: u64,
+    },
+    /// Under BSP, the step was completed without this worker.
+    #[error(
+        "step {step} of {key} already completed without worker {worker} (the key is at version {version}); pull the current values and push step {version}"
+    )]
+    StaleStep {
+        /// The key.
+        key: ParamKey,
+        /// The worker.
+        worker: u32,
+        /// The pushed step.
+        step: u64,
+        /// The key's version.
+        version: u64,
+    },
+    /// A unary response would exceed the message limit.
+    #[error(
+        "the response would be {bytes} bytes, over the {limit}-byte message limit; use PullStream for large tensors or pull fewer keys at once"
+    )]
+    ResponseTooLarge {
+        /// Response size.
+        bytes: usize,
+        /// Message limit.
+        limit: usize,
+    },
+    /// A pull's minimum version did not arrive in time.
+    #[error(
+        "waited {waited:?} for {key} to reach version {wanted}, but it is at version {have}{detail}"
+    )]
+    PullTimeout {
+        /// The key.
+        key: ParamKey,
+        /// The version waited for.
+        wanted: u64,
+        /// The version reached.
+        have: u64,
+        /// How long the pull waited.
+        waited: Duration,
+        /// Who the step is waiting for, when known.
+        detail: String,
+    },
+    /// Receiving the request stream failed (for example a message over the size limit).
+    #[error("{}", .0.message())]
+    Stream(Status),
+    /// The server is shutting down.
+    #[error("the parameter server is shutting down; retry on another server or after it restarts")]
+    ShuttingDown,
+}
+
+impl Error {
+    /// The gRPC status code for this error.
+    pub fn code(&self) -> Code {
+        match self {
+            Error::UnknownKey { .. } => Code::NotFound,
+            Error::SpecConflict { .. } => Code::AlreadyExists,
+            Error::FutureStep { .. } | Error::StaleStep { .. } => Code::FailedPrecondition,
+            Error::ResponseTooLarge { .. } => Code::ResourceExhausted,
+            Error::PullTimeout { .. } => Code::DeadlineExceeded,
+            Error::ShuttingDown => Code::Unavailable,
+            Error::Stream(status) => status.code(),
+            Error::EmptyRequest { .. }
+            | Error::Codec { .. }
+            | Error::Chunk(_)
+            | Error::MixedStream { .. }
+            | Error::RepeatedKey { .. }
+            | Error::DtypeMismatch { .. }
+            | Error::ShapeMismatch { .. }
+            | Error::NonFinite { .. }
+            | Error::InvalidOptimizer { .. }
+            | Error::WorkerOutsideGroup { .. } => Code::InvalidArgument,
+        }
+    }
+}
+
+impl From<Error> for Status {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Stream(status) => status,
+            other => Status::new(other.code(), other.to_string()),
+        }
+    }
+}
+
+impl From<Status> for Error {
+    fn from(status: Status) -> Self {
+        Error::Stream(status)
+    }
+}
+
+/// Result of a parameter-server operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,29 @@
+//! `ps-server`: one parameter-server shard of candle-ps.
+//!
+//! A shard holds keys (parameters or partitions of them) with their values,
+//! server-side optimizer state and versions; workers push gradients tagged
+//! `(worker, step)` and pull values, optionally waiting for a version.
+//!
+//! - [`config`]: settings and their validation.
+//! - [`consistency`]: BSP, ASP, SSP(k) and the rule that admits a push exactly once.
+//! - [`optimizer`]: SGD, momentum, Adam(W).
+//! - [`param`]: one key's state.
+//! - [`store`]: all keys; all-or-nothing register and push, waiting pulls.
+//! - [`wire`]: `ps.v1` messages to and from the domain types.
+//! - [`service`]: the gRPC handlers.
+//! - [`server`]: [`server::run`], serving a shard with health and clean shutdown.
+//! - [`error`]: why a request is refused, as precise gRPC statuses.
+
+pub mod config;
+pub mod consistency;
+pub mod error;
+pub mod optimizer;
+pub mod param;
+pub mod server;
+pub mod service;
+pub mod store;
+pub mod wire;
+
+pub use config::ServerConfig;
+pub use consistency::Consistency;
+pub use server::run;

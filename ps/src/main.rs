@@ -1,0 +1,92 @@
+//! `ps-server`: runs one parameter-server shard.
+//!
+//! ```text
+//! ps-server --listen 0.0.0.0:7070 --workers 2 --consistency bsp
+//! ```
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use ps_proto::transport::TransportConfig;
+use ps_server::{Consistency, ServerConfig};
+
+/// One candle-ps parameter-server shard.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "PS_LISTEN", default_value = "0.0.0.0:7070")]
+    listen: String,
+    /// Workers in the BSP/SSP group; gradients are averaged over them.
+    #[arg(long, env = "PS_WORKERS", default_value_t = 1)]
+    workers: u32,
+    /// Consistency model: bsp, asp, or ssp:K (K = staleness in steps).
+    #[arg(long, env = "PS_CONSISTENCY", default_value = "bsp")]
+    consistency: Consistency,
+    /// Accept NaN and infinite gradients and initial values instead of refusing them.
+    #[arg(long, env = "PS_ALLOW_NON_FINITE")]
+    allow_non_finite: bool,
+    /// Seconds a pull waits for its version when the request names no timeout.
+    #[arg(long, env = "PS_PULL_TIMEOUT_SECS", default_value_t = 60)]
+    pull_timeout_secs: u64,
+    /// The longest wait, in seconds, a pull may ask for.
+    #[arg(long, env = "PS_MAX_PULL_TIMEOUT_SECS", default_value_t = 600)]
+    max_pull_timeout_secs: u64,
+    /// Largest gRPC message accepted or sent, in bytes.
+    #[arg(long, env = "PS_MAX_MESSAGE_BYTES", default_value_t = ps_proto::transport::DEFAULT_MAX_MESSAGE_BYTES)]
+    max_message_bytes: usize,
+    /// Bytes per chunk of streamed pulls.
+    #[arg(long, env = "PS_CHUNK_BYTES", default_value_t = ps_proto::chunk::DEFAULT_CHUNK_BYTES)]
+    chunk_bytes: usize,
+    /// HTTP/2 initial stream window, in bytes.
+    #[arg(long, default_value_t = TransportConfig::default().stream_window_bytes)]
+    stream_window_bytes: u32,
+    /// HTTP/2 initial connection window, in bytes.
+    #[arg(long, default_value_t = TransportConfig::default().connection_window_bytes)]
+    connection_window_bytes: u32,
+    /// HTTP/2 maximum frame size, in bytes.
+    #[arg(long, default_value_t = TransportConfig::default().max_frame_bytes)]
+    max_frame_bytes: u32,
+    /// Let HTTP/2 size its windows adaptively.
+    #[arg(long)]
+    adaptive_window: bool,
+}
+
+impl Args {
+    fn config(&self) -> ServerConfig {
+        let transport = TransportConfig {
+            max_message_bytes: self.max_message_bytes,
+            stream_window_bytes: self.stream_window_bytes,
+            connection_window_bytes: self.connection_window_bytes,
+            max_frame_bytes: self.max_frame_bytes,
+            adaptive_window: self.adaptive_window,
+            ..TransportConfig::default()
+        };
+        ServerConfig {
+            consistency: self.consistency,
+            workers: self.workers,
+            reject_non_finite: !self.allow_non_finite,
+            default_pull_timeout: Duration::from_secs(self.pull_timeout_secs),
+            max_pull_timeout: Duration::from_secs(self.max_pull_timeout_secs),
+            chunk_bytes: self.chunk_bytes,
+            transport,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    ps_proto::process::init_tracing();
+    let config = args.config();
+    config
+        .validate()
+        .map_err(anyhow::Error::msg)
+        .context("ps-server")?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    ps_server::run(listener, config, ps_proto::process::shutdown_signal()).await?;
+    Ok(())
+}

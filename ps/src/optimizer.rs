@@ -1,0 +1,571 @@
+//! Server-side optimizers: SGD, SGD with momentum, and Adam(W).
+//!
+//! Values and optimizer state are kept in `f32` whatever the wire dtype. The
+//! arithmetic follows PyTorch's `SGD` (momentum, Nesterov, L2 weight decay) and
+//! candle-nn's `AdamW` (decoupled weight decay, bias correction), term by term.
+
+use std::fmt;
+
+use ps_proto::codec::TensorData;
+use ps_proto::v1;
+
+/// An optimizer and its hyper-parameters, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OptimizerSpec {
+    /// `w -= lr * (g + weight_decay * w)`.
+    Sgd {
+        /// Learning rate.
+        lr: f64,
+        /// L2 penalty.
+        weight_decay: f64,
+    },
+    /// SGD with (optionally Nesterov) momentum.
+    Momentum {
+        /// Learning rate.
+        lr: f64,
+        /// Momentum factor.
+        momentum: f64,
+        /// L2 penalty.
+        weight_decay: f64,
+        /// Nesterov momentum.
+        nesterov: bool,
+    },
+    /// Adam with decoupled weight decay.
+    Adam {
+        /// Learning rate.
+        lr: f64,
+        /// First-moment decay.
+        beta1: f64,
+        /// Second-moment decay.
+        beta2: f64,
+        /// Denominator term.
+        eps: f64,
+        /// Decoupled weight decay.
+        weight_decay: f64,
+    },
+}
+
+impl OptimizerSpec {
+    /// Validates an optimizer from the wire, filling documented defaults.
+    ///
+    /// # Errors
+    /// A message naming the missing optimizer or the out-of-range hyper-parameter.
+    pub fn from_proto(optimizer: Option<&v1::Optimizer>) -> Result<Self, String> {
+        use v1::optimizer::Kind;
+        let kind = optimizer.and_then(|o| o.kind.as_ref()).ok_or(
+            "no optimizer given; set exactly one of optimizer.sgd, optimizer.momentum, optimizer.adam",
+        )?;
+        let spec = match kind {
+            Kind::Sgd(s) => OptimizerSpec::Sgd {
+                lr: s.lr,
+                weight_decay: s.weight_decay,
+            },
+            Kind::Momentum(m) => OptimizerSpec::Momentum {
+                lr: m.lr,
+                momentum: m.momentum,
+                weight_decay: m.weight_decay,
+                nesterov: m.nesterov,
+            },
+            Kind::Adam(a) => OptimizerSpec::Adam {
+                lr: a.lr,
+                beta1: default_if_zero(a.beta1, 0.9),
+                beta2: default_if_zero(a.beta2, 0.999),
+                eps: default_if_zero(a.eps, 1e-8),
+                weight_decay: a.weight_decay,
+            },
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The wire form of this optimizer.
+    pub fn to_proto(&self) -> v1::Optimizer {
+        use v1::optimizer::Kind;
+        let kind = match *self {
+            OptimizerSpec::Sgd { lr, weight_decay } => Kind::Sgd(v1::Sgd { lr, weight_decay }),
+            OptimizerSpec::Momentum {
+                lr,
+                momentum,
+                weight_decay,
+                nesterov,
+            } => Kind::Momentum(v1::Momentum {
+                lr,
+                momentum,
+                weight_decay,
+                nesterov,
+            }),
+            OptimizerSpec::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => Kind::Adam(v1::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            }),
+        };
+        v1::Optimizer { kind: Some(kind) }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let (lr, weight_decay) = match *self {
+            OptimizerSpec::Sgd { lr, weight_decay } => (lr, weight_decay),
+            OptimizerSpec::Momentum {
+                lr,
+                momentum,
+                weight_decay,
+                ..
+            } => {
+                check_unit_interval("momentum", momentum)?;
+                (lr, weight_decay)
+            }
+            OptimizerSpec::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                check_unit_interval("beta1", beta1)?;
+                check_unit_interval("beta2", beta2)?;
+                if !(eps.is_finite() && eps > 0.0) {
+                    return Err(format!("eps must be finite and > 0, got {eps}"));
+                }
+                (lr, weight_decay)
+            }
+        };
+        if !(lr.is_finite() && lr > 0.0) {
+            return Err(format!("learning rate must be finite and > 0, got {lr}"));
+        }
+        if !(weight_decay.is_finite() && weight_decay >= 0.0) {
+            return Err(format!(
+                "weight_decay must be finite and >= 0, got {weight_decay}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// `f32` state values kept per parameter element.
+    fn state_per_element(&self) -> usize {
+        match self {
+            OptimizerSpec::Sgd { .. } => 0,
+            OptimizerSpec::Momentum { .. } => 1,
+            OptimizerSpec::Adam { .. } => 2,
+        }
+    }
+}
+
+fn default_if_zero(value: f64, default: f64) -> f64 {
+    if value == 0.0 { default } else { value }
+}
+
+fn check_unit_interval(name: &str, value: f64) -> Result<(), String> {
+    if (0.0..1.0).contains(&value) {
+        Ok(())
+    } else {
+        Err(format!("{name} must be in [0, 1), got {value}"))
+    }
+}
+
+impl fmt::Display for OptimizerSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OptimizerSpec::Sgd { lr, weight_decay } => {
+                write!(f, "sgd(lr={lr}, weight_decay={weight_decay})")
+            }
+            OptimizerSpec::Momentum {
+                lr,
+                momentum,
+                weight_decay,
+                nesterov,
+            } => write!(
+                f,
+                "momentum(lr={lr}, momentum={momentum}, weight_decay={weight_decay}, nesterov={nesterov})"
+            ),
+            OptimizerSpec::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => write!(
+                f,
+                "adam(lr={lr}, beta1={beta1}, beta2={beta2}, eps={eps}, weight_decay={weight_decay})"
+            ),
+        }
+    }
+}
+
+/// A gradient to apply: straight from the wire, or an accumulated dense sum.
+#[derive(Debug, Clone, Copy)]
+pub enum Gradient<'a> {
+    /// A validated wire tensor (possibly in several segments, possibly unaligned).
+    Wire(&'a TensorData),
+    /// Dense `f32` values.
+    Dense(&'a [f32]),
+}
+
+impl Gradient<'_> {
+    fn for_each_block(self, mut f: impl FnMut(usize, &[f32])) {
+        match self {
+            Gradient::Wire(tensor) => tensor.for_each_f32_block(f),
+            Gradient::Dense(values) => f(0, values),
+        }
+    }
+
+    /// Adds `scale * gradient` into `sum`.
+    pub fn add_scaled_into(self, sum: &mut [f32], scale: f32) {
+        self.for_each_block(|start, g| {
+            for (s, &g) in sum[start..start + g.len()].iter_mut().zip(g) {
+                *s += scale * g;
+            }
+        });
+    }
+}
+
+/// An optimizer with its per-element state for one key.
+#[derive(Debug, Clone)]
+pub struct Optimizer {
+    spec: OptimizerSpec,
+    /// Momentum buffer, or Adam's first moment.
+    first: Vec<f32>,
+    /// Adam's second moment.
+    second: Vec<f32>,
+    /// Updates applied so far (Adam's `t`).
+    updates: u64,
+}
+
+impl Optimizer {
+    /// A fresh optimizer for a parameter of `len` elements.
+    pub fn new(spec: OptimizerSpec, len: usize) -> Self {
+        let state = spec.state_per_element();
+        Self {
+            spec,
+            first: if state >= 1 {
+                vec![0.0; len]
+            } else {
+                Vec::new()
+            },
+            second: if state >= 2 {
+                vec![0.0; len]
+            } else {
+                Vec::new()
+            },
+            updates: 0,
+        }
+    }
+
+    /// The hyper-parameters.
+    pub fn spec(&self) -> &OptimizerSpec {
+        &self.spec
+    }
+
+    /// Bytes of optimizer state.
+    pub fn state_bytes(&self) -> usize {
+        (self.first.len() + self.second.len()) * std::mem::size_of::<f32>()
+    }
+
+    /// Applies one update with gradient `scale * grad` to `values`.
+    ///
+    /// Each element's arithmetic runs in `f64` and is stored back as `f32`, so the
+    /// result is the exact update rounded once, not a chain of `f32` roundings.
+    pub fn apply(&mut self, values: &mut [f32], grad: Gradient<'_>, scale: f32) {
+        self.updates += 1;
+        let scale = f64::from(scale);
+        match self.spec {
+            OptimizerSpec::Sgd { lr, weight_decay } => {
+                grad.for_each_block(|start, g| {
+                    for (w, &g) in values[start..start + g.len()].iter_mut().zip(g) {
+                        let w64 = f64::from(*w);
+                        *w = (w64 - lr * (scale * f64::from(g) + weight_decay * w64)) as f32;
+                    }
+                });
+            }
+            OptimizerSpec::Momentum {
+                lr,
+                momentum,
+                weight_decay,
+                nesterov,
+            } => {
+                let buffer = &mut self.first;
+                grad.for_each_block(|start, g| {
+                    let range = start..start + g.len();
+                    let params = values[range.clone()].iter_mut().zip(&mut buffer[range]);
+                    for ((w, b), &g) in params.zip(g) {
+                        let w64 = f64::from(*w);
+                        let g = scale * f64::from(g) + weight_decay * w64;
+                        let b64 = momentum * f64::from(*b) + g;
+                        let step = if nesterov { g + momentum * b64 } else { b64 };
+                        *b = b64 as f32;
+                        *w = (w64 - lr * step) as f32;
+                    }
+                });
+            }
+            OptimizerSpec::Adam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                let t = i32::try_from(self.updates).unwrap_or(i32::MAX);
+                let m_scale = 1.0 / (1.0 - beta1.powi(t));
+                let v_scale = 1.0 / (1.0 - beta2.powi(t));
+                let decay = 1.0 - lr * weight_decay;
+                let (m, v) = (&mut self.first, &mut self.second);
+                grad.for_each_block(|start, g| {
+                    let range = start..start + g.len();
+                    let state = m[range.clone()].iter_mut().zip(&mut v[range.clone()]);
+                    for ((w, (m, v)), &g) in values[range].iter_mut().zip(state).zip(g) {
+                        let g = scale * f64::from(g);
+                        let m64 = beta1 * f64::from(*m) + (1.0 - beta1) * g;
+                        let v64 = beta2 * f64::from(*v) + (1.0 - beta2) * g * g;
+                        let step = (m64 * m_scale) / ((v64 * v_scale).sqrt() + eps);
+                        *w = (f64::from(*w) * decay - lr * step) as f32;
+                        (*m, *v) = (m64 as f32, v64 as f32);
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ps_proto::codec::DType;
+
+    /// An independent float64 re-implementation, written from the formulas.
+    struct Reference {
+        spec: OptimizerSpec,
+        w: Vec<f64>,
+        a: Vec<f64>,
+        b: Vec<f64>,
+        t: i32,
+    }
+
+    impl Reference {
+        fn new(spec: OptimizerSpec, w: &[f32]) -> Self {
+            let w: Vec<f64> = w.iter().map(|&x| x as f64).collect();
+            let n = w.len();
+            Self {
+                spec,
+                w,
+                a: vec![0.0; n],
+                b: vec![0.0; n],
+                t: 0,
+            }
+        }
+
+        fn step(&mut self, grad: &[f64]) {
+            self.t += 1;
+            for i in 0..self.w.len() {
+                let g = grad[i];
+                match self.spec {
+                    OptimizerSpec::Sgd { lr, weight_decay } => {
+                        self.w[i] -= lr * (g + weight_decay * self.w[i]);
+                    }
+                    OptimizerSpec::Momentum {
+                        lr,
+                        momentum,
+                        weight_decay,
+                        nesterov,
+                    } => {
+                        let g = g + weight_decay * self.w[i];
+                        self.a[i] = momentum * self.a[i] + g;
+                        let d = if nesterov {
+                            g + momentum * self.a[i]
+                        } else {
+                            self.a[i]
+                        };
+                        self.w[i] -= lr * d;
+                    }
+                    OptimizerSpec::Adam {
+                        lr,
+                        beta1,
+                        beta2,
+                        eps,
+                        weight_decay,
+                    } => {
+                        self.w[i] *= 1.0 - lr * weight_decay;
+                        self.a[i] = beta1 * self.a[i] + (1.0 - beta1) * g;
+                        self.b[i] = beta2 * self.b[i] + (1.0 - beta2) * g * g;
+                        let m_hat = self.a[i] / (1.0 - beta1.powi(self.t));
+                        let v_hat = self.b[i] / (1.0 - beta2.powi(self.t));
+                        self.w[i] -= lr * m_hat / (v_hat.sqrt() + eps);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Deterministic pseudo-random values in [-1, 1).
+    fn noise(seed: u64, n: usize) -> Vec<f32> {
+        let mut state = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn assert_close(got: &[f32], want: &[f64], what: &str) {
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            let rel = ((g as f64) - w).abs() / w.abs().max(1e-3);
+            assert!(
+                rel <= 1e-6,
+                "{what}: element {i}: got {g}, reference {w}, relative error {rel:e}"
+            );
+        }
+    }
+
+    fn specs() -> Vec<OptimizerSpec> {
+        vec![
+            OptimizerSpec::Sgd {
+                lr: 0.05,
+                weight_decay: 0.0,
+            },
+            OptimizerSpec::Sgd {
+                lr: 0.01,
+                weight_decay: 0.1,
+            },
+            OptimizerSpec::Momentum {
+                lr: 0.005,
+                momentum: 0.9,
+                weight_decay: 0.0,
+                nesterov: false,
+            },
+            OptimizerSpec::Momentum {
+                lr: 0.01,
+                momentum: 0.8,
+                weight_decay: 0.01,
+                nesterov: true,
+            },
+            OptimizerSpec::Adam {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+            },
+            OptimizerSpec::Adam {
+                lr: 0.003,
+                beta1: 0.8,
+                beta2: 0.99,
+                eps: 1e-6,
+                weight_decay: 0.05,
+            },
+        ]
+    }
+
+    #[test]
+    fn matches_float64_reference_over_many_steps() {
+        let n = 2048;
+        for spec in specs() {
+            let init: Vec<f32> = noise(1, n).iter().map(|x| 1.0 + 0.5 * x).collect();
+            let mut values = init.clone();
+            let mut optimizer = Optimizer::new(spec.clone(), n);
+            let mut reference = Reference::new(spec.clone(), &init);
+            for step in 0..10 {
+                let grad = noise(100 + step, n);
+                let wire = TensorData::from_f32(DType::F32, vec![n], &grad);
+                optimizer.apply(&mut values, Gradient::Wire(&wire), 1.0);
+                reference.step(&grad.iter().map(|&g| g as f64).collect::<Vec<_>>());
+            }
+            assert_close(&values, &reference.w, &spec.to_string());
+        }
+    }
+
+    #[test]
+    fn scale_averages_the_gradient() {
+        let spec = OptimizerSpec::Sgd {
+            lr: 1.0,
+            weight_decay: 0.0,
+        };
+        let mut optimizer = Optimizer::new(spec, 2);
+        let mut values = vec![1.0, 1.0];
+        optimizer.apply(&mut values, Gradient::Dense(&[2.0, 4.0]), 0.5);
+        assert_eq!(values, vec![0.0, -1.0]);
+    }
+
+    #[test]
+    fn hyper_parameters_are_validated() {
+        let bad = [
+            v1::optimizer::Kind::Sgd(v1::Sgd {
+                lr: 0.0,
+                weight_decay: 0.0,
+            }),
+            v1::optimizer::Kind::Sgd(v1::Sgd {
+                lr: f64::NAN,
+                weight_decay: 0.0,
+            }),
+            v1::optimizer::Kind::Sgd(v1::Sgd {
+                lr: 0.1,
+                weight_decay: -1.0,
+            }),
+            v1::optimizer::Kind::Momentum(v1::Momentum {
+                lr: 0.1,
+                momentum: 1.0,
+                ..Default::default()
+            }),
+            v1::optimizer::Kind::Adam(v1::Adam {
+                lr: 0.1,
+                beta1: 1.5,
+                ..Default::default()
+            }),
+            v1::optimizer::Kind::Adam(v1::Adam {
+                lr: 0.1,
+                eps: -1.0,
+                ..Default::default()
+            }),
+        ];
+        for kind in bad {
+            let optimizer = v1::Optimizer {
+                kind: Some(kind.clone()),
+            };
+            assert!(
+                OptimizerSpec::from_proto(Some(&optimizer)).is_err(),
+                "{kind:?} accepted"
+            );
+        }
+        assert!(
+            OptimizerSpec::from_proto(None)
+                .unwrap_err()
+                .contains("no optimizer")
+        );
+    }
+
+    #[test]
+    fn adam_defaults_are_filled() {
+        let wire = v1::Optimizer {
+            kind: Some(v1::optimizer::Kind::Adam(v1::Adam {
+                lr: 0.001,
+                ..Default::default()
+            })),
+        };
+        let spec = OptimizerSpec::from_proto(Some(&wire)).unwrap();
+        assert_eq!(
+            spec,
+            OptimizerSpec::Adam {
+                lr: 0.001,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0
+            }
+        );
+        assert_eq!(
+            OptimizerSpec::from_proto(Some(&spec.to_proto())).unwrap(),
+            spec
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! One key's state: its spec, values, optimizer, version, the last step each
+//! worker pushed, and the BSP accumulator of the step in progress.
+//!
+//! Every method here is synchronous and runs under the key's lock, so a mutation
+//! happens entirely or not at all even when the request's future is dropped.
+
+use std::collections::{BTreeSet, HashMap};
+
+use bytes::Bytes;
+use ps_proto::codec::{DType, TensorData, element_count, encode_f32};
+use ps_proto::key::ParamKey;
+
+use crate::consistency::{Admission, Consistency, admit};
+use crate::optimizer::{Gradient, Optimizer, OptimizerSpec};
+
+/// What a key is: immutable once registered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamSpec {
+    /// The key.
+    pub key: ParamKey,
+    /// Wire dtype of values and gradients.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Optimizer and hyper-parameters.
+    pub optimizer: OptimizerSpec,
+}
+
+impl ParamSpec {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        element_count(&self.shape)
+    }
+
+    /// True when the parameter has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A one-line description, for error messages.
+    pub fn describe(&self) -> String {
+        format!("{} {:?} with {}", self.dtype, self.shape, self.optimizer)
+    }
+}
+
+/// How pushes combine: the consistency model and the size of the worker group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Group {
+    /// Consistency model.
+    pub consistency: Consistency,
+    /// Number of workers; gradients are scaled by `1 / workers`.
+    pub workers: u32,
+}
+
+/// The BSP step being accumulated.
+#[derive(Debug, Default)]
+struct Pending {
+    workers: BTreeSet<u32>,
+    sum: Vec<f32>,
+}
+
+/// The mutable state of one key.
+#[derive(Debug)]
+pub struct KeyState {
+    values: Vec<f32>,
+    optimizer: Optimizer,
+    version: u64,
+    last_step: HashMap<u32, u64>,
+    pending: Pending,
+    snapshot: Option<Bytes>,
+}
+
+impl KeyState {
+    /// A key at version 0 holding `values`.
+    pub fn new(spec: &ParamSpec, values: Vec<f32>) -> Self {
+        Self {
+            optimizer: Optimizer::new(spec.optimizer.clone(), values.len()),
+            values,
+            version: 0,
+            last_step: HashMap::new(),
+            pending: Pending::default(),
+            snapshot: None,
+        }
+    }
+
+    /// Current version.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Bytes held: values, optimizer state and accumulator.
+    pub fn bytes(&self) -> usize {
+        (self.values.len() + self.pending.sum.capacity()) * std::mem::size_of::<f32>()
+            + self.optimizer.state_bytes()
+    }
+
+    /// Whether a push of `step` by `worker` would be taken now.
+    pub fn admit(&self, group: Group, worker: u32, step: u64) -> Admission {
+        let last = self.last_step.get(&worker).copied();
+        admit(group.consistency, self.version, last, step)
+    }
+
+    /// Takes a gradient already admitted by [`KeyState::admit`].
+    pub fn accept(&mut self, group: Group, worker: u32, step: u64, grad: &TensorData) {
+        self.last_step.insert(worker, step);
+        let scale = 1.0 / group.workers.max(1) as f32;
+        match group.consistency {
+            Consistency::Bsp if group.workers <= 1 => {
+                self.update(Gradient::Wire(grad), scale);
+                self.version = step + 1;
+            }
+            Consistency::Bsp => self.accumulate(group, worker, step, grad),
+            Consistency::Ssp { .. } => {
+                self.update(Gradient::Wire(grad), scale);
+                self.version = self.group_clock(group.workers);
+            }
+            Consistency::Asp => {
+                self.update(Gradient::Wire(grad), scale);
+                self.version += 1;
+            }
+        }
+    }
+
+    fn accumulate(&mut self, group: Group, worker: u32, step: u64, grad: &TensorData) {
+        if self.pending.workers.is_empty() {
+            self.pending.sum.clear();
+            self.pending.sum.resize(self.values.len(), 0.0);
+        }
+        Gradient::Wire(grad).add_scaled_into(&mut self.pending.sum, 1.0);
+        self.pending.workers.insert(worker);
+        if self.pending.workers.len() as u32 >= group.workers {
+            let sum = std::mem::take(&mut self.pending.sum);
+            self.update(Gradient::Dense(&sum), 1.0 / group.workers as f32);
+            self.pending.sum = sum;
+            self.pending.workers.clear();
+            self.version = step + 1;
+        }
+    }
+
+    fn update(&mut self, grad: Gradient<'_>, scale: f32) {
+        self.optimizer.apply(&mut self.values, grad, scale);
+        self.snapshot = None;
+    }
+
+    /// The lowest `step + 1` pushed by any worker of the group (0 if one never pushed).
+    fn group_clock(&self, workers: u32) -> u64 {
+        (0..workers)
+            .map(|w| self.last_step.get(&w).map_or(0, |s| s + 1))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// The values encoded in `dtype` and their version. Encoded once per version and
+    /// shared by every pull of it.
+    pub fn snapshot(&mut self, dtype: DType) -> (Bytes, u64) {
+        let values = &self.values;
+        let bytes = self
+            .snapshot
+            .get_or_insert_with(|| encode_f32(dtype, values))
+            .clone();
+        (bytes, self.version)
+    }
+
+    /// The workers of the group that have not yet pushed the step the key waits for.
+    pub fn missing_workers(&self, group: Group) -> Vec<u32> {
+        match group.consistency {
+            Consistency::Bsp => (0..group.workers)
+                .filter(|w| !self.pending.workers.contains(w))
+                .collect(),
+            Consistency::Ssp { .. } => {
+                let clock = self.group_clock(group.workers);
+                (0..group.workers)
+                    .filter(|w| self.last_step.get(w).map_or(0, |s| s + 1) == clock)
+                    .collect()
+            }
+            Consistency::Asp => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(len: usize) -> ParamSpec {
+        ParamSpec {
+            key: ParamKey::new("w", 0),
+            dtype: DType::F32,
+            shape: vec![len],
+            optimizer: OptimizerSpec::Sgd {
+                lr: 1.0,
+                weight_decay: 0.0,
+            },
+        }
+    }
+
+    fn grad(values: &[f32]) -> TensorData {
+        TensorData::from_f32(DType::F32, vec![values.len()], values)
+    }
+
+    const BSP2: Group = Group {
+        consistency: Consistency::Bsp,
+        workers: 2,
+    };
+
+    #[test]
+    fn bsp_applies_the_average_once_when_the_group_is_complete() {
+        let mut state = KeyState::new(&spec(2), vec![0.0, 0.0]);
+        state.accept(BSP2, 0, 0, &grad(&[2.0, 4.0]));
+        assert_eq!(state.version(), 0);
+        assert_eq!(state.values, vec![0.0, 0.0]);
+        assert_eq!(state.missing_workers(BSP2), vec![1]);
+        assert_eq!(state.admit(BSP2, 0, 0), Admission::Duplicate);
+        state.accept(BSP2, 1, 0, &grad(&[4.0, 0.0]));
+        assert_eq!(state.version(), 1);
+        assert_eq!(state.values, vec![-3.0, -2.0]);
+        assert_eq!(state.admit(BSP2, 1, 0), Admission::Duplicate);
+        assert_eq!(state.admit(BSP2, 0, 2), Admission::Future { max_step: 1 });
+    }
+
+    #[test]
+    fn ssp_version_is_the_slowest_workers_clock() {
+        let group = Group {
+            consistency: Consistency::Ssp { staleness: 1 },
+            workers: 2,
+        };
+        let mut state = KeyState::new(&spec(1), vec![0.0]);
+        state.accept(group, 0, 0, &grad(&[1.0]));
+        assert_eq!(state.version(), 0, "worker 1 has not pushed");
+        assert_eq!(state.admit(group, 0, 1), Admission::Accept);
+        state.accept(group, 0, 1, &grad(&[1.0]));
+        assert_eq!(state.admit(group, 0, 2), Admission::Future { max_step: 1 });
+        assert_eq!(state.missing_workers(group), vec![1]);
+        state.accept(group, 1, 0, &grad(&[1.0]));
+        assert_eq!(state.version(), 1);
+        assert_eq!(state.values, vec![-1.5], "three pushes, each scaled by 1/2");
+    }
+
+    #[test]
+    fn asp_bumps_the_version_per_push() {
+        let group = Group {
+            consistency: Consistency::Asp,
+            workers: 1,
+        };
+        let mut state = KeyState::new(&spec(1), vec![0.0]);
+        state.accept(group, 7, 0, &grad(&[1.0]));
+        state.accept(group, 3, 5, &grad(&[1.0]));
+        assert_eq!(state.version(), 2);
+        assert_eq!(state.admit(group, 3, 5), Admission::Duplicate);
+    }
+
+    #[test]
+    fn snapshot_is_reencoded_after_an_update() {
+        let group = Group {
+            consistency: Consistency::Bsp,
+            workers: 1,
+        };
+        let mut state = KeyState::new(&spec(1), vec![1.0]);
+        let (before, v0) = state.snapshot(DType::F32);
+        state.accept(group, 0, 0, &grad(&[1.0]));
+        let (after, v1) = state.snapshot(DType::F32);
+        assert_eq!((v0, v1), (0, 1));
+        assert_eq!(before.as_ref(), 1.0f32.to_le_bytes());
+        assert_eq!(after.as_ref(), 0.0f32.to_le_bytes());
+    }
+}

@@ -1,0 +1,76 @@
+//! [`run`]: serve a parameter-server shard on a bound listener until `shutdown`
+//! resolves, with the gRPC health service beside it.
+//!
+//! On shutdown the health status turns to NOT_SERVING, pulls waiting for a version
+//! end with `UNAVAILABLE`, requests in flight finish, and then `run` returns.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use ps_proto::v1::parameter_server_server::ParameterServerServer;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
+
+use crate::config::ServerConfig;
+use crate::service::ParameterService;
+use crate::store::Store;
+
+/// Why a server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration is inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The listener could not be used.
+    #[error("listener: {0}")]
+    Listener(#[from] std::io::Error),
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves one shard on `listener` until `shutdown` resolves.
+///
+/// # Errors
+/// [`ServeError`] when the configuration is invalid or the server fails.
+pub async fn run(
+    listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    config.validate().map_err(ServeError::Config)?;
+    let addr = listener.local_addr()?;
+    let stop_waits = CancellationToken::new();
+    let store = Arc::new(Store::new(config.store_rules(), stop_waits.clone()));
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<ParameterServerServer<ParameterService>>()
+        .await;
+    tracing::info!(
+        %addr,
+        consistency = %config.consistency,
+        workers = config.workers,
+        max_message_bytes = config.transport.max_message_bytes,
+        "ps-server listening"
+    );
+    let router = config
+        .transport
+        .server()
+        .add_service(health_service)
+        .add_service(ParameterService::new(store, config.clone()).into_server());
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let on_shutdown = async move {
+        shutdown.await;
+        tracing::info!(%addr, "ps-server shutting down: finishing requests in flight");
+        health
+            .set_not_serving::<ParameterServerServer<ParameterService>>()
+            .await;
+        stop_waits.cancel();
+    };
+    router
+        .serve_with_incoming_shutdown(incoming, on_shutdown)
+        .await?;
+    tracing::info!(%addr, "ps-server stopped");
+    Ok(())
+}

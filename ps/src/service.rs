@@ -1,0 +1,236 @@
+//! [`ParameterService`]: the thin gRPC layer. Each handler validates the request,
+//! converts it with [`crate::wire`], calls the [`Store`], and maps the outcome to a
+//! precise status. Building the service is separate from serving it, so tests can
+//! call it without a socket.
+
+use std::sync::Arc;
+
+use futures::stream;
+use prost::Message;
+use ps_proto::chunk::{Assembler, ChunkError};
+use ps_proto::codec::TensorData;
+use ps_proto::key::ParamKey;
+use ps_proto::v1;
+use ps_proto::v1::parameter_server_server::{ParameterServer, ParameterServerServer};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::config::ServerConfig;
+use crate::error::{Error, Result};
+use crate::param::ParamSpec;
+use crate::store::{Pulled, Store};
+use crate::wire;
+
+/// Room left in a message for everything but tensor data.
+const MESSAGE_OVERHEAD: usize = 1024;
+
+/// The `ps.v1.ParameterServer` service over one [`Store`].
+#[derive(Debug, Clone)]
+pub struct ParameterService {
+    store: Arc<Store>,
+    config: Arc<ServerConfig>,
+}
+
+impl ParameterService {
+    /// A service over `store`.
+    pub fn new(store: Arc<Store>, config: ServerConfig) -> Self {
+        Self {
+            store,
+            config: Arc::new(config),
+        }
+    }
+
+    /// The tonic server for this service, with the configured message limits.
+    pub fn into_server(self) -> ParameterServerServer<Self> {
+        let limit = self.config.transport.max_message_bytes;
+        ParameterServerServer::new(self)
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit)
+    }
+
+    fn answer<T>(&self, result: Result<T>) -> Result<Response<T>, Status> {
+        result
+            .map(Response::new)
+            .map_err(|e| Status::from(self.store.reject(e)))
+    }
+
+    fn stream_chunk_bytes(&self, requested: u64) -> usize {
+        let cap = self.config.transport.max_message_bytes - MESSAGE_OVERHEAD;
+        match usize::try_from(requested) {
+            Ok(0) => self.config.chunk_bytes,
+            Ok(n) => n.min(cap),
+            Err(_) => cap,
+        }
+    }
+
+    async fn pull_values(&self, request: &v1::PullRequest) -> Result<Vec<Pulled>> {
+        let keys: Vec<_> = request.keys.iter().map(wire::key).collect();
+        let timeout = self.config.pull_timeout(request.timeout_ms);
+        self.store.pull(&keys, request.min_version, timeout).await
+    }
+}
+
+/// Reads a whole `RegisterStream`, checking that every chunk of a key repeats its spec.
+async fn read_register_stream(
+    stream: &mut Streaming<v1::RegisterChunk>,
+) -> Result<Vec<(ParamSpec, Option<TensorData>)>> {
+    let mut assembler = Assembler::new();
+    let mut specs: Vec<ParamSpec> = Vec::new();
+    while let Some(message) = stream.message().await? {
+        let spec = message.spec.as_ref().ok_or(Error::EmptyRequest {
+            what: "a RegisterChunk without a spec",
+        })?;
+        let spec = wire::param_spec(spec)?;
+        match specs.iter().find(|s| s.key == spec.key) {
+            Some(first) if *first != spec => {
+                let (first, now) = (first.describe(), spec.describe());
+                return Err(ChunkError::HeaderChanged {
+                    key: spec.key,
+                    first,
+                    now,
+                }
+                .into());
+            }
+            Some(_) => {}
+            None => specs.push(spec.clone()),
+        }
+        assembler.add(wire::chunk_header(&spec), message.offset, message.data)?;
+    }
+    let tensors = assembler.finish()?;
+    Ok(specs
+        .into_iter()
+        .zip(tensors)
+        .map(|(spec, (_, data))| (spec, Some(data)))
+        .collect())
+}
+
+/// Reads a whole `PushStream`: `(worker, step, gradients)`.
+async fn read_push_stream(
+    stream: &mut Streaming<v1::PushChunk>,
+) -> Result<(u32, u64, Vec<(ParamKey, TensorData)>)> {
+    let mut assembler = Assembler::new();
+    let mut origin = None;
+    let mut index = 0;
+    while let Some(message) = stream.message().await? {
+        let (worker, step) = *origin.get_or_insert((message.worker_id, message.step));
+        if (message.worker_id, message.step) != (worker, step) {
+            let (got_worker, got_step) = (message.worker_id, message.step);
+            return Err(Error::MixedStream {
+                index,
+                worker,
+                step,
+                got_worker,
+                got_step,
+            });
+        }
+        let chunk = message.chunk.as_ref().ok_or(Error::EmptyRequest {
+            what: "a PushChunk without a chunk",
+        })?;
+        assembler.add_chunk(chunk)?;
+        index += 1;
+    }
+    let (worker, step) = origin.ok_or(Error::EmptyRequest {
+        what: "the push stream carried no chunks",
+    })?;
+    Ok((worker, step, assembler.finish()?))
+}
+
+#[tonic::async_trait]
+impl ParameterServer for ParameterService {
+    async fn register(
+        &self,
+        request: Request<v1::RegisterRequest>,
+    ) -> Result<Response<v1::RegisterResponse>, Status> {
+        let result = request
+            .get_ref()
+            .params
+            .iter()
+            .map(wire::param_init)
+            .collect::<Result<Vec<_>>>()
+            .and_then(|params| self.store.register(params));
+        self.answer(result.map(wire::register_response))
+    }
+
+    async fn register_stream(
+        &self,
+        request: Request<Streaming<v1::RegisterChunk>>,
+    ) -> Result<Response<v1::RegisterResponse>, Status> {
+        let params = read_register_stream(&mut request.into_inner()).await;
+        let result = params.and_then(|params| self.store.register(params));
+        self.answer(result.map(wire::register_response))
+    }
+
+    async fn push(
+        &self,
+        request: Request<v1::PushRequest>,
+    ) -> Result<Response<v1::PushResponse>, Status> {
+        let request = request.get_ref();
+        let result = request
+            .grads
+            .iter()
+            .map(wire::tensor)
+            .collect::<Result<Vec<_>>>()
+            .and_then(|grads| self.store.push(request.worker_id, request.step, grads));
+        self.answer(result.map(wire::push_response))
+    }
+
+    async fn push_stream(
+        &self,
+        request: Request<Streaming<v1::PushChunk>>,
+    ) -> Result<Response<v1::PushResponse>, Status> {
+        let pushed = read_push_stream(&mut request.into_inner()).await;
+        let result = pushed.and_then(|(worker, step, grads)| self.store.push(worker, step, grads));
+        self.answer(result.map(wire::push_response))
+    }
+
+    async fn pull(
+        &self,
+        request: Request<v1::PullRequest>,
+    ) -> Result<Response<v1::PullResponse>, Status> {
+        let limit = self.config.transport.max_message_bytes;
+        let result = self
+            .pull_values(request.get_ref())
+            .await
+            .and_then(|pulled| {
+                let tensors = pulled.into_iter().map(wire::pulled_tensor).collect();
+                let response = v1::PullResponse { tensors };
+                let bytes = response.encoded_len();
+                if bytes > limit {
+                    return Err(Error::ResponseTooLarge { bytes, limit });
+                }
+                Ok(response)
+            });
+        self.answer(result)
+    }
+
+    type PullStreamStream = stream::Iter<std::vec::IntoIter<Result<v1::PullChunk, Status>>>;
+
+    async fn pull_stream(
+        &self,
+        request: Request<v1::PullRequest>,
+    ) -> Result<Response<Self::PullStreamStream>, Status> {
+        let chunk_bytes = self.stream_chunk_bytes(request.get_ref().chunk_bytes);
+        let result = self.pull_values(request.get_ref()).await.map(|pulled| {
+            let chunks: Vec<_> = pulled
+                .iter()
+                .flat_map(|p| wire::pull_chunks(p, chunk_bytes))
+                .map(Ok)
+                .collect();
+            stream::iter(chunks)
+        });
+        self.answer(result)
+    }
+
+    async fn stats(
+        &self,
+        _request: Request<v1::StatsRequest>,
+    ) -> Result<Response<v1::StatsResponse>, Status> {
+        let rules = self.store.rules();
+        let stats = self.store.stats();
+        let response = wire::stats_response(
+            &stats,
+            rules.group.consistency.to_string(),
+            rules.group.workers,
+        );
+        Ok(Response::new(response))
+    }
+}

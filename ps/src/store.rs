@@ -1,0 +1,510 @@
+//! [`Store`]: the keys of one shard and the operations on them.
+//!
+//! Each key sits behind its own `std::sync::Mutex`, never held across `.await`.
+//! A request that touches several keys validates everything first, then locks
+//! its keys in sorted order (so two requests cannot deadlock) and checks and
+//! applies in one synchronous section: it changes all its keys or none.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use ps_proto::codec::{DType, TensorData};
+use ps_proto::key::ParamKey;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::consistency::Admission;
+use crate::error::{Error, Result};
+use crate::param::{Group, KeyState, ParamSpec};
+
+/// One stored key: its immutable spec, its state, and a channel announcing versions.
+#[derive(Debug)]
+struct Entry {
+    spec: ParamSpec,
+    state: Mutex<KeyState>,
+    version: watch::Sender<u64>,
+}
+
+impl Entry {
+    fn lock(&self) -> MutexGuard<'_, KeyState> {
+        // A panic under the lock cannot leave a half-applied update visible to the
+        // next request any more than it already is; keep serving.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The outcome of registering one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    /// The key.
+    pub key: ParamKey,
+    /// True when this call created it.
+    pub created: bool,
+    /// Its version.
+    pub version: u64,
+}
+
+/// The outcome of pushing to one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pushed {
+    /// The key.
+    pub key: ParamKey,
+    /// False when `(worker, step)` had been taken before.
+    pub accepted: bool,
+    /// The key's version afterwards.
+    pub version: u64,
+}
+
+/// One key's values as pulled.
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    /// The key.
+    pub key: ParamKey,
+    /// Wire dtype.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Encoded values, shared with every other pull of this version.
+    pub data: Bytes,
+    /// Version of the values.
+    pub version: u64,
+}
+
+/// Per-key figures for [`Stats`].
+#[derive(Debug, Clone)]
+pub struct KeySummary {
+    /// The key's spec.
+    pub spec: ParamSpec,
+    /// Its version.
+    pub version: u64,
+    /// Bytes held for it.
+    pub bytes: usize,
+}
+
+/// What the store holds and has served.
+#[derive(Debug, Clone)]
+pub struct Stats {
+    /// Per key, sorted.
+    pub keys: Vec<KeySummary>,
+    /// Push requests answered OK.
+    pub pushes: u64,
+    /// Pull requests answered OK.
+    pub pulls: u64,
+    /// Gradients acknowledged as retries.
+    pub duplicate_pushes: u64,
+    /// Requests refused.
+    pub rejected: u64,
+}
+
+/// Rules the store enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreRules {
+    /// Consistency model and group size.
+    pub group: Group,
+    /// Refuse NaN and infinite gradients and initial values.
+    pub reject_non_finite: bool,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    pushes: AtomicU64,
+    pulls: AtomicU64,
+    duplicate_pushes: AtomicU64,
+    rejected: AtomicU64,
+}
+
+/// The keys of one parameter-server shard.
+#[derive(Debug)]
+pub struct Store {
+    rules: StoreRules,
+    keys: RwLock<HashMap<ParamKey, Arc<Entry>>>,
+    counters: Counters,
+    shutdown: CancellationToken,
+}
+
+impl Store {
+    /// An empty store. Waits end with [`Error::ShuttingDown`] once `shutdown` is cancelled.
+    pub fn new(rules: StoreRules, shutdown: CancellationToken) -> Self {
+        Self {
+            rules,
+            keys: RwLock::new(HashMap::new()),
+            counters: Counters::default(),
+            shutdown,
+        }
+    }
+
+    /// The rules this store enforces.
+    pub fn rules(&self) -> StoreRules {
+        self.rules
+    }
+
+    /// Counts a refused request; returns the error for chaining.
+    pub fn reject(&self, error: Error) -> Error {
+        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(%error, "request refused");
+        error
+    }
+
+    fn check_serving(&self) -> Result<()> {
+        if self.shutdown.is_cancelled() {
+            Err(Error::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Registers parameters with optional initial values (zeros when absent).
+    /// Idempotent per key; all or nothing.
+    ///
+    /// # Errors
+    /// `EmptyRequest`, `RepeatedKey`, `Codec`, `NonFinite`, `SpecConflict`, `ShuttingDown`.
+    pub fn register(
+        &self,
+        params: Vec<(ParamSpec, Option<TensorData>)>,
+    ) -> Result<Vec<Registered>> {
+        self.check_serving()?;
+        if params.is_empty() {
+            return Err(Error::EmptyRequest {
+                what: "no parameters to register",
+            });
+        }
+        check_unique(params.iter().map(|(spec, _)| &spec.key))?;
+        for (spec, initial) in &params {
+            self.check_initial(spec, initial.as_ref())?;
+        }
+        let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
+        for (spec, _) in &params {
+            if let Some(existing) = keys.get(&spec.key).filter(|e| e.spec != *spec) {
+                return Err(Error::SpecConflict {
+                    key: spec.key.clone(),
+                    existing: existing.spec.describe(),
+                    requested: spec.describe(),
+                });
+            }
+        }
+        let registered = params
+            .into_iter()
+            .map(|(spec, initial)| insert_if_absent(&mut keys, spec, initial))
+            .collect();
+        Ok(registered)
+    }
+
+    fn check_initial(&self, spec: &ParamSpec, initial: Option<&TensorData>) -> Result<()> {
+        let Some(initial) = initial else {
+            return Ok(());
+        };
+        if initial.dtype() != spec.dtype {
+            return Err(Error::DtypeMismatch {
+                key: spec.key.clone(),
+                expected: spec.dtype,
+                got: initial.dtype(),
+            });
+        }
+        if initial.shape() != spec.shape {
+            return Err(Error::ShapeMismatch {
+                key: spec.key.clone(),
+                expected: spec.shape.clone(),
+                got: initial.shape().to_vec(),
+            });
+        }
+        self.check_finite(&spec.key, "initial value", initial)
+    }
+
+    fn check_finite(&self, key: &ParamKey, what: &'static str, tensor: &TensorData) -> Result<()> {
+        if !self.rules.reject_non_finite {
+            return Ok(());
+        }
+        match tensor.first_non_finite() {
+            Some((index, value)) => Err(Error::NonFinite {
+                key: key.clone(),
+                what,
+                index,
+                value,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn entries<'a>(&self, keys: impl Iterator<Item = &'a ParamKey>) -> Result<Vec<Arc<Entry>>> {
+        let map = self.keys.read().unwrap_or_else(|p| p.into_inner());
+        keys.map(|key| {
+            map.get(key).cloned().ok_or_else(|| Error::UnknownKey {
+                key: key.clone(),
+                known: map.len(),
+            })
+        })
+        .collect()
+    }
+
+    /// Pushes `worker`'s gradients of `step`. All or nothing; a gradient whose
+    /// `(worker, step)` was taken before is acknowledged with `accepted: false`.
+    ///
+    /// # Errors
+    /// `EmptyRequest`, `WorkerOutsideGroup`, `RepeatedKey`, `UnknownKey`, `DtypeMismatch`,
+    /// `ShapeMismatch`, `NonFinite`, `FutureStep`, `StaleStep`, `ShuttingDown`.
+    pub fn push(
+        &self,
+        worker: u32,
+        step: u64,
+        grads: Vec<(ParamKey, TensorData)>,
+    ) -> Result<Vec<Pushed>> {
+        self.check_serving()?;
+        let group = self.rules.group;
+        if grads.is_empty() {
+            return Err(Error::EmptyRequest {
+                what: "no gradients to push",
+            });
+        }
+        if group.consistency.has_group() && worker >= group.workers {
+            return Err(Error::WorkerOutsideGroup {
+                worker,
+                group: group.workers,
+            });
+        }
+        check_unique(grads.iter().map(|(key, _)| key))?;
+        let entries = self.entries(grads.iter().map(|(key, _)| key))?;
+        for (entry, (_, grad)) in entries.iter().zip(&grads) {
+            self.check_gradient(&entry.spec, grad)?;
+        }
+        let pushed = apply_all(&entries, &grads, group, worker, step)?;
+        for (entry, outcome) in entries.iter().zip(&pushed) {
+            entry
+                .version
+                .send_if_modified(|v| std::mem::replace(v, outcome.version) != outcome.version);
+        }
+        let duplicates = pushed.iter().filter(|p| !p.accepted).count() as u64;
+        self.counters
+            .duplicate_pushes
+            .fetch_add(duplicates, Ordering::Relaxed);
+        self.counters.pushes.fetch_add(1, Ordering::Relaxed);
+        Ok(pushed)
+    }
+
+    fn check_gradient(&self, spec: &ParamSpec, grad: &TensorData) -> Result<()> {
+        let key = &spec.key;
+        if grad.dtype() != spec.dtype {
+            return Err(Error::DtypeMismatch {
+                key: key.clone(),
+                expected: spec.dtype,
+                got: grad.dtype(),
+            });
+        }
+        if grad.shape() != spec.shape {
+            return Err(Error::ShapeMismatch {
+                key: key.clone(),
+                expected: spec.shape.clone(),
+                got: grad.shape().to_vec(),
+            });
+        }
+        self.check_finite(key, "gradient", grad)
+    }
+
+    /// Reads `keys`, first waiting up to `timeout` until each is at `min_version` or later.
+    ///
+    /// # Errors
+    /// `EmptyRequest`, `UnknownKey`, `PullTimeout`, `ShuttingDown`.
+    pub async fn pull(
+        &self,
+        keys: &[ParamKey],
+        min_version: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Pulled>> {
+        self.check_serving()?;
+        if keys.is_empty() {
+            return Err(Error::EmptyRequest {
+                what: "no keys to pull",
+            });
+        }
+        let entries = self.entries(keys.iter())?;
+        let deadline = Instant::now() + timeout;
+        for entry in &entries {
+            self.wait_for_version(entry, min_version, deadline, timeout)
+                .await?;
+        }
+        let pulled = entries.iter().map(|entry| snapshot(entry)).collect();
+        self.counters.pulls.fetch_add(1, Ordering::Relaxed);
+        Ok(pulled)
+    }
+
+    async fn wait_for_version(
+        &self,
+        entry: &Entry,
+        wanted: u64,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<()> {
+        let mut versions = entry.version.subscribe();
+        let reached = tokio::select! {
+            reached = tokio::time::timeout_at(deadline, versions.wait_for(|v| *v >= wanted)) => reached,
+            () = self.shutdown.cancelled() => return Err(Error::ShuttingDown),
+        };
+        match reached {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(Error::ShuttingDown),
+            Err(_elapsed) => Err(self.timeout_error(entry, wanted, timeout)),
+        }
+    }
+
+    fn timeout_error(&self, entry: &Entry, wanted: u64, waited: Duration) -> Error {
+        let state = entry.lock();
+        let missing = state.missing_workers(self.rules.group);
+        let detail = if missing.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " ({} of {} workers; still waiting for pushes from workers {missing:?})",
+                self.rules.group.consistency, self.rules.group.workers
+            )
+        };
+        Error::PullTimeout {
+            key: entry.spec.key.clone(),
+            wanted,
+            have: state.version(),
+            waited,
+            detail,
+        }
+    }
+
+    /// What the store holds and has served.
+    pub fn stats(&self) -> Stats {
+        let entries: Vec<Arc<Entry>> = {
+            let map = self.keys.read().unwrap_or_else(|p| p.into_inner());
+            map.values().cloned().collect()
+        };
+        let mut keys: Vec<KeySummary> = entries
+            .iter()
+            .map(|entry| {
+                let state = entry.lock();
+                KeySummary {
+                    spec: entry.spec.clone(),
+                    version: state.version(),
+                    bytes: state.bytes(),
+                }
+            })
+            .collect();
+        keys.sort_by(|a, b| a.spec.key.cmp(&b.spec.key));
+        Stats {
+            keys,
+            pushes: self.counters.pushes.load(Ordering::Relaxed),
+            pulls: self.counters.pulls.load(Ordering::Relaxed),
+            duplicate_pushes: self.counters.duplicate_pushes.load(Ordering::Relaxed),
+            rejected: self.counters.rejected.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn check_unique<'a>(keys: impl Iterator<Item = &'a ParamKey>) -> Result<()> {
+    let mut seen = HashSet::new();
+    for key in keys {
+        if !seen.insert(key) {
+            return Err(Error::RepeatedKey { key: key.clone() });
+        }
+    }
+    Ok(())
+}
+
+fn insert_if_absent(
+    keys: &mut HashMap<ParamKey, Arc<Entry>>,
+    spec: ParamSpec,
+    initial: Option<TensorData>,
+) -> Registered {
+    if let Some(existing) = keys.get(&spec.key) {
+        let version = existing.lock().version();
+        return Registered {
+            key: spec.key,
+            created: false,
+            version,
+        };
+    }
+    let values = initial.map_or_else(|| vec![0.0; spec.len()], |t| t.to_f32_vec());
+    let key = spec.key.clone();
+    let entry = Entry {
+        state: Mutex::new(KeyState::new(&spec, values)),
+        spec,
+        version: watch::Sender::new(0),
+    };
+    tracing::debug!(%key, spec = %entry.spec.describe(), "registered");
+    keys.insert(key.clone(), Arc::new(entry));
+    Registered {
+        key,
+        created: true,
+        version: 0,
+    }
+}
+
+/// Locks every entry in key order, checks every admission, then applies: all or nothing.
+fn apply_all(
+    entries: &[Arc<Entry>],
+    grads: &[(ParamKey, TensorData)],
+    group: Group,
+    worker: u32,
+    step: u64,
+) -> Result<Vec<Pushed>> {
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| grads[a].0.cmp(&grads[b].0));
+    let mut guards: Vec<Option<MutexGuard<'_, KeyState>>> =
+        (0..entries.len()).map(|_| None).collect();
+    for &i in &order {
+        guards[i] = Some(entries[i].lock());
+    }
+    let mut guards: Vec<MutexGuard<'_, KeyState>> = guards.into_iter().flatten().collect();
+    let mut admissions = Vec::with_capacity(entries.len());
+    for (state, (key, _)) in guards.iter().zip(grads) {
+        let admission = state.admit(group, worker, step);
+        let version = state.version();
+        match admission {
+            Admission::Future { max_step } => {
+                return Err(Error::FutureStep {
+                    key: key.clone(),
+                    worker,
+                    step,
+                    version,
+                    max_step,
+                });
+            }
+            Admission::Stale => {
+                return Err(Error::StaleStep {
+                    key: key.clone(),
+                    worker,
+                    step,
+                    version,
+                });
+            }
+            Admission::Accept | Admission::Duplicate => admissions.push(admission),
+        }
+    }
+    let outcomes = guards
+        .iter_mut()
+        .zip(grads)
+        .zip(admissions)
+        .map(|((state, (key, grad)), admission)| {
+            let accepted = admission == Admission::Accept;
+            if accepted {
+                state.accept(group, worker, step, grad);
+            }
+            Pushed {
+                key: key.clone(),
+                accepted,
+                version: state.version(),
+            }
+        })
+        .collect();
+    Ok(outcomes)
+}
+
+fn snapshot(entry: &Entry) -> Pulled {
+    let (data, version) = entry.lock().snapshot(entry.spec.dtype);
+    Pulled {
+        key: entry.spec.key.clone(),
+        dtype: entry.spec.dtype,
+        shape: entry.spec.shape.clone(),
+        data,
+        version,
+    }
+}

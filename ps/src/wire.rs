@@ -1,0 +1,177 @@
+//! Conversions between `ps.v1` messages and the store's domain types, with every
+//! field validated (a bad field becomes an [`Error`], never a panic).
+
+use ps_proto::chunk::ChunkHeader;
+use ps_proto::codec::{DType, TensorData, checked_shape};
+use ps_proto::key::ParamKey;
+use ps_proto::v1;
+
+use crate::error::{Error, Result};
+use crate::optimizer::OptimizerSpec;
+use crate::param::ParamSpec;
+use crate::store::{KeySummary, Pulled, Pushed, Registered, Stats};
+
+/// Validates a parameter spec from the wire.
+///
+/// # Errors
+/// `Codec` for a bad dtype or shape, `InvalidOptimizer` for a bad optimizer.
+pub fn param_spec(spec: &v1::ParameterSpec) -> Result<ParamSpec> {
+    let key = ParamKey::new(&spec.name, spec.part);
+    let codec = |source| Error::Codec {
+        key: key.clone(),
+        source,
+    };
+    let dtype = DType::from_proto(spec.dtype).map_err(codec)?;
+    let shape = checked_shape(&spec.shape, dtype).map_err(codec)?;
+    let optimizer = OptimizerSpec::from_proto(spec.optimizer.as_ref()).map_err(|reason| {
+        Error::InvalidOptimizer {
+            key: key.clone(),
+            reason,
+        }
+    })?;
+    Ok(ParamSpec {
+        key,
+        dtype,
+        shape,
+        optimizer,
+    })
+}
+
+/// Validates one parameter of a `Register` request; empty initial data means zeros.
+///
+/// # Errors
+/// As [`param_spec`], and `Codec` when the initial data does not fit the shape.
+pub fn param_init(init: &v1::ParameterInit) -> Result<(ParamSpec, Option<TensorData>)> {
+    let spec = init.spec.as_ref().ok_or(Error::EmptyRequest {
+        what: "a ParameterInit without a spec",
+    })?;
+    let spec = param_spec(spec)?;
+    if init.initial.is_empty() {
+        return Ok((spec, None));
+    }
+    let initial = TensorData::new(spec.dtype, spec.shape.clone(), init.initial.clone()).map_err(
+        |source| Error::Codec {
+            key: spec.key.clone(),
+            source,
+        },
+    )?;
+    Ok((spec, Some(initial)))
+}
+
+/// The chunk header a `RegisterChunk`'s spec implies.
+pub fn chunk_header(spec: &ParamSpec) -> ChunkHeader {
+    ChunkHeader {
+        key: spec.key.clone(),
+        dtype: spec.dtype,
+        shape: spec.shape.clone(),
+    }
+}
+
+/// Validates a tensor from the wire.
+///
+/// # Errors
+/// `Codec` naming the tensor.
+pub fn tensor(tensor: &v1::Tensor) -> Result<(ParamKey, TensorData)> {
+    let key = ParamKey::new(&tensor.name, tensor.part);
+    match TensorData::from_proto(tensor) {
+        Ok(data) => Ok((key, data)),
+        Err(source) => Err(Error::Codec { key, source }),
+    }
+}
+
+/// A key reference from the wire.
+pub fn key(key: &v1::KeyRef) -> ParamKey {
+    ParamKey::new(&key.name, key.part)
+}
+
+/// The wire form of a `Register` outcome.
+pub fn register_response(registered: Vec<Registered>) -> v1::RegisterResponse {
+    let keys = registered
+        .into_iter()
+        .map(|r| v1::RegisteredKey {
+            name: r.key.name,
+            part: r.key.part,
+            created: r.created,
+            version: r.version,
+        })
+        .collect();
+    v1::RegisterResponse { keys }
+}
+
+/// The wire form of a `Push` outcome.
+pub fn push_response(pushed: Vec<Pushed>) -> v1::PushResponse {
+    let keys = pushed
+        .into_iter()
+        .map(|p| v1::PushedKey {
+            name: p.key.name,
+            part: p.key.part,
+            accepted: p.accepted,
+            version: p.version,
+        })
+        .collect();
+    v1::PushResponse { keys }
+}
+
+fn wire_shape(shape: &[usize]) -> Vec<u64> {
+    shape.iter().map(|&d| d as u64).collect()
+}
+
+/// The wire form of pulled values.
+pub fn pulled_tensor(pulled: Pulled) -> v1::PulledTensor {
+    let tensor = v1::Tensor {
+        name: pulled.key.name,
+        part: pulled.key.part,
+        dtype: pulled.dtype.to_proto(),
+        shape: wire_shape(&pulled.shape),
+        data: pulled.data,
+    };
+    v1::PulledTensor {
+        tensor: Some(tensor),
+        version: pulled.version,
+    }
+}
+
+/// The chunks of pulled values for `PullStream`.
+pub fn pull_chunks(
+    pulled: &Pulled,
+    chunk_bytes: usize,
+) -> impl Iterator<Item = v1::PullChunk> + use<> {
+    let header = ChunkHeader {
+        key: pulled.key.clone(),
+        dtype: pulled.dtype,
+        shape: pulled.shape.clone(),
+    };
+    let version = pulled.version;
+    ps_proto::chunk::to_wire_chunks(&header, &pulled.data, chunk_bytes)
+        .into_iter()
+        .map(move |chunk| v1::PullChunk {
+            chunk: Some(chunk),
+            version,
+        })
+}
+
+fn key_stats(summary: &KeySummary) -> v1::KeyStats {
+    v1::KeyStats {
+        name: summary.spec.key.name.clone(),
+        part: summary.spec.key.part,
+        dtype: summary.spec.dtype.to_proto(),
+        shape: wire_shape(&summary.spec.shape),
+        version: summary.version,
+        bytes: summary.bytes as u64,
+    }
+}
+
+/// The wire form of the store's statistics.
+pub fn stats_response(stats: &Stats, consistency: String, workers: u32) -> v1::StatsResponse {
+    v1::StatsResponse {
+        keys: stats.keys.len() as u64,
+        bytes: stats.keys.iter().map(|k| k.bytes as u64).sum(),
+        pushes: stats.pushes,
+        pulls: stats.pulls,
+        duplicate_pushes: stats.duplicate_pushes,
+        rejected: stats.rejected,
+        consistency,
+        workers,
+        key_stats: stats.keys.iter().map(key_stats).collect(),
+    }
+}
