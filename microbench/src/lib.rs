@@ -1,1 +1,1 @@
-//! placeholder
+//! `ps-microbench`: the gRPC tensor-transport benchmark suite (to come).

@@ -326,6 +326,11 @@ pub fn to_wire_chunks(
 mod tests {
     use super::*;
 
+    /// A chunk as (offset, byte range of the data).
+    type Piece = (u64, std::ops::Range<usize>);
+    /// Whether an error is the expected one.
+    type Check = fn(&ChunkError) -> bool;
+
     fn header(elements: usize) -> ChunkHeader {
         ChunkHeader {
             key: ParamKey::new("w", 0),
@@ -375,11 +380,7 @@ mod tests {
     fn stream_errors_are_detected() {
         let h = header(4);
         let data = bytes_of(&[1.0, 2.0, 3.0, 4.0]);
-        let cases: Vec<(
-            &str,
-            Vec<(u64, std::ops::Range<usize>)>,
-            fn(&ChunkError) -> bool,
-        )> = vec![
+        let cases: Vec<(&str, Vec<Piece>, Check)> = vec![
             ("ends early", vec![(0, 0..8)], |e| {
                 matches!(
                     e,

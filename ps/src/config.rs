@@ -25,6 +25,8 @@ pub struct ServerConfig {
     pub max_pull_timeout: Duration,
     /// Bytes per chunk of PullStream responses when the request names none.
     pub chunk_bytes: usize,
+    /// How long shutdown waits for requests in flight before closing connections.
+    pub shutdown_grace: Duration,
     /// HTTP/2 and message-size settings.
     pub transport: TransportConfig,
 }
@@ -38,6 +40,7 @@ impl Default for ServerConfig {
             default_pull_timeout: Duration::from_secs(60),
             max_pull_timeout: Duration::from_secs(600),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            shutdown_grace: Duration::from_secs(5),
             transport: TransportConfig::default(),
         }
     }

@@ -39,6 +39,9 @@ struct Args {
     /// Bytes per chunk of streamed pulls.
     #[arg(long, env = "PS_CHUNK_BYTES", default_value_t = ps_proto::chunk::DEFAULT_CHUNK_BYTES)]
     chunk_bytes: usize,
+    /// Seconds shutdown waits for requests in flight before closing connections.
+    #[arg(long, env = "PS_SHUTDOWN_GRACE_SECS", default_value_t = 5)]
+    shutdown_grace_secs: u64,
     /// HTTP/2 initial stream window, in bytes.
     #[arg(long, default_value_t = TransportConfig::default().stream_window_bytes)]
     stream_window_bytes: u32,
@@ -70,6 +73,7 @@ impl Args {
             default_pull_timeout: Duration::from_secs(self.pull_timeout_secs),
             max_pull_timeout: Duration::from_secs(self.max_pull_timeout_secs),
             chunk_bytes: self.chunk_bytes,
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             transport,
         }
     }

@@ -361,6 +361,8 @@ mod tests {
             }
         }
 
+        // Indexing mirrors the formulas, one element at a time.
+        #[allow(clippy::needless_range_loop)]
         fn step(&mut self, grad: &[f64]) {
             self.t += 1;
             for i in 0..self.w.len() {
@@ -531,9 +533,7 @@ mod tests {
             }),
         ];
         for kind in bad {
-            let optimizer = v1::Optimizer {
-                kind: Some(kind.clone()),
-            };
+            let optimizer = v1::Optimizer { kind: Some(kind) };
             assert!(
                 OptimizerSpec::from_proto(Some(&optimizer)).is_err(),
                 "{kind:?} accepted"

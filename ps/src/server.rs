@@ -2,13 +2,15 @@
 //! resolves, with the gRPC health service beside it.
 //!
 //! On shutdown the health status turns to NOT_SERVING, pulls waiting for a version
-//! end with `UNAVAILABLE`, requests in flight finish, and then `run` returns.
+//! end with `UNAVAILABLE`, requests in flight finish (for at most the configured
+//! grace period, after which remaining connections are closed), and `run` returns.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use ps_proto::v1::parameter_server_server::ParameterServerServer;
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
@@ -60,6 +62,7 @@ pub async fn run(
         .add_service(health_service)
         .add_service(ParameterService::new(store, config.clone()).into_server());
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let (signalled, on_signal) = oneshot::channel::<()>();
     let on_shutdown = async move {
         shutdown.await;
         tracing::info!(%addr, "ps-server shutting down: finishing requests in flight");
@@ -67,10 +70,22 @@ pub async fn run(
             .set_not_serving::<ParameterServerServer<ParameterService>>()
             .await;
         stop_waits.cancel();
+        let _ = signalled.send(());
     };
-    router
-        .serve_with_incoming_shutdown(incoming, on_shutdown)
-        .await?;
+    let serve = router.serve_with_incoming_shutdown(incoming, on_shutdown);
+    let grace = config.shutdown_grace;
+    let grace_expired = async move {
+        if on_signal.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        served = serve => served?,
+        () = grace_expired => tracing::warn!(
+            %addr, ?grace, "connections still open after the shutdown grace period; closing them"
+        ),
+    }
     tracing::info!(%addr, "ps-server stopped");
     Ok(())
 }

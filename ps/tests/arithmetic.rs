@@ -9,22 +9,42 @@ use ps_server::{Consistency, ServerConfig};
 use tonic::Code;
 
 fn bsp(workers: u32) -> ServerConfig {
-    ServerConfig { workers, consistency: Consistency::Bsp, ..ServerConfig::default() }
+    ServerConfig {
+        workers,
+        consistency: Consistency::Bsp,
+        ..ServerConfig::default()
+    }
 }
 
 #[tokio::test]
 async fn sgd_push_then_pull_gives_exact_update() {
     let server = TestServer::default().await;
-    let created = server.register(vec![param("w", &[1.0, 2.0, -3.0], sgd(0.1))]).await;
+    let created = server
+        .register(vec![param("w", &[1.0, 2.0, -3.0], sgd(0.1))])
+        .await;
     assert!(created.keys[0].created);
-    let response = server.client.clone().push(push(0, 0, vec![tensor("w", &[1.0, -2.0, 0.5])])).await.unwrap();
+    let response = server
+        .client
+        .clone()
+        .push(push(0, 0, vec![tensor("w", &[1.0, -2.0, 0.5])]))
+        .await
+        .unwrap();
     assert_eq!(response.get_ref().keys[0].version, 1);
-    let pulled = server.client.clone().pull(pull_request(&["w"], 1, 1000)).await.unwrap().into_inner();
+    let pulled = server
+        .client
+        .clone()
+        .pull(pull_request(&["w"], 1, 1000))
+        .await
+        .unwrap()
+        .into_inner();
     let want: Vec<f32> = [(1.0, 1.0), (2.0, -2.0), (-3.0, 0.5)]
         .iter()
         .map(|&(w, g): &(f64, f64)| (w - 0.1 * g) as f32)
         .collect();
-    assert_eq!(f32_values(&pulled.tensors[0].tensor.as_ref().unwrap().data), want);
+    assert_eq!(
+        f32_values(&pulled.tensors[0].tensor.as_ref().unwrap().data),
+        want
+    );
     assert_eq!(pulled.tensors[0].version, 1);
     server.stop().await;
 }
@@ -38,7 +58,12 @@ async fn adam_over_grpc_matches_float64_reference() {
     let (mut m, mut v) = (vec![0.0f64; 4], vec![0.0f64; 4]);
     for step in 0..5u64 {
         let grad = [0.3f32 * (step as f32 + 1.0), -0.7, 0.1, 1.3];
-        server.client.clone().push(push(0, step, vec![tensor("w", &grad)])).await.unwrap();
+        server
+            .client
+            .clone()
+            .push(push(0, step, vec![tensor("w", &grad)]))
+            .await
+            .unwrap();
         let t = step as i32 + 1;
         for i in 0..4 {
             let g = grad[i] as f64;
@@ -53,7 +78,10 @@ async fn adam_over_grpc_matches_float64_reference() {
     assert_eq!(version, 5);
     for (got, want) in values.iter().zip(&reference) {
         let rel = ((*got as f64) - want).abs() / want.abs();
-        assert!(rel < 1e-6, "got {got}, reference {want}, relative error {rel:e}");
+        assert!(
+            rel < 1e-6,
+            "got {got}, reference {want}, relative error {rel:e}"
+        );
     }
     server.stop().await;
 }
@@ -61,24 +89,39 @@ async fn adam_over_grpc_matches_float64_reference() {
 #[tokio::test]
 async fn register_is_idempotent_and_conflicts_name_both_specs() {
     let server = TestServer::default().await;
-    server.register(vec![param("w", &[1.0, 2.0], sgd(0.1))]).await;
-    let again = server.register(vec![param("w", &[9.0, 9.0], sgd(0.1))]).await;
-    assert!(!again.keys[0].created, "identical spec keeps the first values");
+    server
+        .register(vec![param("w", &[1.0, 2.0], sgd(0.1))])
+        .await;
+    let again = server
+        .register(vec![param("w", &[9.0, 9.0], sgd(0.1))])
+        .await;
+    assert!(
+        !again.keys[0].created,
+        "identical spec keeps the first values"
+    );
     assert_eq!(server.values("w").await.0, vec![1.0, 2.0]);
 
     let conflict = server
         .client
         .clone()
-        .register(v1::RegisterRequest { params: vec![param("w", &[1.0, 2.0], sgd(0.5))] })
+        .register(v1::RegisterRequest {
+            params: vec![param("w", &[1.0, 2.0], sgd(0.5))],
+        })
         .await
         .unwrap_err();
     assert_eq!(conflict.code(), Code::AlreadyExists);
-    assert!(conflict.message().contains("lr=0.1") && conflict.message().contains("lr=0.5"), "{}", conflict.message());
+    assert!(
+        conflict.message().contains("lr=0.1") && conflict.message().contains("lr=0.5"),
+        "{}",
+        conflict.message()
+    );
 
     let wrong_shape = server
         .client
         .clone()
-        .register(v1::RegisterRequest { params: vec![param("w", &[1.0, 2.0, 3.0], sgd(0.1))] })
+        .register(v1::RegisterRequest {
+            params: vec![param("w", &[1.0, 2.0, 3.0], sgd(0.1))],
+        })
         .await
         .unwrap_err();
     assert_eq!(wrong_shape.code(), Code::AlreadyExists);
@@ -94,28 +137,53 @@ async fn register_is_all_or_nothing() {
     let err = server
         .client
         .clone()
-        .register(v1::RegisterRequest { params: vec![param("b", &[1.0], sgd(0.1)), param("a", &[1.0], adam(0.1))] })
+        .register(v1::RegisterRequest {
+            params: vec![param("b", &[1.0], sgd(0.1)), param("a", &[1.0], adam(0.1))],
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists);
-    assert_eq!(server.stats().await.keys, 1, "`b` must not be created when `a` conflicts");
+    assert_eq!(
+        server.stats().await.keys,
+        1,
+        "`b` must not be created when `a` conflicts"
+    );
     server.stop().await;
 }
 
 #[tokio::test]
 async fn bsp_averages_the_group_and_releases_waiting_pulls() {
     let server = TestServer::start(bsp(2)).await;
-    server.register(vec![param("w", &[0.0, 0.0], sgd(1.0))]).await;
+    server
+        .register(vec![param("w", &[0.0, 0.0], sgd(1.0))])
+        .await;
     let mut waiting = server.client.clone();
     let pull = tokio::spawn(async move { waiting.pull(pull_request(&["w"], 1, 30_000)).await });
 
-    server.client.clone().push(push(0, 0, vec![tensor("w", &[2.0, 4.0])])).await.unwrap();
-    assert_eq!(server.values("w").await, (vec![0.0, 0.0], 0), "one of two workers pushed: nothing applied");
-    server.client.clone().push(push(1, 0, vec![tensor("w", &[4.0, 0.0])])).await.unwrap();
+    server
+        .client
+        .clone()
+        .push(push(0, 0, vec![tensor("w", &[2.0, 4.0])]))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.values("w").await,
+        (vec![0.0, 0.0], 0),
+        "one of two workers pushed: nothing applied"
+    );
+    server
+        .client
+        .clone()
+        .push(push(1, 0, vec![tensor("w", &[4.0, 0.0])]))
+        .await
+        .unwrap();
 
     let pulled = pull.await.unwrap().unwrap().into_inner();
     assert_eq!(pulled.tensors[0].version, 1);
-    assert_eq!(f32_values(&pulled.tensors[0].tensor.as_ref().unwrap().data), vec![-3.0, -2.0]);
+    assert_eq!(
+        f32_values(&pulled.tensors[0].tensor.as_ref().unwrap().data),
+        vec![-3.0, -2.0]
+    );
     server.stop().await;
 }
 
@@ -123,9 +191,24 @@ async fn bsp_averages_the_group_and_releases_waiting_pulls() {
 async fn bsp_pull_timeout_names_the_missing_worker() {
     let server = TestServer::start(bsp(3)).await;
     server.register(vec![param("w", &[0.0], sgd(1.0))]).await;
-    server.client.clone().push(push(0, 0, vec![tensor("w", &[1.0])])).await.unwrap();
-    server.client.clone().push(push(2, 0, vec![tensor("w", &[1.0])])).await.unwrap();
-    let err = server.client.clone().pull(pull_request(&["w"], 1, 50)).await.unwrap_err();
+    server
+        .client
+        .clone()
+        .push(push(0, 0, vec![tensor("w", &[1.0])]))
+        .await
+        .unwrap();
+    server
+        .client
+        .clone()
+        .push(push(2, 0, vec![tensor("w", &[1.0])]))
+        .await
+        .unwrap();
+    let err = server
+        .client
+        .clone()
+        .pull(pull_request(&["w"], 1, 50))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::DeadlineExceeded);
     assert!(err.message().contains("workers [1]"), "{}", err.message());
     assert!(err.message().contains("version 1"), "{}", err.message());
@@ -137,8 +220,20 @@ async fn a_repeated_push_is_applied_once() {
     let server = TestServer::default().await;
     server.register(vec![param("w", &[1.0], sgd(1.0))]).await;
     let request = push(0, 0, vec![tensor("w", &[0.5])]);
-    let first = server.client.clone().push(request.clone()).await.unwrap().into_inner();
-    let again = server.client.clone().push(request).await.unwrap().into_inner();
+    let first = server
+        .client
+        .clone()
+        .push(request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let again = server
+        .client
+        .clone()
+        .push(request)
+        .await
+        .unwrap()
+        .into_inner();
     assert!(first.keys[0].accepted);
     assert!(!again.keys[0].accepted);
     assert_eq!(server.values("w").await, (vec![0.5], 1));
@@ -152,35 +247,89 @@ async fn bsp_retry_within_a_step_is_not_counted_twice() {
     let server = TestServer::start(bsp(2)).await;
     server.register(vec![param("w", &[0.0], sgd(1.0))]).await;
     for _ in 0..3 {
-        server.client.clone().push(push(0, 0, vec![tensor("w", &[2.0])])).await.unwrap();
+        server
+            .client
+            .clone()
+            .push(push(0, 0, vec![tensor("w", &[2.0])]))
+            .await
+            .unwrap();
     }
-    assert_eq!(server.values("w").await, (vec![0.0], 0), "worker 1 has not pushed yet");
-    server.client.clone().push(push(1, 0, vec![tensor("w", &[0.0])])).await.unwrap();
-    assert_eq!(server.values("w").await, (vec![-1.0], 1), "average of 2 and 0, once");
+    assert_eq!(
+        server.values("w").await,
+        (vec![0.0], 0),
+        "worker 1 has not pushed yet"
+    );
+    server
+        .client
+        .clone()
+        .push(push(1, 0, vec![tensor("w", &[0.0])]))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.values("w").await,
+        (vec![-1.0], 1),
+        "average of 2 and 0, once"
+    );
     server.stop().await;
 }
 
 #[tokio::test]
 async fn asp_applies_every_push_at_once() {
-    let config = ServerConfig { consistency: Consistency::Asp, ..ServerConfig::default() };
+    let config = ServerConfig {
+        consistency: Consistency::Asp,
+        ..ServerConfig::default()
+    };
     let server = TestServer::start(config).await;
     server.register(vec![param("w", &[0.0], sgd(1.0))]).await;
-    server.client.clone().push(push(5, 0, vec![tensor("w", &[1.0])])).await.unwrap();
-    server.client.clone().push(push(9, 0, vec![tensor("w", &[2.0])])).await.unwrap();
+    server
+        .client
+        .clone()
+        .push(push(5, 0, vec![tensor("w", &[1.0])]))
+        .await
+        .unwrap();
+    server
+        .client
+        .clone()
+        .push(push(9, 0, vec![tensor("w", &[2.0])]))
+        .await
+        .unwrap();
     assert_eq!(server.values("w").await, (vec![-3.0], 2));
     server.stop().await;
 }
 
 #[tokio::test]
 async fn ssp_lets_a_worker_run_ahead_by_the_staleness_only() {
-    let config = ServerConfig { consistency: Consistency::Ssp { staleness: 1 }, workers: 2, ..ServerConfig::default() };
+    let config = ServerConfig {
+        consistency: Consistency::Ssp { staleness: 1 },
+        workers: 2,
+        ..ServerConfig::default()
+    };
     let server = TestServer::start(config).await;
     server.register(vec![param("w", &[0.0], sgd(1.0))]).await;
-    server.client.clone().push(push(0, 0, vec![tensor("w", &[2.0])])).await.unwrap();
-    server.client.clone().push(push(0, 1, vec![tensor("w", &[2.0])])).await.unwrap();
-    let err = server.client.clone().push(push(0, 2, vec![tensor("w", &[2.0])])).await.unwrap_err();
+    server
+        .client
+        .clone()
+        .push(push(0, 0, vec![tensor("w", &[2.0])]))
+        .await
+        .unwrap();
+    server
+        .client
+        .clone()
+        .push(push(0, 1, vec![tensor("w", &[2.0])]))
+        .await
+        .unwrap();
+    let err = server
+        .client
+        .clone()
+        .push(push(0, 2, vec![tensor("w", &[2.0])]))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    assert_eq!(server.values("w").await, (vec![-2.0], 0), "two pushes applied at once, scaled by 1/2");
+    assert_eq!(
+        server.values("w").await,
+        (vec![-2.0], 0),
+        "two pushes applied at once, scaled by 1/2"
+    );
     server.stop().await;
 }
 
@@ -189,15 +338,38 @@ async fn half_precision_parameters_round_trip() {
     use half::f16;
     let server = TestServer::default().await;
     let to_bytes = |values: &[f32]| -> bytes::Bytes {
-        values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect()
+        values
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect()
     };
     let mut spec = spec("h", &[3], sgd(0.5));
     spec.dtype = v1::DType::DtypeF16 as i32;
-    let init = v1::ParameterInit { spec: Some(spec), initial: to_bytes(&[1.0, 2.0, 3.0]) };
+    let init = v1::ParameterInit {
+        spec: Some(spec),
+        initial: to_bytes(&[1.0, 2.0, 3.0]),
+    };
     server.register(vec![init]).await;
-    let grad = v1::Tensor { name: "h".into(), part: 0, dtype: v1::DType::DtypeF16 as i32, shape: vec![3], data: to_bytes(&[2.0, 2.0, -2.0]) };
-    server.client.clone().push(push(0, 0, vec![grad])).await.unwrap();
-    let pulled = server.client.clone().pull(pull_request(&["h"], 1, 1000)).await.unwrap().into_inner();
+    let grad = v1::Tensor {
+        name: "h".into(),
+        part: 0,
+        dtype: v1::DType::DtypeF16 as i32,
+        shape: vec![3],
+        data: to_bytes(&[2.0, 2.0, -2.0]),
+    };
+    server
+        .client
+        .clone()
+        .push(push(0, 0, vec![grad]))
+        .await
+        .unwrap();
+    let pulled = server
+        .client
+        .clone()
+        .pull(pull_request(&["h"], 1, 1000))
+        .await
+        .unwrap()
+        .into_inner();
     let tensor = pulled.tensors[0].tensor.as_ref().unwrap();
     assert_eq!(tensor.dtype, v1::DType::DtypeF16 as i32);
     assert_eq!(tensor.data, to_bytes(&[0.0, 1.0, 4.0]));
@@ -207,15 +379,33 @@ async fn half_precision_parameters_round_trip() {
 #[tokio::test]
 async fn stats_report_keys_bytes_versions_and_traffic() {
     let server = TestServer::default().await;
-    server.register(vec![param("a", &[0.0; 10], adam(0.1)), param("b", &[0.0; 4], sgd(0.1))]).await;
-    server.client.clone().push(push(0, 0, vec![tensor("b", &[1.0; 4])])).await.unwrap();
+    server
+        .register(vec![
+            param("a", &[0.0; 10], adam(0.1)),
+            param("b", &[0.0; 4], sgd(0.1)),
+        ])
+        .await;
+    server
+        .client
+        .clone()
+        .push(push(0, 0, vec![tensor("b", &[1.0; 4])]))
+        .await
+        .unwrap();
     server.values("a").await;
     let stats = server.stats().await;
     assert_eq!(stats.keys, 2);
-    assert_eq!(stats.bytes, 10 * 4 * 3 + 4 * 4, "adam keeps values, m and v; sgd only values");
+    assert_eq!(
+        stats.bytes,
+        10 * 4 * 3 + 4 * 4,
+        "adam keeps values, m and v; sgd only values"
+    );
     assert_eq!((stats.pushes, stats.pulls), (1, 1));
     assert_eq!(stats.consistency, "bsp");
-    let versions: Vec<(String, u64)> = stats.key_stats.iter().map(|k| (k.name.clone(), k.version)).collect();
+    let versions: Vec<(String, u64)> = stats
+        .key_stats
+        .iter()
+        .map(|k| (k.name.clone(), k.version))
+        .collect();
     assert_eq!(versions, vec![("a".into(), 0), ("b".into(), 1)]);
     server.stop().await;
 }

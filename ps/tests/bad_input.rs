@@ -22,13 +22,22 @@ async fn snapshot(server: &TestServer) -> Snapshot {
     for key in &stats.key_stats {
         values.push(server.values(&key.name).await);
     }
-    Snapshot { values, keys: stats.keys, pushes: stats.pushes }
+    Snapshot {
+        values,
+        keys: stats.keys,
+        pushes: stats.pushes,
+    }
 }
 
 /// A server with `w` (3 elements) and `v` (2 elements), both SGD.
 async fn server_with_keys(config: ServerConfig) -> TestServer {
     let server = TestServer::start(config).await;
-    server.register(vec![param("w", &[1.0, 2.0, 3.0], sgd(0.1)), param("v", &[5.0, 6.0], sgd(0.1))]).await;
+    server
+        .register(vec![
+            param("w", &[1.0, 2.0, 3.0], sgd(0.1)),
+            param("v", &[5.0, 6.0], sgd(0.1)),
+        ])
+        .await;
     server
 }
 
@@ -36,21 +45,43 @@ fn assert_status(result: Result<impl std::fmt::Debug, Status>, code: Code, needl
     let status = result.expect_err("request must be refused");
     assert_eq!(status.code(), code, "{}", status.message());
     for needle in needles {
-        assert!(status.message().contains(needle), "message {:?} lacks {needle:?}", status.message());
+        assert!(
+            status.message().contains(needle),
+            "message {:?} lacks {needle:?}",
+            status.message()
+        );
     }
 }
 
 async fn refused_push(server: &TestServer, request: v1::PushRequest, code: Code, needles: &[&str]) {
     let before = snapshot(server).await;
     assert_status(server.client.clone().push(request).await, code, needles);
-    assert_eq!(snapshot(server).await, before, "a refused push changed the state");
+    assert_eq!(
+        snapshot(server).await,
+        before,
+        "a refused push changed the state"
+    );
 }
 
 #[tokio::test]
 async fn unknown_key_is_not_found() {
     let server = server_with_keys(ServerConfig::default()).await;
-    refused_push(&server, push(0, 0, vec![tensor("nope", &[1.0])]), Code::NotFound, &["`nope`", "register"]).await;
-    assert_status(server.client.clone().pull(pull_request(&["nope"], 0, 0)).await, Code::NotFound, &["`nope`"]);
+    refused_push(
+        &server,
+        push(0, 0, vec![tensor("nope", &[1.0])]),
+        Code::NotFound,
+        &["`nope`", "register"],
+    )
+    .await;
+    assert_status(
+        server
+            .client
+            .clone()
+            .pull(pull_request(&["nope"], 0, 0))
+            .await,
+        Code::NotFound,
+        &["`nope`"],
+    );
     server.stop().await;
 }
 
@@ -60,11 +91,23 @@ async fn wrong_dtype_is_invalid_argument() {
     let mut grad = tensor("w", &[0.0; 3]);
     grad.dtype = v1::DType::DtypeF16 as i32;
     grad.data = bytes::Bytes::from(vec![0u8; 6]);
-    refused_push(&server, push(0, 0, vec![grad]), Code::InvalidArgument, &["is f32", "gradient is f16"]).await;
+    refused_push(
+        &server,
+        push(0, 0, vec![grad]),
+        Code::InvalidArgument,
+        &["is f32", "gradient is f16"],
+    )
+    .await;
     for dtype in [0, 17] {
         let mut grad = tensor("w", &[0.0; 3]);
         grad.dtype = dtype;
-        refused_push(&server, push(0, 0, vec![grad]), Code::InvalidArgument, &["dtype"]).await;
+        refused_push(
+            &server,
+            push(0, 0, vec![grad]),
+            Code::InvalidArgument,
+            &["dtype"],
+        )
+        .await;
     }
     server.stop().await;
 }
@@ -72,10 +115,22 @@ async fn wrong_dtype_is_invalid_argument() {
 #[tokio::test]
 async fn wrong_shape_is_invalid_argument() {
     let server = server_with_keys(ServerConfig::default()).await;
-    refused_push(&server, push(0, 0, vec![tensor("w", &[1.0, 1.0])]), Code::InvalidArgument, &["[3]", "[2]"]).await;
+    refused_push(
+        &server,
+        push(0, 0, vec![tensor("w", &[1.0, 1.0])]),
+        Code::InvalidArgument,
+        &["[3]", "[2]"],
+    )
+    .await;
     let mut overflow = tensor("w", &[]);
     overflow.shape = vec![u64::MAX, u64::MAX];
-    refused_push(&server, push(0, 0, vec![overflow]), Code::InvalidArgument, &["too many elements"]).await;
+    refused_push(
+        &server,
+        push(0, 0, vec![overflow]),
+        Code::InvalidArgument,
+        &["too many elements"],
+    )
+    .await;
     server.stop().await;
 }
 
@@ -84,7 +139,13 @@ async fn data_length_not_matching_shape_is_invalid_argument() {
     let server = server_with_keys(ServerConfig::default()).await;
     let mut grad = tensor("w", &[1.0, 1.0, 1.0]);
     grad.data = grad.data.slice(0..10);
-    refused_push(&server, push(0, 0, vec![grad]), Code::InvalidArgument, &["10 bytes", "needs 12 bytes"]).await;
+    refused_push(
+        &server,
+        push(0, 0, vec![grad]),
+        Code::InvalidArgument,
+        &["10 bytes", "needs 12 bytes"],
+    )
+    .await;
     server.stop().await;
 }
 
@@ -93,16 +154,30 @@ async fn non_finite_gradients_are_refused_by_default() {
     let server = server_with_keys(ServerConfig::default()).await;
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let request = push(0, 0, vec![tensor("w", &[0.0, bad, 0.0])]);
-        refused_push(&server, request, Code::InvalidArgument, &["non-finite", "element 1", "--allow-non-finite"]).await;
+        refused_push(
+            &server,
+            request,
+            Code::InvalidArgument,
+            &["non-finite", "element 1", "--allow-non-finite"],
+        )
+        .await;
     }
     server.stop().await;
 }
 
 #[tokio::test]
 async fn non_finite_gradients_are_taken_when_allowed() {
-    let config = ServerConfig { reject_non_finite: false, ..ServerConfig::default() };
+    let config = ServerConfig {
+        reject_non_finite: false,
+        ..ServerConfig::default()
+    };
     let server = server_with_keys(config).await;
-    server.client.clone().push(push(0, 0, vec![tensor("w", &[0.0, f32::INFINITY, 0.0])])).await.unwrap();
+    server
+        .client
+        .clone()
+        .push(push(0, 0, vec![tensor("w", &[0.0, f32::INFINITY, 0.0])]))
+        .await
+        .unwrap();
     let (values, version) = server.values("w").await;
     assert_eq!(version, 1);
     assert_eq!(values[1], f32::NEG_INFINITY);
@@ -112,8 +187,18 @@ async fn non_finite_gradients_are_taken_when_allowed() {
 #[tokio::test]
 async fn non_finite_initial_values_are_refused() {
     let server = TestServer::default().await;
-    let result = server.client.clone().register(v1::RegisterRequest { params: vec![param("w", &[f32::NAN], sgd(0.1))] }).await;
-    assert_status(result, Code::InvalidArgument, &["initial value", "non-finite"]);
+    let result = server
+        .client
+        .clone()
+        .register(v1::RegisterRequest {
+            params: vec![param("w", &[f32::NAN], sgd(0.1))],
+        })
+        .await;
+    assert_status(
+        result,
+        Code::InvalidArgument,
+        &["initial value", "non-finite"],
+    );
     assert_eq!(server.stats().await.keys, 0);
     server.stop().await;
 }
@@ -121,15 +206,30 @@ async fn non_finite_initial_values_are_refused() {
 #[tokio::test]
 async fn step_from_the_future_under_bsp_is_failed_precondition() {
     let server = server_with_keys(ServerConfig::default()).await;
-    refused_push(&server, push(0, 3, vec![tensor("w", &[1.0; 3])]), Code::FailedPrecondition, &["step 3", "from the future", "version 0"]).await;
+    refused_push(
+        &server,
+        push(0, 3, vec![tensor("w", &[1.0; 3])]),
+        Code::FailedPrecondition,
+        &["step 3", "from the future", "version 0"],
+    )
+    .await;
     server.stop().await;
 }
 
 #[tokio::test]
 async fn worker_outside_the_group_is_invalid_argument() {
-    let config = ServerConfig { workers: 2, ..ServerConfig::default() };
+    let config = ServerConfig {
+        workers: 2,
+        ..ServerConfig::default()
+    };
     let server = server_with_keys(config).await;
-    refused_push(&server, push(2, 0, vec![tensor("w", &[1.0; 3])]), Code::InvalidArgument, &["worker 2", "group of 2"]).await;
+    refused_push(
+        &server,
+        push(2, 0, vec![tensor("w", &[1.0; 3])]),
+        Code::InvalidArgument,
+        &["worker 2", "group of 2"],
+    )
+    .await;
     server.stop().await;
 }
 
@@ -149,11 +249,26 @@ async fn message_over_the_size_limit_is_refused_before_it_is_read() {
     config.transport.max_message_bytes = 64 << 10;
     config.chunk_bytes = 32 << 10;
     let server = TestServer::start(config).await;
-    server.register(vec![param("a", &vec![0.0; 12_000], sgd(0.1))]).await;
-    server.register(vec![param("b", &vec![0.0; 12_000], sgd(0.1))]).await;
+    server
+        .register(vec![param("a", &vec![0.0; 12_000], sgd(0.1))])
+        .await;
+    server
+        .register(vec![param("b", &vec![0.0; 12_000], sgd(0.1))])
+        .await;
     let before = snapshot(&server).await;
-    let request = push(0, 0, vec![tensor("a", &vec![1.0; 12_000]), tensor("b", &vec![1.0; 12_000])]);
-    assert_status(server.client.clone().push(request).await, Code::OutOfRange, &["too large", "limit"]);
+    let request = push(
+        0,
+        0,
+        vec![
+            tensor("a", &vec![1.0; 12_000]),
+            tensor("b", &vec![1.0; 12_000]),
+        ],
+    );
+    assert_status(
+        server.client.clone().push(request).await,
+        Code::OutOfRange,
+        &["too large", "limit"],
+    );
     assert_eq!(snapshot(&server).await, before);
     server.stop().await;
 }
@@ -165,9 +280,15 @@ async fn unary_pull_over_the_limit_points_to_pull_stream() {
     config.chunk_bytes = 32 << 10;
     let server = TestServer::start(config).await;
     for name in ["p0", "p1", "p2"] {
-        server.register(vec![param(name, &vec![0.0; 6000], sgd(0.1))]).await;
+        server
+            .register(vec![param(name, &vec![0.0; 6000], sgd(0.1))])
+            .await;
     }
-    let result = server.client.clone().pull(pull_request(&["p0", "p1", "p2"], 0, 0)).await;
+    let result = server
+        .client
+        .clone()
+        .pull(pull_request(&["p0", "p1", "p2"], 0, 0))
+        .await;
     assert_status(result, Code::ResourceExhausted, &["PullStream"]);
     server.stop().await;
 }
@@ -175,14 +296,37 @@ async fn unary_pull_over_the_limit_points_to_pull_stream() {
 #[tokio::test]
 async fn empty_requests_are_invalid_argument() {
     let server = server_with_keys(ServerConfig::default()).await;
-    refused_push(&server, push(0, 0, vec![]), Code::InvalidArgument, &["empty request", "no gradients"]).await;
+    refused_push(
+        &server,
+        push(0, 0, vec![]),
+        Code::InvalidArgument,
+        &["empty request", "no gradients"],
+    )
+    .await;
     let pull = server.client.clone().pull(pull_request(&[], 0, 0)).await;
     assert_status(pull, Code::InvalidArgument, &["no keys"]);
-    let register = server.client.clone().register(v1::RegisterRequest { params: vec![] }).await;
+    let register = server
+        .client
+        .clone()
+        .register(v1::RegisterRequest { params: vec![] })
+        .await;
     assert_status(register, Code::InvalidArgument, &["no parameters"]);
-    let no_spec = v1::RegisterRequest { params: vec![v1::ParameterInit { spec: None, initial: bytes::Bytes::new() }] };
-    assert_status(server.client.clone().register(no_spec).await, Code::InvalidArgument, &["without a spec"]);
-    let empty_stream = server.client.clone().push_stream(tokio_stream::iter(Vec::<v1::PushChunk>::new())).await;
+    let no_spec = v1::RegisterRequest {
+        params: vec![v1::ParameterInit {
+            spec: None,
+            initial: bytes::Bytes::new(),
+        }],
+    };
+    assert_status(
+        server.client.clone().register(no_spec).await,
+        Code::InvalidArgument,
+        &["without a spec"],
+    );
+    let empty_stream = server
+        .client
+        .clone()
+        .push_stream(tokio_stream::iter(Vec::<v1::PushChunk>::new()))
+        .await;
     assert_status(empty_stream, Code::InvalidArgument, &["no chunks"]);
     server.stop().await;
 }
@@ -193,12 +337,22 @@ async fn bad_optimizers_are_invalid_argument() {
     let mut no_optimizer = spec("w", &[1], sgd(0.1));
     no_optimizer.optimizer = None;
     let cases = [
-        (v1::ParameterInit { spec: Some(no_optimizer), initial: bytes::Bytes::new() }, "no optimizer"),
+        (
+            v1::ParameterInit {
+                spec: Some(no_optimizer),
+                initial: bytes::Bytes::new(),
+            },
+            "no optimizer",
+        ),
         (param("w", &[1.0], sgd(-1.0)), "learning rate"),
         (param("w", &[1.0], sgd(f64::NAN)), "learning rate"),
     ];
     for (init, needle) in cases {
-        let result = server.client.clone().register(v1::RegisterRequest { params: vec![init] }).await;
+        let result = server
+            .client
+            .clone()
+            .register(v1::RegisterRequest { params: vec![init] })
+            .await;
         assert_status(result, Code::InvalidArgument, &[needle]);
     }
     assert_eq!(server.stats().await.keys, 0);
@@ -207,9 +361,16 @@ async fn bad_optimizers_are_invalid_argument() {
 
 #[tokio::test]
 async fn refusals_are_counted() {
-    let config = ServerConfig { consistency: Consistency::Bsp, ..ServerConfig::default() };
+    let config = ServerConfig {
+        consistency: Consistency::Bsp,
+        ..ServerConfig::default()
+    };
     let server = server_with_keys(config).await;
-    let _ = server.client.clone().push(push(0, 0, vec![tensor("nope", &[1.0])])).await;
+    let _ = server
+        .client
+        .clone()
+        .push(push(0, 0, vec![tensor("nope", &[1.0])]))
+        .await;
     let _ = server.client.clone().pull(pull_request(&[], 0, 0)).await;
     assert_eq!(server.stats().await.rejected, 2);
     server.stop().await;

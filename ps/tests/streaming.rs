@@ -18,7 +18,11 @@ use tonic::Code;
 const MIB: usize = 1 << 20;
 
 fn header(name: &str, elements: usize) -> ChunkHeader {
-    ChunkHeader { key: ParamKey::new(name, 0), dtype: DType::F32, shape: vec![elements] }
+    ChunkHeader {
+        key: ParamKey::new(name, 0),
+        dtype: DType::F32,
+        shape: vec![elements],
+    }
 }
 
 /// Finite, distinct-looking f32 values with varied bit patterns.
@@ -37,29 +41,62 @@ fn pattern(elements: usize) -> Bytes {
 
 fn register_chunks(name: &str, data: &Bytes, optimizer: v1::Optimizer) -> Vec<v1::RegisterChunk> {
     let elements = data.len() / 4;
-    to_wire_chunks(&header(name, elements), data, ps_proto::chunk::DEFAULT_CHUNK_BYTES)
-        .into_iter()
-        .map(|chunk| v1::RegisterChunk { spec: Some(spec(name, &[elements as u64], optimizer.clone())), offset: chunk.offset, data: chunk.data })
-        .collect()
+    to_wire_chunks(
+        &header(name, elements),
+        data,
+        ps_proto::chunk::DEFAULT_CHUNK_BYTES,
+    )
+    .into_iter()
+    .map(|chunk| v1::RegisterChunk {
+        spec: Some(spec(name, &[elements as u64], optimizer)),
+        offset: chunk.offset,
+        data: chunk.data,
+    })
+    .collect()
 }
 
-fn push_chunks(worker_id: u32, step: u64, name: &str, data: &Bytes, chunk_bytes: usize) -> Vec<v1::PushChunk> {
+fn push_chunks(
+    worker_id: u32,
+    step: u64,
+    name: &str,
+    data: &Bytes,
+    chunk_bytes: usize,
+) -> Vec<v1::PushChunk> {
     to_wire_chunks(&header(name, data.len() / 4), data, chunk_bytes)
         .into_iter()
-        .map(|chunk| v1::PushChunk { worker_id, step, chunk: Some(chunk) })
+        .map(|chunk| v1::PushChunk {
+            worker_id,
+            step,
+            chunk: Some(chunk),
+        })
         .collect()
 }
 
 /// Pulls one key by PullStream, checking every message against the 4 MiB default.
 async fn pull_stream(server: &TestServer, name: &str, min_version: u64) -> (Bytes, u64) {
-    let mut stream = server.client.clone().pull_stream(pull_request(&[name], min_version, 10_000)).await.unwrap().into_inner();
+    let mut stream = server
+        .client
+        .clone()
+        .pull_stream(pull_request(&[name], min_version, 10_000))
+        .await
+        .unwrap()
+        .into_inner();
     let mut assembler = Assembler::new();
     let mut version = None;
     while let Some(message) = stream.next().await {
         let message = message.unwrap();
-        assert!(message.encoded_len() < DEFAULT_MAX_MESSAGE_BYTES, "a {}-byte message", message.encoded_len());
-        assert!(*version.get_or_insert(message.version) == message.version, "one version per key");
-        assembler.add_chunk(message.chunk.as_ref().unwrap()).unwrap();
+        assert!(
+            message.encoded_len() < DEFAULT_MAX_MESSAGE_BYTES,
+            "a {}-byte message",
+            message.encoded_len()
+        );
+        assert!(
+            *version.get_or_insert(message.version) == message.version,
+            "one version per key"
+        );
+        assembler
+            .add_chunk(message.chunk.as_ref().unwrap())
+            .unwrap();
     }
     let (_, tensor) = assembler.finish().unwrap().pop().unwrap();
     (tensor.to_contiguous(), version.unwrap())
@@ -70,13 +107,26 @@ async fn a_256_mib_tensor_round_trips_bit_exactly() {
     let server = TestServer::default().await;
     let data = pattern(256 * MIB / 4);
     let chunks = register_chunks("huge", &data, sgd(0.1));
-    assert!(chunks.iter().all(|c| c.encoded_len() < DEFAULT_MAX_MESSAGE_BYTES));
-    let registered = server.client.clone().register_stream(tokio_stream::iter(chunks)).await.unwrap().into_inner();
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c.encoded_len() < DEFAULT_MAX_MESSAGE_BYTES)
+    );
+    let registered = server
+        .client
+        .clone()
+        .register_stream(tokio_stream::iter(chunks))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(registered.keys[0].created);
     let (pulled, version) = pull_stream(&server, "huge", 0).await;
     assert_eq!(version, 0);
     assert_eq!(pulled.len(), data.len());
-    assert!(pulled == data, "pulled bytes differ from the registered bytes");
+    assert!(
+        pulled == data,
+        "pulled bytes differ from the registered bytes"
+    );
     server.stop().await;
 }
 
@@ -85,14 +135,28 @@ async fn streamed_push_updates_a_large_tensor() {
     let server = TestServer::default().await;
     let elements = 8 * MIB / 4 + 3;
     let init = f32_bytes(&vec![1.0; elements]);
-    server.client.clone().register_stream(tokio_stream::iter(register_chunks("w", &init, sgd(0.5)))).await.unwrap();
+    server
+        .client
+        .clone()
+        .register_stream(tokio_stream::iter(register_chunks("w", &init, sgd(0.5))))
+        .await
+        .unwrap();
     let grad: Vec<f32> = (0..elements).map(|i| (i % 7) as f32).collect();
     let chunks = push_chunks(0, 0, "w", &f32_bytes(&grad), 3 * MIB);
-    let pushed = server.client.clone().push_stream(tokio_stream::iter(chunks)).await.unwrap().into_inner();
+    let pushed = server
+        .client
+        .clone()
+        .push_stream(tokio_stream::iter(chunks))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!((pushed.keys[0].accepted, pushed.keys[0].version), (true, 1));
     let (pulled, version) = pull_stream(&server, "w", 1).await;
     assert_eq!(version, 1);
-    let want: Vec<f32> = grad.iter().map(|g| (1.0 - 0.5 * *g as f64) as f32).collect();
+    let want: Vec<f32> = grad
+        .iter()
+        .map(|g| (1.0 - 0.5 * *g as f64) as f32)
+        .collect();
     assert!(f32_values(&pulled) == want);
     server.stop().await;
 }
@@ -100,23 +164,50 @@ async fn streamed_push_updates_a_large_tensor() {
 #[tokio::test]
 async fn pull_stream_honours_the_requested_chunk_size() {
     let server = TestServer::default().await;
-    server.register(vec![param("w", &vec![2.0; 1000], sgd(0.5))]).await;
+    server
+        .register(vec![param("w", &vec![2.0; 1000], sgd(0.5))])
+        .await;
     let mut request = pull_request(&["w"], 0, 0);
     request.chunk_bytes = 1000;
-    let chunks: Vec<_> = server.client.clone().pull_stream(request).await.unwrap().into_inner().collect().await;
+    let chunks: Vec<_> = server
+        .client
+        .clone()
+        .pull_stream(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .collect()
+        .await;
     assert_eq!(chunks.len(), 4);
-    assert!(chunks.iter().all(|c| c.as_ref().unwrap().chunk.as_ref().unwrap().data.len() <= 1000));
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c.as_ref().unwrap().chunk.as_ref().unwrap().data.len() <= 1000)
+    );
     server.stop().await;
 }
 
 async fn refused_stream(server: &TestServer, chunks: Vec<v1::PushChunk>, needles: &[&str]) {
     let before = server.values("w").await;
-    let status = server.client.clone().push_stream(tokio_stream::iter(chunks)).await.unwrap_err();
+    let status = server
+        .client
+        .clone()
+        .push_stream(tokio_stream::iter(chunks))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
     for needle in needles {
-        assert!(status.message().contains(needle), "{:?} lacks {needle:?}", status.message());
+        assert!(
+            status.message().contains(needle),
+            "{:?} lacks {needle:?}",
+            status.message()
+        );
     }
-    assert_eq!(server.values("w").await, before, "a refused stream changed `w`");
+    assert_eq!(
+        server.values("w").await,
+        before,
+        "a refused stream changed `w`"
+    );
     assert_eq!(server.stats().await.pushes, 0);
 }
 
@@ -129,7 +220,12 @@ async fn malformed_chunk_streams_change_nothing() {
     assert_eq!(full.len(), 3);
 
     let ends_early = full[..2].to_vec();
-    refused_stream(&server, ends_early, &["ended after 16 of 24 bytes", "nothing was applied"]).await;
+    refused_stream(
+        &server,
+        ends_early,
+        &["ended after 16 of 24 bytes", "nothing was applied"],
+    )
+    .await;
 
     let mut overlaps = full.clone();
     overlaps[1].chunk.as_mut().unwrap().offset = 4;
@@ -156,12 +252,27 @@ async fn malformed_chunk_streams_change_nothing() {
     split_element[1].chunk.as_mut().unwrap().data = grad.slice(8..14);
     refused_stream(&server, split_element, &["splits"]).await;
 
-    let mut nan = push_chunks(0, 0, "w", &f32_bytes(&[1.0, 1.0, 1.0, f32::NAN, 1.0, 1.0]), 8);
+    let mut nan = push_chunks(
+        0,
+        0,
+        "w",
+        &f32_bytes(&[1.0, 1.0, 1.0, f32::NAN, 1.0, 1.0]),
+        8,
+    );
     nan.truncate(3);
     refused_stream(&server, nan, &["non-finite", "element 3"]).await;
 
-    let pushed = server.client.clone().push_stream(tokio_stream::iter(full)).await.unwrap().into_inner();
-    assert!(pushed.keys[0].accepted, "the well-formed stream is still taken afterwards");
+    let pushed = server
+        .client
+        .clone()
+        .push_stream(tokio_stream::iter(full))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        pushed.keys[0].accepted,
+        "the well-formed stream is still taken afterwards"
+    );
     server.stop().await;
 }
 
@@ -170,9 +281,18 @@ async fn register_stream_refuses_a_changed_spec() {
     let server = TestServer::default().await;
     let mut chunks = register_chunks("w", &f32_bytes(&vec![1.0; 1 << 20]), sgd(0.1));
     chunks[1].spec = Some(spec("w", &[1 << 20], sgd(0.2)));
-    let status = server.client.clone().register_stream(tokio_stream::iter(chunks)).await.unwrap_err();
+    let status = server
+        .client
+        .clone()
+        .register_stream(tokio_stream::iter(chunks))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
-    assert!(status.message().contains("lr=0.1") && status.message().contains("lr=0.2"), "{}", status.message());
+    assert!(
+        status.message().contains("lr=0.1") && status.message().contains("lr=0.2"),
+        "{}",
+        status.message()
+    );
     assert_eq!(server.stats().await.keys, 0);
     server.stop().await;
 }
@@ -183,11 +303,19 @@ async fn oversized_chunk_in_a_stream_is_refused() {
     config.transport.max_message_bytes = 64 << 10;
     config.chunk_bytes = 32 << 10;
     let server = TestServer::start(config).await;
-    let zeros = v1::ParameterInit { spec: Some(spec("w", &[20_000], sgd(1.0))), initial: Bytes::new() };
+    let zeros = v1::ParameterInit {
+        spec: Some(spec("w", &[20_000], sgd(1.0))),
+        initial: Bytes::new(),
+    };
     server.register(vec![zeros]).await;
     let chunks = push_chunks(0, 0, "w", &f32_bytes(&vec![1.0; 20_000]), 80_000);
     assert_eq!(chunks.len(), 1, "one 80 KB chunk, over the 64 KiB limit");
-    let status = server.client.clone().push_stream(tokio_stream::iter(chunks)).await.unwrap_err();
+    let status = server
+        .client
+        .clone()
+        .push_stream(tokio_stream::iter(chunks))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::OutOfRange, "{}", status.message());
     let stats = server.stats().await;
     assert_eq!((stats.key_stats[0].version, stats.pushes), (0, 0));

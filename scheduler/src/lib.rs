@@ -1,1 +1,1 @@
-//! placeholder
+//! `ps-scheduler`: membership, shard placement and barriers (to come).

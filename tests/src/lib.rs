@@ -1,1 +1,1 @@
-//! placeholder
+//! `ps-tests`: end-to-end tests across crates (to come).

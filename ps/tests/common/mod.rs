@@ -27,22 +27,32 @@ impl TestServer {
     /// Binds 127.0.0.1:0, then serves on it; connecting needs no waiting because
     /// the socket is listening before the server task starts.
     pub async fn start(config: ServerConfig) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(ps_server::run(listener, config.clone(), async {
             let _ = stopped.await;
         }));
-        let channel = TransportConfig { max_message_bytes: usize::MAX, ..config.transport }
-            .endpoint(http_uri(&addr.to_string()))
-            .unwrap()
-            .connect()
-            .await
-            .expect("connect to test server");
+        let channel = TransportConfig {
+            max_message_bytes: usize::MAX,
+            ..config.transport
+        }
+        .endpoint(http_uri(&addr.to_string()))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect to test server");
         let client = ParameterServerClient::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
-        Self { addr, client, stop: Some(stop), task }
+        Self {
+            addr,
+            client,
+            stop: Some(stop),
+            task,
+        }
     }
 
     pub async fn default() -> Self {
@@ -52,7 +62,10 @@ impl TestServer {
     /// Triggers shutdown and waits for `run` to return.
     pub async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
-        self.task.await.expect("server task").expect("server ran cleanly");
+        self.task
+            .await
+            .expect("server task")
+            .expect("server ran cleanly");
     }
 
     /// Triggers shutdown without waiting.
@@ -67,7 +80,12 @@ impl TestServer {
     }
 
     pub async fn stats(&self) -> v1::StatsResponse {
-        self.client.clone().stats(v1::StatsRequest {}).await.unwrap().into_inner()
+        self.client
+            .clone()
+            .stats(v1::StatsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
     }
 }
 
@@ -76,15 +94,28 @@ pub fn f32_bytes(values: &[f32]) -> Bytes {
 }
 
 pub fn f32_values(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }
 
 pub fn sgd(lr: f64) -> v1::Optimizer {
-    v1::Optimizer { kind: Some(v1::optimizer::Kind::Sgd(v1::Sgd { lr, weight_decay: 0.0 })) }
+    v1::Optimizer {
+        kind: Some(v1::optimizer::Kind::Sgd(v1::Sgd {
+            lr,
+            weight_decay: 0.0,
+        })),
+    }
 }
 
 pub fn adam(lr: f64) -> v1::Optimizer {
-    v1::Optimizer { kind: Some(v1::optimizer::Kind::Adam(v1::Adam { lr, ..Default::default() })) }
+    v1::Optimizer {
+        kind: Some(v1::optimizer::Kind::Adam(v1::Adam {
+            lr,
+            ..Default::default()
+        })),
+    }
 }
 
 pub fn spec(name: &str, shape: &[u64], optimizer: v1::Optimizer) -> v1::ParameterSpec {
@@ -115,12 +146,22 @@ pub fn tensor(name: &str, values: &[f32]) -> v1::Tensor {
 }
 
 pub fn push(worker_id: u32, step: u64, grads: Vec<v1::Tensor>) -> v1::PushRequest {
-    v1::PushRequest { worker_id, step, grads }
+    v1::PushRequest {
+        worker_id,
+        step,
+        grads,
+    }
 }
 
 pub fn pull_request(names: &[&str], min_version: u64, timeout_ms: u64) -> v1::PullRequest {
     v1::PullRequest {
-        keys: names.iter().map(|n| v1::KeyRef { name: (*n).into(), part: 0 }).collect(),
+        keys: names
+            .iter()
+            .map(|n| v1::KeyRef {
+                name: (*n).into(),
+                part: 0,
+            })
+            .collect(),
         min_version,
         timeout_ms,
         chunk_bytes: 0,
@@ -129,13 +170,27 @@ pub fn pull_request(names: &[&str], min_version: u64, timeout_ms: u64) -> v1::Pu
 
 impl TestServer {
     pub async fn register(&self, params: Vec<v1::ParameterInit>) -> v1::RegisterResponse {
-        self.client.clone().register(v1::RegisterRequest { params }).await.unwrap().into_inner()
+        self.client
+            .clone()
+            .register(v1::RegisterRequest { params })
+            .await
+            .unwrap()
+            .into_inner()
     }
 
     /// The values and version of one f32 key, read without waiting.
     pub async fn values(&self, name: &str) -> (Vec<f32>, u64) {
-        let response = self.client.clone().pull(pull_request(&[name], 0, 0)).await.unwrap().into_inner();
+        let response = self
+            .client
+            .clone()
+            .pull(pull_request(&[name], 0, 0))
+            .await
+            .unwrap()
+            .into_inner();
         let pulled = &response.tensors[0];
-        (f32_values(&pulled.tensor.as_ref().unwrap().data), pulled.version)
+        (
+            f32_values(&pulled.tensor.as_ref().unwrap().data),
+            pulled.version,
+        )
     }
 }

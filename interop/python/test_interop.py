@@ -1,0 +1,210 @@
+"""A client generated from proto/ps/v1 by another gRPC implementation (Python grpcio)
+drives a real ps-server process: optimizer arithmetic, exactly-once pushes, every
+bad input with its status and the state unchanged, and chunked streams.
+
+Run: python interop/python/test_interop.py  (PS_SERVER_BIN names the binary;
+default target/debug/ps-server).
+"""
+
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+import grpc
+from grpc_tools import protoc
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATED = Path(tempfile.mkdtemp(prefix="ps-interop-"))
+
+
+def generate_stubs():
+    args = ["grpc_tools.protoc", f"-I{ROOT / 'proto'}", f"--python_out={GENERATED}",
+            f"--grpc_python_out={GENERATED}", str(ROOT / "proto/ps/v1/ps.proto")]
+    if protoc.main(args) != 0:
+        sys.exit("protoc failed to compile proto/ps/v1/ps.proto")
+    sys.path.insert(0, str(GENERATED))
+
+
+generate_stubs()
+from ps.v1 import ps_pb2 as pb  # noqa: E402
+from ps.v1 import ps_pb2_grpc as pb_grpc  # noqa: E402
+
+F32 = pb.DTYPE_F32
+
+
+def f32(values):
+    return struct.pack(f"<{len(values)}f", *values)
+
+
+def floats(data):
+    return list(struct.unpack(f"<{len(data) // 4}f", data))
+
+
+def as_f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+class Server:
+    """A ps-server child process on a free loopback port."""
+
+    def __init__(self, *args):
+        binary = os.environ.get("PS_SERVER_BIN", str(ROOT / "target/debug/ps-server"))
+        env = dict(os.environ, RUST_LOG="info", NO_COLOR="1")
+        self.process = subprocess.Popen([binary, "--listen", "127.0.0.1:0", *args],
+                                        stderr=subprocess.PIPE, text=True, env=env)
+        for line in self.process.stderr:
+            if "ps-server listening" in line:
+                self.addr = line.split("addr=")[1].split()[0]
+                break
+        else:
+            raise RuntimeError("ps-server exited before listening")
+        self.channel = grpc.insecure_channel(self.addr)
+        self.stub = pb_grpc.ParameterServerStub(self.channel)
+
+    def stop(self):
+        self.channel.close()
+        self.process.terminate()
+        assert self.process.wait(timeout=30) == 0, "ps-server did not exit cleanly on SIGTERM"
+        self.process.stderr.close()
+
+
+def spec(name, n, optimizer, dtype=F32):
+    return pb.ParameterSpec(name=name, dtype=dtype, shape=[n], optimizer=optimizer)
+
+
+def sgd(lr):
+    return pb.Optimizer(sgd=pb.Sgd(lr=lr))
+
+
+def tensor(name, values, dtype=F32, shape=None, data=None):
+    return pb.Tensor(name=name, dtype=dtype, shape=shape if shape is not None else [len(values)],
+                     data=data if data is not None else f32(values))
+
+
+class InteropTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--workers", "2")
+        cls.stub = cls.server.stub
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def register(self, name, values, optimizer):
+        init = pb.ParameterInit(spec=spec(name, len(values), optimizer), initial=f32(values))
+        return self.stub.Register(pb.RegisterRequest(params=[init]))
+
+    def state(self, name):
+        response = self.stub.Pull(pb.PullRequest(keys=[pb.KeyRef(name=name)]))
+        pulled = response.tensors[0]
+        return floats(pulled.tensor.data), pulled.version
+
+    def assert_refused(self, call, request, code, needle, key):
+        before = self.state(key)
+        with self.assertRaises(grpc.RpcError) as caught:
+            call(request)
+        self.assertEqual(caught.exception.code(), code, caught.exception.details())
+        self.assertIn(needle, caught.exception.details())
+        self.assertEqual(self.state(key), before, "a refused request changed the state")
+
+    def test_momentum_arithmetic_under_bsp(self):
+        w0 = [1.0, -2.0, 0.5]
+        mom = pb.Optimizer(momentum=pb.Momentum(lr=0.1, momentum=0.9))
+        self.assertTrue(self.register("mom", w0, mom).keys[0].created)
+        grads = [([0.5, 1.0, -1.0], [1.5, -1.0, 0.0]), ([1.0, 1.0, 1.0], [0.0, 0.0, 2.0])]
+        w, buf = list(w0), [0.0] * 3
+        for step, (g0, g1) in enumerate(grads):
+            self.stub.Push(pb.PushRequest(worker_id=0, step=step, grads=[tensor("mom", g0)]))
+            self.stub.Push(pb.PushRequest(worker_id=1, step=step, grads=[tensor("mom", g1)]))
+            for i in range(3):
+                g = (as_f32(g0[i]) + as_f32(g1[i])) / 2
+                buf[i] = 0.9 * buf[i] + g
+                w[i] = w[i] - 0.1 * buf[i]
+        pulled = self.stub.Pull(pb.PullRequest(keys=[pb.KeyRef(name="mom")], min_version=2, timeout_ms=5000))
+        self.assertEqual(pulled.tensors[0].version, 2)
+        for got, want in zip(floats(pulled.tensors[0].tensor.data), w):
+            self.assertLessEqual(abs(got - want), 1e-6 * abs(want), (got, want))
+
+    def test_repeated_push_is_applied_once(self):
+        self.register("once", [1.0], sgd(1.0))
+        request = pb.PushRequest(worker_id=0, step=0, grads=[tensor("once", [0.5])])
+        self.assertTrue(self.stub.Push(request).keys[0].accepted)
+        self.assertFalse(self.stub.Push(request).keys[0].accepted)
+        self.stub.Push(pb.PushRequest(worker_id=1, step=0, grads=[tensor("once", [0.5])]))
+        self.assertFalse(self.stub.Push(request).keys[0].accepted)
+        self.assertEqual(self.state("once"), ([0.5], 1))
+
+    def test_bad_inputs_get_precise_statuses_and_change_nothing(self):
+        self.register("bad", [1.0, 2.0], sgd(0.1))
+        push = lambda *grads, worker=0, step=0: pb.PushRequest(worker_id=worker, step=step, grads=list(grads))
+        code = grpc.StatusCode
+        cases = [
+            (push(tensor("missing", [1.0])), code.NOT_FOUND, "missing"),
+            (push(tensor("bad", [1.0, 1.0], dtype=pb.DTYPE_BF16, data=b"\0" * 4)), code.INVALID_ARGUMENT, "bf16"),
+            (push(tensor("bad", [1.0, 1.0, 1.0])), code.INVALID_ARGUMENT, "shape"),
+            (push(tensor("bad", [1.0, 1.0], data=b"\0" * 7)), code.INVALID_ARGUMENT, "needs 8 bytes"),
+            (push(tensor("bad", [float("nan"), 1.0])), code.INVALID_ARGUMENT, "non-finite"),
+            (push(tensor("bad", [1.0, float("inf")])), code.INVALID_ARGUMENT, "non-finite"),
+            (push(tensor("bad", [1.0, 1.0]), step=7), code.FAILED_PRECONDITION, "from the future"),
+            (push(), code.INVALID_ARGUMENT, "empty request"),
+            (push(tensor("bad", [1.0, 1.0]), worker=5), code.INVALID_ARGUMENT, "outside"),
+        ]
+        for request, status, needle in cases:
+            with self.subTest(needle=needle):
+                self.assert_refused(self.stub.Push, request, status, needle, "bad")
+        oversized = push(tensor("bad", [1.0, 1.0], shape=[2], data=b"\0" * (5 << 20)))
+        self.assert_refused(self.stub.Push, oversized, code.OUT_OF_RANGE, "too large", "bad")
+        self.assert_refused(self.stub.Pull, pb.PullRequest(), code.INVALID_ARGUMENT, "no keys", "bad")
+        self.assert_refused(self.stub.Register, pb.RegisterRequest(), code.INVALID_ARGUMENT, "no parameters", "bad")
+        conflict = pb.RegisterRequest(params=[pb.ParameterInit(spec=spec("bad", 2, sgd(0.5)))])
+        self.assert_refused(self.stub.Register, conflict, code.ALREADY_EXISTS, "lr=0.5", "bad")
+
+    def test_malformed_chunk_streams_change_nothing(self):
+        self.register("chunks", [0.0] * 4, sgd(1.0))
+
+        def chunk(offset, values):
+            return pb.PushChunk(worker_id=0, step=0, chunk=pb.TensorChunk(
+                name="chunks", dtype=F32, shape=[4], offset=offset, data=f32(values)))
+
+        streams = [
+            ([chunk(0, [1.0, 1.0])], "ended after 8 of 16 bytes"),
+            ([chunk(0, [1.0, 1.0]), chunk(4, [1.0, 1.0, 1.0])], "overlaps"),
+            ([chunk(0, [1.0, 1.0]), chunk(8, [1.0, 1.0, 1.0])], "runs past"),
+            ([chunk(0, [1.0]), chunk(8, [1.0])], "gap"),
+        ]
+        for messages, needle in streams:
+            with self.subTest(needle=needle):
+                self.assert_refused(lambda m: self.stub.PushStream(iter(m)), messages,
+                                    grpc.StatusCode.INVALID_ARGUMENT, needle, "chunks")
+
+    def test_large_tensor_round_trips_through_streams(self):
+        n = (16 << 20) // 4
+        data = f32([float(i % 65536) - 32768.0 for i in range(n)])
+        step = 2 << 20
+        chunks = (pb.RegisterChunk(spec=spec("large", n, sgd(0.1)), offset=o, data=data[o:o + step])
+                  for o in range(0, len(data), step))
+        self.assertTrue(self.stub.RegisterStream(chunks).keys[0].created)
+        received = bytearray()
+        for message in self.stub.PullStream(pb.PullRequest(keys=[pb.KeyRef(name="large")])):
+            self.assertEqual(message.chunk.offset, len(received))
+            self.assertLess(len(message.chunk.data), 4 << 20)
+            received += message.chunk.data
+        self.assertTrue(bytes(received) == data, "streamed values differ")
+
+    def test_stats_count_what_was_served(self):
+        stats = self.stub.Stats(pb.StatsRequest())
+        self.assertEqual(stats.consistency, "bsp")
+        self.assertEqual(stats.workers, 2)
+        self.assertGreaterEqual(stats.pushes, 1)
+
+
+if __name__ == "__main__":
+    outcome = unittest.main(verbosity=2, exit=False).result
+    failed = len(outcome.failures) + len(outcome.errors) + len(outcome.unexpectedSuccesses)
+    print(f"interop: {outcome.testsRun - failed - len(outcome.skipped)} passed, {failed} failed")
+    sys.exit(1 if failed or outcome.testsRun == 0 else 0)

@@ -1,0 +1,129 @@
+//! Health, shutdown, and the `ps-server` binary as a real process.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use ps_proto::transport::{TransportConfig, http_uri};
+use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+#[tokio::test]
+async fn health_service_reports_serving() {
+    let server = TestServer::default().await;
+    let channel = TransportConfig::default()
+        .endpoint(http_uri(&server.addr.to_string()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in ["", "ps.v1.ParameterServer"] {
+        let request = HealthCheckRequest {
+            service: service.into(),
+        };
+        let status = health.check(request).await.unwrap().into_inner().status;
+        assert_eq!(status, ServingStatus::Serving as i32, "service {service:?}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_ends_waiting_pulls_with_unavailable() {
+    let mut server = TestServer::default().await;
+    server.register(vec![param("w", &[0.0], sgd(1.0))]).await;
+    let mut client = server.client.clone();
+    let waiting = tokio::spawn(async move { client.pull(pull_request(&["w"], 5, 600_000)).await });
+    server.begin_stop();
+    // Whether the pull was already waiting or arrived during shutdown, it must end
+    // promptly with UNAVAILABLE instead of holding shutdown for its 10-minute timeout.
+    let outcome = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("pull still waiting");
+    assert_eq!(outcome.unwrap().unwrap_err().code(), Code::Unavailable);
+    tokio::time::timeout(Duration::from_secs(30), server.join())
+        .await
+        .expect("server did not stop")
+        .unwrap();
+}
+
+/// Reads the server's log until it names the address it listens on.
+fn listening_addr(stderr: &mut impl BufRead) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "ps-server exited before listening"
+        );
+        if line.contains("ps-server listening") {
+            let addr = line.split("addr=").nth(1).expect("log names addr");
+            return addr.split_whitespace().next().unwrap().to_string();
+        }
+    }
+}
+
+/// Multi-threaded, so the client's connection keeps running while this test blocks
+/// reading the child's log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_serves_and_exits_cleanly_on_sigterm() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args(["--listen", "127.0.0.1:0", "--workers", "2"])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let addr = listening_addr(&mut stderr);
+    let channel = TransportConfig::default()
+        .endpoint(http_uri(&addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ps_proto::v1::parameter_server_client::ParameterServerClient::new(channel);
+    let stats = client
+        .stats(ps_proto::v1::StatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((stats.workers, stats.consistency.as_str()), (2, "bsp"));
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let rest: Vec<String> = stderr.lines().map(Result::unwrap).collect();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "exit {status:?}; log: {rest:#?}");
+    assert!(rest.iter().any(|l| l.contains("SIGTERM")), "{rest:#?}");
+    assert!(
+        rest.iter().any(|l| l.contains("ps-server stopped")),
+        "{rest:#?}"
+    );
+}
+
+#[test]
+fn binary_refuses_bad_flags_with_a_clear_message() {
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args(["--listen", "127.0.0.1:0", "--consistency", "sync"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("use bsp, asp or ssp:K"), "{stderr}");
+
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args(["--listen", "127.0.0.1:0", "--workers", "0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--workers must be at least 1"));
+}
