@@ -10,6 +10,9 @@ use crate::consistency::Consistency;
 use crate::param::Group;
 use crate::store::StoreRules;
 
+/// Default largest parameter: 4 GiB of values (Adam keeps two more copies).
+pub const DEFAULT_MAX_TENSOR_BYTES: usize = 4 << 30;
+
 /// Settings of one parameter-server shard.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -19,6 +22,8 @@ pub struct ServerConfig {
     pub workers: u32,
     /// Refuse NaN and infinite gradients and initial values.
     pub reject_non_finite: bool,
+    /// Largest parameter (or partition) a client may register, in bytes of values.
+    pub max_tensor_bytes: usize,
     /// How long a pull waits for its version when the request names no timeout.
     pub default_pull_timeout: Duration,
     /// The longest wait a pull may ask for.
@@ -37,6 +42,7 @@ impl Default for ServerConfig {
             consistency: Consistency::Bsp,
             workers: 1,
             reject_non_finite: true,
+            max_tensor_bytes: DEFAULT_MAX_TENSOR_BYTES,
             default_pull_timeout: Duration::from_secs(60),
             max_pull_timeout: Duration::from_secs(600),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
@@ -78,6 +84,7 @@ impl ServerConfig {
                 workers: self.workers,
             },
             reject_non_finite: self.reject_non_finite,
+            max_tensor_bytes: self.max_tensor_bytes,
         }
     }
 

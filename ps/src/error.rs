@@ -154,6 +154,18 @@ pub enum Error {
         /// The key's version.
         version: u64,
     },
+    /// A parameter larger than the server accepts.
+    #[error(
+        "{key} would hold {bytes} bytes, over this server's {limit}-byte limit per tensor; partition it or raise --max-tensor-bytes"
+    )]
+    TensorTooLarge {
+        /// The key.
+        key: ParamKey,
+        /// Its size.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// A unary response would exceed the message limit.
     #[error(
         "the response would be {bytes} bytes, over the {limit}-byte message limit; use PullStream for large tensors or pull fewer keys at once"
@@ -195,7 +207,9 @@ impl Error {
             Error::UnknownKey { .. } => Code::NotFound,
             Error::SpecConflict { .. } => Code::AlreadyExists,
             Error::FutureStep { .. } | Error::StaleStep { .. } => Code::FailedPrecondition,
-            Error::ResponseTooLarge { .. } => Code::ResourceExhausted,
+            Error::ResponseTooLarge { .. } | Error::TensorTooLarge { .. } => {
+                Code::ResourceExhausted
+            }
             Error::PullTimeout { .. } => Code::DeadlineExceeded,
             Error::ShuttingDown => Code::Unavailable,
             Error::Stream(status) => status.code(),

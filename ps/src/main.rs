@@ -27,6 +27,9 @@ struct Args {
     /// Accept NaN and infinite gradients and initial values instead of refusing them.
     #[arg(long, env = "PS_ALLOW_NON_FINITE")]
     allow_non_finite: bool,
+    /// Largest parameter (or partition) that may be registered, in bytes.
+    #[arg(long, env = "PS_MAX_TENSOR_BYTES", default_value_t = ps_server::config::DEFAULT_MAX_TENSOR_BYTES)]
+    max_tensor_bytes: usize,
     /// Seconds a pull waits for its version when the request names no timeout.
     #[arg(long, env = "PS_PULL_TIMEOUT_SECS", default_value_t = 60)]
     pull_timeout_secs: u64,
@@ -70,6 +73,7 @@ impl Args {
             consistency: self.consistency,
             workers: self.workers,
             reject_non_finite: !self.allow_non_finite,
+            max_tensor_bytes: self.max_tensor_bytes,
             default_pull_timeout: Duration::from_secs(self.pull_timeout_secs),
             max_pull_timeout: Duration::from_secs(self.max_pull_timeout_secs),
             chunk_bytes: self.chunk_bytes,

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use futures::stream;
 use prost::Message;
-use ps_proto::chunk::{Assembler, ChunkError};
+use std::collections::HashSet;
+
+use ps_proto::chunk::{Assembler, ChunkError, ChunkHeader};
 use ps_proto::codec::TensorData;
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
@@ -69,8 +71,10 @@ impl ParameterService {
     }
 }
 
-/// Reads a whole `RegisterStream`, checking that every chunk of a key repeats its spec.
+/// Reads a whole `RegisterStream`, checking that every chunk of a key repeats its spec
+/// and that the spec is within the server's size limit.
 async fn read_register_stream(
+    store: &Store,
     stream: &mut Streaming<v1::RegisterChunk>,
 ) -> Result<Vec<(ParamSpec, Option<TensorData>)>> {
     let mut assembler = Assembler::new();
@@ -80,6 +84,7 @@ async fn read_register_stream(
             what: "a RegisterChunk without a spec",
         })?;
         let spec = wire::param_spec(spec)?;
+        store.check_size(&spec)?;
         match specs.iter().find(|s| s.key == spec.key) {
             Some(first) if *first != spec => {
                 let (first, now) = (first.describe(), spec.describe());
@@ -103,11 +108,14 @@ async fn read_register_stream(
         .collect())
 }
 
-/// Reads a whole `PushStream`: `(worker, step, gradients)`.
+/// Reads a whole `PushStream`: `(worker, step, gradients)`. The first chunk of each
+/// key is checked against the store, so a bad stream is refused before it is read.
 async fn read_push_stream(
+    store: &Store,
     stream: &mut Streaming<v1::PushChunk>,
 ) -> Result<(u32, u64, Vec<(ParamKey, TensorData)>)> {
     let mut assembler = Assembler::new();
+    let mut checked = HashSet::new();
     let mut origin = None;
     let mut index = 0;
     while let Some(message) = stream.message().await? {
@@ -125,7 +133,11 @@ async fn read_push_stream(
         let chunk = message.chunk.as_ref().ok_or(Error::EmptyRequest {
             what: "a PushChunk without a chunk",
         })?;
-        assembler.add_chunk(chunk)?;
+        let header = ChunkHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
+        if checked.insert(header.key.clone()) {
+            store.check_gradient_header(&header)?;
+        }
+        assembler.add(header, chunk.offset, chunk.data.clone())?;
         index += 1;
     }
     let (worker, step) = origin.ok_or(Error::EmptyRequest {
@@ -154,7 +166,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<Streaming<v1::RegisterChunk>>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
-        let params = read_register_stream(&mut request.into_inner()).await;
+        let params = read_register_stream(&self.store, &mut request.into_inner()).await;
         let result = params.and_then(|params| self.store.register(params));
         self.answer(result.map(wire::register_response))
     }
@@ -177,7 +189,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<Streaming<v1::PushChunk>>,
     ) -> Result<Response<v1::PushResponse>, Status> {
-        let pushed = read_push_stream(&mut request.into_inner()).await;
+        let pushed = read_push_stream(&self.store, &mut request.into_inner()).await;
         let result = pushed.and_then(|(worker, step, grads)| self.store.push(worker, step, grads));
         self.answer(result.map(wire::push_response))
     }

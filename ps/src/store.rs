@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use ps_proto::chunk::ChunkHeader;
 use ps_proto::codec::{DType, TensorData};
 use ps_proto::key::ParamKey;
 use tokio::sync::watch;
@@ -109,6 +110,8 @@ pub struct StoreRules {
     pub group: Group,
     /// Refuse NaN and infinite gradients and initial values.
     pub reject_non_finite: bool,
+    /// Largest parameter that may be registered, in bytes of values.
+    pub max_tensor_bytes: usize,
 }
 
 #[derive(Debug, Default)]
@@ -176,6 +179,7 @@ impl Store {
         }
         check_unique(params.iter().map(|(spec, _)| &spec.key))?;
         for (spec, initial) in &params {
+            self.check_size(spec)?;
             self.check_initial(spec, initial.as_ref())?;
         }
         let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
@@ -193,6 +197,33 @@ impl Store {
             .map(|(spec, initial)| insert_if_absent(&mut keys, spec, initial))
             .collect();
         Ok(registered)
+    }
+
+    /// Refuses a parameter larger than the configured limit.
+    ///
+    /// # Errors
+    /// `TensorTooLarge`.
+    pub fn check_size(&self, spec: &ParamSpec) -> Result<()> {
+        let bytes = spec.len() * spec.dtype.size();
+        let limit = self.rules.max_tensor_bytes;
+        if bytes > limit {
+            return Err(Error::TensorTooLarge {
+                key: spec.key.clone(),
+                bytes,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the first chunk of a streamed gradient against the key it names, so a
+    /// stream for an unknown key or the wrong shape is refused before it is read.
+    ///
+    /// # Errors
+    /// `UnknownKey`, `DtypeMismatch`, `ShapeMismatch`.
+    pub fn check_gradient_header(&self, header: &ChunkHeader) -> Result<()> {
+        let entry = self.entries(std::iter::once(&header.key))?.remove(0);
+        check_dtype_and_shape(&entry.spec, header.dtype, &header.shape)
     }
 
     fn check_initial(&self, spec: &ParamSpec, initial: Option<&TensorData>) -> Result<()> {
@@ -287,22 +318,8 @@ impl Store {
     }
 
     fn check_gradient(&self, spec: &ParamSpec, grad: &TensorData) -> Result<()> {
-        let key = &spec.key;
-        if grad.dtype() != spec.dtype {
-            return Err(Error::DtypeMismatch {
-                key: key.clone(),
-                expected: spec.dtype,
-                got: grad.dtype(),
-            });
-        }
-        if grad.shape() != spec.shape {
-            return Err(Error::ShapeMismatch {
-                key: key.clone(),
-                expected: spec.shape.clone(),
-                got: grad.shape().to_vec(),
-            });
-        }
-        self.check_finite(key, "gradient", grad)
+        check_dtype_and_shape(spec, grad.dtype(), grad.shape())?;
+        self.check_finite(&spec.key, "gradient", grad)
     }
 
     /// Reads `keys`, first waiting up to `timeout` until each is at `min_version` or later.
@@ -397,6 +414,26 @@ impl Store {
             rejected: self.counters.rejected.load(Ordering::Relaxed),
         }
     }
+}
+
+fn check_dtype_and_shape(spec: &ParamSpec, dtype: DType, shape: &[usize]) -> Result<()> {
+    let key = &spec.key;
+    if dtype != spec.dtype {
+        return Err(Error::DtypeMismatch {
+            key: key.clone(),
+            expected: spec.dtype,
+            got: dtype,
+        });
+    }
+    if shape != spec.shape {
+        let (expected, got) = (spec.shape.clone(), shape.to_vec());
+        return Err(Error::ShapeMismatch {
+            key: key.clone(),
+            expected,
+            got,
+        });
+    }
+    Ok(())
 }
 
 fn check_unique<'a>(keys: impl Iterator<Item = &'a ParamKey>) -> Result<()> {

@@ -375,3 +375,50 @@ async fn refusals_are_counted() {
     assert_eq!(server.stats().await.rejected, 2);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_tensor_over_the_size_limit_is_resource_exhausted() {
+    let server = TestServer::default().await;
+    let huge = v1::ParameterInit {
+        spec: Some(spec("huge", &[1 << 40], sgd(0.1))),
+        initial: bytes::Bytes::new(),
+    };
+    let result = server
+        .client
+        .clone()
+        .register(v1::RegisterRequest { params: vec![huge] })
+        .await;
+    assert_status(result, Code::ResourceExhausted, &["--max-tensor-bytes", "partition"]);
+    assert_eq!(server.stats().await.keys, 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_push_stream_for_an_unknown_key_is_refused_at_its_first_chunk() {
+    let server = server_with_keys(ServerConfig::default()).await;
+    let (chunks, rx) = tokio::sync::mpsc::channel(4);
+    let first = v1::PushChunk {
+        worker_id: 0,
+        step: 0,
+        chunk: Some(v1::TensorChunk {
+            name: "nope".into(),
+            part: 0,
+            dtype: v1::DType::DtypeF32 as i32,
+            shape: vec![1 << 20],
+            offset: 0,
+            data: f32_bytes(&[1.0; 1024]),
+        }),
+    };
+    chunks.send(first).await.unwrap();
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    // `chunks` stays open: the answer must come without the rest of the stream.
+    let answer = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        server.client.clone().push_stream(stream),
+    )
+    .await
+    .expect("the server waited for the rest of a stream it should refuse");
+    assert_status(answer, Code::NotFound, &["`nope`"]);
+    drop(chunks);
+    server.stop().await;
+}
