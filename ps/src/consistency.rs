@@ -1,4 +1,4 @@
-//! Consistency models and the per-key rule that admits a worker's push.
+//! The per-key rule that admits a worker's push under each consistency model.
 //!
 //! - BSP: the gradients of step `t` from every worker of the group are averaged and
 //!   applied once; the key's version becomes `t + 1`.
@@ -10,61 +10,7 @@
 //! Exactly once: a push whose step is not above the worker's last admitted step for
 //! the key is a retry; it is acknowledged and not applied again.
 
-use std::fmt;
-use std::str::FromStr;
-
-/// How pushes from different workers are combined.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Consistency {
-    /// Bulk-synchronous: one averaged update per step.
-    Bsp,
-    /// Asynchronous: every push applied at once.
-    Asp,
-    /// Stale-synchronous: asynchronous, but no worker more than `staleness` steps
-    /// ahead of the slowest.
-    Ssp {
-        /// How many steps a worker may run ahead of the slowest one.
-        staleness: u64,
-    },
-}
-
-impl Consistency {
-    /// True when the server knows a fixed group of workers (BSP and SSP).
-    pub fn has_group(self) -> bool {
-        !matches!(self, Consistency::Asp)
-    }
-}
-
-impl fmt::Display for Consistency {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Consistency::Bsp => f.write_str("bsp"),
-            Consistency::Asp => f.write_str("asp"),
-            Consistency::Ssp { staleness } => write!(f, "ssp:{staleness}"),
-        }
-    }
-}
-
-impl FromStr for Consistency {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let lower = s.to_ascii_lowercase();
-        match lower.as_str() {
-            "bsp" => Ok(Consistency::Bsp),
-            "asp" => Ok(Consistency::Asp),
-            other => other
-                .strip_prefix("ssp:")
-                .and_then(|k| k.parse().ok())
-                .map(|staleness| Consistency::Ssp { staleness })
-                .ok_or_else(|| {
-                    format!(
-                        "unknown consistency `{s}`; use bsp, asp or ssp:K (K = staleness in steps)"
-                    )
-                }),
-        }
-    }
-}
+pub use ps_proto::consistency::Consistency;
 
 /// What to do with one key's share of a push.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,20 +57,6 @@ pub fn admit(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_and_prints_every_model() {
-        for (text, model) in [
-            ("bsp", Consistency::Bsp),
-            ("asp", Consistency::Asp),
-            ("ssp:3", Consistency::Ssp { staleness: 3 }),
-        ] {
-            assert_eq!(text.parse::<Consistency>(), Ok(model));
-            assert_eq!(model.to_string(), text);
-        }
-        assert!("ssp".parse::<Consistency>().unwrap_err().contains("ssp:K"));
-        assert!("sync".parse::<Consistency>().is_err());
-    }
 
     #[test]
     fn admission_table() {

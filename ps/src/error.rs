@@ -124,6 +124,14 @@ pub enum Error {
         /// Group size.
         group: u32,
     },
+    /// Every rank of the group is taken.
+    #[error(
+        "all {workers} ranks of this server's worker group are taken; start the server with --workers N for more workers"
+    )]
+    GroupFull {
+        /// Group size.
+        workers: u32,
+    },
     /// A push's step is ahead of what the consistency model allows.
     #[error(
         "step {step} of worker {worker} is from the future for {key}: the key is at version {version} and accepts steps up to {max_step}; pull version {max_step} before pushing step {step}"
@@ -207,9 +215,9 @@ impl Error {
             Error::UnknownKey { .. } => Code::NotFound,
             Error::SpecConflict { .. } => Code::AlreadyExists,
             Error::FutureStep { .. } | Error::StaleStep { .. } => Code::FailedPrecondition,
-            Error::ResponseTooLarge { .. } | Error::TensorTooLarge { .. } => {
-                Code::ResourceExhausted
-            }
+            Error::ResponseTooLarge { .. }
+            | Error::TensorTooLarge { .. }
+            | Error::GroupFull { .. } => Code::ResourceExhausted,
             Error::PullTimeout { .. } => Code::DeadlineExceeded,
             Error::ShuttingDown => Code::Unavailable,
             Error::Stream(status) => status.code(),

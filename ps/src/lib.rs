@@ -7,6 +7,7 @@
 //! - [`config`]: settings and their validation.
 //! - [`consistency`]: BSP, ASP, SSP(k) and the rule that admits a push exactly once.
 //! - [`optimizer`]: SGD, momentum, Adam(W).
+//! - [`group`]: worker ranks handed out by `JoinGroup`.
 //! - [`param`]: one key's state.
 //! - [`store`]: all keys; all-or-nothing register and push, waiting pulls.
 //! - [`wire`]: `ps.v1` messages to and from the domain types.
@@ -17,6 +18,7 @@
 pub mod config;
 pub mod consistency;
 pub mod error;
+pub mod group;
 pub mod optimizer;
 pub mod param;
 pub mod server;

@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::config::ServerConfig;
 use crate::error::{Error, Result};
+use crate::group::Ranks;
 use crate::param::ParamSpec;
 use crate::store::{Pulled, Store};
 use crate::wire;
@@ -29,6 +30,7 @@ const MESSAGE_OVERHEAD: usize = 1024;
 #[derive(Debug, Clone)]
 pub struct ParameterService {
     store: Arc<Store>,
+    ranks: Arc<Ranks>,
     config: Arc<ServerConfig>,
 }
 
@@ -37,6 +39,7 @@ impl ParameterService {
     pub fn new(store: Arc<Store>, config: ServerConfig) -> Self {
         Self {
             store,
+            ranks: Arc::default(),
             config: Arc::new(config),
         }
     }
@@ -148,6 +151,22 @@ async fn read_push_stream(
 
 #[tonic::async_trait]
 impl ParameterServer for ParameterService {
+    async fn join_group(
+        &self,
+        request: Request<v1::JoinGroupRequest>,
+    ) -> Result<Response<v1::JoinGroupResponse>, Status> {
+        let group = self.store.rules().group;
+        let result = self
+            .ranks
+            .join(group, &request.get_ref().client_id)
+            .map(|rank| v1::JoinGroupResponse {
+                rank,
+                workers: group.workers,
+                consistency: group.consistency.to_string(),
+            });
+        self.answer(result)
+    }
+
     async fn register(
         &self,
         request: Request<v1::RegisterRequest>,

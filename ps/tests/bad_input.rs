@@ -388,7 +388,11 @@ async fn a_tensor_over_the_size_limit_is_resource_exhausted() {
         .clone()
         .register(v1::RegisterRequest { params: vec![huge] })
         .await;
-    assert_status(result, Code::ResourceExhausted, &["--max-tensor-bytes", "partition"]);
+    assert_status(
+        result,
+        Code::ResourceExhausted,
+        &["--max-tensor-bytes", "partition"],
+    );
     assert_eq!(server.stats().await.keys, 0);
     server.stop().await;
 }

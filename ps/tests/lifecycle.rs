@@ -127,3 +127,34 @@ fn binary_refuses_bad_flags_with_a_clear_message() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--workers must be at least 1"));
 }
+
+#[tokio::test]
+async fn join_group_hands_out_stable_ranks_until_the_group_is_full() {
+    let config = ps_server::ServerConfig {
+        workers: 2,
+        ..Default::default()
+    };
+    let server = TestServer::start(config).await;
+    let join = |id: &str| {
+        let mut client = server.client.clone();
+        let request = ps_proto::v1::JoinGroupRequest {
+            client_id: id.into(),
+        };
+        async move { client.join_group(request).await }
+    };
+    assert_eq!(join("first").await.unwrap().into_inner().rank, 0);
+    let second = join("second").await.unwrap().into_inner();
+    assert_eq!(
+        (second.rank, second.workers, second.consistency.as_str()),
+        (1, 2, "bsp")
+    );
+    assert_eq!(
+        join("first").await.unwrap().into_inner().rank,
+        0,
+        "a retry keeps its rank"
+    );
+    let full = join("third").await.unwrap_err();
+    assert_eq!(full.code(), Code::ResourceExhausted);
+    assert!(full.message().contains("--workers"), "{}", full.message());
+    server.stop().await;
+}

@@ -1,0 +1,599 @@
+//! [`PsClient`]: a worker's connection to every parameter server.
+//!
+//! It knows where each parameter's parts live ([`Placement`]), sends each request to
+//! all servers concurrently, cuts large requests into chunk streams, reassembles
+//! partitioned tensors, and retries transient failures with backoff. A retried push
+//! keeps its `(worker_id, step)`, so the server applies it exactly once.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::try_join_all;
+use ps_proto::chunk::{Assembler, ChunkHeader, DEFAULT_CHUNK_BYTES, to_wire_chunks};
+use ps_proto::codec::TensorData;
+use ps_proto::consistency::Consistency;
+use ps_proto::key::ParamKey;
+use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::v1;
+use ps_proto::v1::parameter_server_client::ParameterServerClient;
+use tokio_stream::StreamExt;
+use tonic::Status;
+use tonic::transport::Channel;
+
+use crate::placement::{DEFAULT_PARTITION_BYTES, ParamInfo, Part, Placed, Placement};
+use crate::retry::RetryPolicy;
+
+/// Room in a message for everything but tensor data.
+const MESSAGE_OVERHEAD: usize = 64 << 10;
+
+/// Why a parameter-server call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No connection could be made.
+    #[error("cannot connect to parameter server {addr}: {source}; is it running and reachable?")]
+    Connect {
+        /// The server's address.
+        addr: String,
+        /// The transport error.
+        source: tonic::transport::Error,
+    },
+    /// A server refused or failed a request.
+    #[error("{what} on {addr} failed: {code:?}: {message}", code = status.code(), message = status.message())]
+    Rpc {
+        /// What was being done.
+        what: &'static str,
+        /// The server's address.
+        addr: String,
+        /// Its answer.
+        status: Status,
+    },
+    /// A server answered with something that does not fit the request.
+    #[error("{addr} answered {what} with an unexpected response: {reason}")]
+    Protocol {
+        /// What was being done.
+        what: &'static str,
+        /// The server's address.
+        addr: String,
+        /// What does not fit.
+        reason: String,
+    },
+    /// The client was given no servers, or a parameter it has not placed.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// How a client reaches the parameter servers.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Server addresses (`host:port` or URIs); parameters are spread over all of them.
+    pub servers: Vec<String>,
+    /// HTTP/2 and message-size settings.
+    pub transport: TransportConfig,
+    /// Tensors larger than this are split over servers.
+    pub partition_bytes: usize,
+    /// Chunk size of streamed requests.
+    pub chunk_bytes: usize,
+    /// Retries of transient failures.
+    pub retry: RetryPolicy,
+    /// How long a pull waits for its version.
+    pub pull_timeout: Duration,
+}
+
+impl ClientConfig {
+    /// Defaults for `servers`.
+    pub fn new(servers: Vec<String>) -> Self {
+        Self {
+            servers,
+            transport: TransportConfig::default(),
+            partition_bytes: DEFAULT_PARTITION_BYTES,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            retry: RetryPolicy::default(),
+            pull_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What `JoinGroup` tells a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// This worker's rank (its `worker_id`).
+    pub rank: u32,
+    /// Workers in the group.
+    pub workers: u32,
+    /// How the servers combine pushes.
+    pub consistency: Consistency,
+}
+
+/// A parameter's values as pulled, reassembled from its parts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PulledParam {
+    /// All elements, row-major.
+    pub values: Vec<f32>,
+    /// The lowest version among its parts.
+    pub version: u64,
+}
+
+#[derive(Clone)]
+struct Server {
+    addr: String,
+    client: ParameterServerClient<Channel>,
+}
+
+/// A worker's connection to every parameter server.
+pub struct PsClient {
+    config: ClientConfig,
+    servers: Vec<Server>,
+    placement: Placement,
+}
+
+impl PsClient {
+    /// Connects to every server in `config`, failing within the connect timeout when one
+    /// does not answer.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`] naming the server; [`ClientError::Usage`] for no servers.
+    pub async fn connect(config: ClientConfig) -> Result<Self, ClientError> {
+        if config.servers.is_empty() {
+            return Err(ClientError::Usage(
+                "no parameter servers given; pass --server ADDR".into(),
+            ));
+        }
+        let connections = config
+            .servers
+            .iter()
+            .map(|addr| connect(&config.transport, addr));
+        let servers = try_join_all(connections).await?;
+        Ok(Self {
+            config,
+            servers,
+            placement: Placement::default(),
+        })
+    }
+
+    /// The server addresses.
+    pub fn servers(&self) -> Vec<String> {
+        self.servers.iter().map(|s| s.addr.clone()).collect()
+    }
+
+    /// The current placement.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Asks the first server for a rank in its worker group.
+    ///
+    /// # Errors
+    /// [`ClientError::Rpc`], for example when the group is full.
+    pub async fn join(&self, client_id: &str) -> Result<GroupInfo, ClientError> {
+        let server = &self.servers[0];
+        let request = v1::JoinGroupRequest {
+            client_id: client_id.into(),
+        };
+        let response = self
+            .call(server, "JoinGroup", |mut client| {
+                let request = request.clone();
+                async move { client.join_group(request).await }
+            })
+            .await?;
+        let consistency = response
+            .consistency
+            .parse()
+            .map_err(|reason| ClientError::Protocol {
+                what: "JoinGroup",
+                addr: server.addr.clone(),
+                reason,
+            })?;
+        Ok(GroupInfo {
+            rank: response.rank,
+            workers: response.workers,
+            consistency,
+        })
+    }
+
+    /// Plans where `params` live (every worker computes the same plan).
+    pub fn place(&mut self, params: &[ParamInfo]) {
+        self.placement = Placement::plan(params, self.servers.len(), self.config.partition_bytes);
+    }
+
+    async fn call<T, F, Fut>(
+        &self,
+        server: &Server,
+        what: &'static str,
+        call: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(ParameterServerClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        self.config
+            .retry
+            .run(what, || call(server.client.clone()))
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| ClientError::Rpc {
+                what,
+                addr: server.addr.clone(),
+                status,
+            })
+    }
+
+    fn unary_limit(&self) -> usize {
+        self.config
+            .transport
+            .max_message_bytes
+            .saturating_sub(MESSAGE_OVERHEAD)
+    }
+
+    /// The parts each server holds, with the bytes of each part cut from `data`.
+    fn parts_by_server<'a>(
+        &'a self,
+        data: &'a [(String, Bytes)],
+    ) -> Result<Vec<Vec<(&'a Placed, Part, Bytes)>>, ClientError> {
+        let mut by_server = vec![Vec::new(); self.servers.len()];
+        for (name, bytes) in data {
+            let placed = self.placed(name)?;
+            let size = placed.info.dtype.size();
+            if bytes.len() != placed.info.len() * size {
+                let reason = format!(
+                    "{name} has {} bytes, but its shape {:?} needs {}",
+                    bytes.len(),
+                    placed.info.shape,
+                    placed.info.len() * size
+                );
+                return Err(ClientError::Usage(reason));
+            }
+            for part in &placed.parts {
+                let slice = bytes.slice(part.start * size..(part.start + part.len) * size);
+                by_server[part.server].push((placed, *part, slice));
+            }
+        }
+        Ok(by_server)
+    }
+
+    fn placed(&self, name: &str) -> Result<&Placed, ClientError> {
+        self.placement.get(name).ok_or_else(|| {
+            ClientError::Usage(format!(
+                "parameter {name} was never placed; call place() first"
+            ))
+        })
+    }
+
+    /// Registers every placed parameter with its initial values in `values` (by name)
+    /// and `optimizer`. Returns true when this call created every key (this worker's
+    /// values won), false when they existed already.
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server.
+    pub async fn register(
+        &self,
+        values: &[(String, Bytes)],
+        optimizer: &v1::Optimizer,
+    ) -> Result<bool, ClientError> {
+        let by_server = self.parts_by_server(values)?;
+        let calls = by_server
+            .iter()
+            .enumerate()
+            .filter(|(_, parts)| !parts.is_empty())
+            .map(|(s, parts)| {
+                let inits: Vec<(v1::ParameterSpec, Bytes)> = parts
+                    .iter()
+                    .map(|(placed, part, data)| (spec_of(placed, part, optimizer), data.clone()))
+                    .collect();
+                self.register_on(&self.servers[s], inits)
+            });
+        let created = try_join_all(calls).await?;
+        Ok(created.into_iter().all(|c| c))
+    }
+
+    async fn register_on(
+        &self,
+        server: &Server,
+        inits: Vec<(v1::ParameterSpec, Bytes)>,
+    ) -> Result<bool, ClientError> {
+        let bytes: usize = inits.iter().map(|(_, data)| data.len()).sum();
+        let response = if bytes <= self.unary_limit() {
+            let params: Vec<_> = inits
+                .into_iter()
+                .map(|(spec, initial)| v1::ParameterInit {
+                    spec: Some(spec),
+                    initial,
+                })
+                .collect();
+            let request = v1::RegisterRequest { params };
+            self.call(server, "Register", |mut c| {
+                let request = request.clone();
+                async move { c.register(request).await }
+            })
+            .await?
+        } else {
+            let chunks: Vec<v1::RegisterChunk> = inits
+                .iter()
+                .flat_map(|(spec, data)| register_chunks(spec, data, self.config.chunk_bytes))
+                .collect();
+            self.call(server, "RegisterStream", |mut c| {
+                let chunks = chunks.clone();
+                async move { c.register_stream(tokio_stream::iter(chunks)).await }
+            })
+            .await?
+        };
+        Ok(response.keys.iter().all(|k| k.created))
+    }
+
+    /// Pushes the gradients of `step` (by parameter name) to every server concurrently.
+    /// Returns how many keys took them (the rest were retries already taken).
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server.
+    pub async fn push(
+        &self,
+        worker: u32,
+        step: u64,
+        grads: &[(String, Bytes)],
+    ) -> Result<usize, ClientError> {
+        let by_server = self.parts_by_server(grads)?;
+        let calls = by_server
+            .iter()
+            .enumerate()
+            .filter(|(_, parts)| !parts.is_empty())
+            .map(|(s, parts)| {
+                let tensors: Vec<v1::Tensor> = parts
+                    .iter()
+                    .map(|(placed, part, data)| tensor_of(placed, part, data.clone()))
+                    .collect();
+                self.push_on(&self.servers[s], worker, step, tensors)
+            });
+        Ok(try_join_all(calls).await?.into_iter().sum())
+    }
+
+    async fn push_on(
+        &self,
+        server: &Server,
+        worker_id: u32,
+        step: u64,
+        grads: Vec<v1::Tensor>,
+    ) -> Result<usize, ClientError> {
+        let bytes: usize = grads.iter().map(|t| t.data.len()).sum();
+        let response = if bytes <= self.unary_limit() {
+            let request = v1::PushRequest {
+                worker_id,
+                step,
+                grads,
+            };
+            self.call(server, "Push", |mut c| {
+                let request = request.clone();
+                async move { c.push(request).await }
+            })
+            .await?
+        } else {
+            let chunks: Vec<v1::PushChunk> = grads
+                .iter()
+                .flat_map(|t| tensor_chunks(t, self.config.chunk_bytes))
+                .map(|chunk| v1::PushChunk {
+                    worker_id,
+                    step,
+                    chunk: Some(chunk),
+                })
+                .collect();
+            self.call(server, "PushStream", |mut c| {
+                let chunks = chunks.clone();
+                async move { c.push_stream(tokio_stream::iter(chunks)).await }
+            })
+            .await?
+        };
+        Ok(response.keys.iter().filter(|k| k.accepted).count())
+    }
+
+    /// Pulls every placed parameter once each of its parts reaches `min_version`.
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server, for example `DEADLINE_EXCEEDED` naming the
+    /// workers a BSP step still waits for.
+    pub async fn pull(
+        &self,
+        min_version: u64,
+    ) -> Result<BTreeMap<String, PulledParam>, ClientError> {
+        let mut keys_by_server: Vec<Vec<(ParamKey, usize)>> = vec![Vec::new(); self.servers.len()];
+        for placed in self.placement.params() {
+            for part in &placed.parts {
+                let bytes = part.len * placed.info.dtype.size();
+                keys_by_server[part.server]
+                    .push((ParamKey::new(&placed.info.name, part.part), bytes));
+            }
+        }
+        let calls = keys_by_server
+            .iter()
+            .enumerate()
+            .filter(|(_, keys)| !keys.is_empty())
+            .map(|(s, keys)| self.pull_on(&self.servers[s], keys, min_version));
+        let pulled: BTreeMap<ParamKey, (TensorData, u64)> =
+            try_join_all(calls).await?.into_iter().flatten().collect();
+        self.placement
+            .params()
+            .map(|placed| Ok((placed.info.name.clone(), reassemble(placed, &pulled)?)))
+            .collect()
+    }
+
+    async fn pull_on(
+        &self,
+        server: &Server,
+        keys: &[(ParamKey, usize)],
+        min_version: u64,
+    ) -> Result<Vec<(ParamKey, (TensorData, u64))>, ClientError> {
+        let request = v1::PullRequest {
+            keys: keys
+                .iter()
+                .map(|(k, _)| v1::KeyRef {
+                    name: k.name.clone(),
+                    part: k.part,
+                })
+                .collect(),
+            min_version,
+            timeout_ms: self.config.pull_timeout.as_millis() as u64,
+            chunk_bytes: self.config.chunk_bytes as u64,
+        };
+        let bytes: usize = keys.iter().map(|(_, b)| b).sum();
+        let protocol = |reason: String| ClientError::Protocol {
+            what: "Pull",
+            addr: server.addr.clone(),
+            reason,
+        };
+        if bytes <= self.unary_limit() {
+            let response = self
+                .call(server, "Pull", |mut c| {
+                    let request = request.clone();
+                    async move { c.pull(request).await }
+                })
+                .await?;
+            return response
+                .tensors
+                .iter()
+                .map(|p| decode_pulled(p).map_err(protocol))
+                .collect();
+        }
+        let chunks = self
+            .call(server, "PullStream", |mut c| {
+                let request = request.clone();
+                async move {
+                    let response = c.pull_stream(request).await?;
+                    let (metadata, stream, extensions) = response.into_parts();
+                    let chunks: Vec<v1::PullChunk> = stream.collect::<Result<_, Status>>().await?;
+                    Ok(tonic::Response::from_parts(metadata, chunks, extensions))
+                }
+            })
+            .await?;
+        assemble_pulled(chunks).map_err(protocol)
+    }
+}
+
+async fn connect(transport: &TransportConfig, addr: &str) -> Result<Server, ClientError> {
+    let connect_error = |source| ClientError::Connect {
+        addr: addr.to_string(),
+        source,
+    };
+    let channel = transport
+        .endpoint(http_uri(addr))
+        .map_err(connect_error)?
+        .connect()
+        .await
+        .map_err(connect_error)?;
+    let limit = transport.max_message_bytes;
+    let client = ParameterServerClient::new(channel)
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    Ok(Server {
+        addr: addr.to_string(),
+        client,
+    })
+}
+
+fn wire_shape(shape: &[usize]) -> Vec<u64> {
+    shape.iter().map(|&d| d as u64).collect()
+}
+
+fn spec_of(placed: &Placed, part: &Part, optimizer: &v1::Optimizer) -> v1::ParameterSpec {
+    v1::ParameterSpec {
+        name: placed.info.name.clone(),
+        part: part.part,
+        dtype: placed.info.dtype.to_proto(),
+        shape: wire_shape(&placed.part_shape(part)),
+        optimizer: Some(*optimizer),
+    }
+}
+
+fn tensor_of(placed: &Placed, part: &Part, data: Bytes) -> v1::Tensor {
+    v1::Tensor {
+        name: placed.info.name.clone(),
+        part: part.part,
+        dtype: placed.info.dtype.to_proto(),
+        shape: wire_shape(&placed.part_shape(part)),
+        data,
+    }
+}
+
+fn header_of(name: &str, part: u32, dtype: i32, shape: &[u64]) -> ChunkHeader {
+    ChunkHeader::from_wire(name, part, dtype, shape).expect("headers built from a valid placement")
+}
+
+fn tensor_chunks(tensor: &v1::Tensor, chunk_bytes: usize) -> Vec<v1::TensorChunk> {
+    let header = header_of(&tensor.name, tensor.part, tensor.dtype, &tensor.shape);
+    to_wire_chunks(&header, &tensor.data, chunk_bytes)
+}
+
+fn register_chunks(
+    spec: &v1::ParameterSpec,
+    data: &Bytes,
+    chunk_bytes: usize,
+) -> Vec<v1::RegisterChunk> {
+    let header = header_of(&spec.name, spec.part, spec.dtype, &spec.shape);
+    to_wire_chunks(&header, data, chunk_bytes)
+        .into_iter()
+        .map(|chunk| v1::RegisterChunk {
+            spec: Some(spec.clone()),
+            offset: chunk.offset,
+            data: chunk.data,
+        })
+        .collect()
+}
+
+fn decode_pulled(pulled: &v1::PulledTensor) -> Result<(ParamKey, (TensorData, u64)), String> {
+    let tensor = pulled
+        .tensor
+        .as_ref()
+        .ok_or("a PulledTensor without a tensor")?;
+    let data = TensorData::from_proto(tensor).map_err(|e| e.to_string())?;
+    Ok((
+        ParamKey::new(&tensor.name, tensor.part),
+        (data, pulled.version),
+    ))
+}
+
+fn assemble_pulled(
+    chunks: Vec<v1::PullChunk>,
+) -> Result<Vec<(ParamKey, (TensorData, u64))>, String> {
+    let mut assembler = Assembler::new();
+    let mut versions = BTreeMap::new();
+    for message in chunks {
+        let chunk = message.chunk.ok_or("a PullChunk without a chunk")?;
+        versions.insert(ParamKey::new(&chunk.name, chunk.part), message.version);
+        assembler.add_chunk(&chunk).map_err(|e| e.to_string())?;
+    }
+    let tensors = assembler.finish().map_err(|e| e.to_string())?;
+    Ok(tensors
+        .into_iter()
+        .map(|(key, data)| {
+            let version = versions[&key];
+            (key, (data, version))
+        })
+        .collect())
+}
+
+fn reassemble(
+    placed: &Placed,
+    pulled: &BTreeMap<ParamKey, (TensorData, u64)>,
+) -> Result<PulledParam, ClientError> {
+    let mut values = vec![0f32; placed.info.len()];
+    let mut version = u64::MAX;
+    for part in &placed.parts {
+        let key = ParamKey::new(&placed.info.name, part.part);
+        let (data, part_version) = pulled
+            .get(&key)
+            .ok_or_else(|| ClientError::Usage(format!("no values came back for {key}")))?;
+        if data.len() != part.len {
+            return Err(ClientError::Usage(format!(
+                "{key} came back with {} elements, expected {}",
+                data.len(),
+                part.len
+            )));
+        }
+        let target = &mut values[part.start..part.start + part.len];
+        data.for_each_f32_block(|start, block| {
+            target[start..start + block.len()].copy_from_slice(block)
+        });
+        version = version.min(*part_version);
+    }
+    Ok(PulledParam {
+        values,
+        version: if version == u64::MAX { 0 } else { version },
+    })
+}

@@ -1,0 +1,233 @@
+//! [`Placement`]: which server holds which part of which parameter.
+//!
+//! Until a scheduler publishes shard maps, every worker computes the same plan from
+//! the same inputs: tensors larger than the partition size are cut into near-equal
+//! contiguous element ranges, and parts go, largest first, to the server holding the
+//! fewest bytes. With one server everything stays whole.
+
+use std::collections::BTreeMap;
+
+use ps_proto::codec::{DType, element_count};
+
+/// Default partition size: tensors larger than this are split when there are
+/// several servers.
+pub const DEFAULT_PARTITION_BYTES: usize = 4 << 20;
+
+/// What the planner needs to know about a parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamInfo {
+    /// Name (the PS key name).
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Wire dtype.
+    pub dtype: DType,
+}
+
+impl ParamInfo {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        element_count(&self.shape)
+    }
+
+    /// True for a parameter with no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One contiguous element range of a parameter, on one server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    /// Partition index (the key's `part`).
+    pub part: u32,
+    /// Index of the server in the client's server list.
+    pub server: usize,
+    /// First element.
+    pub start: usize,
+    /// Number of elements.
+    pub len: usize,
+}
+
+/// A parameter and where its parts live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    /// The parameter.
+    pub info: ParamInfo,
+    /// Its parts, in element order.
+    pub parts: Vec<Part>,
+}
+
+impl Placed {
+    /// The shape a part is registered with: the real shape for a whole tensor, flat
+    /// `[len]` for a partition.
+    pub fn part_shape(&self, part: &Part) -> Vec<usize> {
+        if self.parts.len() == 1 {
+            self.info.shape.clone()
+        } else {
+            vec![part.len]
+        }
+    }
+}
+
+/// Where every parameter lives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    params: BTreeMap<String, Placed>,
+    servers: usize,
+}
+
+impl Placement {
+    /// Plans `params` over `servers` servers.
+    pub fn plan(params: &[ParamInfo], servers: usize, partition_bytes: usize) -> Self {
+        let servers = servers.max(1);
+        let mut pieces: Vec<(usize, String, u32, usize, usize)> = Vec::new();
+        for info in params {
+            let count = part_count(info, servers, partition_bytes);
+            for part in 0..count {
+                let start = info.len() * part / count;
+                let end = info.len() * (part + 1) / count;
+                pieces.push((
+                    end - start,
+                    info.name.clone(),
+                    part as u32,
+                    start,
+                    end - start,
+                ));
+            }
+        }
+        pieces.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| (&a.1, a.2).cmp(&(&b.1, b.2))));
+        let mut load = vec![0usize; servers];
+        let mut placed: BTreeMap<String, Placed> = params
+            .iter()
+            .map(|info| {
+                (
+                    info.name.clone(),
+                    Placed {
+                        info: info.clone(),
+                        parts: Vec::new(),
+                    },
+                )
+            })
+            .collect();
+        for (_, name, part, start, len) in pieces {
+            let server = (0..servers).min_by_key(|&s| (load[s], s)).unwrap_or(0);
+            load[server] += len * placed[&name].info.dtype.size();
+            placed.get_mut(&name).expect("planned").parts.push(Part {
+                part,
+                server,
+                start,
+                len,
+            });
+        }
+        for entry in placed.values_mut() {
+            entry.parts.sort_by_key(|p| p.part);
+        }
+        Self {
+            params: placed,
+            servers,
+        }
+    }
+
+    /// The parameters, by name.
+    pub fn params(&self) -> impl Iterator<Item = &Placed> {
+        self.params.values()
+    }
+
+    /// One parameter.
+    pub fn get(&self, name: &str) -> Option<&Placed> {
+        self.params.get(name)
+    }
+
+    /// Number of servers planned for.
+    pub fn servers(&self) -> usize {
+        self.servers
+    }
+
+    /// Bytes each server holds.
+    pub fn bytes_per_server(&self) -> Vec<usize> {
+        let mut load = vec![0; self.servers];
+        for placed in self.params.values() {
+            for part in &placed.parts {
+                load[part.server] += part.len * placed.info.dtype.size();
+            }
+        }
+        load
+    }
+}
+
+fn part_count(info: &ParamInfo, servers: usize, partition_bytes: usize) -> usize {
+    if servers == 1 || info.is_empty() {
+        return 1;
+    }
+    let bytes = info.len() * info.dtype.size();
+    bytes.div_ceil(partition_bytes.max(1)).clamp(1, info.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str, len: usize) -> ParamInfo {
+        ParamInfo {
+            name: name.into(),
+            shape: vec![len],
+            dtype: DType::F32,
+        }
+    }
+
+    #[test]
+    fn one_server_keeps_everything_whole() {
+        let plan = Placement::plan(&[info("a", 10_000_000), info("b", 3)], 1, 1024);
+        assert!(
+            plan.params()
+                .all(|p| p.parts.len() == 1 && p.parts[0].server == 0)
+        );
+        assert_eq!(
+            plan.get("a")
+                .unwrap()
+                .part_shape(&plan.get("a").unwrap().parts[0]),
+            vec![10_000_000]
+        );
+    }
+
+    #[test]
+    fn large_tensors_are_split_and_bytes_balanced() {
+        let params = [
+            info("big", 3_000_000),
+            info("mid", 500_000),
+            info("small", 10),
+        ];
+        let plan = Placement::plan(&params, 2, DEFAULT_PARTITION_BYTES);
+        let big = plan.get("big").unwrap();
+        assert_eq!(big.parts.len(), 3, "12 MB in 4 MiB parts");
+        let covered: usize = big.parts.iter().map(|p| p.len).sum();
+        assert_eq!(covered, 3_000_000);
+        assert!(
+            big.parts
+                .windows(2)
+                .all(|w| w[0].start + w[0].len == w[1].start),
+            "contiguous"
+        );
+        let load = plan.bytes_per_server();
+        let (max, min) = (*load.iter().max().unwrap(), *load.iter().min().unwrap());
+        assert!(max - min <= 4_000_000 + 40, "{load:?}");
+    }
+
+    #[test]
+    fn plan_is_deterministic_whatever_the_input_order() {
+        let a = [info("x", 7_000_000), info("y", 100), info("z", 2_000_000)];
+        let b = [a[2].clone(), a[0].clone(), a[1].clone()];
+        assert_eq!(
+            Placement::plan(&a, 3, 1 << 20),
+            Placement::plan(&b, 3, 1 << 20)
+        );
+    }
+
+    #[test]
+    fn small_tensors_spread_over_servers() {
+        let params: Vec<_> = (0..8).map(|i| info(&format!("p{i}"), 100)).collect();
+        let plan = Placement::plan(&params, 2, DEFAULT_PARTITION_BYTES);
+        assert_eq!(plan.bytes_per_server(), vec![1600, 1600]);
+    }
+}

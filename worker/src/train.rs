@@ -1,0 +1,243 @@
+//! [`train`]: the training loop of the `ps-worker` binary and of `ps-local`. It
+//! trains an [`Mlp`] on this worker's slice of a [`Dataset`], shows progress, then
+//! evaluates on the test split and returns a [`TrainSummary`].
+//!
+//! Under BSP every worker must run the same number of steps, or the others would
+//! wait for a step that never comes: each epoch has as many batches as the smallest
+//! worker slice holds, and every worker knows that number without asking.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::client::{GroupInfo, PsClient};
+use crate::data::rng::SplitMix64;
+use crate::data::{DataError, Dataset, Split, shard_range};
+use crate::model::Mlp;
+use crate::optim::OptimizerChoice;
+use crate::trainer::{PsTrainer, TrainerError};
+
+/// Why training failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The trainer failed (servers or candle).
+    #[error(transparent)]
+    Trainer(#[from] TrainerError),
+    /// candle failed.
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+    /// The data could not be prepared.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The settings do not fit the data.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// How to train.
+#[derive(Debug, Clone)]
+pub struct TrainConfig {
+    /// Hidden layer widths of the MLP.
+    pub hidden: Vec<usize>,
+    /// Examples per step on each worker.
+    pub batch_size: usize,
+    /// Passes over each worker's slice.
+    pub epochs: usize,
+    /// Server-side optimizer.
+    pub optimizer: OptimizerChoice,
+    /// Learning rate.
+    pub lr: f64,
+    /// Where candle computes.
+    pub device: Device,
+    /// Seed of the batch order.
+    pub seed: u64,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            hidden: vec![64],
+            batch_size: 32,
+            epochs: 30,
+            optimizer: OptimizerChoice::Adam,
+            lr: 0.005,
+            device: Device::Cpu,
+            seed: 7,
+            progress: false,
+        }
+    }
+}
+
+/// What a worker reports when it is done. With `--json` it is printed as the last
+/// line of stdout.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TrainSummary {
+    /// Data set name.
+    pub dataset: String,
+    /// This worker's rank.
+    pub rank: usize,
+    /// Workers in the group.
+    pub workers: usize,
+    /// Accuracy on the test split after training.
+    pub test_accuracy: f64,
+    /// Mean training loss over the last epoch on this worker.
+    pub train_loss: f64,
+    /// Steps this worker pushed.
+    pub steps: u64,
+    /// Examples per step on this worker.
+    pub batch_size: usize,
+    /// Seconds from the first step to the end of evaluation.
+    pub wall_seconds: f64,
+    /// Training examples this worker processed per second.
+    pub examples_per_second: f64,
+}
+
+/// Batches per epoch that every worker can run: the smallest slice, in whole batches.
+///
+/// # Errors
+/// [`TrainError::Config`] when a slice cannot fill one batch.
+pub fn steps_per_epoch(
+    train_len: usize,
+    workers: usize,
+    batch_size: usize,
+) -> Result<u64, TrainError> {
+    let smallest = (0..workers.max(1))
+        .map(|r| {
+            let (s, e) = shard_range(train_len, r, workers);
+            e - s
+        })
+        .min()
+        .unwrap_or(0);
+    let steps = smallest / batch_size.max(1);
+    if steps == 0 {
+        return Err(TrainError::Config(format!(
+            "batch size {batch_size} is larger than the smallest worker slice ({smallest} of {train_len} examples over {workers} workers); lower --batch-size"
+        )));
+    }
+    Ok(steps as u64)
+}
+
+/// Trains an MLP on `data` as worker `group.rank`, then evaluates it.
+///
+/// # Errors
+/// [`TrainError`] from the servers, candle, or settings that do not fit the data.
+pub async fn train(
+    client: PsClient,
+    group: GroupInfo,
+    data: &Dataset,
+    config: &TrainConfig,
+) -> Result<TrainSummary, TrainError> {
+    let (rank, workers) = (group.rank as usize, group.workers as usize);
+    let per_epoch = steps_per_epoch(data.train.len(), workers, config.batch_size)?;
+    let total_steps = per_epoch * config.epochs as u64;
+    let shard = data.train.shard(rank, workers);
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &config.device);
+    let model = Mlp::new(vb, data.width(), &config.hidden, data.classes)?;
+    let mut trainer =
+        PsTrainer::new(client, group, &varmap, config.optimizer.with_lr(config.lr)).await?;
+    tracing::info!(rank, workers, examples = shard.len(), steps = total_steps, dataset = %data.name, "training");
+
+    let bar = progress_bar(config.progress, total_steps, rank);
+    bar.set_position(trainer.step().min(total_steps));
+    let started = Instant::now();
+    let mut epoch_losses = Vec::new();
+    while trainer.step() < total_steps {
+        let (epoch, index) = (trainer.step() / per_epoch, trainer.step() % per_epoch);
+        if index == 0 {
+            epoch_losses.clear();
+        }
+        let batch = batch_of(&shard, epoch, index as usize, config, rank);
+        let (x, y) = batch.to_tensors(&config.device)?;
+        let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
+        trainer.backward_step(&loss).await?;
+        epoch_losses.push(loss.to_scalar::<f32>()? as f64);
+        bar.inc(1);
+        let examples = (trainer.step() as f64) * config.batch_size as f64;
+        bar.set_message(format!(
+            "loss {:.4}  {:.0} ex/s",
+            epoch_losses.last().unwrap_or(&0.0),
+            examples / started.elapsed().as_secs_f64()
+        ));
+    }
+    bar.finish_and_clear();
+    trainer.refresh().await?;
+    let test_accuracy = accuracy(&model, &data.test, &config.device)?;
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let train_loss = epoch_losses.iter().sum::<f64>() / epoch_losses.len().max(1) as f64;
+    Ok(TrainSummary {
+        dataset: data.name.clone(),
+        rank,
+        workers,
+        test_accuracy,
+        train_loss,
+        steps: trainer.step(),
+        batch_size: config.batch_size,
+        wall_seconds,
+        examples_per_second: trainer.step() as f64 * config.batch_size as f64
+            / wall_seconds.max(1e-9),
+    })
+}
+
+fn progress_bar(visible: bool, total: u64, rank: usize) -> ProgressBar {
+    if !visible {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    let style = ProgressStyle::with_template(
+        "{prefix} [{elapsed_precise}] {bar:30} {pos}/{len} steps  {msg}",
+    )
+    .expect("valid template")
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(format!("worker {rank}"));
+    bar
+}
+
+/// Batch `index` of `epoch`: the epoch's fixed shuffle of the slice, cut in batches.
+fn batch_of(shard: &Split, epoch: u64, index: usize, config: &TrainConfig, rank: usize) -> Split {
+    let mut order: Vec<usize> = (0..shard.len()).collect();
+    SplitMix64::new(config.seed ^ (epoch << 20) ^ ((rank as u64) << 40)).shuffle(&mut order);
+    shard.select(&order[index * config.batch_size..(index + 1) * config.batch_size])
+}
+
+/// Fraction of `split` that `model` classifies correctly.
+///
+/// # Errors
+/// When candle fails.
+pub fn accuracy(
+    model: &impl Module,
+    split: &Split,
+    device: &Device,
+) -> Result<f64, candle_core::Error> {
+    let mut correct = 0usize;
+    for start in (0..split.len()).step_by(1024) {
+        let batch = split.select(&(start..(start + 1024).min(split.len())).collect::<Vec<_>>());
+        let x = Tensor::from_slice(&batch.features, (batch.len(), batch.width), device)?;
+        let predicted: Vec<u32> = model.forward(&x)?.argmax(1)?.to_vec1()?;
+        correct += predicted
+            .iter()
+            .zip(&batch.labels)
+            .filter(|(p, l)| p == l)
+            .count();
+    }
+    Ok(correct as f64 / split.len().max(1) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_worker_runs_the_same_number_of_steps() {
+        assert_eq!(steps_per_epoch(1437, 2, 32).unwrap(), 22);
+        assert_eq!(steps_per_epoch(1437, 3, 32).unwrap(), 14);
+        let err = steps_per_epoch(10, 4, 32).unwrap_err().to_string();
+        assert!(err.contains("--batch-size"), "{err}");
+    }
+}

@@ -1,0 +1,226 @@
+//! [`PsTrainer`]: data-parallel training of any candle `VarMap` on the parameter
+//! servers. It replaces a candle optimizer:
+//!
+//! ```text
+//! let mut opt = candle_nn::AdamW::new(varmap.all_vars(), params)?;     // single process
+//! let mut opt = PsTrainer::connect(&server, &varmap, adam(1e-3)).await?; // data-parallel
+//! opt.backward_step(&loss)?;        becomes        opt.backward_step(&loss).await?;
+//! ```
+//!
+//! The first worker to register a variable sets its initial values; every worker
+//! then pulls them, so all start from the same parameters. Each step pushes every
+//! gradient by its `VarMap` name, pulls the version the consistency model requires,
+//! and writes the values into the `Var`s.
+
+use bytes::Bytes;
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, Var};
+use candle_nn::VarMap;
+use ps_proto::codec;
+use ps_proto::v1;
+
+use crate::client::{ClientConfig, ClientError, GroupInfo, PsClient, PulledParam};
+use crate::placement::ParamInfo;
+
+/// Why a training step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainerError {
+    /// The parameter servers failed or refused a request.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// candle failed.
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Data-parallel training of a `VarMap` on parameter servers.
+pub struct PsTrainer {
+    client: PsClient,
+    vars: Vec<(String, Var)>,
+    group: GroupInfo,
+    step: u64,
+    created: bool,
+}
+
+impl PsTrainer {
+    /// Connects to the parameter server at `server`, joins its worker group for a rank,
+    /// and registers `varmap`'s variables.
+    ///
+    /// # Errors
+    /// [`TrainerError`] when the server is unreachable, the group is full, or a
+    /// variable conflicts with what the server holds.
+    pub async fn connect(
+        server: &str,
+        varmap: &VarMap,
+        optimizer: v1::Optimizer,
+    ) -> Result<Self, TrainerError> {
+        let client = PsClient::connect(ClientConfig::new(vec![server.to_string()])).await?;
+        let group = client.join(&client_token()).await?;
+        Self::new(client, group, varmap, optimizer).await
+    }
+
+    /// Registers `varmap`'s variables through `client` as worker `group.rank`, then
+    /// loads the values the servers hold into them.
+    ///
+    /// # Errors
+    /// As [`PsTrainer::connect`].
+    pub async fn new(
+        mut client: PsClient,
+        group: GroupInfo,
+        varmap: &VarMap,
+        optimizer: v1::Optimizer,
+    ) -> Result<Self, TrainerError> {
+        let mut vars: Vec<(String, Var)> = varmap
+            .data()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let infos: Vec<ParamInfo> = vars
+            .iter()
+            .map(|(name, var)| ParamInfo {
+                name: name.clone(),
+                shape: var.dims().to_vec(),
+                dtype: codec::DType::F32,
+            })
+            .collect();
+        client.place(&infos);
+        let initial = vars
+            .iter()
+            .map(|(name, var)| Ok((name.clone(), tensor_bytes(var.as_tensor())?)))
+            .collect::<Result<Vec<_>, TrainerError>>()?;
+        let created = client.register(&initial, &optimizer).await?;
+        let mut trainer = Self {
+            client,
+            vars,
+            group,
+            step: 0,
+            created,
+        };
+        let version = trainer.load(0).await?;
+        if group.consistency.has_group() {
+            trainer.step = version;
+        }
+        tracing::info!(
+            rank = group.rank,
+            workers = group.workers,
+            created,
+            step = trainer.step,
+            "trainer ready"
+        );
+        Ok(trainer)
+    }
+
+    /// This worker's rank.
+    pub fn rank(&self) -> usize {
+        self.group.rank as usize
+    }
+
+    /// Workers in the group.
+    pub fn workers(&self) -> usize {
+        self.group.workers as usize
+    }
+
+    /// The next step this worker will push.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// True when this worker's initial values were the ones registered.
+    pub fn created_parameters(&self) -> bool {
+        self.created
+    }
+
+    /// The client, for its placement and servers.
+    pub fn client(&self) -> &PsClient {
+        &self.client
+    }
+
+    /// Runs backward on `loss`, pushes the gradients, pulls the new values and writes
+    /// them into the variables.
+    ///
+    /// # Errors
+    /// [`TrainerError`] from candle or the servers.
+    pub async fn backward_step(&mut self, loss: &Tensor) -> Result<(), TrainerError> {
+        let grads = loss.backward()?;
+        self.apply_gradients(&grads).await
+    }
+
+    /// Pushes `grads` (zeros for variables without a gradient) as this worker's next
+    /// step and loads the values the consistency model says to wait for.
+    ///
+    /// # Errors
+    /// [`TrainerError`] from candle or the servers.
+    pub async fn apply_gradients(&mut self, grads: &GradStore) -> Result<(), TrainerError> {
+        let mut pushed = Vec::with_capacity(self.vars.len());
+        for (name, var) in &self.vars {
+            let bytes = match grads.get(var.as_tensor()) {
+                Some(grad) => tensor_bytes(grad)?,
+                None => tensor_bytes(&var.as_tensor().zeros_like()?)?,
+            };
+            pushed.push((name.clone(), bytes));
+        }
+        self.client
+            .push(self.group.rank, self.step, &pushed)
+            .await?;
+        let wait_for = self.group.consistency.version_after(self.step);
+        self.step += 1;
+        self.load(wait_for).await?;
+        Ok(())
+    }
+
+    /// Loads the latest values the servers hold into the variables.
+    ///
+    /// # Errors
+    /// [`TrainerError`] from candle or the servers.
+    pub async fn refresh(&mut self) -> Result<u64, TrainerError> {
+        self.load(0).await
+    }
+
+    /// Pulls every variable at `min_version` or later into the `Var`s; returns the
+    /// lowest version received.
+    async fn load(&mut self, min_version: u64) -> Result<u64, TrainerError> {
+        let mut pulled = self.client.pull(min_version).await?;
+        let mut version = u64::MAX;
+        for (name, var) in &self.vars {
+            let PulledParam { values, version: v } = pulled
+                .remove(name)
+                .expect("the client pulls every placed variable");
+            let tensor =
+                Tensor::from_vec(values, var.shape(), var.device())?.to_dtype(var.dtype())?;
+            var.set(&tensor)?;
+            version = version.min(v);
+        }
+        Ok(if version == u64::MAX { 0 } else { version })
+    }
+}
+
+/// A tensor's elements as little-endian `f32` bytes; on little-endian hosts the
+/// buffer candle copies out is handed over without another copy.
+fn tensor_bytes(tensor: &Tensor) -> Result<Bytes, candle_core::Error> {
+    let values: Vec<f32> = tensor.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
+    if cfg!(target_endian = "little") {
+        Ok(Bytes::from_owner(F32Buffer(values)))
+    } else {
+        Ok(codec::encode_f32(codec::DType::F32, &values))
+    }
+}
+
+struct F32Buffer(Vec<f32>);
+
+impl AsRef<[u8]> for F32Buffer {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+/// A token unique to this process, so that a retried `JoinGroup` keeps its rank.
+pub fn client_token() -> String {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{:x}-{:x}", std::process::id(), nanos)
+}
