@@ -304,11 +304,6 @@ impl Store {
             self.check_gradient(&entry.spec, grad)?;
         }
         let pushed = apply_all(&entries, &grads, group, worker, step)?;
-        for (entry, outcome) in entries.iter().zip(&pushed) {
-            entry
-                .version
-                .send_if_modified(|v| std::mem::replace(v, outcome.version) != outcome.version);
-        }
         let duplicates = pushed.iter().filter(|p| !p.accepted).count() as u64;
         self.counters
             .duplicate_pushes
@@ -531,7 +526,19 @@ fn apply_all(
                 version: state.version(),
             }
         })
-        .collect();
+        .collect::<Vec<Pushed>>();
+    // Announce new versions while the keys are still locked, so announcements of one
+    // key happen in the order of its updates; and never lower an announced version.
+    for (entry, outcome) in entries.iter().zip(&outcomes) {
+        entry.version.send_if_modified(|announced| {
+            let newer = outcome.version > *announced;
+            if newer {
+                *announced = outcome.version;
+            }
+            newer
+        });
+    }
+    drop(guards);
     Ok(outcomes)
 }
 

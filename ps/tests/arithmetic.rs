@@ -409,3 +409,43 @@ async fn stats_report_keys_bytes_versions_and_traffic() {
     assert_eq!(versions, vec![("a".into(), 0), ("b".into(), 1)]);
     server.stop().await;
 }
+
+/// Two workers push and pull concurrently for many steps; every pull must see its
+/// version promptly (a lost version notification would make one wait out its timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_bsp_workers_never_miss_a_version() {
+    let server = TestServer::start(bsp(2)).await;
+    server
+        .register(vec![
+            param("a", &[0.0; 8], sgd(0.01)),
+            param("b", &[0.0; 8], sgd(0.01)),
+        ])
+        .await;
+    let steps = 300u64;
+    let workers = (0..2u32).map(|worker| {
+        let mut client = server.client.clone();
+        tokio::spawn(async move {
+            for step in 0..steps {
+                let grads = vec![tensor("a", &[1.0; 8]), tensor("b", &[1.0; 8])];
+                client.push(push(worker, step, grads)).await.unwrap();
+                let pulled = client
+                    .pull(pull_request(&["a", "b"], step + 1, 5_000))
+                    .await;
+                let pulled = pulled
+                    .unwrap_or_else(|e| panic!("worker {worker} step {step}: {}", e.message()));
+                assert!(
+                    pulled
+                        .into_inner()
+                        .tensors
+                        .iter()
+                        .all(|t| t.version >= step + 1)
+                );
+            }
+        })
+    });
+    for worker in workers.collect::<Vec<_>>() {
+        worker.await.unwrap();
+    }
+    assert_eq!(server.values("a").await.1, steps);
+    server.stop().await;
+}

@@ -1,5 +1,6 @@
 //! `ps-worker`: candle workers for candle-ps.
 //!
+//! - [`cli`]: the training flags shared by `ps-worker` and `ps-local`.
 //! - [`client`]: [`client::PsClient`], the connection to every parameter server.
 //! - [`placement`]: which server holds which part of which parameter.
 //! - [`retry`]: bounded backoff for transient failures.
@@ -10,6 +11,7 @@
 //! - [`data`]: shipped, generated and file-based data sets.
 //! - [`device`]: choosing the candle device from `cpu` or `cuda:N`.
 
+pub mod cli;
 pub mod client;
 pub mod data;
 pub mod device;
