@@ -1,0 +1,122 @@
+//! [`run_local`]: parameter servers and workers in one process train a model
+//! together; every worker gets its own slice of the data by rank.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ps_proto::consistency::Consistency;
+use ps_server::ServerConfig;
+use ps_worker::client::GroupInfo;
+use ps_worker::data::Dataset;
+use ps_worker::train::{TrainConfig, TrainSummary, train};
+use serde::Serialize;
+
+use crate::servers::LocalServers;
+
+/// The shape of a local cluster.
+#[derive(Debug, Clone)]
+pub struct LocalSpec {
+    /// Parameter servers.
+    pub servers: usize,
+    /// Workers.
+    pub workers: u32,
+    /// Consistency model.
+    pub consistency: Consistency,
+}
+
+/// What `ps-local` reports: the cluster's result and each worker's.
+#[derive(Debug, Clone, Serialize)]
+pub struct LocalSummary {
+    /// Data set name.
+    pub dataset: String,
+    /// Parameter servers.
+    pub servers: usize,
+    /// Workers.
+    pub workers: usize,
+    /// Test accuracy of the trained parameters (worker 0's evaluation).
+    pub test_accuracy: f64,
+    /// Mean of the workers' last-epoch training losses.
+    pub train_loss: f64,
+    /// Steps each worker pushed.
+    pub steps: u64,
+    /// Seconds from start to the end of the last evaluation.
+    pub wall_seconds: f64,
+    /// Training examples per second, all workers together.
+    pub examples_per_second: f64,
+    /// Each worker's summary.
+    pub per_worker: Vec<TrainSummary>,
+}
+
+/// Starts the servers, trains with every worker concurrently, and stops the servers.
+///
+/// # Errors
+/// The first failure of a server or worker, with what it was doing.
+pub async fn run_local(
+    spec: &LocalSpec,
+    data: Arc<Dataset>,
+    config: &TrainConfig,
+) -> anyhow::Result<LocalSummary> {
+    let started = Instant::now();
+    let server_config = ServerConfig {
+        workers: spec.workers,
+        consistency: spec.consistency,
+        ..ServerConfig::default()
+    };
+    let servers = LocalServers::start(spec.servers, server_config).await?;
+    tracing::info!(servers = ?servers.addrs(), workers = spec.workers, consistency = %spec.consistency, "local cluster up");
+    let mut tasks = Vec::new();
+    for rank in 0..spec.workers {
+        let client = servers.client().await?;
+        let group = GroupInfo {
+            rank,
+            workers: spec.workers,
+            consistency: spec.consistency,
+        };
+        let config = TrainConfig {
+            progress: config.progress && rank == 0,
+            ..config.clone()
+        };
+        let data = Arc::clone(&data);
+        tasks.push(tokio::spawn(async move {
+            train(client, group, &data, &config).await
+        }));
+    }
+    let mut per_worker = Vec::new();
+    for (rank, task) in tasks.into_iter().enumerate() {
+        let summary = task
+            .await?
+            .map_err(|e| anyhow::anyhow!("worker {rank}: {e}"))?;
+        per_worker.push(summary);
+    }
+    servers.shutdown().await?;
+    Ok(summarize(
+        spec,
+        &data.name,
+        per_worker,
+        started.elapsed().as_secs_f64(),
+    ))
+}
+
+fn summarize(
+    spec: &LocalSpec,
+    dataset: &str,
+    per_worker: Vec<TrainSummary>,
+    wall_seconds: f64,
+) -> LocalSummary {
+    let workers = per_worker.len();
+    let examples: f64 = per_worker
+        .iter()
+        .map(|w| w.steps as f64 * w.batch_size as f64)
+        .sum();
+    LocalSummary {
+        dataset: dataset.to_string(),
+        servers: spec.servers,
+        workers,
+        test_accuracy: per_worker.first().map_or(0.0, |w| w.test_accuracy),
+        train_loss: per_worker.iter().map(|w| w.train_loss).sum::<f64>() / workers.max(1) as f64,
+        steps: per_worker.iter().map(|w| w.steps).max().unwrap_or(0),
+        wall_seconds,
+        examples_per_second: examples / wall_seconds.max(1e-9),
+        per_worker,
+    }
+}

@@ -1,0 +1,92 @@
+//! [`LocalServers`]: parameter servers started in this process, each on its own
+//! loopback port (bound before the server starts, so clients can connect at once),
+//! and stopped cleanly together.
+
+use std::net::SocketAddr;
+
+use ps_server::ServerConfig;
+use ps_server::server::ServeError;
+use ps_worker::client::ClientError;
+use ps_worker::{ClientConfig, PsClient};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+struct Running {
+    addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+/// Parameter servers running in this process.
+pub struct LocalServers {
+    servers: Vec<Running>,
+}
+
+impl LocalServers {
+    /// Starts `count` servers with `config` on `127.0.0.1:0` ports.
+    ///
+    /// # Errors
+    /// When a port cannot be bound.
+    pub async fn start(count: usize, config: ServerConfig) -> std::io::Result<Self> {
+        let mut servers = Vec::with_capacity(count);
+        for _ in 0..count {
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            let (stop, stopped) = oneshot::channel::<()>();
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            let task = tokio::spawn(ps_server::run(listener, config.clone(), shutdown));
+            servers.push(Running { addr, stop, task });
+        }
+        Ok(Self { servers })
+    }
+
+    /// The servers' addresses, in order.
+    pub fn addrs(&self) -> Vec<String> {
+        self.servers.iter().map(|s| s.addr.to_string()).collect()
+    }
+
+    /// A client connected to every server.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`] if a server is gone.
+    pub async fn client(&self) -> Result<PsClient, ClientError> {
+        PsClient::connect(ClientConfig::new(self.addrs())).await
+    }
+
+    /// Stops every server and waits for each to finish.
+    ///
+    /// # Errors
+    /// The first server that failed.
+    pub async fn shutdown(self) -> Result<(), ServeError> {
+        let tasks: Vec<_> = self
+            .servers
+            .into_iter()
+            .map(|s| {
+                let _ = s.stop.send(());
+                s.task
+            })
+            .collect();
+        for task in tasks {
+            task.await
+                .map_err(|e| ServeError::Config(format!("server task failed: {e}")))??;
+        }
+        Ok(())
+    }
+}
+
+/// `servers` BSP servers for a group of `workers`, for tests.
+///
+/// # Panics
+/// When loopback ports cannot be bound.
+pub async fn test_cluster(servers: usize, workers: u32) -> LocalServers {
+    let config = ServerConfig {
+        workers,
+        ..ServerConfig::default()
+    };
+    LocalServers::start(servers, config)
+        .await
+        .expect("bind loopback ports for a test cluster")
+}
