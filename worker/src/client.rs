@@ -24,6 +24,12 @@ use tonic::transport::Channel;
 use crate::placement::{DEFAULT_PARTITION_BYTES, ParamInfo, Part, Placed, Placement};
 use crate::retry::RetryPolicy;
 
+/// A part of a parameter and the bytes it carries.
+type PartData<'a> = (&'a Placed, Part, Bytes);
+
+/// One pulled key with its values and their version.
+type PulledKey = (ParamKey, (TensorData, u64));
+
 /// Room in a message for everything but tensor data.
 const MESSAGE_OVERHEAD: usize = 64 << 10;
 
@@ -229,7 +235,7 @@ impl PsClient {
     fn parts_by_server<'a>(
         &'a self,
         data: &'a [(String, Bytes)],
-    ) -> Result<Vec<Vec<(&'a Placed, Part, Bytes)>>, ClientError> {
+    ) -> Result<Vec<Vec<PartData<'a>>>, ClientError> {
         let mut by_server = vec![Vec::new(); self.servers.len()];
         for (name, bytes) in data {
             let placed = self.placed(name)?;
@@ -419,7 +425,7 @@ impl PsClient {
         server: &Server,
         keys: &[(ParamKey, usize)],
         min_version: u64,
-    ) -> Result<Vec<(ParamKey, (TensorData, u64))>, ClientError> {
+    ) -> Result<Vec<PulledKey>, ClientError> {
         let request = v1::PullRequest {
             keys: keys
                 .iter()
@@ -548,9 +554,7 @@ fn decode_pulled(pulled: &v1::PulledTensor) -> Result<(ParamKey, (TensorData, u6
     ))
 }
 
-fn assemble_pulled(
-    chunks: Vec<v1::PullChunk>,
-) -> Result<Vec<(ParamKey, (TensorData, u64))>, String> {
+fn assemble_pulled(chunks: Vec<v1::PullChunk>) -> Result<Vec<PulledKey>, String> {
     let mut assembler = Assembler::new();
     let mut versions = BTreeMap::new();
     for message in chunks {

@@ -85,6 +85,13 @@ impl Split {
         self.select(&(start..end).collect::<Vec<_>>())
     }
 
+    /// Consecutive batches of `size` examples; a last, partial batch is dropped.
+    pub fn batches(&self, size: usize) -> impl Iterator<Item = Split> + '_ {
+        let size = size.max(1);
+        (0..self.len() / size)
+            .map(move |b| self.select(&(b * size..(b + 1) * size).collect::<Vec<_>>()))
+    }
+
     /// The examples as tensors: features `[len, width]` f32 and labels `[len]` u32.
     ///
     /// # Errors
@@ -140,6 +147,17 @@ mod tests {
                 "{len} over {workers}"
             );
         }
+    }
+
+    #[test]
+    fn batches_drop_the_remainder() {
+        let split = Split {
+            features: (0..7).map(|i| i as f32).collect(),
+            labels: (0..7).collect(),
+            width: 1,
+        };
+        let batches: Vec<Vec<u32>> = split.batches(3).map(|b| b.labels).collect();
+        assert_eq!(batches, vec![vec![0, 1, 2], vec![3, 4, 5]]);
     }
 
     #[test]

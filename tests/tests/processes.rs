@@ -1,0 +1,150 @@
+//! The binaries as a user runs them: separate processes over loopback.
+
+use std::time::Duration;
+
+use ps_tests::{ServerProcess, binary, example, run};
+
+const LIMIT: Duration = Duration::from_secs(240);
+
+fn accuracy(json: &serde_json::Value) -> f64 {
+    json["test_accuracy"]
+        .as_f64()
+        .expect("test_accuracy in the summary")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_and_two_workers_with_no_other_flags_reach_95_percent() {
+    let server = ServerProcess::start(&["--workers", "2"]).await;
+    let args = ["--server", server.addr.as_str(), "--json"];
+    let (a, b) = tokio::join!(
+        run(binary("ps-worker"), &args, LIMIT),
+        run(binary("ps-worker"), &args, LIMIT)
+    );
+    for worker in [&a, &b] {
+        assert!(worker.success, "ps-worker failed:\n{}", worker.stderr);
+    }
+    let (a, b) = (a.json(), b.json());
+    let mut ranks = [a["rank"].as_u64().unwrap(), b["rank"].as_u64().unwrap()];
+    ranks.sort_unstable();
+    assert_eq!(
+        ranks,
+        [0, 1],
+        "the server hands out distinct ranks, so the two split the data"
+    );
+    for summary in [&a, &b] {
+        assert!(accuracy(summary) >= 0.95, "{summary}");
+        for field in ["train_loss", "steps", "wall_seconds", "examples_per_second"] {
+            assert!(summary[field].is_number(), "{field} missing from {summary}");
+        }
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn ps_local_with_defaults_reaches_95_percent() {
+    let local = run(
+        binary("ps-local"),
+        &["--servers", "2", "--workers", "2", "--json"],
+        LIMIT,
+    )
+    .await;
+    assert!(local.success, "ps-local failed:\n{}", local.stderr);
+    let summary = local.json();
+    assert!(accuracy(&summary) >= 0.95, "{summary}");
+    assert_eq!(
+        (summary["servers"].as_u64(), summary["workers"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(summary["per_worker"].as_array().map(Vec::len), Some(2));
+}
+
+#[tokio::test]
+async fn the_readme_example_trains_against_a_server() {
+    let server = ServerProcess::start(&["--workers", "1"]).await;
+    let trained = run(example("data_parallel"), &[server.addr.as_str()], LIMIT).await;
+    assert!(trained.success, "example failed:\n{}", trained.stderr);
+    let line = trained.stdout.lines().last().unwrap_or_default();
+    let value: f64 = line
+        .trim_start_matches("test accuracy ")
+        .parse()
+        .unwrap_or_else(|_| panic!("unexpected output {line:?}"));
+    assert!(value >= 0.95, "{line}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_with_no_server_fails_fast_naming_the_address() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = free.local_addr().unwrap().to_string();
+    drop(free);
+    let worker = run(
+        binary("ps-worker"),
+        &["--server", &addr],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(!worker.success);
+    assert!(
+        worker.stderr.contains(&addr) && worker.stderr.contains("cannot connect"),
+        "{}",
+        worker.stderr
+    );
+}
+
+#[tokio::test]
+async fn a_missing_data_directory_is_named() {
+    let worker = run(
+        binary("ps-worker"),
+        &[
+            "--dataset",
+            "fashion-mnist",
+            "--data-dir",
+            "/nonexistent/fmnist",
+        ],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(!worker.success);
+    assert!(
+        worker
+            .stderr
+            .contains("/nonexistent/fmnist/train-images-idx3-ubyte"),
+        "{}",
+        worker.stderr
+    );
+}
+
+#[tokio::test]
+async fn ps_local_trains_on_the_real_fashion_mnist_files() {
+    let dir = ps_worker::data::idx::DEBIAN_FASHION_MNIST_DIR;
+    if !std::path::Path::new(dir).is_dir() {
+        eprintln!(
+            "skipped: {dir} is absent (apt-get install dataset-fashion-mnist; .ci/run installs it)"
+        );
+        return;
+    }
+    let args = [
+        "--dataset",
+        "fashion-mnist",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "100",
+        "--hidden",
+        "128",
+        "--json",
+    ];
+    let local = run(binary("ps-local"), &args, LIMIT).await;
+    assert!(local.success, "ps-local failed:\n{}", local.stderr);
+    let summary = local.json();
+    assert_eq!(summary["dataset"], "fashion-mnist");
+    assert_eq!(
+        summary["steps"].as_u64(),
+        Some(300),
+        "60,000 examples over 2 workers in batches of 100"
+    );
+    assert!(
+        accuracy(&summary) >= 0.75,
+        "one epoch of an MLP reaches about 0.8: {summary}"
+    );
+}
