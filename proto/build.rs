@@ -2,7 +2,7 @@
 //! generates tonic code into `OUT_DIR`, with every `bytes` field as `bytes::Bytes`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["ps/v1/ps.proto"];
+    let protos = ["ps/v1/ps.proto", "ps/v1/bench.proto"];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }

@@ -1,1 +1,24 @@
-//! `ps-microbench`: the gRPC tensor-transport benchmark suite (to come).
+//! `ps-microbench`: how fast tensors move over candle-ps's RPC layer, always next
+//! to raw TCP measured in the same run.
+//!
+//! - [`server`]: the `ps.v1.Bench` service and the TCP baseline, served together.
+//! - [`peer`]: the server under test, remote or a local child process.
+//! - [`latency`], [`bandwidth`], [`throughput`]: the three benchmarks.
+//! - [`payload`]: TF-gRPC-Bench payload schemes and the two encodings.
+//! - [`tcp`]: the raw TCP baseline protocol.
+//! - [`tuning`]: HTTP/2 and chunking knobs.
+//! - [`report`], [`plot`]: tables, JSON lines, CSV and SVG charts.
+//! - [`size`], [`cpu`]: sizes as people write them; process CPU time.
+
+pub mod bandwidth;
+pub mod cpu;
+pub mod latency;
+pub mod payload;
+pub mod peer;
+pub mod plot;
+pub mod report;
+pub mod server;
+pub mod size;
+pub mod tcp;
+pub mod throughput;
+pub mod tuning;

@@ -3,6 +3,7 @@
 //! - [`v1`]: the code generated from `proto/ps/v1/*.proto` (messages, clients, servers).
 //! - [`codec`]: tensors on the wire — dtypes, shapes, validation, zero-copy `f32` access.
 //! - [`consistency`]: BSP, ASP, SSP(k) and the version to pull after a push.
+//! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
 //! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
 //! - [`process`]: logging set-up and the shutdown signal, the same in every binary.
@@ -11,6 +12,7 @@
 pub mod chunk;
 pub mod codec;
 pub mod consistency;
+pub mod fixtures;
 pub mod key;
 pub mod process;
 pub mod transport;

@@ -1,98 +1,54 @@
-//! `ps-tests`: helpers for the end-to-end tests in `tests/tests/`: the workspace's
-//! binaries as real processes, and reading what they print.
+//! `ps-tests`: helpers for the end-to-end tests in `tests/tests/`: running the
+//! workspace's binaries as real processes and reading what they print.
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+pub use ps_cluster::processes::ServerProcess;
+use tokio::process::Command;
 
-/// Path of a workspace binary built next to this test (`cargo test --workspace`
-/// builds them all).
+/// Path of a workspace binary, built with cargo first if this test run has not
+/// built it (`cargo test -p ps-tests` builds no other package's binaries).
 ///
 /// # Panics
-/// When the binary has not been built.
+/// When it cannot be built.
 pub fn binary(name: &str) -> PathBuf {
+    built(name, &["--bin", name])
+}
+
+/// Path of a workspace example, built with cargo first if needed.
+///
+/// # Panics
+/// When it cannot be built.
+pub fn example(name: &str) -> PathBuf {
+    built(&format!("examples/{name}"), &["--example", name])
+}
+
+fn built(relative: &str, selector: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
+    let profile_dir = exe
         .parent()
         .and_then(|deps| deps.parent())
-        .expect("target directory");
-    let path = dir.join(name);
+        .expect("target directory")
+        .to_path_buf();
+    let path = profile_dir.join(relative);
+    if !path.is_file() {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = std::process::Command::new(cargo);
+        build.args(["build", "--quiet"]).args(selector);
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("run cargo build");
+        assert!(status.success(), "cargo build {selector:?} failed");
+    }
     assert!(
         path.is_file(),
-        "{} is missing; build the workspace first (cargo test --workspace builds it)",
+        "{} is missing after building it",
         path.display()
     );
     path
-}
-
-/// Path of an example built next to this test.
-pub fn example(name: &str) -> PathBuf {
-    binary(&format!("examples/{name}"))
-}
-
-/// A `ps-server` child process on a free loopback port.
-pub struct ServerProcess {
-    /// The address it listens on.
-    pub addr: String,
-    child: Child,
-}
-
-impl ServerProcess {
-    /// Starts `ps-server --listen 127.0.0.1:0 ARGS` and reads its log until it says
-    /// where it listens.
-    ///
-    /// # Panics
-    /// When the server exits or stays silent for 30 seconds.
-    pub async fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(binary("ps-server"))
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn ps-server");
-        let mut lines = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
-        let addr = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await.expect("read ps-server log") {
-                if let Some(rest) = line
-                    .split("addr=")
-                    .nth(1)
-                    .filter(|_| line.contains("ps-server listening"))
-                {
-                    return rest.split_whitespace().next().map(str::to_string);
-                }
-            }
-            None
-        })
-        .await
-        .expect("ps-server did not report its address within 30s")
-        .expect("ps-server exited before listening");
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Self { addr, child }
-    }
-
-    /// Sends SIGTERM and waits for a clean exit.
-    ///
-    /// # Panics
-    /// When the server does not exit cleanly within 30 seconds.
-    pub async fn stop(mut self) {
-        let pid = self.child.id().expect("running").to_string();
-        let status = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .await
-            .expect("run kill");
-        assert!(status.success());
-        let exit = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .expect("ps-server hung on SIGTERM");
-        assert!(exit.expect("wait").success(), "ps-server exited uncleanly");
-    }
 }
 
 /// What a finished process printed.

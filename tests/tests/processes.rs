@@ -41,24 +41,6 @@ async fn a_server_and_two_workers_with_no_other_flags_reach_95_percent() {
 }
 
 #[tokio::test]
-async fn ps_local_with_defaults_reaches_95_percent() {
-    let local = run(
-        binary("ps-local"),
-        &["--servers", "2", "--workers", "2", "--json"],
-        LIMIT,
-    )
-    .await;
-    assert!(local.success, "ps-local failed:\n{}", local.stderr);
-    let summary = local.json();
-    assert!(accuracy(&summary) >= 0.95, "{summary}");
-    assert_eq!(
-        (summary["servers"].as_u64(), summary["workers"].as_u64()),
-        (Some(2), Some(2))
-    );
-    assert_eq!(summary["per_worker"].as_array().map(Vec::len), Some(2));
-}
-
-#[tokio::test]
 async fn the_readme_example_trains_against_a_server() {
     let server = ServerProcess::start(&["--workers", "1"]).await;
     let trained = run(example("data_parallel"), &[server.addr.as_str()], LIMIT).await;
@@ -70,48 +52,6 @@ async fn the_readme_example_trains_against_a_server() {
         .unwrap_or_else(|_| panic!("unexpected output {line:?}"));
     assert!(value >= 0.95, "{line}");
     server.stop().await;
-}
-
-#[tokio::test]
-async fn a_worker_with_no_server_fails_fast_naming_the_address() {
-    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = free.local_addr().unwrap().to_string();
-    drop(free);
-    let worker = run(
-        binary("ps-worker"),
-        &["--server", &addr],
-        Duration::from_secs(60),
-    )
-    .await;
-    assert!(!worker.success);
-    assert!(
-        worker.stderr.contains(&addr) && worker.stderr.contains("cannot connect"),
-        "{}",
-        worker.stderr
-    );
-}
-
-#[tokio::test]
-async fn a_missing_data_directory_is_named() {
-    let worker = run(
-        binary("ps-worker"),
-        &[
-            "--dataset",
-            "fashion-mnist",
-            "--data-dir",
-            "/nonexistent/fmnist",
-        ],
-        Duration::from_secs(60),
-    )
-    .await;
-    assert!(!worker.success);
-    assert!(
-        worker
-            .stderr
-            .contains("/nonexistent/fmnist/train-images-idx3-ubyte"),
-        "{}",
-        worker.stderr
-    );
 }
 
 #[tokio::test]

@@ -1,0 +1,93 @@
+//! Real `ps-server` processes on free loopback ports, for end-to-end tests and
+//! benchmarks that must measure separate processes.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Path of a workspace binary built next to the running executable (a test in
+/// `target/*/deps/`, or a binary in `target/*/`).
+///
+/// # Panics
+/// When the binary has not been built.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("executable path");
+    let dir = exe.parent().expect("executable directory");
+    let dir = if dir.ends_with("deps") || dir.ends_with("examples") {
+        dir.parent().expect("target directory")
+    } else {
+        dir
+    };
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing; build the workspace first (cargo build --workspace)",
+        path.display()
+    );
+    path
+}
+
+/// A `ps-server` child process on a free loopback port.
+pub struct ServerProcess {
+    /// The address it listens on.
+    pub addr: String,
+    child: Child,
+}
+
+impl ServerProcess {
+    /// Starts `ps-server --listen 127.0.0.1:0 ARGS` and reads its log until it says
+    /// where it listens.
+    ///
+    /// # Panics
+    /// When the server exits or stays silent for 30 seconds.
+    pub async fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(binary("ps-server"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn ps-server");
+        let mut lines = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.expect("read ps-server log") {
+                if let Some(rest) = line
+                    .split("addr=")
+                    .nth(1)
+                    .filter(|_| line.contains("ps-server listening"))
+                {
+                    return rest.split_whitespace().next().map(str::to_string);
+                }
+            }
+            None
+        })
+        .await
+        .expect("ps-server did not report its address within 30s")
+        .expect("ps-server exited before listening");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Self { addr, child }
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    ///
+    /// # Panics
+    /// When the server does not exit cleanly within 30 seconds.
+    pub async fn stop(mut self) {
+        let pid = self.child.id().expect("running").to_string();
+        let status = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .expect("run kill");
+        assert!(status.success());
+        let exit = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("ps-server hung on SIGTERM");
+        assert!(exit.expect("wait").success(), "ps-server exited uncleanly");
+    }
+}

@@ -1,0 +1,333 @@
+//! `ps-microbench`: latency, bandwidth and parameter-server throughput of the RPC
+//! layer, each printed with raw TCP measured in the same run.
+//!
+//! ```text
+//! ps-microbench latency --sizes 64B,4KiB
+//! ps-microbench bandwidth --sizes 1MiB,16MiB --json
+//! ps-microbench bandwidth --scheme skew --encoding bytes,floats --out results/
+//! ps-microbench ps-throughput --servers 2 --workers 2 --model resnet50
+//! ps-microbench serve --listen 0.0.0.0:7080 --tcp-listen 0.0.0.0:7081
+//! ```
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use ps_microbench::bandwidth::{self, BandwidthPlan, Mode};
+use ps_microbench::latency::{self, LatencyPlan};
+use ps_microbench::payload::{CategorySizes, Encoding, Scheme};
+use ps_microbench::peer::{Peer, READY_PREFIX};
+use ps_microbench::report::{ResultRow, payload_label, print_json, print_table, write_csv};
+use ps_microbench::size::parse_size;
+use ps_microbench::throughput::{self, ModelTensors, ThroughputPlan};
+use ps_microbench::tuning::Tuning;
+use ps_microbench::{plot, server};
+
+/// gRPC tensor-transport benchmarks, side by side with raw TCP.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the Bench service and the TCP baseline (what the benchmarks measure).
+    Serve(ServeArgs),
+    /// Round-trip latency percentiles.
+    Latency(LatencyArgs),
+    /// One-way throughput, unary and streamed.
+    Bandwidth(BandwidthArgs),
+    /// M ps-server processes x N workers pushing and pulling a model's tensors.
+    PsThroughput(ThroughputArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// gRPC address.
+    #[arg(long, default_value = "0.0.0.0:7080")]
+    listen: String,
+    /// Raw TCP baseline address.
+    #[arg(long, default_value = "0.0.0.0:7081")]
+    tcp_listen: String,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+#[derive(Debug, Args)]
+struct PayloadArgs {
+    /// Single-buffer payload sizes, comma-separated (for example 64B,4KiB,1MiB,16MiB).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    sizes: Option<Vec<usize>>,
+    /// Multi-buffer payload scheme: uniform[:small|:medium|:large], random or skew.
+    #[arg(long)]
+    scheme: Option<Scheme>,
+    /// Buffers per scheme payload.
+    #[arg(long, default_value_t = 10)]
+    buffers: usize,
+    /// Size of small buffers.
+    #[arg(long, value_parser = parse_size, default_value = "10B")]
+    small: usize,
+    /// Size of medium buffers.
+    #[arg(long, value_parser = parse_size, default_value = "10KiB")]
+    medium: usize,
+    /// Size of large buffers.
+    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
+    large: usize,
+    /// Encodings, comma-separated: bytes (zero-copy) and/or floats (packed repeated float).
+    #[arg(long, value_delimiter = ',', default_value = "bytes")]
+    encoding: Vec<Encoding>,
+    /// Seed of the random scheme.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+impl PayloadArgs {
+    /// `(label, buffer sizes)` of every payload to measure.
+    fn payloads(&self, default_sizes: &[usize]) -> Vec<(String, Vec<usize>)> {
+        let mut payloads = Vec::new();
+        let sizes = match (&self.sizes, self.scheme) {
+            (Some(sizes), _) => sizes.clone(),
+            (None, None) => default_sizes.to_vec(),
+            (None, Some(_)) => Vec::new(),
+        };
+        payloads.extend(
+            sizes
+                .into_iter()
+                .map(|s| (payload_label(None, &[s]), vec![s])),
+        );
+        if let Some(scheme) = self.scheme {
+            let categories = CategorySizes {
+                small: self.small,
+                medium: self.medium,
+                large: self.large,
+            };
+            let buffers = scheme.buffer_sizes(self.buffers, categories, self.seed);
+            payloads.push((payload_label(Some(scheme.to_string()), &buffers), buffers));
+        }
+        payloads
+    }
+}
+
+#[derive(Debug, Args)]
+struct OutputArgs {
+    /// Measure the server at this address instead of starting a local one.
+    #[arg(long)]
+    target: Option<String>,
+    /// Print one JSON object per result line instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Write results.csv and SVG charts into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct LatencyArgs {
+    #[command(flatten)]
+    payload: PayloadArgs,
+    /// Round trips per repetition.
+    #[arg(long, default_value_t = 2000)]
+    count: u64,
+    /// Unmeasured round trips before each repetition.
+    #[arg(long, default_value_t = 200)]
+    warmup: u64,
+    /// Repetitions.
+    #[arg(long, default_value_t = 3)]
+    reps: u32,
+    #[command(flatten)]
+    output: OutputArgs,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+#[derive(Debug, Args)]
+struct BandwidthArgs {
+    #[command(flatten)]
+    payload: PayloadArgs,
+    /// Modes, comma-separated: unary and/or stream.
+    #[arg(long, value_delimiter = ',', default_value = "unary,stream")]
+    mode: Vec<Mode>,
+    /// Measured seconds per repetition.
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Unmeasured seconds before each repetition.
+    #[arg(long, default_value_t = 0.25)]
+    warmup_seconds: f64,
+    /// Repetitions (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    reps: u32,
+    #[command(flatten)]
+    output: OutputArgs,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+#[derive(Debug, Args)]
+struct ThroughputArgs {
+    /// ps-server processes.
+    #[arg(long, default_value_t = 2)]
+    servers: usize,
+    /// Simulated workers.
+    #[arg(long, default_value_t = 2)]
+    workers: u32,
+    /// Tensors to move: resnet50, bert-base, or sizes:1MiB,4MiB.
+    #[arg(long, default_value = "resnet50")]
+    model: ModelTensors,
+    /// Measured steps.
+    #[arg(long, default_value_t = 5)]
+    steps: u64,
+    /// Unmeasured steps first.
+    #[arg(long, default_value_t = 1)]
+    warmup_steps: u64,
+    /// Print one JSON object per result line instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Write results.csv into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    tuning: Tuning,
+}
+
+fn seconds(value: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| anyhow::anyhow!("{value} is not a number of seconds"))
+}
+
+fn emit(rows: &[ResultRow], json: bool, out: Option<&PathBuf>) -> anyhow::Result<()> {
+    if json {
+        print_json(rows)?;
+    } else {
+        print_table(rows);
+    }
+    if let Some(dir) = out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_csv(
+            rows,
+            &dir.join(format!(
+                "{}.csv",
+                rows.first().map_or("results", |r| r.bench.as_str())
+            )),
+        )?;
+    }
+    Ok(())
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let transport = args.tuning.transport().map_err(anyhow::Error::msg)?;
+    let grpc = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let tcp = tokio::net::TcpListener::bind(&args.tcp_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.tcp_listen))?;
+    println!(
+        "{READY_PREFIX} grpc={} tcp={}",
+        grpc.local_addr()?,
+        tcp.local_addr()?
+    );
+    std::io::stdout().flush()?;
+    server::serve(grpc, tcp, transport, ps_proto::process::shutdown_signal()).await
+}
+
+async fn run_latency(args: LatencyArgs) -> anyhow::Result<()> {
+    let peer = Peer::open(args.output.target.as_deref(), &args.tuning).await?;
+    let plan = LatencyPlan {
+        count: args.count,
+        warmup: args.warmup,
+        reps: args.reps,
+    };
+    let mut results = Vec::new();
+    for (label, sizes) in args.payload.payloads(&[64]) {
+        for &encoding in &args.payload.encoding {
+            results.push(latency::measure(&peer, &label, &sizes, encoding, plan).await?);
+        }
+    }
+    peer.close().await;
+    let rows: Vec<ResultRow> = results.iter().map(|r| r.row.clone()).collect();
+    emit(&rows, args.output.json, args.output.out.as_ref())?;
+    if let Some(dir) = &args.output.out {
+        let curves: Vec<_> = results
+            .into_iter()
+            .map(|r| {
+                (
+                    format!("{} {}", r.row.payload, r.row.encoding),
+                    r.grpc,
+                    r.tcp,
+                )
+            })
+            .collect();
+        plot::latency_cdf(&curves, &dir.join("latency_cdf.svg"))?;
+    }
+    Ok(())
+}
+
+async fn run_bandwidth(args: BandwidthArgs) -> anyhow::Result<()> {
+    let peer = Peer::open(args.output.target.as_deref(), &args.tuning).await?;
+    let plan = BandwidthPlan {
+        duration: seconds(args.seconds)?,
+        warmup: seconds(args.warmup_seconds)?,
+        reps: args.reps,
+        chunk: args.tuning.chunk,
+    };
+    let mut rows = Vec::new();
+    for &mode in &args.mode {
+        for &encoding in &args.payload.encoding {
+            for (label, sizes) in args.payload.payloads(&[1 << 20, 16 << 20]) {
+                rows.push(bandwidth::measure(&peer, &label, &sizes, encoding, mode, plan).await?);
+            }
+        }
+    }
+    peer.close().await;
+    emit(&rows, args.output.json, args.output.out.as_ref())?;
+    if let Some(dir) = &args.output.out {
+        plot::bandwidth_chart(&rows, &dir.join("bandwidth.svg"))?;
+    }
+    Ok(())
+}
+
+async fn run_throughput(args: ThroughputArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.servers >= 1 && args.workers >= 1 && args.steps >= 1,
+        "--servers, --workers and --steps must be at least 1"
+    );
+    let plan = ThroughputPlan {
+        servers: args.servers,
+        workers: args.workers,
+        model: args.model,
+        steps: args.steps,
+        warmup_steps: args.warmup_steps,
+    };
+    let row = throughput::run(&plan, &args.tuning).await?;
+    if !args.json {
+        if let Some(servers) = row.servers.as_ref().and_then(|s| s.as_array()) {
+            for server in servers {
+                eprintln!(
+                    "server {}: {} keys, {} bytes held, {} pushes, {} pulls",
+                    server["addr"],
+                    server["keys"],
+                    server["bytes_held"],
+                    server["pushes"],
+                    server["pulls"]
+                );
+            }
+        }
+    }
+    emit(&[row], args.json, args.out.as_ref())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    ps_proto::process::init_tracing();
+    match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Latency(args) => run_latency(args).await,
+        Command::Bandwidth(args) => run_bandwidth(args).await,
+        Command::PsThroughput(args) => run_throughput(args).await,
+    }
+}

@@ -1,0 +1,205 @@
+//! SVG charts of a run: throughput against payload size with gRPC and TCP on one
+//! chart, and latency CDFs. The font is shipped with the binary (DejaVu Sans), so
+//! plotting needs no system fonts.
+
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+use crate::report::ResultRow;
+
+const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+fn register_font() -> anyhow::Result<()> {
+    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| anyhow::anyhow!("the shipped font is invalid"))
+}
+
+/// A named line of points.
+struct Series {
+    label: String,
+    points: Vec<(f64, f64)>,
+    dashed: bool,
+}
+
+fn draw(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    log_y: bool,
+) -> anyhow::Result<()> {
+    register_font()?;
+    let points = series.iter().flat_map(|s| s.points.iter());
+    let (x_min, x_max) = points
+        .clone()
+        .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (y_min, y_max) = points.fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    if x_min > x_max {
+        return Ok(());
+    }
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .caption(title, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(70);
+    let x_range = (x_min.max(1e-9) * 0.8..x_max * 1.25).log_scale();
+    let result = if log_y {
+        let mut chart = builder
+            .build_cartesian_2d(x_range, (y_min.max(1e-9) * 0.8..y_max * 1.25).log_scale())
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        draw_series(&mut chart, series)
+    } else {
+        let mut chart = builder
+            .build_cartesian_2d(x_range, 0.0..y_max * 1.1)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        draw_series(&mut chart, series)
+    };
+    result?;
+    root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+fn draw_series<'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    series: &[Series],
+) -> anyhow::Result<()>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    for (i, s) in series.iter().enumerate() {
+        let color = COLORS[(i / 2) % COLORS.len()];
+        let style = ShapeStyle {
+            color: color.to_rgba(),
+            filled: false,
+            stroke_width: if s.dashed { 1 } else { 3 },
+        };
+        chart
+            .draw_series(LineSeries::new(s.points.clone(), style))
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .label(s.label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// Throughput against payload size, gRPC (thick) and TCP (thin) for each mode and encoding.
+///
+/// # Errors
+/// When the file cannot be written.
+pub fn bandwidth_chart(rows: &[ResultRow], path: &Path) -> anyhow::Result<()> {
+    let mut keys: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| (r.mode.clone().unwrap_or_default(), r.encoding.clone()))
+        .collect();
+    keys.dedup();
+    let mut series = Vec::new();
+    for (mode, encoding) in keys {
+        let selected: Vec<&ResultRow> = rows
+            .iter()
+            .filter(|r| r.mode.as_deref() == Some(mode.as_str()) && r.encoding == encoding)
+            .collect();
+        let line = |rate: fn(&ResultRow) -> Option<f64>| {
+            selected
+                .iter()
+                .filter_map(|r| rate(r).map(|v| (r.size_bytes as f64, v / 1e9)))
+                .collect()
+        };
+        series.push(Series {
+            label: format!("gRPC {mode} {encoding}"),
+            points: line(|r| r.throughput_bytes_per_sec),
+            dashed: false,
+        });
+        series.push(Series {
+            label: format!("TCP ({mode})"),
+            points: line(|r| r.tcp_throughput_bytes_per_sec),
+            dashed: true,
+        });
+    }
+    draw(
+        path,
+        "One-way throughput: gRPC vs raw TCP",
+        "payload bytes",
+        "GB/s",
+        &series,
+        false,
+    )
+}
+
+/// Latency CDFs: share of round trips at or below each latency, gRPC and TCP.
+///
+/// # Errors
+/// When the file cannot be written.
+pub fn latency_cdf(
+    curves: &[(String, Histogram<u64>, Histogram<u64>)],
+    path: &Path,
+) -> anyhow::Result<()> {
+    let cdf = |h: &Histogram<u64>| -> Vec<(f64, f64)> {
+        h.iter_quantiles(4)
+            .map(|v| {
+                (
+                    v.value_iterated_to().max(1) as f64,
+                    v.quantile_iterated_to(),
+                )
+            })
+            .collect()
+    };
+    let series: Vec<Series> = curves
+        .iter()
+        .flat_map(|(label, grpc, tcp)| {
+            [
+                Series {
+                    label: format!("gRPC {label}"),
+                    points: cdf(grpc),
+                    dashed: false,
+                },
+                Series {
+                    label: format!("TCP {label}"),
+                    points: cdf(tcp),
+                    dashed: true,
+                },
+            ]
+        })
+        .collect();
+    draw(
+        path,
+        "Round-trip latency CDF: gRPC vs raw TCP",
+        "microseconds",
+        "fraction of round trips",
+        &series,
+        false,
+    )
+}

@@ -1,0 +1,273 @@
+//! `ps-throughput`: M real `ps-server` processes and N simulated workers pushing and
+//! pulling the tensors of a model under BSP, as a training job would, reporting
+//! aggregate bytes/s, RPCs/s and each server's load, next to raw TCP measured on
+//! the same machine in the same run.
+
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::Bytes;
+use futures::future::try_join_all;
+use ps_cluster::processes::ServerProcess;
+use ps_proto::codec::{DType, encode_f32};
+use ps_proto::transport::http_uri;
+use ps_proto::v1;
+use ps_proto::v1::parameter_server_client::ParameterServerClient;
+use ps_worker::placement::ParamInfo;
+use ps_worker::{ClientConfig, PsClient};
+use tokio::net::TcpListener;
+
+use crate::report::ResultRow;
+use crate::size::{format_size, parse_sizes};
+use crate::tcp::TcpPeer;
+use crate::tuning::Tuning;
+
+/// The tensors the workers move: a fixture or a list of sizes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelTensors {
+    /// Name for reports.
+    pub name: String,
+    /// Parameters.
+    pub params: Vec<ParamInfo>,
+}
+
+impl FromStr for ModelTensors {
+    type Err = String;
+
+    /// `resnet50`, `bert-base`, or `sizes:1MiB,4MiB` (f32 tensors of those sizes).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let params: Vec<ParamInfo> = if let Some(sizes) = s.strip_prefix("sizes:") {
+            parse_sizes(sizes)?
+                .into_iter()
+                .enumerate()
+                .map(|(i, bytes)| ParamInfo {
+                    name: format!("t{i}"),
+                    shape: vec![(bytes / 4).max(1)],
+                    dtype: DType::F32,
+                })
+                .collect()
+        } else {
+            ps_proto::fixtures::by_name(s)
+                .ok_or_else(|| {
+                    format!("unknown model `{s}`; use resnet50, bert-base or sizes:1MiB,4MiB")
+                })?
+                .into_iter()
+                .map(|(name, shape)| ParamInfo {
+                    name,
+                    shape,
+                    dtype: DType::F32,
+                })
+                .collect()
+        };
+        Ok(Self {
+            name: s.to_string(),
+            params,
+        })
+    }
+}
+
+impl ModelTensors {
+    fn bytes(&self) -> usize {
+        self.params.iter().map(|p| p.len() * p.dtype.size()).sum()
+    }
+}
+
+/// The shape of the run.
+#[derive(Debug, Clone)]
+pub struct ThroughputPlan {
+    /// Parameter-server processes.
+    pub servers: usize,
+    /// Simulated workers.
+    pub workers: u32,
+    /// What they move.
+    pub model: ModelTensors,
+    /// Measured steps.
+    pub steps: u64,
+    /// Unmeasured steps first.
+    pub warmup_steps: u64,
+}
+
+struct Worker {
+    client: PsClient,
+    rank: u32,
+    grads: Vec<(String, Bytes)>,
+}
+
+impl Worker {
+    async fn new(
+        addrs: Vec<String>,
+        rank: u32,
+        model: &ModelTensors,
+        tuning: &Tuning,
+    ) -> anyhow::Result<Self> {
+        let mut config = ClientConfig::new(addrs);
+        config.transport.stream_window_bytes = tuning.stream_window as u32;
+        config.transport.connection_window_bytes = tuning.connection_window as u32;
+        config.transport.max_frame_bytes = tuning.max_frame as u32;
+        config.transport.adaptive_window = tuning.adaptive_window;
+        config.chunk_bytes = tuning
+            .chunk
+            .min(config.transport.max_message_bytes - (64 << 10));
+        let mut client = PsClient::connect(config).await?;
+        client.place(&model.params);
+        let zeros: Vec<(String, Bytes)> = model
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), Bytes::from(vec![0u8; p.len() * 4])))
+            .collect();
+        client.register(&zeros, &ps_worker::sgd(1e-6)).await?;
+        let grads = model
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), encode_f32(DType::F32, &vec![1e-3; p.len()])))
+            .collect();
+        Ok(Self {
+            client,
+            rank,
+            grads,
+        })
+    }
+
+    async fn step(&self, step: u64) -> anyhow::Result<()> {
+        self.client.push(self.rank, step, &self.grads).await?;
+        self.client.pull(step + 1).await?;
+        Ok(())
+    }
+}
+
+async fn run_steps(workers: &[Worker], steps: std::ops::Range<u64>) -> anyhow::Result<()> {
+    for step in steps {
+        try_join_all(workers.iter().map(|w| w.step(step))).await?;
+    }
+    Ok(())
+}
+
+/// RPCs one worker makes per step: a push and a pull to every server holding a part.
+fn rpcs_per_worker_step(client: &PsClient) -> usize {
+    let mut servers: Vec<usize> = client
+        .placement()
+        .params()
+        .flat_map(|p| p.parts.iter().map(|part| part.server))
+        .collect();
+    servers.sort_unstable();
+    servers.dedup();
+    servers.len() * 2
+}
+
+async fn server_loads(addrs: &[String]) -> anyhow::Result<serde_json::Value> {
+    let mut loads = Vec::new();
+    for addr in addrs {
+        let mut client = ParameterServerClient::connect(http_uri(addr)).await?;
+        let stats = client.stats(v1::StatsRequest {}).await?.into_inner();
+        loads.push(serde_json::json!({
+            "addr": addr, "keys": stats.keys, "bytes_held": stats.bytes, "pushes": stats.pushes, "pulls": stats.pulls,
+        }));
+    }
+    Ok(serde_json::Value::Array(loads))
+}
+
+/// Raw TCP one-way throughput on this machine with 4 MiB messages, for one second.
+async fn tcp_baseline() -> anyhow::Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let server = tokio::spawn(crate::tcp::serve(listener));
+    let mut peer = TcpPeer::connect(&addr).await?;
+    let data = vec![0x5au8; 4 << 20];
+    let (start, mut bytes) = (Instant::now(), 0u64);
+    while start.elapsed() < Duration::from_secs(1) {
+        bytes += peer.sink(&data).await?;
+    }
+    server.abort();
+    Ok(bytes as f64 / start.elapsed().as_secs_f64())
+}
+
+fn server_args(plan: &ThroughputPlan, tuning: &Tuning) -> Vec<String> {
+    vec![
+        "--workers".into(),
+        plan.workers.to_string(),
+        format!("--stream-window-bytes={}", tuning.stream_window),
+        format!("--connection-window-bytes={}", tuning.connection_window),
+        format!("--max-frame-bytes={}", tuning.max_frame),
+        format!("--max-tensor-bytes={}", plan.model.bytes().max(1 << 20)),
+    ]
+}
+
+/// Runs the plan and reports one row.
+///
+/// # Errors
+/// When a server cannot be started or a worker fails.
+pub async fn run(plan: &ThroughputPlan, tuning: &Tuning) -> anyhow::Result<ResultRow> {
+    let args = server_args(plan, tuning);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut servers = Vec::new();
+    for _ in 0..plan.servers {
+        servers.push(ServerProcess::start(&args).await);
+    }
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let workers = try_join_all(
+        (0..plan.workers).map(|rank| Worker::new(addrs.clone(), rank, &plan.model, tuning)),
+    )
+    .await
+    .context("setting up workers")?;
+    run_steps(&workers, 0..plan.warmup_steps)
+        .await
+        .context("warm-up steps")?;
+    let start = Instant::now();
+    run_steps(&workers, plan.warmup_steps..plan.warmup_steps + plan.steps)
+        .await
+        .context("measured steps")?;
+    let seconds = start.elapsed().as_secs_f64();
+    let loads = server_loads(&addrs).await?;
+    let tcp = tcp_baseline().await?;
+    for server in servers {
+        server.stop().await;
+    }
+    let model_bytes = plan.model.bytes();
+    let moved = 2.0 * model_bytes as f64 * plan.steps as f64 * plan.workers as f64;
+    let rpcs =
+        (rpcs_per_worker_step(&workers[0].client) as u64 * plan.steps * plan.workers as u64) as f64;
+    let throughput = moved / seconds.max(1e-9);
+    Ok(ResultRow {
+        bench: "ps-throughput".into(),
+        mode: Some("bsp".into()),
+        encoding: "bytes".into(),
+        payload: format!(
+            "{} ({}) {}x{}",
+            plan.model.name,
+            format_size(model_bytes),
+            plan.servers,
+            plan.workers
+        ),
+        size_bytes: model_bytes as u64,
+        messages: plan.steps,
+        throughput_bytes_per_sec: Some(throughput),
+        tcp_throughput_bytes_per_sec: Some(tcp),
+        ratio_vs_tcp: Some(throughput / tcp.max(1e-9)),
+        rpcs_per_sec: Some(rpcs / seconds.max(1e-9)),
+        reps: 1,
+        servers: Some(loads),
+        ..ResultRow::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_parse() {
+        assert_eq!(
+            "resnet50".parse::<ModelTensors>().unwrap().params.len(),
+            161
+        );
+        let sizes: ModelTensors = "sizes:4KiB,1MiB".parse().unwrap();
+        assert_eq!(sizes.bytes(), 4096 + (1 << 20));
+        assert!(
+            "vgg"
+                .parse::<ModelTensors>()
+                .unwrap_err()
+                .contains("resnet50")
+        );
+    }
+}

@@ -1,0 +1,74 @@
+//! [`Tuning`]: the transport knobs every subcommand takes (HTTP/2 windows, frame
+//! size, adaptive window, chunk size, connections per peer), with the defaults that
+//! measured best on 2-core machines (see docs/benchmarks.md).
+
+use clap::Args;
+use ps_proto::transport::TransportConfig;
+
+use crate::size::parse_size;
+
+/// Largest message the benchmark peers accept: room for 256 MiB payloads.
+pub const BENCH_MAX_MESSAGE_BYTES: usize = 300 << 20;
+
+/// Transport knobs.
+#[derive(Debug, Clone, Args)]
+pub struct Tuning {
+    /// HTTP/2 initial stream window.
+    #[arg(long, value_parser = parse_size, default_value = "64MiB")]
+    pub stream_window: usize,
+    /// HTTP/2 initial connection window.
+    #[arg(long, value_parser = parse_size, default_value = "64MiB")]
+    pub connection_window: usize,
+    /// HTTP/2 maximum frame size (16KiB to 16MiB-1).
+    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
+    pub max_frame: usize,
+    /// Let HTTP/2 size its windows adaptively (overrides the windows).
+    #[arg(long)]
+    pub adaptive_window: bool,
+    /// Bytes per message when streaming a payload in chunks.
+    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
+    pub chunk: usize,
+    /// Connections (HTTP/2 or TCP) per peer, each with one request in flight.
+    #[arg(long, default_value_t = 1)]
+    pub connections: usize,
+}
+
+impl Tuning {
+    /// The transport settings these knobs describe.
+    ///
+    /// # Errors
+    /// A message naming an out-of-range knob.
+    pub fn transport(&self) -> Result<TransportConfig, String> {
+        let to_u32 = |name: &str, v: usize| {
+            u32::try_from(v).map_err(|_| format!("--{name} {v} is too large"))
+        };
+        let config = TransportConfig {
+            max_message_bytes: BENCH_MAX_MESSAGE_BYTES,
+            stream_window_bytes: to_u32("stream-window", self.stream_window)?,
+            connection_window_bytes: to_u32("connection-window", self.connection_window)?,
+            max_frame_bytes: to_u32("max-frame", self.max_frame)?,
+            adaptive_window: self.adaptive_window,
+            ..TransportConfig::default()
+        };
+        config.validate()?;
+        if self.connections == 0 || self.chunk == 0 {
+            return Err("--connections and --chunk must be at least 1".into());
+        }
+        Ok(config)
+    }
+
+    /// The same knobs as command-line flags, for a spawned server.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut args = vec![
+            format!("--stream-window={}", self.stream_window),
+            format!("--connection-window={}", self.connection_window),
+            format!("--max-frame={}", self.max_frame),
+            format!("--chunk={}", self.chunk),
+            format!("--connections={}", self.connections),
+        ];
+        if self.adaptive_window {
+            args.push("--adaptive-window".into());
+        }
+        args
+    }
+}
