@@ -4,13 +4,10 @@
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
-use ps_proto::v1::bench_client::BenchClient;
-use tonic::transport::Channel;
 
 use crate::payload::{Encoding, build, payload_bytes};
 use crate::peer::Peer;
 use crate::report::ResultRow;
-use crate::tcp::TcpPeer;
 
 /// How many round trips to measure.
 #[derive(Debug, Clone, Copy)]
@@ -41,33 +38,15 @@ fn micros(start: Instant) -> u64 {
     (start.elapsed().as_nanos() / 1000).max(1) as u64
 }
 
-async fn grpc_round_trips(
-    client: &mut BenchClient<Channel>,
-    payload: &ps_proto::v1::BenchPayload,
+/// Runs `round_trip` `n` times, recording each one's microseconds in `record`.
+async fn timed(
     n: u64,
-    record: Option<&mut Histogram<u64>>,
+    mut record: Option<&mut Histogram<u64>>,
+    mut round_trip: impl AsyncFnMut() -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
-    let mut record = record;
     for _ in 0..n {
         let start = Instant::now();
-        client.echo(payload.clone()).await?;
-        if let Some(h) = record.as_deref_mut() {
-            h.saturating_record(micros(start));
-        }
-    }
-    Ok(())
-}
-
-async fn tcp_round_trips(
-    peer: &mut TcpPeer,
-    data: &[u8],
-    n: u64,
-    record: Option<&mut Histogram<u64>>,
-) -> anyhow::Result<()> {
-    let mut record = record;
-    for _ in 0..n {
-        let start = Instant::now();
-        peer.echo(data).await?;
+        round_trip().await?;
         if let Some(h) = record.as_deref_mut() {
             h.saturating_record(micros(start));
         }
@@ -90,14 +69,25 @@ pub async fn measure(
     let payload = build(sizes, encoding);
     let bytes = payload_bytes(&payload);
     let raw = vec![0x5au8; bytes];
-    let mut client = peer.clients().remove(0);
+    let client = peer.clients().remove(0);
     let mut tcp = peer.tcp_peers().await?.remove(0);
     let (mut grpc_hist, mut tcp_hist) = (histogram(), histogram());
     for _ in 0..plan.reps {
-        grpc_round_trips(&mut client, &payload, plan.warmup, None).await?;
-        grpc_round_trips(&mut client, &payload, plan.count, Some(&mut grpc_hist)).await?;
-        tcp_round_trips(&mut tcp, &raw, plan.warmup, None).await?;
-        tcp_round_trips(&mut tcp, &raw, plan.count, Some(&mut tcp_hist)).await?;
+        let grpc_echo = async || {
+            client
+                .clone()
+                .echo(payload.clone())
+                .await
+                .map(drop)
+                .map_err(anyhow::Error::from)
+        };
+        timed(plan.warmup, None, grpc_echo).await?;
+        timed(plan.count, Some(&mut grpc_hist), grpc_echo).await?;
+        timed(plan.warmup, None, async || Ok(tcp.echo(&raw).await?)).await?;
+        timed(plan.count, Some(&mut tcp_hist), async || {
+            Ok(tcp.echo(&raw).await?)
+        })
+        .await?;
     }
     let q = |h: &Histogram<u64>, q: f64| Some(h.value_at_quantile(q) as f64);
     let row = ResultRow {

@@ -38,14 +38,13 @@ fn draw(
     x_label: &str,
     y_label: &str,
     series: &[Series],
-    log_y: bool,
 ) -> anyhow::Result<()> {
     register_font()?;
     let points = series.iter().flat_map(|s| s.points.iter());
     let (x_min, x_max) = points
         .clone()
         .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let (y_min, y_max) = points.fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let y_max = points.fold(f64::MIN, |b, p| b.max(p.1));
     if x_min > x_max {
         return Ok(());
     }
@@ -58,30 +57,16 @@ fn draw(
         .x_label_area_size(44)
         .y_label_area_size(70);
     let x_range = (x_min.max(1e-9) * 0.8..x_max * 1.25).log_scale();
-    let result = if log_y {
-        let mut chart = builder
-            .build_cartesian_2d(x_range, (y_min.max(1e-9) * 0.8..y_max * 1.25).log_scale())
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        chart
-            .configure_mesh()
-            .x_desc(x_label)
-            .y_desc(y_label)
-            .draw()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        draw_series(&mut chart, series)
-    } else {
-        let mut chart = builder
-            .build_cartesian_2d(x_range, 0.0..y_max * 1.1)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        chart
-            .configure_mesh()
-            .x_desc(x_label)
-            .y_desc(y_label)
-            .draw()
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        draw_series(&mut chart, series)
-    };
-    result?;
+    let mut chart = builder
+        .build_cartesian_2d(x_range, 0.0..y_max.max(1e-9) * 1.1)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    draw_series(&mut chart, series)?;
     root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }
@@ -155,7 +140,6 @@ pub fn bandwidth_chart(rows: &[ResultRow], path: &Path) -> anyhow::Result<()> {
         "payload bytes",
         "GB/s",
         &series,
-        false,
     )
 }
 
@@ -200,6 +184,5 @@ pub fn latency_cdf(
         "microseconds",
         "fraction of round trips",
         &series,
-        false,
     )
 }

@@ -88,3 +88,38 @@ async fn ps_local_trains_on_the_real_fashion_mnist_files() {
         "one epoch of an MLP reaches about 0.8: {summary}"
     );
 }
+
+#[tokio::test]
+async fn ps_throughput_runs_against_real_servers_and_reports_their_load() {
+    binary("ps-server");
+    let args = [
+        "ps-throughput",
+        "--servers",
+        "2",
+        "--workers",
+        "2",
+        "--model",
+        "sizes:3MiB,1MiB,256KiB,8KiB",
+        "--steps",
+        "3",
+        "--json",
+    ];
+    let bench = run(binary("ps-microbench"), &args, LIMIT).await;
+    assert!(bench.success, "ps-microbench failed:\n{}", bench.stderr);
+    let row = bench.json();
+    assert_eq!(row["bench"], "ps-throughput");
+    assert!(
+        row["throughput_bytes_per_sec"].as_f64().unwrap() > 0.0
+            && row["rpcs_per_sec"].as_f64().unwrap() > 0.0,
+        "{row}"
+    );
+    assert!(row["ratio_vs_tcp"].as_f64().unwrap() > 0.0, "{row}");
+    let servers = row["servers"].as_array().expect("per-server load");
+    assert_eq!(servers.len(), 2);
+    for server in servers {
+        assert!(
+            server["keys"].as_u64().unwrap() > 0 && server["pushes"].as_u64().unwrap() > 0,
+            "every server carries load: {server}"
+        );
+    }
+}

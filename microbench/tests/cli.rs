@@ -1,0 +1,207 @@
+//! `ps-microbench` as a user runs it: JSON lines with every documented field, CSV and
+//! SVG output, and a remote `--target` started with `serve`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+fn microbench(args: &[&str]) -> Vec<serde_json::Value> {
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-microbench"))
+        .args(args)
+        .output()
+        .expect("run ps-microbench");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "ps-microbench {args:?} failed:\n{stderr}"
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?} is not JSON: {e}"))
+        })
+        .collect()
+}
+
+const FIELDS: [&str; 9] = [
+    "bench",
+    "encoding",
+    "size_bytes",
+    "throughput_bytes_per_sec",
+    "tcp_throughput_bytes_per_sec",
+    "ratio_vs_tcp",
+    "p50_us",
+    "p99_us",
+    "tcp_p50_us",
+];
+
+#[test]
+fn bandwidth_json_has_grpc_and_tcp_for_every_size_and_mode() {
+    let rows = microbench(&[
+        "bandwidth",
+        "--sizes",
+        "4KiB,1MiB",
+        "--json",
+        "--seconds",
+        "0.2",
+        "--warmup-seconds",
+        "0.05",
+        "--reps",
+        "1",
+    ]);
+    assert_eq!(rows.len(), 4, "2 sizes x unary and stream");
+    for row in &rows {
+        for field in FIELDS {
+            assert!(row.get(field).is_some(), "{field} missing from {row}");
+        }
+        assert_eq!(row["bench"], "bandwidth");
+        assert!(
+            row["throughput_bytes_per_sec"].as_f64().unwrap() > 0.0,
+            "{row}"
+        );
+        assert!(
+            row["tcp_throughput_bytes_per_sec"].as_f64().unwrap() > 0.0,
+            "{row}"
+        );
+        assert!(row["ratio_vs_tcp"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(
+            row["p50_us"].is_null(),
+            "latency fields do not apply: {row}"
+        );
+    }
+    let sizes: Vec<u64> = rows
+        .iter()
+        .map(|r| r["size_bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, vec![4096, 1 << 20, 4096, 1 << 20]);
+}
+
+#[test]
+fn latency_json_has_percentiles_next_to_tcp() {
+    let rows = microbench(&[
+        "latency", "--sizes", "64B", "--json", "--count", "300", "--warmup", "30", "--reps", "1",
+    ]);
+    assert_eq!(rows.len(), 1);
+    let row = &rows[0];
+    for field in FIELDS {
+        assert!(row.get(field).is_some(), "{field} missing from {row}");
+    }
+    let (p50, p99, max) = (
+        row["p50_us"].as_f64().unwrap(),
+        row["p99_us"].as_f64().unwrap(),
+        row["max_us"].as_f64().unwrap(),
+    );
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{row}");
+    assert!(row["tcp_p50_us"].as_f64().unwrap() > 0.0);
+    assert_eq!(row["messages"].as_u64(), Some(300));
+}
+
+#[test]
+fn schemes_and_encodings_write_csv_and_charts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let args = [
+        "bandwidth",
+        "--scheme",
+        "skew",
+        "--encoding",
+        "bytes,floats",
+        "--mode",
+        "unary",
+        "--seconds",
+        "0.1",
+        "--warmup-seconds",
+        "0.02",
+        "--reps",
+        "1",
+        "--out",
+        out,
+    ];
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-microbench"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        table.contains("skew x10") && table.contains("floats") && table.contains("vs tcp"),
+        "{table}"
+    );
+    let csv = std::fs::read_to_string(dir.path().join("bandwidth.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3, "header and two rows:\n{csv}");
+    let svg = std::fs::read_to_string(dir.path().join("bandwidth.svg")).unwrap();
+    assert!(
+        svg.contains("<svg") && svg.contains("TCP"),
+        "the chart names its series"
+    );
+
+    let args = [
+        "latency", "--sizes", "64B,1KiB", "--count", "50", "--warmup", "5", "--reps", "1", "--out",
+        out,
+    ];
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-microbench"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        std::fs::read_to_string(dir.path().join("latency_cdf.svg"))
+            .unwrap()
+            .contains("<svg")
+    );
+}
+
+#[test]
+fn a_remote_target_started_with_serve_is_measured() {
+    let mut server = Command::new(env!("CARGO_BIN_EXE_ps-microbench"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--tcp-listen",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("grpc="))
+        .expect("serve names its address")
+        .to_string();
+    let rows = microbench(&[
+        "latency", "--target", &addr, "--sizes", "64B", "--json", "--count", "50", "--warmup", "5",
+        "--reps", "1",
+    ]);
+    assert_eq!(rows.len(), 1);
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
+
+#[test]
+fn bad_sizes_and_schemes_are_explained() {
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-microbench"))
+        .args(["bandwidth", "--sizes", "12XB"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown unit"));
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-microbench"))
+        .args(["latency", "--scheme", "zipf"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("uniform"));
+}
