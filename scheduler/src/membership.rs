@@ -1,0 +1,548 @@
+//! [`Membership`]: who is in the cluster, who is alive, and the shard map that
+//! follows from it. Plain state driven by calls that carry the current time, so
+//! tests drive it with a fake clock; the gRPC layer is a thin shell around it.
+//!
+//! - Servers and workers register and then heartbeat; a node silent for longer
+//!   than the heartbeat timeout is declared dead by [`Membership::tick`].
+//! - Once the parameters are declared and enough servers have registered, the
+//!   scheduler publishes a versioned [`ShardMap`]; every change of live servers or
+//!   workers publishes a new version.
+//! - The map names the live workers: under BSP, servers wait for those only, so a
+//!   dead worker never stalls the others for longer than the heartbeat timeout.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use crate::placement::{Assignment, Param, plan};
+
+/// Why a membership call was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipError {
+    /// Every worker rank is taken by a live worker.
+    #[error(
+        "all {workers} worker ranks are taken by live workers; start the scheduler with --workers N for more"
+    )]
+    GroupFull {
+        /// Group size.
+        workers: u32,
+    },
+    /// A heartbeat from a node the scheduler does not know (or declared dead).
+    #[error("{node} is not a live member (declared dead or never registered); register again")]
+    UnknownNode {
+        /// The node.
+        node: String,
+    },
+    /// The parameters were already declared differently.
+    #[error(
+        "the parameters were already declared differently ({existing} tensors, {existing_bytes} bytes; now {now} tensors, {now_bytes} bytes); all workers must train the same model"
+    )]
+    ParamsConflict {
+        /// Tensors declared first.
+        existing: usize,
+        /// Bytes declared first.
+        existing_bytes: usize,
+        /// Tensors declared now.
+        now: usize,
+        /// Bytes declared now.
+        now_bytes: usize,
+    },
+}
+
+/// A node of the cluster, for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Node {
+    /// A parameter server, by id.
+    Server(u32),
+    /// A worker, by rank.
+    Worker(u32),
+}
+
+impl std::fmt::Display for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Node::Server(id) => write!(f, "server {id}"),
+            Node::Worker(rank) => write!(f, "worker {rank}"),
+        }
+    }
+}
+
+/// What [`Membership::tick`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A node missed its heartbeats.
+    Dead {
+        /// The node.
+        node: Node,
+        /// Its address or client id.
+        name: String,
+        /// How long it had been silent.
+        silent: Duration,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    name: String,
+    last_seen: Instant,
+    alive: bool,
+    last_step: u64,
+}
+
+/// A published placement: servers, parts, live workers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardMap {
+    /// Increases with every change.
+    pub version: u64,
+    /// Live servers as `(id, address)`; assignments index into this list.
+    pub servers: Vec<(u32, String)>,
+    /// The parameters placed.
+    pub params: Vec<Param>,
+    /// Where every part lives.
+    pub assignments: Vec<Assignment>,
+    /// Ranks of the live workers.
+    pub workers: Vec<u32>,
+    /// Size of the worker group.
+    pub group_size: u32,
+}
+
+/// The scheduler's view of the cluster.
+#[derive(Debug)]
+pub struct Membership {
+    heartbeat_timeout: Duration,
+    group_size: u32,
+    min_servers: usize,
+    servers: BTreeMap<u32, Member>,
+    workers: BTreeMap<u32, Member>,
+    params: Option<Vec<Param>>,
+    map: Option<ShardMap>,
+    version: u64,
+}
+
+impl Membership {
+    /// An empty cluster expecting `group_size` workers and at least `min_servers`
+    /// servers before it publishes a map.
+    pub fn new(heartbeat_timeout: Duration, group_size: u32, min_servers: usize) -> Self {
+        Self {
+            heartbeat_timeout,
+            group_size,
+            min_servers: min_servers.max(1),
+            servers: BTreeMap::new(),
+            workers: BTreeMap::new(),
+            params: None,
+            map: None,
+            version: 0,
+        }
+    }
+
+    /// Registers a server at `addr` (again, after a restart: same id).
+    pub fn register_server(&mut self, addr: &str, now: Instant) -> u32 {
+        let existing = self
+            .servers
+            .iter()
+            .find(|(_, m)| m.name == addr)
+            .map(|(&id, _)| id);
+        let id = existing.unwrap_or(self.servers.len() as u32);
+        self.servers.insert(
+            id,
+            Member {
+                name: addr.into(),
+                last_seen: now,
+                alive: true,
+                last_step: 0,
+            },
+        );
+        self.republish();
+        id
+    }
+
+    /// Gives `client_id` a rank: its old one, else the lowest rank that is free or
+    /// whose worker died.
+    ///
+    /// # Errors
+    /// [`MembershipError::GroupFull`] when every rank has a live worker.
+    pub fn register_worker(
+        &mut self,
+        client_id: &str,
+        now: Instant,
+    ) -> Result<u32, MembershipError> {
+        let own = self
+            .workers
+            .iter()
+            .find(|(_, m)| m.name == client_id)
+            .map(|(&r, _)| r);
+        let free = (0..self.group_size).find(|r| self.workers.get(r).is_none_or(|m| !m.alive));
+        let rank = own.or(free).ok_or(MembershipError::GroupFull {
+            workers: self.group_size,
+        })?;
+        self.workers.insert(
+            rank,
+            Member {
+                name: client_id.into(),
+                last_seen: now,
+                alive: true,
+                last_step: 0,
+            },
+        );
+        self.republish();
+        Ok(rank)
+    }
+
+    /// Records a heartbeat (with a worker's current step); returns the map version.
+    ///
+    /// # Errors
+    /// [`MembershipError::UnknownNode`] for a node not alive here.
+    pub fn heartbeat(
+        &mut self,
+        node: Node,
+        step: u64,
+        now: Instant,
+    ) -> Result<u64, MembershipError> {
+        let members = match node {
+            Node::Server(id) => self.servers.get_mut(&id),
+            Node::Worker(rank) => self.workers.get_mut(&rank),
+        };
+        match members.filter(|m| m.alive) {
+            Some(member) => {
+                member.last_seen = now;
+                member.last_step = step;
+                Ok(self.version)
+            }
+            None => Err(MembershipError::UnknownNode {
+                node: node.to_string(),
+            }),
+        }
+    }
+
+    /// A node leaves on purpose (clean shutdown).
+    pub fn leave(&mut self, node: Node) {
+        let member = match node {
+            Node::Server(id) => self.servers.get_mut(&id),
+            Node::Worker(rank) => self.workers.get_mut(&rank),
+        };
+        if let Some(member) = member.filter(|m| m.alive) {
+            member.alive = false;
+            self.republish();
+        }
+    }
+
+    /// Declares the model's parameters (the first declaration wins; a different one
+    /// is refused).
+    ///
+    /// # Errors
+    /// [`MembershipError::ParamsConflict`].
+    pub fn declare_params(&mut self, params: Vec<Param>) -> Result<(), MembershipError> {
+        match &self.params {
+            Some(existing) if *existing != params => {
+                let bytes = |p: &[Param]| p.iter().map(|p| p.elements * p.elem_size).sum();
+                Err(MembershipError::ParamsConflict {
+                    existing: existing.len(),
+                    existing_bytes: bytes(existing),
+                    now: params.len(),
+                    now_bytes: bytes(&params),
+                })
+            }
+            Some(_) => Ok(()),
+            None => {
+                self.params = Some(params);
+                self.republish();
+                Ok(())
+            }
+        }
+    }
+
+    /// Declares dead every node silent for longer than the heartbeat timeout.
+    pub fn tick(&mut self, now: Instant) -> Vec<Event> {
+        let timeout = self.heartbeat_timeout;
+        let mut events = Vec::new();
+        let groups = [
+            (&mut self.servers, Node::Server as fn(u32) -> Node),
+            (&mut self.workers, Node::Worker as fn(u32) -> Node),
+        ];
+        for (members, node) in groups {
+            for (&id, member) in members.iter_mut().filter(|(_, m)| m.alive) {
+                let silent = now.saturating_duration_since(member.last_seen);
+                if silent > timeout {
+                    member.alive = false;
+                    events.push(Event::Dead {
+                        node: node(id),
+                        name: member.name.clone(),
+                        silent,
+                    });
+                }
+            }
+        }
+        if !events.is_empty() {
+            self.republish();
+        }
+        events
+    }
+
+    fn live(members: &BTreeMap<u32, Member>) -> impl Iterator<Item = (u32, &Member)> {
+        members
+            .iter()
+            .filter(|(_, m)| m.alive)
+            .map(|(&id, m)| (id, m))
+    }
+
+    /// Recomputes the map after any change; publishes a new version when it differs.
+    fn republish(&mut self) {
+        let servers: Vec<(u32, String)> = Self::live(&self.servers)
+            .map(|(id, m)| (id, m.name.clone()))
+            .collect();
+        let workers: Vec<u32> = Self::live(&self.workers).map(|(rank, _)| rank).collect();
+        // Enough servers gate the first map only; afterwards any live server will do.
+        let enough =
+            servers.len() >= self.min_servers || (self.map.is_some() && !servers.is_empty());
+        let Some(params) = self.params.clone().filter(|_| enough) else {
+            return;
+        };
+        let unchanged_servers = self.map.as_ref().is_some_and(|m| m.servers == servers);
+        let assignments = match (&self.map, unchanged_servers) {
+            (Some(map), true) => map.assignments.clone(),
+            _ => plan(&params, servers.len()),
+        };
+        let next = ShardMap {
+            version: self.version + 1,
+            servers,
+            params,
+            assignments,
+            workers,
+            group_size: self.group_size,
+        };
+        if self.map.as_ref().is_none_or(|m| {
+            ShardMap {
+                version: next.version,
+                ..m.clone()
+            } != next
+        }) {
+            self.version += 1;
+            self.map = Some(next);
+        }
+    }
+
+    /// The current map, once there is one.
+    pub fn map(&self) -> Option<&ShardMap> {
+        self.map.as_ref()
+    }
+
+    /// What the scheduler still waits for before it can publish a map, for messages.
+    pub fn missing(&self) -> String {
+        let live_servers = Self::live(&self.servers).count();
+        let mut missing = Vec::new();
+        if live_servers < self.min_servers {
+            missing.push(format!(
+                "{} of {} servers registered",
+                live_servers, self.min_servers
+            ));
+        }
+        if self.params.is_none() {
+            missing.push("no worker has declared the parameters yet".to_string());
+        }
+        missing.join("; ")
+    }
+
+    /// Live servers with their addresses.
+    pub fn live_servers(&self) -> Vec<(u32, String)> {
+        Self::live(&self.servers)
+            .map(|(id, m)| (id, m.name.clone()))
+            .collect()
+    }
+
+    /// Every worker as `(rank, alive, last step)`.
+    pub fn workers(&self) -> Vec<(u32, bool, u64)> {
+        self.workers
+            .iter()
+            .map(|(&r, m)| (r, m.alive, m.last_step))
+            .collect()
+    }
+
+    /// Every server as `(id, address, alive)`.
+    pub fn servers(&self) -> Vec<(u32, String, bool)> {
+        self.servers
+            .iter()
+            .map(|(&id, m)| (id, m.name.clone(), m.alive))
+            .collect()
+    }
+
+    /// The worker group size.
+    pub fn group_size(&self) -> u32 {
+        self.group_size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    fn params() -> Vec<Param> {
+        vec![
+            Param {
+                name: "w".into(),
+                elements: 1000,
+                elem_size: 4,
+            },
+            Param {
+                name: "b".into(),
+                elements: 10,
+                elem_size: 4,
+            },
+        ]
+    }
+
+    fn cluster(t0: Instant) -> Membership {
+        let mut m = Membership::new(TIMEOUT, 2, 2);
+        m.register_server("s0:1", t0);
+        m.register_server("s1:1", t0);
+        m
+    }
+
+    #[test]
+    fn no_map_until_params_and_servers_are_there() {
+        let t0 = Instant::now();
+        let mut m = Membership::new(TIMEOUT, 2, 2);
+        assert!(m.map().is_none());
+        m.register_server("s0:1", t0);
+        assert!(m.missing().contains("1 of 2 servers"), "{}", m.missing());
+        assert!(m.missing().contains("declared the parameters"));
+        m.declare_params(params()).unwrap();
+        assert!(m.map().is_none());
+        m.register_server("s1:1", t0);
+        let map = m.map().unwrap();
+        assert_eq!((map.version, map.servers.len()), (1, 2));
+        assert_eq!(m.missing(), "");
+    }
+
+    #[test]
+    fn ranks_are_stable_for_a_client_and_reused_after_death() {
+        let t0 = Instant::now();
+        let mut m = cluster(t0);
+        assert_eq!(m.register_worker("a", t0), Ok(0));
+        assert_eq!(m.register_worker("b", t0), Ok(1));
+        assert_eq!(m.register_worker("a", t0), Ok(0));
+        assert_eq!(
+            m.register_worker("c", t0),
+            Err(MembershipError::GroupFull { workers: 2 })
+        );
+        for node in [Node::Worker(0), Node::Server(0), Node::Server(1)] {
+            m.heartbeat(node, 3, t0 + TIMEOUT).unwrap();
+        }
+        let events = m.tick(t0 + TIMEOUT + Duration::from_millis(1));
+        assert!(
+            matches!(
+                &events[..],
+                [Event::Dead {
+                    node: Node::Worker(1),
+                    ..
+                }]
+            ),
+            "{events:?}"
+        );
+        assert_eq!(
+            m.register_worker("c", t0 + TIMEOUT * 2),
+            Ok(1),
+            "a dead worker's rank is free again"
+        );
+    }
+
+    #[test]
+    fn expiry_follows_the_clock_exactly() {
+        let t0 = Instant::now();
+        let mut m = cluster(t0);
+        m.declare_params(params()).unwrap();
+        m.register_worker("a", t0).unwrap();
+        // (time since start, heartbeat from worker 0?, expect worker dead after tick?)
+        let steps = [
+            (4, true, false),
+            (8, false, false),
+            (9, false, false),
+            (10, false, true),
+        ];
+        let mut dead = false;
+        for (secs, beat, expect_dead) in steps {
+            let now = t0 + Duration::from_secs(secs);
+            if beat {
+                m.heartbeat(Node::Worker(0), 0, now).unwrap();
+            }
+            m.heartbeat(Node::Server(0), 0, now).unwrap();
+            m.heartbeat(Node::Server(1), 0, now).unwrap();
+            dead |= m.tick(now).iter().any(|e| {
+                matches!(
+                    e,
+                    Event::Dead {
+                        node: Node::Worker(0),
+                        ..
+                    }
+                )
+            });
+            assert_eq!(dead, expect_dead, "at {secs}s");
+        }
+        assert_eq!(
+            m.heartbeat(Node::Worker(0), 0, t0),
+            Err(MembershipError::UnknownNode {
+                node: "worker 0".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_dead_worker_leaves_the_map_and_bumps_the_version() {
+        let t0 = Instant::now();
+        let mut m = cluster(t0);
+        m.declare_params(params()).unwrap();
+        m.register_worker("a", t0).unwrap();
+        m.register_worker("b", t0).unwrap();
+        let before = m.map().unwrap().clone();
+        assert_eq!(before.workers, vec![0, 1]);
+        let later = t0 + TIMEOUT + Duration::from_secs(1);
+        for node in [Node::Server(0), Node::Server(1), Node::Worker(0)] {
+            m.heartbeat(node, 0, later).unwrap();
+        }
+        m.tick(later);
+        let after = m.map().unwrap();
+        assert_eq!(after.workers, vec![0]);
+        assert!(after.version > before.version);
+        assert_eq!(
+            after.assignments, before.assignments,
+            "worker changes do not move keys"
+        );
+    }
+
+    #[test]
+    fn a_dead_server_moves_its_keys_to_the_live_ones() {
+        let t0 = Instant::now();
+        let mut m = cluster(t0);
+        m.declare_params(params()).unwrap();
+        let later = t0 + TIMEOUT + Duration::from_secs(1);
+        m.heartbeat(Node::Server(0), 0, later).unwrap();
+        let events = m.tick(later);
+        assert!(
+            matches!(&events[..], [Event::Dead { node: Node::Server(1), name, .. }] if name == "s1:1")
+        );
+        let map = m.map().unwrap();
+        assert_eq!(map.servers, vec![(0, "s0:1".to_string())]);
+        assert!(map.assignments.iter().all(|a| a.server == 0));
+    }
+
+    #[test]
+    fn params_conflicts_are_refused_and_identical_declarations_accepted() {
+        let t0 = Instant::now();
+        let mut m = cluster(t0);
+        m.declare_params(params()).unwrap();
+        m.declare_params(params()).unwrap();
+        let err = m.declare_params(vec![]).unwrap_err();
+        assert!(err.to_string().contains("same model"), "{err}");
+    }
+
+    #[test]
+    fn a_clean_leave_is_immediate() {
+        let t0 = Instant::now();
+        let mut m = cluster(t0);
+        m.declare_params(params()).unwrap();
+        m.register_worker("a", t0).unwrap();
+        m.register_worker("b", t0).unwrap();
+        m.leave(Node::Worker(1));
+        assert_eq!(m.map().unwrap().workers, vec![0]);
+    }
+}
