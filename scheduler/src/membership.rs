@@ -10,7 +10,7 @@
 //! - The map names the live workers: under BSP, servers wait for those only, so a
 //!   dead worker never stalls the others for longer than the heartbeat timeout.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::placement::{Assignment, Param, plan};
