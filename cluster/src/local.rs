@@ -5,10 +5,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ps_proto::consistency::Consistency;
+use ps_scheduler::SchedulerConfig;
 use ps_server::ServerConfig;
 use ps_worker::client::GroupInfo;
 use ps_worker::data::Dataset;
 use ps_worker::train::{TrainConfig, TrainSummary, train};
+use ps_worker::{ClientConfig, PsClient};
 use serde::Serialize;
 
 use crate::servers::LocalServers;
@@ -22,6 +24,39 @@ pub struct LocalSpec {
     pub workers: u32,
     /// Consistency model.
     pub consistency: Consistency,
+    /// Run a scheduler for membership and placement (otherwise workers plan alone).
+    pub scheduler: bool,
+}
+
+/// A scheduler running in this process on a loopback port.
+struct LocalScheduler {
+    addr: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), ps_scheduler::server::ServeError>>,
+}
+
+impl LocalScheduler {
+    async fn start(spec: &LocalSpec) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let config = SchedulerConfig {
+            workers: spec.workers,
+            min_servers: spec.servers,
+            consistency: spec.consistency,
+            ..SchedulerConfig::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(ps_scheduler::run(listener, config, async {
+            let _ = stopped.await;
+        }));
+        Ok(Self { addr, stop, task })
+    }
+
+    async fn shutdown(self) -> anyhow::Result<()> {
+        let _ = self.stop.send(());
+        self.task.await??;
+        Ok(())
+    }
 }
 
 /// What `ps-local` reports: the cluster's result and each worker's.
@@ -57,23 +92,43 @@ pub async fn run_local(
     config: &TrainConfig,
 ) -> anyhow::Result<LocalSummary> {
     let started = Instant::now();
+    let scheduler = match spec.scheduler {
+        true => Some(LocalScheduler::start(spec).await?),
+        false => None,
+    };
+    let scheduler_addr = scheduler.as_ref().map(|s| s.addr.clone());
     let server_config = ServerConfig {
         workers: spec.workers,
         consistency: spec.consistency,
         ..ServerConfig::default()
     };
-    let servers = LocalServers::start(spec.servers, server_config).await?;
-    tracing::info!(servers = ?servers.addrs(), workers = spec.workers, consistency = %spec.consistency, "local cluster up");
+    let servers =
+        LocalServers::start_following(spec.servers, server_config, scheduler_addr.as_deref())
+            .await?;
+    tracing::info!(scheduler = ?scheduler_addr, servers = ?servers.addrs(), workers = spec.workers, consistency = %spec.consistency, "local cluster up");
     let mut tasks = Vec::new();
     for rank in 0..spec.workers {
-        let client = servers.client().await?;
-        let group = GroupInfo {
-            rank,
-            workers: spec.workers,
-            consistency: spec.consistency,
+        let (client, group) = match &scheduler_addr {
+            Some(addr) => {
+                let mut client = PsClient::connect(ClientConfig {
+                    scheduler: Some(addr.clone()),
+                    ..ClientConfig::new(Vec::new())
+                })
+                .await?;
+                let group = client.join(&format!("ps-local-worker-{rank}")).await?;
+                (client, group)
+            }
+            None => (
+                servers.client().await?,
+                GroupInfo {
+                    rank,
+                    workers: spec.workers,
+                    consistency: spec.consistency,
+                },
+            ),
         };
         let config = TrainConfig {
-            progress: config.progress && rank == 0,
+            progress: config.progress && group.rank == 0,
             ..config.clone()
         };
         let data = Arc::clone(&data);
@@ -89,6 +144,9 @@ pub async fn run_local(
         per_worker.push(summary);
     }
     servers.shutdown().await?;
+    if let Some(scheduler) = scheduler {
+        scheduler.shutdown().await?;
+    }
     Ok(summarize(
         spec,
         &data.name,

@@ -1,4 +1,4 @@
-//! Real `ps-server` processes on free loopback ports, for end-to-end tests and
+//! Real `ps-server` and `ps-scheduler` processes on free loopback ports, for end-to-end tests and
 //! benchmarks that must measure separate processes.
 
 use std::path::PathBuf;
@@ -44,7 +44,21 @@ impl ServerProcess {
     /// # Panics
     /// When the server exits or stays silent for 30 seconds.
     pub async fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(binary("ps-server"))
+        Self::start_named("ps-server", args).await
+    }
+
+    /// Starts `ps-scheduler --listen 127.0.0.1:0 ARGS` the same way.
+    ///
+    /// # Panics
+    /// When the scheduler exits or stays silent for 30 seconds.
+    pub async fn start_scheduler(args: &[&str]) -> Self {
+        Self::start_named("ps-scheduler", args).await
+    }
+
+    /// Starts the workspace binary `name` (`ps-server` or `ps-scheduler`) on a free
+    /// loopback port and reads its log until it says `<name> listening addr=...`.
+    async fn start_named(name: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(binary(name))
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "info")
@@ -52,25 +66,27 @@ impl ServerProcess {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .expect("spawn ps-server");
+            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
         let mut lines = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
+        let ready = format!("{name} listening");
         let addr = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await.expect("read ps-server log") {
-                if let Some(rest) = line
-                    .split("addr=")
-                    .nth(1)
-                    .filter(|_| line.contains("ps-server listening"))
-                {
+            while let Some(line) = lines.next_line().await.expect("read the log") {
+                if let Some(rest) = line.split("addr=").nth(1).filter(|_| line.contains(&ready)) {
                     return rest.split_whitespace().next().map(str::to_string);
                 }
             }
             None
         })
         .await
-        .expect("ps-server did not report its address within 30s")
-        .expect("ps-server exited before listening");
+        .unwrap_or_else(|_| panic!("{name} did not report its address within 30s"))
+        .unwrap_or_else(|| panic!("{name} exited before listening"));
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Self { addr, child }
+    }
+
+    /// Kills the process at once (SIGKILL), as a crash would.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
     }
 
     /// Sends SIGTERM and waits for a clean exit.

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 
 use ps_server::ServerConfig;
+use ps_server::follower::SchedulerLink;
 use ps_server::server::ServeError;
 use ps_worker::client::ClientError;
 use ps_worker::{ClientConfig, PsClient};
@@ -29,6 +30,19 @@ impl LocalServers {
     /// # Errors
     /// When a port cannot be bound.
     pub async fn start(count: usize, config: ServerConfig) -> std::io::Result<Self> {
+        Self::start_following(count, config, None).await
+    }
+
+    /// Starts `count` servers that register with (and follow) the scheduler at
+    /// `scheduler`, when one is given.
+    ///
+    /// # Errors
+    /// When a port cannot be bound.
+    pub async fn start_following(
+        count: usize,
+        config: ServerConfig,
+        scheduler: Option<&str>,
+    ) -> std::io::Result<Self> {
         let mut servers = Vec::with_capacity(count);
         for _ in 0..count {
             let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -37,7 +51,15 @@ impl LocalServers {
             let shutdown = async {
                 let _ = stopped.await;
             };
-            let task = tokio::spawn(ps_server::run(listener, config.clone(), shutdown));
+            let link = scheduler.map(|s| SchedulerLink {
+                scheduler: s.to_string(),
+                advertise: addr.to_string(),
+            });
+            let config = ServerConfig {
+                scheduler: link,
+                ..config.clone()
+            };
+            let task = tokio::spawn(ps_server::run(listener, config, shutdown));
             servers.push(Running { addr, stop, task });
         }
         Ok(Self { servers })

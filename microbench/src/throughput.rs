@@ -110,7 +110,7 @@ impl Worker {
             .chunk
             .min(config.transport.max_message_bytes - (64 << 10));
         let mut client = PsClient::connect(config).await?;
-        client.place(&model.params);
+        client.place(&model.params).await?;
         let zeros: Vec<(String, Bytes)> = model
             .params
             .iter()

@@ -7,6 +7,7 @@ use ps_proto::chunk::DEFAULT_CHUNK_BYTES;
 use ps_proto::transport::TransportConfig;
 
 use crate::consistency::Consistency;
+use crate::follower::SchedulerLink;
 use crate::param::Group;
 use crate::store::StoreRules;
 
@@ -32,6 +33,8 @@ pub struct ServerConfig {
     pub chunk_bytes: usize,
     /// How long shutdown waits for requests in flight before closing connections.
     pub shutdown_grace: Duration,
+    /// The scheduler to follow, if any.
+    pub scheduler: Option<SchedulerLink>,
     /// HTTP/2 and message-size settings.
     pub transport: TransportConfig,
 }
@@ -47,6 +50,7 @@ impl Default for ServerConfig {
             max_pull_timeout: Duration::from_secs(600),
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             shutdown_grace: Duration::from_secs(5),
+            scheduler: None,
             transport: TransportConfig::default(),
         }
     }

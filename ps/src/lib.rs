@@ -7,6 +7,7 @@
 //! - [`config`]: settings and their validation.
 //! - [`consistency`]: BSP, ASP, SSP(k) and the rule that admits a push exactly once.
 //! - [`optimizer`]: SGD, momentum, Adam(W).
+//! - [`follower`]: following the scheduler (registration, heartbeats, live workers).
 //! - [`group`]: worker ranks handed out by `JoinGroup`.
 //! - [`param`]: one key's state.
 //! - [`store`]: all keys; all-or-nothing register and push, waiting pulls.
@@ -18,6 +19,7 @@
 pub mod config;
 pub mod consistency;
 pub mod error;
+pub mod follower;
 pub mod group;
 pub mod optimizer;
 pub mod param;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use ps_proto::transport::TransportConfig;
+use ps_server::follower::SchedulerLink;
 use ps_server::{Consistency, ServerConfig};
 
 /// One candle-ps parameter-server shard.
@@ -18,6 +19,13 @@ struct Args {
     /// Address to listen on.
     #[arg(long, env = "PS_LISTEN", default_value = "0.0.0.0:7070")]
     listen: String,
+    /// The scheduler to register with and follow (membership, live workers).
+    #[arg(long, env = "PS_SCHEDULER")]
+    scheduler: Option<String>,
+    /// The address workers reach this server at (default: the listen address, with
+    /// 127.0.0.1 for an unspecified host).
+    #[arg(long, env = "PS_ADVERTISE")]
+    advertise: Option<String>,
     /// Workers in the BSP/SSP group; gradients are averaged over them.
     #[arg(long, env = "PS_WORKERS", default_value_t = 1)]
     workers: u32,
@@ -78,8 +86,18 @@ impl Args {
             max_pull_timeout: Duration::from_secs(self.max_pull_timeout_secs),
             chunk_bytes: self.chunk_bytes,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            scheduler: None,
             transport,
         }
+    }
+}
+
+/// The listen address, with a loopback host when it listens on every interface.
+fn advertised(local: std::net::SocketAddr) -> String {
+    if local.ip().is_unspecified() {
+        format!("127.0.0.1:{}", local.port())
+    } else {
+        local.to_string()
     }
 }
 
@@ -95,6 +113,15 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let mut config = config;
+    if let Some(scheduler) = &args.scheduler {
+        let local = listener.local_addr()?;
+        let advertise = args.advertise.clone().unwrap_or_else(|| advertised(local));
+        config.scheduler = Some(SchedulerLink {
+            scheduler: scheduler.clone(),
+            advertise,
+        });
+    }
     ps_server::run(listener, config, ps_proto::process::shutdown_signal()).await?;
     Ok(())
 }

@@ -100,8 +100,16 @@ impl KeyState {
         admit(group.consistency, self.version, last, step)
     }
 
-    /// Takes a gradient already admitted by [`KeyState::admit`].
-    pub fn accept(&mut self, group: Group, worker: u32, step: u64, grad: &TensorData) {
+    /// Takes a gradient already admitted by [`KeyState::admit`]; `live` are the
+    /// workers a BSP step waits for.
+    pub fn accept(
+        &mut self,
+        group: Group,
+        live: &BTreeSet<u32>,
+        worker: u32,
+        step: u64,
+        grad: &TensorData,
+    ) {
         self.last_step.insert(worker, step);
         let scale = 1.0 / group.workers.max(1) as f32;
         match group.consistency {
@@ -109,10 +117,10 @@ impl KeyState {
                 self.update(Gradient::Wire(grad), scale);
                 self.version = step + 1;
             }
-            Consistency::Bsp => self.accumulate(group, worker, step, grad),
+            Consistency::Bsp => self.accumulate(live, worker, grad),
             Consistency::Ssp { .. } => {
                 self.update(Gradient::Wire(grad), scale);
-                self.version = self.group_clock(group.workers);
+                self.version = self.group_clock(live);
             }
             Consistency::Asp => {
                 self.update(Gradient::Wire(grad), scale);
@@ -121,20 +129,34 @@ impl KeyState {
         }
     }
 
-    fn accumulate(&mut self, group: Group, worker: u32, step: u64, grad: &TensorData) {
+    fn accumulate(&mut self, live: &BTreeSet<u32>, worker: u32, grad: &TensorData) {
         if self.pending.workers.is_empty() {
             self.pending.sum.clear();
             self.pending.sum.resize(self.values.len(), 0.0);
         }
         Gradient::Wire(grad).add_scaled_into(&mut self.pending.sum, 1.0);
         self.pending.workers.insert(worker);
-        if self.pending.workers.len() as u32 >= group.workers {
+        self.complete(Consistency::Bsp, live);
+    }
+
+    /// Under BSP, applies the step in progress once every worker in `live` has pushed
+    /// it, averaging over the workers that did; returns whether it applied one. Called
+    /// after each push and whenever the live set shrinks.
+    pub fn complete(&mut self, consistency: Consistency, live: &BTreeSet<u32>) -> bool {
+        let ready = consistency == Consistency::Bsp
+            && !self.pending.workers.is_empty()
+            && live.iter().all(|w| self.pending.workers.contains(w));
+        if ready {
             let sum = std::mem::take(&mut self.pending.sum);
-            self.update(Gradient::Dense(&sum), 1.0 / group.workers as f32);
+            self.update(
+                Gradient::Dense(&sum),
+                1.0 / self.pending.workers.len() as f32,
+            );
             self.pending.sum = sum;
             self.pending.workers.clear();
-            self.version = step + 1;
+            self.version += 1;
         }
+        ready
     }
 
     fn update(&mut self, grad: Gradient<'_>, scale: f32) {
@@ -142,10 +164,10 @@ impl KeyState {
         self.snapshot = None;
     }
 
-    /// The lowest `step + 1` pushed by any worker of the group (0 if one never pushed).
-    fn group_clock(&self, workers: u32) -> u64 {
-        (0..workers)
-            .map(|w| self.last_step.get(&w).map_or(0, |s| s + 1))
+    /// The lowest `step + 1` pushed by any live worker (0 if one never pushed).
+    fn group_clock(&self, live: &BTreeSet<u32>) -> u64 {
+        live.iter()
+            .map(|w| self.last_step.get(w).map_or(0, |s| s + 1))
             .min()
             .unwrap_or(0)
     }
@@ -162,14 +184,17 @@ impl KeyState {
     }
 
     /// The workers of the group that have not yet pushed the step the key waits for.
-    pub fn missing_workers(&self, group: Group) -> Vec<u32> {
+    pub fn missing_workers(&self, group: Group, live: &BTreeSet<u32>) -> Vec<u32> {
         match group.consistency {
-            Consistency::Bsp => (0..group.workers)
+            Consistency::Bsp => live
+                .iter()
+                .copied()
                 .filter(|w| !self.pending.workers.contains(w))
                 .collect(),
             Consistency::Ssp { .. } => {
-                let clock = self.group_clock(group.workers);
-                (0..group.workers)
+                let clock = self.group_clock(live);
+                live.iter()
+                    .copied()
                     .filter(|w| self.last_step.get(w).map_or(0, |s| s + 1) == clock)
                     .collect()
             }
@@ -198,6 +223,44 @@ mod tests {
         TensorData::from_f32(DType::F32, vec![values.len()], values)
     }
 
+    fn all(workers: u32) -> BTreeSet<u32> {
+        (0..workers).collect()
+    }
+
+    #[test]
+    fn a_shrinking_group_completes_the_step_with_the_live_workers() {
+        let mut state = KeyState::new(&spec(1), vec![0.0]);
+        let group = Group {
+            consistency: Consistency::Bsp,
+            workers: 3,
+        };
+        state.accept(group, &all(3), 0, 0, &grad(&[3.0]));
+        state.accept(group, &all(3), 2, 0, &grad(&[1.0]));
+        assert_eq!(
+            (state.version(), state.missing_workers(group, &all(3))),
+            (0, vec![1])
+        );
+        let without_1: BTreeSet<u32> = [0, 2].into();
+        assert!(state.complete(Consistency::Bsp, &without_1));
+        assert_eq!(state.version(), 1);
+        assert_eq!(
+            state.values,
+            vec![-2.0],
+            "the average of the two pushes that came"
+        );
+        assert!(
+            !state.complete(Consistency::Bsp, &without_1),
+            "nothing pending any more"
+        );
+        state.accept(group, &without_1, 0, 1, &grad(&[1.0]));
+        state.accept(group, &without_1, 2, 1, &grad(&[1.0]));
+        assert_eq!(
+            state.version(),
+            2,
+            "later steps wait for the live workers only"
+        );
+    }
+
     const BSP2: Group = Group {
         consistency: Consistency::Bsp,
         workers: 2,
@@ -206,12 +269,12 @@ mod tests {
     #[test]
     fn bsp_applies_the_average_once_when_the_group_is_complete() {
         let mut state = KeyState::new(&spec(2), vec![0.0, 0.0]);
-        state.accept(BSP2, 0, 0, &grad(&[2.0, 4.0]));
+        state.accept(BSP2, &all(2), 0, 0, &grad(&[2.0, 4.0]));
         assert_eq!(state.version(), 0);
         assert_eq!(state.values, vec![0.0, 0.0]);
-        assert_eq!(state.missing_workers(BSP2), vec![1]);
+        assert_eq!(state.missing_workers(BSP2, &all(2)), vec![1]);
         assert_eq!(state.admit(BSP2, 0, 0), Admission::Duplicate);
-        state.accept(BSP2, 1, 0, &grad(&[4.0, 0.0]));
+        state.accept(BSP2, &all(2), 1, 0, &grad(&[4.0, 0.0]));
         assert_eq!(state.version(), 1);
         assert_eq!(state.values, vec![-3.0, -2.0]);
         assert_eq!(state.admit(BSP2, 1, 0), Admission::Duplicate);
@@ -225,13 +288,13 @@ mod tests {
             workers: 2,
         };
         let mut state = KeyState::new(&spec(1), vec![0.0]);
-        state.accept(group, 0, 0, &grad(&[1.0]));
+        state.accept(group, &all(group.workers), 0, 0, &grad(&[1.0]));
         assert_eq!(state.version(), 0, "worker 1 has not pushed");
         assert_eq!(state.admit(group, 0, 1), Admission::Accept);
-        state.accept(group, 0, 1, &grad(&[1.0]));
+        state.accept(group, &all(group.workers), 0, 1, &grad(&[1.0]));
         assert_eq!(state.admit(group, 0, 2), Admission::Future { max_step: 1 });
-        assert_eq!(state.missing_workers(group), vec![1]);
-        state.accept(group, 1, 0, &grad(&[1.0]));
+        assert_eq!(state.missing_workers(group, &all(group.workers)), vec![1]);
+        state.accept(group, &all(group.workers), 1, 0, &grad(&[1.0]));
         assert_eq!(state.version(), 1);
         assert_eq!(state.values, vec![-1.5], "three pushes, each scaled by 1/2");
     }
@@ -243,8 +306,8 @@ mod tests {
             workers: 1,
         };
         let mut state = KeyState::new(&spec(1), vec![0.0]);
-        state.accept(group, 7, 0, &grad(&[1.0]));
-        state.accept(group, 3, 5, &grad(&[1.0]));
+        state.accept(group, &all(group.workers), 7, 0, &grad(&[1.0]));
+        state.accept(group, &all(group.workers), 3, 5, &grad(&[1.0]));
         assert_eq!(state.version(), 2);
         assert_eq!(state.admit(group, 3, 5), Admission::Duplicate);
     }
@@ -257,7 +320,7 @@ mod tests {
         };
         let mut state = KeyState::new(&spec(1), vec![1.0]);
         let (before, v0) = state.snapshot(DType::F32);
-        state.accept(group, 0, 0, &grad(&[1.0]));
+        state.accept(group, &all(group.workers), 0, 0, &grad(&[1.0]));
         let (after, v1) = state.snapshot(DType::F32);
         assert_eq!((v0, v1), (0, 1));
         assert_eq!(before.as_ref(), 1.0f32.to_le_bytes());

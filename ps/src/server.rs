@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
 use crate::config::ServerConfig;
+use crate::follower::follow;
 use crate::service::ParameterService;
 use crate::store::Store;
 
@@ -45,6 +46,10 @@ pub async fn run(
     let addr = listener.local_addr()?;
     let stop_waits = CancellationToken::new();
     let store = Arc::new(Store::new(config.store_rules(), stop_waits.clone()));
+    let follower = config
+        .scheduler
+        .clone()
+        .map(|link| tokio::spawn(follow(link, Arc::clone(&store), stop_waits.clone())));
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<ParameterServerServer<ParameterService>>()
@@ -63,13 +68,14 @@ pub async fn run(
         .add_service(ParameterService::new(store, config.clone()).into_server());
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let (signalled, on_signal) = oneshot::channel::<()>();
+    let stop_on_signal = stop_waits.clone();
     let on_shutdown = async move {
         shutdown.await;
         tracing::info!(%addr, "ps-server shutting down: finishing requests in flight");
         health
             .set_not_serving::<ParameterServerServer<ParameterService>>()
             .await;
-        stop_waits.cancel();
+        stop_on_signal.cancel();
         let _ = signalled.send(());
     };
     let serve = router.serve_with_incoming_shutdown(incoming, on_shutdown);
@@ -85,6 +91,10 @@ pub async fn run(
         () = grace_expired => tracing::warn!(
             %addr, ?grace, "connections still open after the shutdown grace period; closing them"
         ),
+    }
+    stop_waits.cancel();
+    if let Some(follower) = follower {
+        let _ = follower.await;
     }
     tracing::info!(%addr, "ps-server stopped");
     Ok(())

@@ -155,7 +155,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<v1::JoinGroupRequest>,
     ) -> Result<Response<v1::JoinGroupResponse>, Status> {
-        let group = self.store.rules().group;
+        let group = self.store.group();
         let result = self
             .ranks
             .join(group, &request.get_ref().client_id)
@@ -260,7 +260,7 @@ impl ParameterServer for ParameterService {
         let response = wire::stats_response(
             &stats,
             rules.group.consistency.to_string(),
-            rules.group.workers,
+            self.store.group().workers,
         );
         Ok(Response::new(response))
     }

@@ -5,8 +5,8 @@
 //! its keys in sorted order (so two requests cannot deadlock) and checks and
 //! applies in one synchronous section: it changes all its keys or none.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
@@ -31,6 +31,18 @@ struct Entry {
 }
 
 impl Entry {
+    /// Tells waiting pulls about `version`; never lowers an announced version.
+    /// Called with the key locked, so one key's announcements follow its updates.
+    fn announce(&self, version: u64) {
+        self.version.send_if_modified(|announced| {
+            let newer = version > *announced;
+            if newer {
+                *announced = version;
+            }
+            newer
+        });
+    }
+
     fn lock(&self) -> MutexGuard<'_, KeyState> {
         // A panic under the lock cannot leave a half-applied update visible to the
         // next request any more than it already is; keep serving.
@@ -127,6 +139,8 @@ struct Counters {
 pub struct Store {
     rules: StoreRules,
     keys: RwLock<HashMap<ParamKey, Arc<Entry>>>,
+    live: RwLock<BTreeSet<u32>>,
+    workers: AtomicU32,
     counters: Counters,
     shutdown: CancellationToken,
 }
@@ -137,9 +151,54 @@ impl Store {
         Self {
             rules,
             keys: RwLock::new(HashMap::new()),
+            live: RwLock::new((0..rules.group.workers).collect()),
+            workers: AtomicU32::new(rules.group.workers),
             counters: Counters::default(),
             shutdown,
         }
+    }
+
+    /// The workers a BSP step waits for (all of the group until told otherwise).
+    pub fn live_workers(&self) -> BTreeSet<u32> {
+        self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The consistency model and the current group size.
+    pub fn group(&self) -> Group {
+        Group {
+            consistency: self.rules.group.consistency,
+            workers: self.workers.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Sets the group size and the workers a BSP step waits for (from the scheduler's
+    /// shard map), and completes every step that was waiting only for workers no
+    /// longer live. Returns how many keys advanced.
+    pub fn set_group(&self, workers: u32, live: BTreeSet<u32>) -> usize {
+        self.workers.store(workers.max(1), Ordering::Relaxed);
+        self.set_live_workers(live)
+    }
+
+    /// Sets the workers a BSP step waits for and completes every step that was waiting
+    /// only for workers no longer live. Returns how many keys advanced.
+    pub fn set_live_workers(&self, live: BTreeSet<u32>) -> usize {
+        *self.live.write().unwrap_or_else(|p| p.into_inner()) = live.clone();
+        let entries: Vec<Arc<Entry>> = self
+            .keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut advanced = 0;
+        for entry in entries {
+            let mut state = entry.lock();
+            if state.complete(self.rules.group.consistency, &live) {
+                advanced += 1;
+                entry.announce(state.version());
+            }
+        }
+        advanced
     }
 
     /// The rules this store enforces.
@@ -286,7 +345,7 @@ impl Store {
         grads: Vec<(ParamKey, TensorData)>,
     ) -> Result<Vec<Pushed>> {
         self.check_serving()?;
-        let group = self.rules.group;
+        let group = self.group();
         if grads.is_empty() {
             return Err(Error::EmptyRequest {
                 what: "no gradients to push",
@@ -303,7 +362,7 @@ impl Store {
         for (entry, (_, grad)) in entries.iter().zip(&grads) {
             self.check_gradient(&entry.spec, grad)?;
         }
-        let pushed = apply_all(&entries, &grads, group, worker, step)?;
+        let pushed = apply_all(&entries, &grads, group, &self.live_workers(), worker, step)?;
         let duplicates = pushed.iter().filter(|p| !p.accepted).count() as u64;
         self.counters
             .duplicate_pushes
@@ -365,13 +424,14 @@ impl Store {
 
     fn timeout_error(&self, entry: &Entry, wanted: u64, waited: Duration) -> Error {
         let state = entry.lock();
-        let missing = state.missing_workers(self.rules.group);
+        let group = self.group();
+        let missing = state.missing_workers(group, &self.live_workers());
         let detail = if missing.is_empty() {
             String::new()
         } else {
             format!(
                 " ({} of {} workers; still waiting for pushes from workers {missing:?})",
-                self.rules.group.consistency, self.rules.group.workers
+                group.consistency, group.workers
             )
         };
         Error::PullTimeout {
@@ -475,6 +535,7 @@ fn apply_all(
     entries: &[Arc<Entry>],
     grads: &[(ParamKey, TensorData)],
     group: Group,
+    live: &BTreeSet<u32>,
     worker: u32,
     step: u64,
 ) -> Result<Vec<Pushed>> {
@@ -518,7 +579,7 @@ fn apply_all(
         .map(|((state, (key, grad)), admission)| {
             let accepted = admission == Admission::Accept;
             if accepted {
-                state.accept(group, worker, step, grad);
+                state.accept(group, live, worker, step, grad);
             }
             Pushed {
                 key: key.clone(),
@@ -530,13 +591,7 @@ fn apply_all(
     // Announce new versions while the keys are still locked, so announcements of one
     // key happen in the order of its updates; and never lower an announced version.
     for (entry, outcome) in entries.iter().zip(&outcomes) {
-        entry.version.send_if_modified(|announced| {
-            let newer = outcome.version > *announced;
-            if newer {
-                *announced = outcome.version;
-            }
-            newer
-        });
+        entry.announce(outcome.version);
     }
     drop(guards);
     Ok(outcomes)

@@ -99,7 +99,8 @@ pub struct ShardMap {
     pub params: Vec<Param>,
     /// Where every part lives.
     pub assignments: Vec<Assignment>,
-    /// Ranks of the live workers.
+    /// Ranks the BSP group waits for: every rank except those declared dead or gone
+    /// (a rank not registered yet is still expected).
     pub workers: Vec<u32>,
     /// Size of the worker group.
     pub group_size: u32,
@@ -289,7 +290,10 @@ impl Membership {
         let servers: Vec<(u32, String)> = Self::live(&self.servers)
             .map(|(id, m)| (id, m.name.clone()))
             .collect();
-        let workers: Vec<u32> = Self::live(&self.workers).map(|(rank, _)| rank).collect();
+        // A rank that has not registered yet is still expected: only ranks declared
+        // dead (or gone) stop being waited for.
+        let gone = |rank: &u32| self.workers.get(rank).is_some_and(|m| !m.alive);
+        let workers: Vec<u32> = (0..self.group_size).filter(|r| !gone(r)).collect();
         // Enough servers gate the first map only; afterwards any live server will do.
         let enough =
             servers.len() >= self.min_servers || (self.map.is_some() && !servers.is_empty());
@@ -533,6 +537,19 @@ mod tests {
         m.declare_params(params()).unwrap();
         let err = m.declare_params(vec![]).unwrap_err();
         assert!(err.to_string().contains("same model"), "{err}");
+    }
+
+    #[test]
+    fn ranks_not_registered_yet_are_still_waited_for() {
+        let t0 = Instant::now();
+        let mut m = cluster(t0);
+        m.declare_params(params()).unwrap();
+        m.register_worker("a", t0).unwrap();
+        assert_eq!(
+            m.map().unwrap().workers,
+            vec![0, 1],
+            "worker 1 has not started yet, but the group waits for it"
+        );
     }
 
     #[test]

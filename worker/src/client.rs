@@ -6,6 +6,8 @@
 //! keeps its `(worker_id, step)`, so the server applies it exactly once.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,6 +19,8 @@ use ps_proto::key::ParamKey;
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
+use ps_proto::v1::scheduler_client::SchedulerClient;
+use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tonic::Status;
 use tonic::transport::Channel;
@@ -82,8 +86,10 @@ pub struct ClientConfig {
     pub chunk_bytes: usize,
     /// Retries of transient failures.
     pub retry: RetryPolicy,
-    /// How long a pull waits for its version.
+    /// How long a pull waits for its version (and a start-up wait for the shard map).
     pub pull_timeout: Duration,
+    /// A scheduler to take ranks, placement and servers from (instead of `servers`).
+    pub scheduler: Option<String>,
 }
 
 impl ClientConfig {
@@ -96,6 +102,7 @@ impl ClientConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             retry: RetryPolicy::default(),
             pull_timeout: Duration::from_secs(60),
+            scheduler: None,
         }
     }
 }
@@ -123,6 +130,7 @@ pub struct PulledParam {
 #[derive(Clone)]
 struct Server {
     addr: String,
+    channel: Channel,
     client: ParameterServerClient<Channel>,
 }
 
@@ -131,6 +139,17 @@ pub struct PsClient {
     config: ClientConfig,
     servers: Vec<Server>,
     placement: Placement,
+    scheduler: Option<SchedulerClient<Channel>>,
+    step: Arc<AtomicU64>,
+    heartbeat: Option<JoinHandle<()>>,
+}
+
+impl Drop for PsClient {
+    fn drop(&mut self) {
+        if let Some(heartbeat) = self.heartbeat.take() {
+            heartbeat.abort();
+        }
+    }
 }
 
 impl PsClient {
@@ -140,21 +159,42 @@ impl PsClient {
     /// # Errors
     /// [`ClientError::Connect`] naming the server; [`ClientError::Usage`] for no servers.
     pub async fn connect(config: ClientConfig) -> Result<Self, ClientError> {
-        if config.servers.is_empty() {
-            return Err(ClientError::Usage(
-                "no parameter servers given; pass --server ADDR".into(),
-            ));
-        }
-        let connections = config
-            .servers
-            .iter()
-            .map(|addr| connect(&config.transport, addr));
-        let servers = try_join_all(connections).await?;
+        let (servers, scheduler) = match &config.scheduler {
+            Some(addr) => (
+                Vec::new(),
+                Some(SchedulerClient::new(
+                    connect(&config.transport, addr).await?.channel,
+                )),
+            ),
+            None if config.servers.is_empty() => {
+                return Err(ClientError::Usage(
+                    "no parameter servers given; pass --server ADDR".into(),
+                ));
+            }
+            None => (
+                try_join_all(
+                    config
+                        .servers
+                        .iter()
+                        .map(|addr| connect(&config.transport, addr)),
+                )
+                .await?,
+                None,
+            ),
+        };
         Ok(Self {
             config,
             servers,
             placement: Placement::default(),
+            scheduler,
+            step: Arc::default(),
+            heartbeat: None,
         })
+    }
+
+    /// True when ranks, placement and servers come from a scheduler.
+    pub fn has_scheduler(&self) -> bool {
+        self.scheduler.is_some()
     }
 
     /// The server addresses.
@@ -171,17 +211,32 @@ impl PsClient {
     ///
     /// # Errors
     /// [`ClientError::Rpc`], for example when the group is full.
-    pub async fn join(&self, client_id: &str) -> Result<GroupInfo, ClientError> {
-        let server = &self.servers[0];
+    pub async fn join(&mut self, client_id: &str) -> Result<GroupInfo, ClientError> {
+        if self.scheduler.is_some() {
+            return self.register_with_scheduler(client_id).await;
+        }
+        let server = self.servers[0].clone();
         let request = v1::JoinGroupRequest {
             client_id: client_id.into(),
         };
-        let response = self
-            .call(server, "JoinGroup", |mut client| {
+        let joined = self
+            .call(&server, "JoinGroup", |mut client| {
                 let request = request.clone();
                 async move { client.join_group(request).await }
             })
-            .await?;
+            .await;
+        let server = &server;
+        let response = match joined {
+            // A lone address that is a scheduler, not a parameter server.
+            Err(ClientError::Rpc { status, .. })
+                if status.code() == tonic::Code::Unimplemented && self.servers.len() == 1 =>
+            {
+                tracing::info!(addr = %server.addr, "the address is a scheduler; taking rank and shard map from it");
+                self.scheduler = Some(SchedulerClient::new(self.servers.remove(0).channel));
+                return self.register_with_scheduler(client_id).await;
+            }
+            other => other?,
+        };
         let consistency = response
             .consistency
             .parse()
@@ -197,9 +252,138 @@ impl PsClient {
         })
     }
 
-    /// Plans where `params` live (every worker computes the same plan).
-    pub fn place(&mut self, params: &[ParamInfo]) {
-        self.placement = Placement::plan(params, self.servers.len(), self.config.partition_bytes);
+    async fn register_with_scheduler(&mut self, client_id: &str) -> Result<GroupInfo, ClientError> {
+        let scheduler = self.scheduler.clone().expect("scheduler mode");
+        let addr = self.scheduler_addr();
+        let rpc = |what, status| ClientError::Rpc {
+            what,
+            addr: addr.clone(),
+            status,
+        };
+        let request = v1::RegisterWorkerRequest {
+            client_id: client_id.into(),
+        };
+        let registered = self
+            .config
+            .retry
+            .run("RegisterWorker", || {
+                let (mut s, r) = (scheduler.clone(), request.clone());
+                async move { s.register_worker(r).await }
+            })
+            .await;
+        let response = registered
+            .map_err(|s| rpc("RegisterWorker", s))?
+            .into_inner();
+        let consistency = response
+            .consistency
+            .parse()
+            .map_err(|reason| ClientError::Protocol {
+                what: "RegisterWorker",
+                addr: addr.clone(),
+                reason,
+            })?;
+        let interval = Duration::from_millis(response.heartbeat_interval_ms.max(50));
+        self.heartbeat = Some(tokio::spawn(heartbeat(
+            scheduler,
+            response.rank,
+            Arc::clone(&self.step),
+            interval,
+        )));
+        Ok(GroupInfo {
+            rank: response.rank,
+            workers: response.workers,
+            consistency,
+        })
+    }
+
+    fn scheduler_addr(&self) -> String {
+        self.config
+            .scheduler
+            .clone()
+            .or_else(|| self.config.servers.first().cloned())
+            .unwrap_or_default()
+    }
+
+    /// Decides where `params` live: from the scheduler's shard map (declaring the
+    /// parameters first, then waiting for the map up to the pull timeout), or, with
+    /// fixed servers, by the same local plan on every worker.
+    ///
+    /// # Errors
+    /// [`ClientError`] when the scheduler refuses the parameters, no map comes in
+    /// time (the message names what the scheduler still waits for), or a server in
+    /// the map cannot be reached.
+    pub async fn place(&mut self, params: &[ParamInfo]) -> Result<(), ClientError> {
+        let Some(scheduler) = self.scheduler.clone() else {
+            self.placement =
+                Placement::plan(params, self.servers.len(), self.config.partition_bytes);
+            return Ok(());
+        };
+        let addr = self.scheduler_addr();
+        let rpc = |what, status| ClientError::Rpc {
+            what,
+            addr: addr.clone(),
+            status,
+        };
+        let declared = params
+            .iter()
+            .map(|p| v1::DeclaredParam {
+                name: p.name.clone(),
+                elements: p.len() as u64,
+                dtype: p.dtype.to_proto(),
+            })
+            .collect();
+        let declare = v1::DeclareParamsRequest { params: declared };
+        self.config
+            .retry
+            .run("DeclareParams", || {
+                let (mut s, r) = (scheduler.clone(), declare.clone());
+                async move { s.declare_params(r).await }
+            })
+            .await
+            .map_err(|s| rpc("DeclareParams", s))?;
+        let wait = v1::GetShardMapRequest {
+            min_version: 1,
+            timeout_ms: self.config.pull_timeout.as_millis() as u64,
+        };
+        let map = self
+            .config
+            .retry
+            .run("GetShardMap", || {
+                let mut s = scheduler.clone();
+                async move { s.get_shard_map(wait).await }
+            })
+            .await
+            .map_err(|s| rpc("GetShardMap", s))?
+            .into_inner();
+        self.servers = try_join_all(
+            map.servers
+                .iter()
+                .map(|s| connect(&self.config.transport, &s.addr)),
+        )
+        .await?;
+        let parts: Vec<(String, Part)> = map
+            .parts
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    Part {
+                        part: p.part,
+                        server: p.server as usize,
+                        start: p.start as usize,
+                        len: p.len as usize,
+                    },
+                )
+            })
+            .collect();
+        let placement = Placement::from_map(params, &parts, self.servers.len());
+        self.placement = placement.map_err(|reason| ClientError::Protocol {
+            what: "GetShardMap",
+            addr: addr.clone(),
+            reason,
+        })?;
+        tracing::info!(version = map.version, servers = ?self.servers(), "placement from the scheduler's shard map");
+        Ok(())
     }
 
     async fn call<T, F, Fut>(
@@ -337,6 +521,7 @@ impl PsClient {
         step: u64,
         grads: &[(String, Bytes)],
     ) -> Result<usize, ClientError> {
+        self.step.store(step, Ordering::Relaxed);
         let by_server = self.parts_by_server(grads)?;
         let calls = by_server
             .iter()
@@ -472,6 +657,49 @@ impl PsClient {
     }
 }
 
+/// Tells the scheduler every `interval` that this worker lives, with its step.
+async fn heartbeat(
+    mut scheduler: SchedulerClient<Channel>,
+    rank: u32,
+    step: Arc<AtomicU64>,
+    interval: Duration,
+) {
+    let mut reachable = true;
+    loop {
+        tokio::time::sleep(interval).await;
+        let node = Some(v1::heartbeat_request::Node::WorkerRank(rank));
+        match scheduler
+            .heartbeat(v1::HeartbeatRequest {
+                node,
+                step: step.load(Ordering::Relaxed),
+            })
+            .await
+        {
+            Ok(_) if !reachable => {
+                tracing::info!(rank, "the scheduler is reachable again");
+                reachable = true;
+            }
+            Ok(_) => {}
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                tracing::error!(
+                    rank,
+                    "the scheduler declared this worker dead (missed heartbeats); its group goes on without it"
+                );
+                return;
+            }
+            Err(status) if reachable => {
+                tracing::warn!(
+                    rank,
+                    message = status.message(),
+                    "scheduler unreachable; training goes on with the last shard map"
+                );
+                reachable = false;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
 async fn connect(transport: &TransportConfig, addr: &str) -> Result<Server, ClientError> {
     let connect_error = |source| ClientError::Connect {
         addr: addr.to_string(),
@@ -484,11 +712,12 @@ async fn connect(transport: &TransportConfig, addr: &str) -> Result<Server, Clie
         .await
         .map_err(connect_error)?;
     let limit = transport.max_message_bytes;
-    let client = ParameterServerClient::new(channel)
+    let client = ParameterServerClient::new(channel.clone())
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
     Ok(Server {
         addr: addr.to_string(),
+        channel,
         client,
     })
 }

@@ -30,6 +30,10 @@ struct Cli {
         env = "PS_SERVER"
     )]
     server: Vec<String>,
+    /// A scheduler to take rank, placement and servers from (a lone --server that is a
+    /// scheduler is recognised too).
+    #[arg(long, env = "PS_SCHEDULER", conflicts_with = "rank")]
+    scheduler: Option<String>,
     /// This worker's rank; by default the first server hands one out.
     #[arg(long, env = "PS_RANK", requires = "workers")]
     rank: Option<u32>,
@@ -79,7 +83,8 @@ async fn main() -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let mut client_config = ClientConfig::new(cli.server.clone());
     client_config.pull_timeout = Duration::from_secs(cli.pull_timeout_secs);
-    let client = PsClient::connect(client_config).await?;
+    client_config.scheduler = cli.scheduler.clone();
+    let mut client = PsClient::connect(client_config).await?;
     let group = match (cli.rank, cli.workers) {
         (Some(rank), Some(workers)) => GroupInfo {
             rank,

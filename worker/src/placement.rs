@@ -134,6 +134,67 @@ impl Placement {
         self.params.values()
     }
 
+    /// The placement a scheduler's shard map describes: `parts` as
+    /// `(name, part, server index, start, len)`.
+    ///
+    /// # Errors
+    /// A message when the map does not cover a parameter exactly, or names one the
+    /// worker does not have.
+    pub fn from_map(
+        params: &[ParamInfo],
+        parts: &[(String, Part)],
+        servers: usize,
+    ) -> Result<Self, String> {
+        let mut placed: BTreeMap<String, Placed> = params
+            .iter()
+            .map(|info| {
+                (
+                    info.name.clone(),
+                    Placed {
+                        info: info.clone(),
+                        parts: Vec::new(),
+                    },
+                )
+            })
+            .collect();
+        for (name, part) in parts {
+            let entry = placed.get_mut(name).ok_or_else(|| {
+                format!("the shard map places `{name}`, which this model does not have")
+            })?;
+            if part.server >= servers {
+                return Err(format!(
+                    "the shard map puts `{name}` on server {} of {servers}",
+                    part.server
+                ));
+            }
+            entry.parts.push(*part);
+        }
+        for entry in placed.values_mut() {
+            entry.parts.sort_by_key(|p| p.part);
+            let mut next = 0;
+            for part in &entry.parts {
+                if part.start != next {
+                    return Err(format!(
+                        "the shard map's parts of `{}` are not contiguous at element {next}",
+                        entry.info.name
+                    ));
+                }
+                next += part.len;
+            }
+            if next != entry.info.len() {
+                return Err(format!(
+                    "the shard map covers {next} of {} elements of `{}`; do all workers train the same model?",
+                    entry.info.len(),
+                    entry.info.name
+                ));
+            }
+        }
+        Ok(Self {
+            params: placed,
+            servers,
+        })
+    }
+
     /// One parameter.
     pub fn get(&self, name: &str) -> Option<&Placed> {
         self.params.get(name)

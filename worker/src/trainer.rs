@@ -43,8 +43,8 @@ pub struct PsTrainer {
 }
 
 impl PsTrainer {
-    /// Connects to the parameter server at `server`, joins its worker group for a rank,
-    /// and registers `varmap`'s variables.
+    /// Connects to `server` (a parameter server, or a scheduler), joins the worker group
+    /// for a rank, and registers `varmap`'s variables.
     ///
     /// # Errors
     /// [`TrainerError`] when the server is unreachable, the group is full, or a
@@ -54,7 +54,7 @@ impl PsTrainer {
         varmap: &VarMap,
         optimizer: v1::Optimizer,
     ) -> Result<Self, TrainerError> {
-        let client = PsClient::connect(ClientConfig::new(vec![server.to_string()])).await?;
+        let mut client = PsClient::connect(ClientConfig::new(vec![server.to_string()])).await?;
         let group = client.join(&client_token()).await?;
         Self::new(client, group, varmap, optimizer).await
     }
@@ -86,7 +86,7 @@ impl PsTrainer {
                 dtype: codec::DType::F32,
             })
             .collect();
-        client.place(&infos);
+        client.place(&infos).await?;
         let initial = vars
             .iter()
             .map(|(name, var)| Ok((name.clone(), tensor_bytes(var.as_tensor())?)))

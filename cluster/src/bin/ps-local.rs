@@ -28,6 +28,9 @@ struct Cli {
     /// Consistency model: bsp, asp or ssp:K.
     #[arg(long, default_value = "bsp")]
     consistency: Consistency,
+    /// Run without a scheduler (workers place parameters by themselves).
+    #[arg(long)]
+    no_scheduler: bool,
     /// Print one JSON summary as the last line of stdout.
     #[arg(long)]
     json: bool,
@@ -71,6 +74,7 @@ async fn main() -> anyhow::Result<()> {
         servers: cli.servers,
         workers: cli.workers,
         consistency: cli.consistency,
+        scheduler: !cli.no_scheduler,
     };
     let summary = tokio::select! {
         summary = run_local(&spec, data, &config) => summary?,

@@ -1,0 +1,152 @@
+//! Following the scheduler: a shard registers with it, heartbeats, and applies each
+//! new shard map's set of live workers to its store, so a BSP step stops waiting
+//! for a worker the scheduler declared dead. While the scheduler is unreachable the
+//! shard keeps serving with what it last knew and keeps trying; on shutdown it
+//! leaves the cluster.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::v1;
+use ps_proto::v1::scheduler_client::SchedulerClient;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::store::Store;
+
+/// Where the scheduler is and how this shard is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerLink {
+    /// The scheduler's address.
+    pub scheduler: String,
+    /// The address workers reach this shard at.
+    pub advertise: String,
+}
+
+/// What the follower knows between heartbeats.
+struct Follower {
+    client: SchedulerClient<Channel>,
+    link: SchedulerLink,
+    store: Arc<Store>,
+    server_id: Option<u32>,
+    interval: Duration,
+    map_version: u64,
+    reachable: bool,
+}
+
+impl Follower {
+    async fn register(&mut self) -> Result<u32, tonic::Status> {
+        let request = v1::RegisterServerRequest {
+            addr: self.link.advertise.clone(),
+        };
+        let response = self.client.register_server(request).await?.into_inner();
+        self.interval = Duration::from_millis(response.heartbeat_interval_ms.max(50));
+        tracing::info!(server_id = response.server_id, scheduler = %self.link.scheduler, advertise = %self.link.advertise, "registered with the scheduler");
+        Ok(response.server_id)
+    }
+
+    async fn beat(&mut self) -> Result<(), tonic::Status> {
+        let server_id = match self.server_id {
+            Some(id) => id,
+            None => {
+                let id = self.register().await?;
+                self.server_id = Some(id);
+                id
+            }
+        };
+        let node = Some(v1::heartbeat_request::Node::ServerId(server_id));
+        let version = match self
+            .client
+            .heartbeat(v1::HeartbeatRequest { node, step: 0 })
+            .await
+        {
+            Ok(response) => response.into_inner().map_version,
+            Err(status) if status.code() == Code::NotFound => {
+                tracing::warn!(
+                    server_id,
+                    "the scheduler no longer knows this server; registering again"
+                );
+                self.server_id = None;
+                return Ok(());
+            }
+            Err(status) => return Err(status),
+        };
+        if version != self.map_version && version > 0 {
+            self.apply_map(version).await?;
+        }
+        Ok(())
+    }
+
+    async fn apply_map(&mut self, version: u64) -> Result<(), tonic::Status> {
+        let request = v1::GetShardMapRequest {
+            min_version: version,
+            timeout_ms: 5_000,
+        };
+        let map = self.client.get_shard_map(request).await?.into_inner();
+        let live = map.workers.iter().copied().collect();
+        let advanced = self.store.set_group(map.group_size, live);
+        tracing::info!(version = map.version, live_workers = ?map.workers, steps_completed = advanced, "applied shard map");
+        self.map_version = map.version;
+        Ok(())
+    }
+
+    async fn leave(&mut self) {
+        let Some(server_id) = self.server_id else {
+            return;
+        };
+        let node = Some(v1::heartbeat_request::Node::ServerId(server_id));
+        let leave = self.client.leave(v1::HeartbeatRequest { node, step: 0 });
+        if tokio::time::timeout(Duration::from_secs(2), leave)
+            .await
+            .is_ok()
+        {
+            tracing::info!(server_id, "left the cluster");
+        }
+    }
+}
+
+/// Follows the scheduler until `stop` is cancelled.
+///
+/// # Errors
+/// Only when the scheduler address is not a valid URI; an unreachable scheduler is
+/// retried for as long as the shard runs.
+pub async fn follow(
+    link: SchedulerLink,
+    store: Arc<Store>,
+    stop: CancellationToken,
+) -> Result<(), tonic::transport::Error> {
+    let channel = TransportConfig::default()
+        .endpoint(http_uri(&link.scheduler))?
+        .connect_lazy();
+    let mut follower = Follower {
+        client: SchedulerClient::new(channel),
+        link,
+        store,
+        server_id: None,
+        interval: Duration::from_millis(500),
+        map_version: 0,
+        reachable: true,
+    };
+    loop {
+        match follower.beat().await {
+            Ok(()) if !follower.reachable => {
+                tracing::info!(scheduler = %follower.link.scheduler, "the scheduler is reachable again");
+                follower.reachable = true;
+            }
+            Ok(()) => {}
+            Err(status) if follower.reachable => {
+                tracing::warn!(scheduler = %follower.link.scheduler, code = ?status.code(), message = status.message(), map_version = follower.map_version, "scheduler unreachable; serving with the last shard map");
+                follower.reachable = false;
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(follower.interval) => {}
+        }
+    }
+    follower.leave().await;
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! [`SchedulerConfig`]: the scheduler's settings and their validation.
+
+use std::time::Duration;
+
+use ps_proto::consistency::Consistency;
+
+/// Settings of the scheduler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    /// Workers in the group.
+    pub workers: u32,
+    /// Servers that must register before the first map is published.
+    pub min_servers: usize,
+    /// Consistency model announced to workers.
+    pub consistency: Consistency,
+    /// How often nodes heartbeat.
+    pub heartbeat_interval: Duration,
+    /// Silence after which a node is declared dead.
+    pub heartbeat_timeout: Duration,
+    /// How long a map or barrier wait lasts when the request names no timeout.
+    pub default_wait: Duration,
+    /// The longest wait a request may ask for.
+    pub max_wait: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            workers: 1,
+            min_servers: 1,
+            consistency: Consistency::Bsp,
+            heartbeat_interval: Duration::from_millis(500),
+            heartbeat_timeout: Duration::from_secs(3),
+            default_wait: Duration::from_secs(60),
+            max_wait: Duration::from_secs(600),
+        }
+    }
+}
+
+impl SchedulerConfig {
+    /// Checks that the settings make sense together.
+    ///
+    /// # Errors
+    /// A message naming the setting to change.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.workers == 0 || self.min_servers == 0 {
+            return Err("--workers and --servers must be at least 1".into());
+        }
+        if self.heartbeat_timeout < self.heartbeat_interval * 2 {
+            return Err(format!(
+                "the heartbeat timeout {:?} must be at least twice the interval {:?}, or live nodes would be declared dead",
+                self.heartbeat_timeout, self.heartbeat_interval
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_tight_timeouts_are_refused() {
+        assert_eq!(SchedulerConfig::default().validate(), Ok(()));
+        let tight = SchedulerConfig {
+            heartbeat_timeout: Duration::from_millis(600),
+            ..SchedulerConfig::default()
+        };
+        assert!(tight.validate().unwrap_err().contains("twice the interval"));
+    }
+}

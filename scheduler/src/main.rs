@@ -1,0 +1,132 @@
+//! `ps-scheduler`: runs the cluster's scheduler, or prints its view of the cluster.
+//!
+//! ```text
+//! ps-scheduler --listen 0.0.0.0:7000 --workers 2 --servers 2
+//! ps-scheduler status --server 127.0.0.1:7000
+//! ```
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use ps_proto::consistency::Consistency;
+use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::v1;
+use ps_proto::v1::scheduler_client::SchedulerClient;
+use ps_scheduler::SchedulerConfig;
+
+/// The candle-ps scheduler.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Address to listen on.
+    #[arg(long, env = "PS_LISTEN", default_value = "0.0.0.0:7000")]
+    listen: String,
+    /// Workers in the group.
+    #[arg(long, env = "PS_WORKERS", default_value_t = 1)]
+    workers: u32,
+    /// Servers that must register before the first shard map.
+    #[arg(long, env = "PS_SERVERS", default_value_t = 1)]
+    servers: usize,
+    /// Consistency model announced to workers: bsp, asp or ssp:K.
+    #[arg(long, env = "PS_CONSISTENCY", default_value = "bsp")]
+    consistency: Consistency,
+    /// Milliseconds between heartbeats.
+    #[arg(long, env = "PS_HEARTBEAT_MS", default_value_t = 500)]
+    heartbeat_ms: u64,
+    /// Milliseconds of silence after which a node is declared dead.
+    #[arg(long, env = "PS_HEARTBEAT_TIMEOUT_MS", default_value_t = 3000)]
+    heartbeat_timeout_ms: u64,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the cluster as the scheduler at --server sees it.
+    Status {
+        /// The scheduler's address.
+        #[arg(long, default_value = "127.0.0.1:7000")]
+        server: String,
+    },
+}
+
+fn print_status(status: &v1::StatusResponse) {
+    println!(
+        "shard map version {}{}",
+        status.map_version,
+        if status.waiting_for.is_empty() {
+            String::new()
+        } else {
+            format!(" (waiting for: {})", status.waiting_for)
+        }
+    );
+    println!(
+        "\n{:>6}  {:<24}  {:>5}  {:>6}  {:>14}  {:>6}",
+        "server", "address", "alive", "parts", "bytes", "load"
+    );
+    let total: u64 = status.servers.iter().map(|s| s.bytes).sum();
+    let live = status.servers.iter().filter(|s| s.alive).count().max(1) as f64;
+    for s in &status.servers {
+        let load = if total == 0 {
+            0.0
+        } else {
+            s.bytes as f64 / (total as f64 / live)
+        };
+        println!(
+            "{:>6}  {:<24}  {:>5}  {:>6}  {:>14}  {:>5.2}x",
+            s.id,
+            s.addr,
+            if s.alive { "yes" } else { "DEAD" },
+            s.parts,
+            s.bytes,
+            load
+        );
+    }
+    println!("\n{:>6}  {:>5}  {:>9}", "worker", "alive", "last step");
+    for w in &status.workers {
+        println!(
+            "{:>6}  {:>5}  {:>9}",
+            w.rank,
+            if w.alive { "yes" } else { "DEAD" },
+            w.last_step
+        );
+    }
+}
+
+async fn status(server: &str) -> anyhow::Result<()> {
+    let channel = TransportConfig::default()
+        .endpoint(http_uri(server))?
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the scheduler at {server}"))?;
+    let status = SchedulerClient::new(channel)
+        .status(v1::StatusRequest {})
+        .await?
+        .into_inner();
+    print_status(&status);
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    ps_proto::process::init_tracing();
+    if let Some(Command::Status { server }) = &cli.command {
+        return status(server).await;
+    }
+    let config = SchedulerConfig {
+        workers: cli.workers,
+        min_servers: cli.servers,
+        consistency: cli.consistency,
+        heartbeat_interval: Duration::from_millis(cli.heartbeat_ms),
+        heartbeat_timeout: Duration::from_millis(cli.heartbeat_timeout_ms),
+        ..SchedulerConfig::default()
+    };
+    config.validate().map_err(anyhow::Error::msg)?;
+    let listener = tokio::net::TcpListener::bind(&cli.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cli.listen))?;
+    ps_scheduler::run(listener, config, ps_proto::process::shutdown_signal()).await?;
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! [`run`]: serve the scheduler on a bound listener until `shutdown`, with a ticker
+//! that declares silent nodes dead and the gRPC health service beside it.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use ps_proto::transport::TransportConfig;
+use ps_proto::v1::scheduler_server::SchedulerServer;
+use tokio::net::TcpListener;
+use tonic::transport::server::TcpIncoming;
+
+use crate::config::SchedulerConfig;
+use crate::service::{SchedulerService, SchedulerState};
+
+/// Why the scheduler could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration is inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The listener could not be used.
+    #[error("listener: {0}")]
+    Listener(#[from] std::io::Error),
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves the scheduler on `listener` until `shutdown` resolves.
+///
+/// # Errors
+/// [`ServeError`] when the configuration is invalid or the server fails.
+pub async fn run(
+    listener: TcpListener,
+    config: SchedulerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    config.validate().map_err(ServeError::Config)?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(SchedulerState::new(config.clone()));
+    let ticker = tokio::spawn({
+        let state = Arc::clone(&state);
+        let period = config.heartbeat_interval / 2;
+        async move {
+            let mut interval = tokio::time::interval(period);
+            loop {
+                interval.tick().await;
+                state.tick();
+            }
+        }
+    });
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<SchedulerServer<SchedulerService>>()
+        .await;
+    tracing::info!(%addr, workers = config.workers, min_servers = config.min_servers, timeout = ?config.heartbeat_timeout, "ps-scheduler listening");
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let served = TransportConfig::default()
+        .server()
+        .add_service(health_service)
+        .add_service(SchedulerService::new(state).into_server())
+        .serve_with_incoming_shutdown(incoming, async {
+            shutdown.await;
+            tracing::info!(%addr, "ps-scheduler shutting down");
+        })
+        .await;
+    ticker.abort();
+    served?;
+    tracing::info!(%addr, "ps-scheduler stopped");
+    Ok(())
+}
