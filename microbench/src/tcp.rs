@@ -4,11 +4,11 @@
 //!
 //! Ops: `ECHO` sends the bytes back; `SINK` answers an 8-byte acknowledgement;
 //! `STREAM` answers nothing (pipelined), and `FLUSH` answers the bytes received
-//! since the last `FLUSH`.
+//! since the last `FLUSH`. Both sides buffer small frames, as real peers would.
 
 use std::io;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
 const ECHO: u8 = 1;
@@ -34,11 +34,13 @@ pub async fn serve(listener: TcpListener) {
 
 async fn serve_connection(mut stream: TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)?;
+    let (read, mut write) = stream.split();
+    let mut read = BufReader::with_capacity(STREAM_BATCH_BYTES, read);
     let mut buffer = Vec::new();
     let mut streamed = 0u64;
     loop {
         let mut header = [0u8; 9];
-        match stream.read_exact(&mut header).await {
+        match read.read_exact(&mut header).await {
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
@@ -47,13 +49,13 @@ async fn serve_connection(mut stream: TcpStream) -> io::Result<()> {
         if buffer.len() < len {
             buffer.resize(len, 0);
         }
-        stream.read_exact(&mut buffer[..len]).await?;
+        read.read_exact(&mut buffer[..len]).await?;
         match header[0] {
-            ECHO => stream.write_all(&buffer[..len]).await?,
-            SINK => stream.write_all(&(len as u64).to_le_bytes()).await?,
+            ECHO => write.write_all(&buffer[..len]).await?,
+            SINK => write.write_all(&(len as u64).to_le_bytes()).await?,
             STREAM => streamed += len as u64,
             FLUSH => {
-                stream
+                write
                     .write_all(&std::mem::take(&mut streamed).to_le_bytes())
                     .await?
             }
@@ -67,10 +69,15 @@ async fn serve_connection(mut stream: TcpStream) -> io::Result<()> {
     }
 }
 
+/// Pipelined (`STREAM`) messages are gathered into writes of about this size, as a
+/// buffered writer would, so small messages are not one syscall each.
+const STREAM_BATCH_BYTES: usize = 256 << 10;
+
 /// A client connection to the baseline server.
 pub struct TcpPeer {
     stream: TcpStream,
     buffer: Vec<u8>,
+    pending: Vec<u8>,
 }
 
 impl TcpPeer {
@@ -84,6 +91,7 @@ impl TcpPeer {
         Ok(Self {
             stream,
             buffer: Vec::new(),
+            pending: Vec::new(),
         })
     }
 
@@ -125,12 +133,32 @@ impl TcpPeer {
         self.read_ack().await
     }
 
-    /// Sends `data` without waiting.
+    /// Sends `data` without waiting for the server (small messages are batched into
+    /// larger writes).
     ///
     /// # Errors
     /// When the connection fails.
     pub async fn stream(&mut self, data: &[u8]) -> io::Result<()> {
-        self.send(STREAM, data).await
+        if data.len() >= STREAM_BATCH_BYTES {
+            self.write_pending().await?;
+            return self.send(STREAM, data).await;
+        }
+        self.pending.push(STREAM);
+        self.pending
+            .extend_from_slice(&(data.len() as u64).to_le_bytes());
+        self.pending.extend_from_slice(data);
+        if self.pending.len() >= STREAM_BATCH_BYTES {
+            self.write_pending().await?;
+        }
+        Ok(())
+    }
+
+    async fn write_pending(&mut self) -> io::Result<()> {
+        if !self.pending.is_empty() {
+            self.stream.write_all(&self.pending).await?;
+            self.pending.clear();
+        }
+        Ok(())
     }
 
     /// Waits until the server has read everything streamed; returns its byte count.
@@ -138,6 +166,7 @@ impl TcpPeer {
     /// # Errors
     /// When the connection fails.
     pub async fn flush(&mut self) -> io::Result<u64> {
+        self.write_pending().await?;
         self.send(FLUSH, &[]).await?;
         self.read_ack().await
     }
