@@ -8,6 +8,9 @@ use ps_proto::codec::{CodecError, DType};
 use ps_proto::key::ParamKey;
 use tonic::{Code, Status};
 
+/// The gRPC metadata naming the shard-map version a server knows, on a stale-map refusal.
+pub const MAP_VERSION_METADATA: &str = "ps-shard-map-version";
+
 /// Why a request was refused. A refused request changes nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -203,6 +206,16 @@ pub enum Error {
     /// Receiving the request stream failed (for example a message over the size limit).
     #[error("{}", .0.message())]
     Stream(Status),
+    /// The request was routed with an older shard map than this server knows.
+    #[error(
+        "stale shard map: the request was routed with version {requested}, but version {current} is current; fetch it from the scheduler and retry"
+    )]
+    StaleMap {
+        /// The version the request carried.
+        requested: u64,
+        /// The version this server knows.
+        current: u64,
+    },
     /// The server is shutting down.
     #[error("the parameter server is shutting down; retry on another server or after it restarts")]
     ShuttingDown,
@@ -214,7 +227,9 @@ impl Error {
         match self {
             Error::UnknownKey { .. } => Code::NotFound,
             Error::SpecConflict { .. } => Code::AlreadyExists,
-            Error::FutureStep { .. } | Error::StaleStep { .. } => Code::FailedPrecondition,
+            Error::FutureStep { .. } | Error::StaleStep { .. } | Error::StaleMap { .. } => {
+                Code::FailedPrecondition
+            }
             Error::ResponseTooLarge { .. }
             | Error::TensorTooLarge { .. }
             | Error::GroupFull { .. } => Code::ResourceExhausted,
@@ -239,6 +254,13 @@ impl From<Error> for Status {
     fn from(error: Error) -> Self {
         match error {
             Error::Stream(status) => status,
+            Error::StaleMap { current, .. } => {
+                let mut status = Status::new(Code::FailedPrecondition, error.to_string());
+                if let Ok(value) = current.to_string().parse() {
+                    status.metadata_mut().insert(MAP_VERSION_METADATA, value);
+                }
+                status
+            }
             other => Status::new(other.code(), other.to_string()),
         }
     }

@@ -87,6 +87,7 @@ impl Follower {
         let map = self.client.get_shard_map(request).await?.into_inner();
         let live = map.workers.iter().copied().collect();
         let advanced = self.store.set_group(map.group_size, live);
+        self.store.set_map_version(map.version);
         tracing::info!(version = map.version, live_workers = ?map.workers, steps_completed = advanced, "applied shard map");
         self.map_version = map.version;
         Ok(())

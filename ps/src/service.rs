@@ -68,6 +68,7 @@ impl ParameterService {
     }
 
     async fn pull_values(&self, request: &v1::PullRequest) -> Result<Vec<Pulled>> {
+        self.store.check_map(request.map_version)?;
         let keys: Vec<_> = request.keys.iter().map(wire::key).collect();
         let timeout = self.config.pull_timeout(request.timeout_ms);
         self.store.pull(&keys, request.min_version, timeout).await
@@ -86,6 +87,7 @@ async fn read_register_stream(
         let spec = message.spec.as_ref().ok_or(Error::EmptyRequest {
             what: "a RegisterChunk without a spec",
         })?;
+        store.check_map(message.map_version)?;
         let spec = wire::param_spec(spec)?;
         store.check_size(&spec)?;
         match specs.iter().find(|s| s.key == spec.key) {
@@ -136,6 +138,7 @@ async fn read_push_stream(
         let chunk = message.chunk.as_ref().ok_or(Error::EmptyRequest {
             what: "a PushChunk without a chunk",
         })?;
+        store.check_map(message.map_version)?;
         let header = ChunkHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
         if checked.insert(header.key.clone()) {
             store.check_gradient_header(&header)?;
@@ -171,12 +174,17 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<v1::RegisterRequest>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
-        let result = request
-            .get_ref()
-            .params
-            .iter()
-            .map(wire::param_init)
-            .collect::<Result<Vec<_>>>()
+        let request = request.get_ref();
+        let result = self
+            .store
+            .check_map(request.map_version)
+            .and_then(|()| {
+                request
+                    .params
+                    .iter()
+                    .map(wire::param_init)
+                    .collect::<Result<Vec<_>>>()
+            })
             .and_then(|params| self.store.register(params));
         self.answer(result.map(wire::register_response))
     }
@@ -195,11 +203,16 @@ impl ParameterServer for ParameterService {
         request: Request<v1::PushRequest>,
     ) -> Result<Response<v1::PushResponse>, Status> {
         let request = request.get_ref();
-        let result = request
-            .grads
-            .iter()
-            .map(wire::tensor)
-            .collect::<Result<Vec<_>>>()
+        let result = self
+            .store
+            .check_map(request.map_version)
+            .and_then(|()| {
+                request
+                    .grads
+                    .iter()
+                    .map(wire::tensor)
+                    .collect::<Result<Vec<_>>>()
+            })
             .and_then(|grads| self.store.push(request.worker_id, request.step, grads));
         self.answer(result.map(wire::push_response))
     }

@@ -141,6 +141,7 @@ pub struct Store {
     keys: RwLock<HashMap<ParamKey, Arc<Entry>>>,
     live: RwLock<BTreeSet<u32>>,
     workers: AtomicU32,
+    map_version: AtomicU64,
     counters: Counters,
     shutdown: CancellationToken,
 }
@@ -153,6 +154,7 @@ impl Store {
             keys: RwLock::new(HashMap::new()),
             live: RwLock::new((0..rules.group.workers).collect()),
             workers: AtomicU32::new(rules.group.workers),
+            map_version: AtomicU64::new(0),
             counters: Counters::default(),
             shutdown,
         }
@@ -161,6 +163,24 @@ impl Store {
     /// The workers a BSP step waits for (all of the group until told otherwise).
     pub fn live_workers(&self) -> BTreeSet<u32> {
         self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records the newest shard-map version this server has applied.
+    pub fn set_map_version(&self, version: u64) {
+        self.map_version.fetch_max(version, Ordering::Relaxed);
+    }
+
+    /// Refuses a request routed with an older shard map than this server knows
+    /// (0 means the client uses no scheduler and is never refused).
+    ///
+    /// # Errors
+    /// `StaleMap`.
+    pub fn check_map(&self, requested: u64) -> Result<()> {
+        let current = self.map_version.load(Ordering::Relaxed);
+        if requested != 0 && requested < current {
+            return Err(Error::StaleMap { requested, current });
+        }
+        Ok(())
     }
 
     /// The consistency model and the current group size.

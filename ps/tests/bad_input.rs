@@ -191,6 +191,7 @@ async fn non_finite_initial_values_are_refused() {
         .client
         .clone()
         .register(v1::RegisterRequest {
+            map_version: 0,
             params: vec![param("w", &[f32::NAN], sgd(0.1))],
         })
         .await;
@@ -308,10 +309,14 @@ async fn empty_requests_are_invalid_argument() {
     let register = server
         .client
         .clone()
-        .register(v1::RegisterRequest { params: vec![] })
+        .register(v1::RegisterRequest {
+            map_version: 0,
+            params: vec![],
+        })
         .await;
     assert_status(register, Code::InvalidArgument, &["no parameters"]);
     let no_spec = v1::RegisterRequest {
+        map_version: 0,
         params: vec![v1::ParameterInit {
             spec: None,
             initial: bytes::Bytes::new(),
@@ -351,7 +356,10 @@ async fn bad_optimizers_are_invalid_argument() {
         let result = server
             .client
             .clone()
-            .register(v1::RegisterRequest { params: vec![init] })
+            .register(v1::RegisterRequest {
+                map_version: 0,
+                params: vec![init],
+            })
             .await;
         assert_status(result, Code::InvalidArgument, &[needle]);
     }
@@ -386,7 +394,10 @@ async fn a_tensor_over_the_size_limit_is_resource_exhausted() {
     let result = server
         .client
         .clone()
-        .register(v1::RegisterRequest { params: vec![huge] })
+        .register(v1::RegisterRequest {
+            map_version: 0,
+            params: vec![huge],
+        })
         .await;
     assert_status(
         result,
@@ -402,6 +413,7 @@ async fn a_push_stream_for_an_unknown_key_is_refused_at_its_first_chunk() {
     let server = server_with_keys(ServerConfig::default()).await;
     let (chunks, rx) = tokio::sync::mpsc::channel(4);
     let first = v1::PushChunk {
+        map_version: 0,
         worker_id: 0,
         step: 0,
         chunk: Some(v1::TensorChunk {

@@ -48,6 +48,7 @@ fn register_chunks(name: &str, data: &Bytes, optimizer: v1::Optimizer) -> Vec<v1
     )
     .into_iter()
     .map(|chunk| v1::RegisterChunk {
+        map_version: 0,
         spec: Some(spec(name, &[elements as u64], optimizer)),
         offset: chunk.offset,
         data: chunk.data,
@@ -65,6 +66,7 @@ fn push_chunks(
     to_wire_chunks(&header(name, data.len() / 4), data, chunk_bytes)
         .into_iter()
         .map(|chunk| v1::PushChunk {
+            map_version: 0,
             worker_id,
             step,
             chunk: Some(chunk),

@@ -73,6 +73,28 @@ pub enum ClientError {
     Usage(String),
 }
 
+/// The gRPC metadata a server adds when it refuses a stale shard map: the version
+/// it knows.
+pub const MAP_VERSION_METADATA: &str = "ps-shard-map-version";
+
+impl ClientError {
+    /// The newer shard-map version a server named when it refused this client's map.
+    pub fn stale_map(&self) -> Option<u64> {
+        match self {
+            ClientError::Rpc { status, .. } if status.code() == tonic::Code::FailedPrecondition => {
+                status
+                    .metadata()
+                    .get(MAP_VERSION_METADATA)?
+                    .to_str()
+                    .ok()?
+                    .parse()
+                    .ok()
+            }
+            _ => None,
+        }
+    }
+}
+
 /// How a client reaches the parameter servers.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -142,6 +164,8 @@ pub struct PsClient {
     scheduler: Option<SchedulerClient<Channel>>,
     step: Arc<AtomicU64>,
     heartbeat: Option<JoinHandle<()>>,
+    params: Vec<ParamInfo>,
+    map_version: u64,
 }
 
 impl Drop for PsClient {
@@ -189,6 +213,8 @@ impl PsClient {
             scheduler,
             step: Arc::default(),
             heartbeat: None,
+            params: Vec::new(),
+            map_version: 0,
         })
     }
 
@@ -341,19 +367,41 @@ impl PsClient {
             })
             .await
             .map_err(|s| rpc("DeclareParams", s))?;
+        self.params = params.to_vec();
+        self.refresh(1).await
+    }
+
+    /// Fetches the scheduler's shard map at `min_version` or later and routes by it
+    /// from now on (after a server answered that the map in use is stale).
+    ///
+    /// # Errors
+    /// [`ClientError`] when no such map comes within the pull timeout or a server in
+    /// it cannot be reached.
+    pub async fn refresh(&mut self, min_version: u64) -> Result<(), ClientError> {
+        let Some(scheduler) = self.scheduler.clone() else {
+            return Err(ClientError::Usage(
+                "there is no scheduler to refresh the shard map from".into(),
+            ));
+        };
+        let addr = self.scheduler_addr();
         let wait = v1::GetShardMapRequest {
-            min_version: 1,
+            min_version: min_version.max(1),
             timeout_ms: self.config.pull_timeout.as_millis() as u64,
         };
-        let map = self
+        let fetched = self
             .config
             .retry
             .run("GetShardMap", || {
                 let mut s = scheduler.clone();
                 async move { s.get_shard_map(wait).await }
             })
-            .await
-            .map_err(|s| rpc("GetShardMap", s))?
+            .await;
+        let map = fetched
+            .map_err(|status| ClientError::Rpc {
+                what: "GetShardMap",
+                addr: addr.clone(),
+                status,
+            })?
             .into_inner();
         self.servers = try_join_all(
             map.servers
@@ -376,12 +424,13 @@ impl PsClient {
                 )
             })
             .collect();
-        let placement = Placement::from_map(params, &parts, self.servers.len());
+        let placement = Placement::from_map(&self.params, &parts, self.servers.len());
         self.placement = placement.map_err(|reason| ClientError::Protocol {
             what: "GetShardMap",
             addr: addr.clone(),
             reason,
         })?;
+        self.map_version = map.version;
         tracing::info!(version = map.version, servers = ?self.servers(), "placement from the scheduler's shard map");
         Ok(())
     }
@@ -490,7 +539,10 @@ impl PsClient {
                     initial,
                 })
                 .collect();
-            let request = v1::RegisterRequest { params };
+            let request = v1::RegisterRequest {
+                params,
+                map_version: self.map_version,
+            };
             self.call(server, "Register", |mut c| {
                 let request = request.clone();
                 async move { c.register(request).await }
@@ -499,7 +551,9 @@ impl PsClient {
         } else {
             let chunks: Vec<v1::RegisterChunk> = inits
                 .iter()
-                .flat_map(|(spec, data)| register_chunks(spec, data, self.config.chunk_bytes))
+                .flat_map(|(spec, data)| {
+                    register_chunks(spec, data, self.config.chunk_bytes, self.map_version)
+                })
                 .collect();
             self.call(server, "RegisterStream", |mut c| {
                 let chunks = chunks.clone();
@@ -547,6 +601,7 @@ impl PsClient {
         let bytes: usize = grads.iter().map(|t| t.data.len()).sum();
         let response = if bytes <= self.unary_limit() {
             let request = v1::PushRequest {
+                map_version: self.map_version,
                 worker_id,
                 step,
                 grads,
@@ -561,6 +616,7 @@ impl PsClient {
                 .iter()
                 .flat_map(|t| tensor_chunks(t, self.config.chunk_bytes))
                 .map(|chunk| v1::PushChunk {
+                    map_version: self.map_version,
                     worker_id,
                     step,
                     chunk: Some(chunk),
@@ -612,6 +668,7 @@ impl PsClient {
         min_version: u64,
     ) -> Result<Vec<PulledKey>, ClientError> {
         let request = v1::PullRequest {
+            map_version: self.map_version,
             keys: keys
                 .iter()
                 .map(|(k, _)| v1::KeyRef {
@@ -759,11 +816,13 @@ fn register_chunks(
     spec: &v1::ParameterSpec,
     data: &Bytes,
     chunk_bytes: usize,
+    map_version: u64,
 ) -> Vec<v1::RegisterChunk> {
     let header = header_of(&spec.name, spec.part, spec.dtype, &spec.shape);
     to_wire_chunks(&header, data, chunk_bytes)
         .into_iter()
         .map(|chunk| v1::RegisterChunk {
+            map_version,
             spec: Some(spec.clone()),
             offset: chunk.offset,
             data: chunk.data,

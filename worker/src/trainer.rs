@@ -33,6 +33,9 @@ pub enum TrainerError {
     Candle(#[from] candle_core::Error),
 }
 
+/// How many times one step refreshes a stale shard map before giving up.
+const MAP_REFRESHES: usize = 3;
+
 /// Data-parallel training of a `VarMap` on parameter servers.
 pub struct PsTrainer {
     client: PsClient,
@@ -162,9 +165,24 @@ impl PsTrainer {
             };
             pushed.push((name.clone(), bytes));
         }
-        self.client
-            .push(self.group.rank, self.step, &pushed)
-            .await?;
+        // A stale shard map is refreshed and the same (worker, step) pushed again:
+        // keys that took it the first time acknowledge it without applying it twice.
+        let mut refreshes = 0;
+        loop {
+            match self.client.push(self.group.rank, self.step, &pushed).await {
+                Err(error) if refreshes < MAP_REFRESHES => {
+                    let Some(version) = error.stale_map() else {
+                        return Err(error.into());
+                    };
+                    self.client.refresh(version).await?;
+                    refreshes += 1;
+                }
+                result => {
+                    result?;
+                    break;
+                }
+            };
+        }
         let wait_for = self.group.consistency.version_after(self.step);
         self.step += 1;
         self.load(wait_for).await?;
@@ -182,7 +200,19 @@ impl PsTrainer {
     /// Pulls every variable at `min_version` or later into the `Var`s; returns the
     /// lowest version received.
     async fn load(&mut self, min_version: u64) -> Result<u64, TrainerError> {
-        let mut pulled = self.client.pull(min_version).await?;
+        let mut refreshes = 0;
+        let mut pulled = loop {
+            match self.client.pull(min_version).await {
+                Err(error) if refreshes < MAP_REFRESHES => {
+                    let Some(version) = error.stale_map() else {
+                        return Err(error.into());
+                    };
+                    self.client.refresh(version).await?;
+                    refreshes += 1;
+                }
+                result => break result?,
+            }
+        };
         let mut version = u64::MAX;
         for (name, var) in &self.vars {
             let PulledParam { values, version: v } = pulled

@@ -147,6 +147,7 @@ pub fn tensor(name: &str, values: &[f32]) -> v1::Tensor {
 
 pub fn push(worker_id: u32, step: u64, grads: Vec<v1::Tensor>) -> v1::PushRequest {
     v1::PushRequest {
+        map_version: 0,
         worker_id,
         step,
         grads,
@@ -155,6 +156,7 @@ pub fn push(worker_id: u32, step: u64, grads: Vec<v1::Tensor>) -> v1::PushReques
 
 pub fn pull_request(names: &[&str], min_version: u64, timeout_ms: u64) -> v1::PullRequest {
     v1::PullRequest {
+        map_version: 0,
         keys: names
             .iter()
             .map(|n| v1::KeyRef {
@@ -172,7 +174,10 @@ impl TestServer {
     pub async fn register(&self, params: Vec<v1::ParameterInit>) -> v1::RegisterResponse {
         self.client
             .clone()
-            .register(v1::RegisterRequest { params })
+            .register(v1::RegisterRequest {
+                map_version: 0,
+                params,
+            })
             .await
             .unwrap()
             .into_inner()

@@ -1,0 +1,117 @@
+//! Barriers over real gRPC: released when every live worker arrives, released when
+//! the missing one leaves, and a timeout that names who is missing.
+
+use std::time::Duration;
+
+use ps_proto::transport::http_uri;
+use ps_proto::v1;
+use ps_proto::v1::scheduler_client::SchedulerClient;
+use ps_scheduler::SchedulerConfig;
+use tonic::Code;
+use tonic::transport::Channel;
+
+async fn scheduler_with_two_workers() -> SchedulerClient<Channel> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let config = SchedulerConfig {
+        workers: 2,
+        ..SchedulerConfig::default()
+    };
+    tokio::spawn(ps_scheduler::run(listener, config, std::future::pending()));
+    let mut client = SchedulerClient::connect(http_uri(&addr)).await.unwrap();
+    for id in ["a", "b"] {
+        client
+            .register_worker(v1::RegisterWorkerRequest {
+                client_id: id.into(),
+            })
+            .await
+            .unwrap();
+    }
+    client
+}
+
+fn barrier(name: &str, rank: u32, timeout_ms: u64) -> v1::BarrierRequest {
+    v1::BarrierRequest {
+        name: name.into(),
+        rank,
+        timeout_ms,
+    }
+}
+
+#[tokio::test]
+async fn a_barrier_releases_when_every_live_worker_arrives() {
+    let client = scheduler_with_two_workers().await;
+    let mut first = client.clone();
+    let waiting = tokio::spawn(async move { first.barrier(barrier("start", 0, 30_000)).await });
+    let second = client
+        .clone()
+        .barrier(barrier("start", 1, 30_000))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(second.workers, vec![0, 1]);
+    let first = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.into_inner().workers, vec![0, 1]);
+}
+
+#[tokio::test]
+async fn a_barrier_times_out_naming_the_missing_worker() {
+    let client = scheduler_with_two_workers().await;
+    let status = client
+        .clone()
+        .barrier(barrier("epoch-1", 0, 100))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert!(
+        status.message().contains("epoch-1") && status.message().contains("[1]"),
+        "{}",
+        status.message()
+    );
+}
+
+#[tokio::test]
+async fn a_barrier_stops_waiting_for_a_worker_that_leaves() {
+    let client = scheduler_with_two_workers().await;
+    let mut first = client.clone();
+    let waiting = tokio::spawn(async move { first.barrier(barrier("end", 0, 30_000)).await });
+    let node = Some(v1::heartbeat_request::Node::WorkerRank(1));
+    client
+        .clone()
+        .leave(v1::HeartbeatRequest { node, step: 0 })
+        .await
+        .unwrap();
+    let released = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(released.into_inner().workers, vec![0]);
+}
+
+#[tokio::test]
+async fn a_shard_map_wait_names_what_is_missing() {
+    let mut client = scheduler_with_two_workers().await;
+    let status = client
+        .get_shard_map(v1::GetShardMapRequest {
+            min_version: 1,
+            timeout_ms: 100,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert!(
+        status.message().contains("0 of 1 servers registered"),
+        "{}",
+        status.message()
+    );
+    assert!(
+        status.message().contains("declared the parameters"),
+        "{}",
+        status.message()
+    );
+}
