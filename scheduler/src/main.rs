@@ -85,12 +85,12 @@ fn print_status(status: &v1::StatusResponse) {
     }
     println!("\n{:>6}  {:>5}  {:>9}", "worker", "alive", "last step");
     for w in &status.workers {
-        println!(
-            "{:>6}  {:>5}  {:>9}",
-            w.rank,
-            if w.alive { "yes" } else { "DEAD" },
-            w.last_step
-        );
+        let state = match (w.alive, w.left) {
+            (true, _) => "yes",
+            (false, true) => "left",
+            (false, false) => "DEAD",
+        };
+        println!("{:>6}  {:>5}  {:>9}", w.rank, state, w.last_step);
     }
 }
 

@@ -85,6 +85,7 @@ struct Member {
     name: String,
     last_seen: Instant,
     alive: bool,
+    left: bool,
     last_step: u64,
 }
 
@@ -149,6 +150,7 @@ impl Membership {
                 name: addr.into(),
                 last_seen: now,
                 alive: true,
+                left: false,
                 last_step: 0,
             },
         );
@@ -181,6 +183,7 @@ impl Membership {
                 name: client_id.into(),
                 last_seen: now,
                 alive: true,
+                left: false,
                 last_step: 0,
             },
         );
@@ -222,6 +225,7 @@ impl Membership {
         };
         if let Some(member) = member.filter(|m| m.alive) {
             member.alive = false;
+            member.left = true;
             self.republish();
         }
     }
@@ -357,6 +361,15 @@ impl Membership {
         self.workers
             .iter()
             .map(|(&r, m)| (r, m.alive, m.last_step))
+            .collect()
+    }
+
+    /// The ranks of workers that left on purpose (as opposed to being declared dead).
+    pub fn departed_workers(&self) -> Vec<u32> {
+        self.workers
+            .iter()
+            .filter(|(_, m)| m.left)
+            .map(|(&r, _)| r)
             .collect()
     }
 
@@ -561,5 +574,10 @@ mod tests {
         m.register_worker("b", t0).unwrap();
         m.leave(Node::Worker(1));
         assert_eq!(m.map().unwrap().workers, vec![0]);
+        assert_eq!(
+            m.departed_workers(),
+            vec![1],
+            "it left; it was not declared dead"
+        );
     }
 }

@@ -372,6 +372,7 @@ impl Scheduler for SchedulerService {
                     }
                 })
                 .collect();
+            let departed = m.departed_workers();
             let workers = m
                 .workers()
                 .into_iter()
@@ -379,6 +380,7 @@ impl Scheduler for SchedulerService {
                     rank,
                     alive,
                     last_step,
+                    left: departed.contains(&rank),
                 })
                 .collect();
             v1::StatusResponse {

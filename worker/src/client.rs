@@ -166,6 +166,7 @@ pub struct PsClient {
     heartbeat: Option<JoinHandle<()>>,
     params: Vec<ParamInfo>,
     map_version: u64,
+    rank: Option<u32>,
 }
 
 impl Drop for PsClient {
@@ -215,6 +216,7 @@ impl PsClient {
             heartbeat: None,
             params: Vec::new(),
             map_version: 0,
+            rank: None,
         })
     }
 
@@ -315,11 +317,36 @@ impl PsClient {
             Arc::clone(&self.step),
             interval,
         )));
+        self.rank = Some(response.rank);
         Ok(GroupInfo {
             rank: response.rank,
             workers: response.workers,
             consistency,
         })
+    }
+
+    /// Tells the scheduler this worker is done, so the group stops waiting for it at
+    /// once rather than after the heartbeat timeout. Best effort: nothing to do
+    /// without a scheduler, and a scheduler that does not answer within 2 seconds
+    /// learns it from the missing heartbeats.
+    pub async fn leave(&mut self) {
+        let (Some(mut scheduler), Some(rank)) = (self.scheduler.clone(), self.rank) else {
+            return;
+        };
+        if let Some(heartbeat) = self.heartbeat.take() {
+            heartbeat.abort();
+        }
+        let node = Some(v1::heartbeat_request::Node::WorkerRank(rank));
+        let leave = scheduler.leave(v1::HeartbeatRequest {
+            node,
+            step: self.step.load(Ordering::Relaxed),
+        });
+        if tokio::time::timeout(Duration::from_secs(2), leave)
+            .await
+            .is_ok_and(|r| r.is_ok())
+        {
+            tracing::info!(rank, "left the cluster");
+        }
     }
 
     fn scheduler_addr(&self) -> String {

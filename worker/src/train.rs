@@ -170,17 +170,18 @@ pub async fn train(
     let test_accuracy = accuracy(&model, &data.test, &config.device)?;
     let wall_seconds = started.elapsed().as_secs_f64();
     let train_loss = epoch_losses.iter().sum::<f64>() / epoch_losses.len().max(1) as f64;
+    let steps = trainer.step();
+    trainer.leave().await;
     Ok(TrainSummary {
         dataset: data.name.clone(),
         rank,
         workers,
         test_accuracy,
         train_loss,
-        steps: trainer.step(),
+        steps,
         batch_size: config.batch_size,
         wall_seconds,
-        examples_per_second: trainer.step() as f64 * config.batch_size as f64
-            / wall_seconds.max(1e-9),
+        examples_per_second: steps as f64 * config.batch_size as f64 / wall_seconds.max(1e-9),
     })
 }
 

@@ -136,6 +136,11 @@ impl PsTrainer {
         self.created
     }
 
+    /// Ends this worker's part in the job: the scheduler (if any) stops counting it.
+    pub async fn leave(mut self) {
+        self.client.leave().await;
+    }
+
     /// The client, for its placement and servers.
     pub fn client(&self) -> &PsClient {
         &self.client
