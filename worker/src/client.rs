@@ -166,6 +166,7 @@ pub struct PsClient {
     heartbeat: Option<JoinHandle<()>>,
     params: Vec<ParamInfo>,
     map_version: u64,
+    latest_map: Arc<AtomicU64>,
     rank: Option<u32>,
 }
 
@@ -216,6 +217,7 @@ impl PsClient {
             heartbeat: None,
             params: Vec::new(),
             map_version: 0,
+            latest_map: Arc::default(),
             rank: None,
         })
     }
@@ -311,18 +313,25 @@ impl PsClient {
                 reason,
             })?;
         let interval = Duration::from_millis(response.heartbeat_interval_ms.max(50));
-        self.heartbeat = Some(tokio::spawn(heartbeat(
-            scheduler,
-            response.rank,
-            Arc::clone(&self.step),
+        let beat = Heartbeat {
+            rank: response.rank,
+            step: Arc::clone(&self.step),
+            latest_map: Arc::clone(&self.latest_map),
             interval,
-        )));
+        };
+        self.heartbeat = Some(tokio::spawn(heartbeat(scheduler, beat)));
         self.rank = Some(response.rank);
         Ok(GroupInfo {
             rank: response.rank,
             workers: response.workers,
             consistency,
         })
+    }
+
+    /// A newer shard-map version the scheduler announced than the one in use, if any.
+    pub fn newer_map(&self) -> Option<u64> {
+        let latest = self.latest_map.load(Ordering::Relaxed);
+        (self.scheduler.is_some() && latest > self.map_version).then_some(latest)
     }
 
     /// Tells the scheduler this worker is done, so the group stops waiting for it at
@@ -741,29 +750,36 @@ impl PsClient {
     }
 }
 
-/// Tells the scheduler every `interval` that this worker lives, with its step.
-async fn heartbeat(
-    mut scheduler: SchedulerClient<Channel>,
+/// What the heartbeat task reports and records.
+struct Heartbeat {
     rank: u32,
     step: Arc<AtomicU64>,
+    latest_map: Arc<AtomicU64>,
     interval: Duration,
-) {
-    let mut reachable = true;
+}
+
+/// Tells the scheduler every interval that this worker lives, with its step, and
+/// records the map version it answers with.
+async fn heartbeat(mut scheduler: SchedulerClient<Channel>, beat: Heartbeat) {
+    let (rank, mut reachable) = (beat.rank, true);
     loop {
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(beat.interval).await;
         let node = Some(v1::heartbeat_request::Node::WorkerRank(rank));
         match scheduler
             .heartbeat(v1::HeartbeatRequest {
                 node,
-                step: step.load(Ordering::Relaxed),
+                step: beat.step.load(Ordering::Relaxed),
             })
             .await
         {
-            Ok(_) if !reachable => {
-                tracing::info!(rank, "the scheduler is reachable again");
-                reachable = true;
+            Ok(response) => {
+                beat.latest_map
+                    .fetch_max(response.into_inner().map_version, Ordering::Relaxed);
+                if !reachable {
+                    tracing::info!(rank, "the scheduler is reachable again");
+                    reachable = true;
+                }
             }
-            Ok(_) => {}
             Err(status) if status.code() == tonic::Code::NotFound => {
                 tracing::error!(
                     rank,

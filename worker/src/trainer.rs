@@ -170,6 +170,9 @@ impl PsTrainer {
             };
             pushed.push((name.clone(), bytes));
         }
+        if let Some(version) = self.client.newer_map() {
+            self.client.refresh(version).await?;
+        }
         // A stale shard map is refreshed and the same (worker, step) pushed again:
         // keys that took it the first time acknowledge it without applying it twice.
         let mut refreshes = 0;
