@@ -173,11 +173,24 @@ impl PsTrainer {
         if let Some(version) = self.client.newer_map() {
             self.client.refresh(version).await?;
         }
-        let (rank, step) = (self.group.rank, self.step);
-        with_fresh_map(&mut self.client, async |client| {
-            client.push(rank, step, &pushed).await
-        })
-        .await?;
+        // A stale shard map is refreshed and the same (worker, step) pushed again:
+        // keys that took it the first time acknowledge it without applying it twice.
+        let mut refreshes = 0;
+        loop {
+            match self.client.push(self.group.rank, self.step, &pushed).await {
+                Err(error) if refreshes < MAP_REFRESHES => {
+                    let Some(version) = error.stale_map() else {
+                        return Err(error.into());
+                    };
+                    self.client.refresh(version).await?;
+                    refreshes += 1;
+                }
+                result => {
+                    result?;
+                    break;
+                }
+            };
+        }
         let wait_for = self.group.consistency.version_after(self.step);
         self.step += 1;
         self.load(wait_for).await?;
@@ -195,10 +208,19 @@ impl PsTrainer {
     /// Pulls every variable at `min_version` or later into the `Var`s; returns the
     /// lowest version received.
     async fn load(&mut self, min_version: u64) -> Result<u64, TrainerError> {
-        let mut pulled = with_fresh_map(&mut self.client, async |client| {
-            client.pull(min_version).await
-        })
-        .await?;
+        let mut refreshes = 0;
+        let mut pulled = loop {
+            match self.client.pull(min_version).await {
+                Err(error) if refreshes < MAP_REFRESHES => {
+                    let Some(version) = error.stale_map() else {
+                        return Err(error.into());
+                    };
+                    self.client.refresh(version).await?;
+                    refreshes += 1;
+                }
+                result => break result?,
+            }
+        };
         let mut version = u64::MAX;
         for (name, var) in &self.vars {
             let PulledParam { values, version: v } = pulled
@@ -211,25 +233,6 @@ impl PsTrainer {
         }
         Ok(if version == u64::MAX { 0 } else { version })
     }
-}
-
-/// Runs `op`; when a server refuses the client's shard map as stale, fetches the
-/// newer map and runs `op` again (a push keeps its `(worker, step)`, so keys that
-/// took it the first time do not apply it twice).
-async fn with_fresh_map<T>(
-    client: &mut PsClient,
-    mut op: impl AsyncFnMut(&PsClient) -> Result<T, ClientError>,
-) -> Result<T, TrainerError> {
-    for _ in 0..MAP_REFRESHES {
-        match op(client).await {
-            Err(error) => match error.stale_map() {
-                Some(version) => client.refresh(version).await?,
-                None => return Err(error.into()),
-            },
-            Ok(value) => return Ok(value),
-        }
-    }
-    Ok(op(client).await?)
 }
 
 /// A tensor's elements as little-endian `f32` bytes; on little-endian hosts the
