@@ -90,7 +90,10 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
     // The worker hears of the new version through its heartbeats.
     let deadline = Instant::now() + Duration::from_secs(20);
     while client.newer_map() != Some(current) {
-        assert!(Instant::now() < deadline, "the worker never heard of map version {current}");
+        assert!(
+            Instant::now() < deadline,
+            "the worker never heard of map version {current}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -104,7 +107,10 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
             Err(error) => break error,
             Ok(taken) => {
                 taken_before += taken;
-                assert!(Instant::now() < deadline, "the server never learned of map version {current}");
+                assert!(
+                    Instant::now() < deadline,
+                    "the server never learned of map version {current}"
+                );
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -114,7 +120,11 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
 
     client.refresh(current).await.unwrap();
     let taken_after = client.push(0, 0, &grads).await.unwrap();
-    assert_eq!(taken_before + taken_after, 1, "the gradient is taken exactly once, before or after the refresh");
+    assert_eq!(
+        taken_before + taken_after,
+        1,
+        "the gradient is taken exactly once, before or after the refresh"
+    );
     let pulled = client.pull(1).await.unwrap();
     assert_eq!(
         pulled["w"].values,
