@@ -6,7 +6,7 @@
 //! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
 //! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
-//! - [`process`]: logging set-up and the shutdown signal, the same in every binary.
+//! - [`process`]: logging set-up, the shutdown signal and `ServeError`, shared by the binaries.
 //! - [`transport`]: one place for HTTP/2 windows, frame sizes, message limits and keep-alive.
 
 pub mod chunk;

@@ -1,5 +1,5 @@
-//! What every candle-ps binary does the same way: logging set-up and the
-//! shutdown signal (SIGTERM or Ctrl-C).
+//! What every candle-ps server does the same way: logging set-up, the shutdown
+//! signal (SIGTERM or Ctrl-C), and the error a server's `run` fails with.
 
 /// Sets up `tracing` to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn init_tracing() {
@@ -39,4 +39,18 @@ pub async fn shutdown_signal() {
         () = ctrl_c => tracing::info!("received Ctrl-C"),
         () = terminate => tracing::info!("received SIGTERM"),
     }
+}
+
+/// Why a server (`ps-server`, `ps-scheduler`) could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration is inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The listener could not be used.
+    #[error("listener: {0}")]
+    Listener(#[from] std::io::Error),
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
 }

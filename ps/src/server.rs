@@ -19,19 +19,7 @@ use crate::follower::follow;
 use crate::service::ParameterService;
 use crate::store::Store;
 
-/// Why a server could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The configuration is inconsistent.
-    #[error("invalid configuration: {0}")]
-    Config(String),
-    /// The listener could not be used.
-    #[error("listener: {0}")]
-    Listener(#[from] std::io::Error),
-    /// The gRPC server failed.
-    #[error("gRPC server: {0}")]
-    Transport(#[from] tonic::transport::Error),
-}
+pub use ps_proto::process::ServeError;
 
 /// Serves one shard on `listener` until `shutdown` resolves.
 ///

@@ -12,19 +12,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::config::SchedulerConfig;
 use crate::service::{SchedulerService, SchedulerState};
 
-/// Why the scheduler could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The configuration is inconsistent.
-    #[error("invalid configuration: {0}")]
-    Config(String),
-    /// The listener could not be used.
-    #[error("listener: {0}")]
-    Listener(#[from] std::io::Error),
-    /// The gRPC server failed.
-    #[error("gRPC server: {0}")]
-    Transport(#[from] tonic::transport::Error),
-}
+pub use ps_proto::process::ServeError;
 
 /// Serves the scheduler on `listener` until `shutdown` resolves.
 ///
