@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use ps_proto::v1::parameter_server_server::ParameterServerServer;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
@@ -55,7 +54,6 @@ pub async fn run(
         .add_service(health_service)
         .add_service(ParameterService::new(store, config.clone()).into_server());
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let (signalled, on_signal) = oneshot::channel::<()>();
     let stop_on_signal = stop_waits.clone();
     let on_shutdown = async move {
         shutdown.await;
@@ -64,14 +62,13 @@ pub async fn run(
             .set_not_serving::<ParameterServerServer<ParameterService>>()
             .await;
         stop_on_signal.cancel();
-        let _ = signalled.send(());
     };
     let serve = router.serve_with_incoming_shutdown(incoming, on_shutdown);
     let grace = config.shutdown_grace;
+    // The grace period starts when shutdown cancels the token.
+    let shutting_down = stop_waits.clone();
     let grace_expired = async move {
-        if on_signal.await.is_err() {
-            std::future::pending::<()>().await;
-        }
+        shutting_down.cancelled().await;
         tokio::time::sleep(grace).await;
     };
     tokio::select! {
