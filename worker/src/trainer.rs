@@ -173,23 +173,9 @@ impl PsTrainer {
         if let Some(version) = self.client.newer_map() {
             self.client.refresh(version).await?;
         }
-        // A stale shard map is refreshed and the same (worker, step) pushed again:
-        // keys that took it the first time acknowledge it without applying it twice.
         let mut refreshes = 0;
-        loop {
-            match self.client.push(self.group.rank, self.step, &pushed).await {
-                Err(error) if refreshes < MAP_REFRESHES => {
-                    let Some(version) = error.stale_map() else {
-                        return Err(error.into());
-                    };
-                    self.client.refresh(version).await?;
-                    refreshes += 1;
-                }
-                result => {
-                    result?;
-                    break;
-                }
-            };
+        while let Err(error) = self.client.push(self.group.rank, self.step, &pushed).await {
+            self.refresh_if_stale(error, &mut refreshes).await?;
         }
         let wait_for = self.group.consistency.version_after(self.step);
         self.step += 1;
@@ -205,20 +191,33 @@ impl PsTrainer {
         self.load(0).await
     }
 
+    /// After a failed push or pull: when a server refused the shard map as stale and
+    /// fewer than [`MAP_REFRESHES`] refreshes were made, fetches the newer map so the
+    /// caller can retry (a push keeps its `(worker, step)`, so keys that took it the
+    /// first time do not apply it twice); otherwise returns the error.
+    async fn refresh_if_stale(
+        &mut self,
+        error: ClientError,
+        refreshes: &mut usize,
+    ) -> Result<(), TrainerError> {
+        match error.stale_map() {
+            Some(version) if *refreshes < MAP_REFRESHES => {
+                self.client.refresh(version).await?;
+                *refreshes += 1;
+                Ok(())
+            }
+            _ => Err(error.into()),
+        }
+    }
+
     /// Pulls every variable at `min_version` or later into the `Var`s; returns the
     /// lowest version received.
     async fn load(&mut self, min_version: u64) -> Result<u64, TrainerError> {
         let mut refreshes = 0;
         let mut pulled = loop {
             match self.client.pull(min_version).await {
-                Err(error) if refreshes < MAP_REFRESHES => {
-                    let Some(version) = error.stale_map() else {
-                        return Err(error.into());
-                    };
-                    self.client.refresh(version).await?;
-                    refreshes += 1;
-                }
-                result => break result?,
+                Ok(pulled) => break pulled,
+                Err(error) => self.refresh_if_stale(error, &mut refreshes).await?,
             }
         };
         let mut version = u64::MAX;
