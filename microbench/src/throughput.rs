@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures::future::try_join_all;
 use ps_cluster::processes::ServerProcess;
 use ps_proto::codec::{DType, encode_f32};
-use ps_proto::transport::http_uri;
+use ps_proto::transport::{DEFAULT_MAX_MESSAGE_BYTES, TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_worker::placement::ParamInfo;
@@ -102,10 +102,12 @@ impl Worker {
         tuning: &Tuning,
     ) -> anyhow::Result<Self> {
         let mut config = ClientConfig::new(addrs);
-        config.transport.stream_window_bytes = tuning.stream_window as u32;
-        config.transport.connection_window_bytes = tuning.connection_window as u32;
-        config.transport.max_frame_bytes = tuning.max_frame as u32;
-        config.transport.adaptive_window = tuning.adaptive_window;
+        // The tuned windows and frames, with the parameter servers' message limit.
+        let tuned = tuning.transport().map_err(anyhow::Error::msg)?;
+        config.transport = TransportConfig {
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            ..tuned
+        };
         config.chunk_bytes = tuning
             .chunk
             .min(config.transport.max_message_bytes - (64 << 10));
