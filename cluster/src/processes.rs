@@ -8,12 +8,12 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// Path of a workspace binary built next to the running executable (a test in
-/// `target/*/deps/`, or a binary in `target/*/`).
+/// The profile directory (`target/debug`, `target/release`, ...) of the running
+/// executable, whether it is a binary there or a test or example below it.
 ///
 /// # Panics
-/// When the binary has not been built.
-pub fn binary(name: &str) -> PathBuf {
+/// When the executable's path cannot be found.
+pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("executable path");
     let dir = exe.parent().expect("executable directory");
     let dir = if dir.ends_with("deps") || dir.ends_with("examples") {
@@ -21,7 +21,16 @@ pub fn binary(name: &str) -> PathBuf {
     } else {
         dir
     };
-    let path = dir.join(name);
+    dir.to_path_buf()
+}
+
+/// Path of a workspace binary built next to the running executable (a test in
+/// `target/*/deps/`, or a binary in `target/*/`).
+///
+/// # Panics
+/// When the binary has not been built.
+pub fn binary(name: &str) -> PathBuf {
+    let path = target_dir().join(name);
     assert!(
         path.is_file(),
         "{} is missing; build the workspace first (cargo build --workspace)",

@@ -6,6 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 pub use ps_cluster::processes::ServerProcess;
+use ps_cluster::processes::target_dir;
 use tokio::process::Command;
 
 /// Path of a workspace binary, built with cargo first if this test run has not
@@ -26,12 +27,7 @@ pub fn example(name: &str) -> PathBuf {
 }
 
 fn built(relative: &str, selector: &[&str]) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target directory")
-        .to_path_buf();
+    let profile_dir = target_dir();
     let path = profile_dir.join(relative);
     if !path.is_file() {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
