@@ -191,6 +191,15 @@ impl Membership {
         Ok(rank)
     }
 
+    /// The member `node` names, if it is alive.
+    fn live_member(&mut self, node: Node) -> Option<&mut Member> {
+        let member = match node {
+            Node::Server(id) => self.servers.get_mut(&id),
+            Node::Worker(rank) => self.workers.get_mut(&rank),
+        };
+        member.filter(|m| m.alive)
+    }
+
     /// Records a heartbeat (with a worker's current step); returns the map version.
     ///
     /// # Errors
@@ -201,11 +210,7 @@ impl Membership {
         step: u64,
         now: Instant,
     ) -> Result<u64, MembershipError> {
-        let members = match node {
-            Node::Server(id) => self.servers.get_mut(&id),
-            Node::Worker(rank) => self.workers.get_mut(&rank),
-        };
-        match members.filter(|m| m.alive) {
+        match self.live_member(node) {
             Some(member) => {
                 member.last_seen = now;
                 member.last_step = step;
@@ -219,11 +224,7 @@ impl Membership {
 
     /// A node leaves on purpose (clean shutdown).
     pub fn leave(&mut self, node: Node) {
-        let member = match node {
-            Node::Server(id) => self.servers.get_mut(&id),
-            Node::Worker(rank) => self.workers.get_mut(&rank),
-        };
-        if let Some(member) = member.filter(|m| m.alive) {
+        if let Some(member) = self.live_member(node) {
             member.alive = false;
             member.left = true;
             self.republish();
