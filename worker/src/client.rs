@@ -189,7 +189,7 @@ impl PsClient {
             Some(addr) => (
                 Vec::new(),
                 Some(SchedulerClient::new(
-                    connect(&config.transport, addr).await?.channel,
+                    open_channel(&config.transport, addr).await?,
                 )),
             ),
             None if config.servers.is_empty() => {
@@ -800,17 +800,23 @@ async fn heartbeat(mut scheduler: SchedulerClient<Channel>, beat: Heartbeat) {
     }
 }
 
-async fn connect(transport: &TransportConfig, addr: &str) -> Result<Server, ClientError> {
+/// Opens an HTTP/2 channel to `addr`, failing within the connect timeout.
+async fn open_channel(transport: &TransportConfig, addr: &str) -> Result<Channel, ClientError> {
     let connect_error = |source| ClientError::Connect {
         addr: addr.to_string(),
         source,
     };
-    let channel = transport
+    transport
         .endpoint(http_uri(addr))
         .map_err(connect_error)?
         .connect()
         .await
-        .map_err(connect_error)?;
+        .map_err(connect_error)
+}
+
+/// Connects to the parameter server at `addr`, with the configured message limits.
+async fn connect(transport: &TransportConfig, addr: &str) -> Result<Server, ClientError> {
+    let channel = open_channel(transport, addr).await?;
     let limit = transport.max_message_bytes;
     let client = ParameterServerClient::new(channel.clone())
         .max_decoding_message_size(limit)
