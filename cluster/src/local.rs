@@ -40,7 +40,7 @@ impl LocalScheduler {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
         let config = SchedulerConfig {
-            workers: spec.workers,
+            workers: spec.workers.into(),
             min_servers: spec.servers,
             consistency: spec.consistency,
             ..SchedulerConfig::default()

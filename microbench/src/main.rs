@@ -43,6 +43,12 @@ enum Command {
     Bandwidth(BandwidthArgs),
     /// M ps-server processes x N workers pushing and pulling a model's tensors.
     PsThroughput(ThroughputArgs),
+    /// Exit 0 when the benchmark server at --server serves (a container health check).
+    Health {
+        /// The benchmark server's gRPC address.
+        #[arg(long, default_value = "127.0.0.1:7080")]
+        server: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -329,5 +335,6 @@ async fn main() -> anyhow::Result<()> {
         Command::Latency(args) => run_latency(args).await,
         Command::Bandwidth(args) => run_bandwidth(args).await,
         Command::PsThroughput(args) => run_throughput(args).await,
+        Command::Health { server } => std::process::exit(ps_proto::health::report(&server).await),
     }
 }

@@ -1,5 +1,6 @@
 //! The benchmark peer: the `ps.v1.Bench` gRPC service and the raw TCP baseline,
-//! served side by side from one process (`ps-microbench serve`).
+//! served side by side from one process (`ps-microbench serve`), with the gRPC
+//! health service beside them.
 
 use std::future::Future;
 
@@ -120,9 +121,12 @@ pub async fn serve(
     let tcp_port = tcp.local_addr()?.port();
     let baseline = tokio::spawn(crate::tcp::serve(tcp));
     let service = BenchService::new(tcp_port).into_server(transport.max_message_bytes);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<BenchServer<BenchService>>().await;
     let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
     transport
         .server()
+        .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;

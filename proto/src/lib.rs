@@ -6,6 +6,7 @@
 //! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
 //! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
+//! - [`health`]: the client side of the gRPC health service, for `health` subcommands.
 //! - [`process`]: logging set-up, the shutdown signal and `ServeError`, shared by the binaries.
 //! - [`transport`]: one place for HTTP/2 windows, frame sizes, message limits and keep-alive.
 
@@ -13,6 +14,7 @@ pub mod chunk;
 pub mod codec;
 pub mod consistency;
 pub mod fixtures;
+pub mod health;
 pub mod key;
 pub mod process;
 pub mod transport;

@@ -1,13 +1,15 @@
 //! What every candle-ps server does the same way: logging set-up, the shutdown
 //! signal (SIGTERM or Ctrl-C), and the error a server's `run` fails with.
 
-/// Sets up `tracing` to stderr, filtered by `RUST_LOG` (default `info`).
+/// Sets up `tracing` to stderr, filtered by `RUST_LOG` (default `info`), with colours
+/// only on a terminal (container logs stay plain text).
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // A second call (two binaries' code in one test process) keeps the first set-up.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -216,6 +216,17 @@ pub enum Error {
         /// The version this server knows.
         current: u64,
     },
+    /// The request was routed with a newer shard map than this server has applied,
+    /// and it could not fetch that map in time.
+    #[error(
+        "this server has not applied shard map version {requested} yet (it has {current}); it is fetching it from the scheduler: retry shortly"
+    )]
+    MapAhead {
+        /// The version the request carried.
+        requested: u64,
+        /// The version this server has.
+        current: u64,
+    },
     /// The server is shutting down.
     #[error("the parameter server is shutting down; retry on another server or after it restarts")]
     ShuttingDown,
@@ -234,7 +245,7 @@ impl Error {
             | Error::TensorTooLarge { .. }
             | Error::GroupFull { .. } => Code::ResourceExhausted,
             Error::PullTimeout { .. } => Code::DeadlineExceeded,
-            Error::ShuttingDown => Code::Unavailable,
+            Error::ShuttingDown | Error::MapAhead { .. } => Code::Unavailable,
             Error::Stream(status) => status.code(),
             Error::EmptyRequest { .. }
             | Error::Codec { .. }

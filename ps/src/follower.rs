@@ -2,7 +2,8 @@
 //! new shard map's set of live workers to its store, so a BSP step stops waiting
 //! for a worker the scheduler declared dead. While the scheduler is unreachable the
 //! shard keeps serving with what it last knew and keeps trying; on shutdown it
-//! leaves the cluster.
+//! leaves the cluster. When a scheduler run with `--exit-when-done` says the job is
+//! over, the shard shuts down too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +35,7 @@ struct Follower {
     interval: Duration,
     map_version: u64,
     reachable: bool,
+    job_done: CancellationToken,
 }
 
 impl Follower {
@@ -62,6 +64,14 @@ impl Follower {
             .heartbeat(v1::HeartbeatRequest { node, step: 0 })
             .await
         {
+            Ok(response) if response.get_ref().job_done => {
+                tracing::info!(
+                    server_id,
+                    "the scheduler says every worker has finished: shutting down"
+                );
+                self.job_done.cancel();
+                return Ok(());
+            }
             Ok(response) => response.into_inner().map_version,
             Err(status) if status.code() == Code::NotFound => {
                 tracing::warn!(
@@ -87,7 +97,7 @@ impl Follower {
         let map = self.client.get_shard_map(request).await?.into_inner();
         let live = map.workers.iter().copied().collect();
         let advanced = self.store.set_group(map.group_size, live);
-        self.store.set_map_version(map.version);
+        self.store.map().set(map.version);
         tracing::info!(version = map.version, live_workers = ?map.workers, steps_completed = advanced, "applied shard map");
         self.map_version = map.version;
         Ok(())
@@ -108,7 +118,8 @@ impl Follower {
     }
 }
 
-/// Follows the scheduler until `stop` is cancelled.
+/// Follows the scheduler until `stop` is cancelled; cancels `job_done` when the
+/// scheduler says every worker has finished and it is exiting.
 ///
 /// # Errors
 /// Only when the scheduler address is not a valid URI; an unreachable scheduler is
@@ -117,10 +128,12 @@ pub async fn follow(
     link: SchedulerLink,
     store: Arc<Store>,
     stop: CancellationToken,
+    job_done: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let channel = TransportConfig::default()
         .endpoint(http_uri(&link.scheduler))?
         .connect_lazy();
+    store.map().follow();
     let mut follower = Follower {
         client: SchedulerClient::new(channel),
         link,
@@ -129,6 +142,7 @@ pub async fn follow(
         interval: Duration::from_millis(500),
         map_version: 0,
         reachable: true,
+        job_done,
     };
     loop {
         match follower.beat().await {
@@ -143,9 +157,11 @@ pub async fn follow(
             }
             Err(_) => {}
         }
+        let store = Arc::clone(&follower.store);
         tokio::select! {
             () = stop.cancelled() => break,
             () = tokio::time::sleep(follower.interval) => {}
+            () = store.map().wanted() => {}
         }
     }
     follower.leave().await;

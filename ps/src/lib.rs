@@ -8,6 +8,7 @@
 //! - [`consistency`]: BSP, ASP, SSP(k) and the rule that admits a push exactly once.
 //! - [`optimizer`]: SGD, momentum, Adam(W).
 //! - [`follower`]: following the scheduler (registration, heartbeats, live workers).
+//! - [`map_version`]: the applied shard-map version; stale and newer maps.
 //! - [`group`]: worker ranks handed out by `JoinGroup`.
 //! - [`param`]: one key's state.
 //! - [`store`]: all keys; all-or-nothing register and push, waiting pulls.
@@ -21,6 +22,7 @@ pub mod consistency;
 pub mod error;
 pub mod follower;
 pub mod group;
+pub mod map_version;
 pub mod optimizer;
 pub mod param;
 pub mod server;

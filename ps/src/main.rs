@@ -2,12 +2,13 @@
 //!
 //! ```text
 //! ps-server --listen 0.0.0.0:7070 --workers 2 --consistency bsp
+//! ps-server health --server 127.0.0.1:7070
 //! ```
 
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use ps_proto::transport::TransportConfig;
 use ps_server::follower::SchedulerLink;
 use ps_server::{Consistency, ServerConfig};
@@ -16,6 +17,8 @@ use ps_server::{Consistency, ServerConfig};
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Address to listen on.
     #[arg(long, env = "PS_LISTEN", default_value = "0.0.0.0:7070")]
     listen: String,
@@ -24,8 +27,12 @@ struct Args {
     scheduler: Option<String>,
     /// The address workers reach this server at (default: the listen address, with
     /// 127.0.0.1 for an unspecified host).
-    #[arg(long, env = "PS_ADVERTISE")]
+    #[arg(long, env = "PS_ADVERTISE", conflicts_with = "advertise_hostname")]
     advertise: Option<String>,
+    /// Advertise this machine's hostname with the listen port (containers: each
+    /// replica of a scaled service is reached by its own hostname).
+    #[arg(long, env = "PS_ADVERTISE_HOSTNAME")]
+    advertise_hostname: bool,
     /// Workers in the BSP/SSP group; gradients are averaged over them.
     #[arg(long, env = "PS_WORKERS", default_value_t = 1)]
     workers: u32,
@@ -67,6 +74,16 @@ struct Args {
     adaptive_window: bool,
 }
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Exit 0 when the server at --server serves (a container health check).
+    Health {
+        /// The server's address.
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        server: String,
+    },
+}
+
 impl Args {
     fn config(&self) -> ServerConfig {
         let transport = TransportConfig {
@@ -92,19 +109,33 @@ impl Args {
     }
 }
 
-/// The listen address, with a loopback host when it listens on every interface.
-fn advertised(local: std::net::SocketAddr) -> String {
-    if local.ip().is_unspecified() {
+/// The address workers reach this server at: the flag, else the hostname (when
+/// asked) or the listen address, with a loopback host when it listens on every
+/// interface.
+fn advertised(args: &Args, local: std::net::SocketAddr) -> anyhow::Result<String> {
+    if let Some(addr) = &args.advertise {
+        return Ok(addr.clone());
+    }
+    if args.advertise_hostname {
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .or_else(|_| std::env::var("HOSTNAME").map_err(std::io::Error::other))
+            .context("--advertise-hostname: cannot read this machine's hostname")?;
+        return Ok(format!("{}:{}", hostname.trim(), local.port()));
+    }
+    Ok(if local.ip().is_unspecified() {
         format!("127.0.0.1:{}", local.port())
     } else {
         local.to_string()
-    }
+    })
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ps_proto::process::init_tracing();
+    if let Some(Command::Health { server }) = &args.command {
+        std::process::exit(ps_proto::health::report(server).await);
+    }
     let config = args.config();
     config
         .validate()
@@ -115,8 +146,7 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let mut config = config;
     if let Some(scheduler) = &args.scheduler {
-        let local = listener.local_addr()?;
-        let advertise = args.advertise.clone().unwrap_or_else(|| advertised(local));
+        let advertise = advertised(&args, listener.local_addr()?)?;
         config.scheduler = Some(SchedulerLink {
             scheduler: scheduler.clone(),
             advertise,

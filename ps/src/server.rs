@@ -33,10 +33,11 @@ pub async fn run(
     let addr = listener.local_addr()?;
     let stop_waits = CancellationToken::new();
     let store = Arc::new(Store::new(config.store_rules(), stop_waits.clone()));
-    let follower = config
-        .scheduler
-        .clone()
-        .map(|link| tokio::spawn(follow(link, Arc::clone(&store), stop_waits.clone())));
+    let job_done = CancellationToken::new();
+    let follower = config.scheduler.clone().map(|link| {
+        let (store, stop) = (Arc::clone(&store), stop_waits.clone());
+        tokio::spawn(follow(link, store, stop, job_done.clone()))
+    });
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<ParameterServerServer<ParameterService>>()
@@ -56,7 +57,10 @@ pub async fn run(
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let stop_on_signal = stop_waits.clone();
     let on_shutdown = async move {
-        shutdown.await;
+        tokio::select! {
+            () = shutdown => {}
+            () = job_done.cancelled() => {}
+        }
         tracing::info!(%addr, "ps-server shutting down: finishing requests in flight");
         health
             .set_not_serving::<ParameterServerServer<ParameterService>>()

@@ -68,7 +68,7 @@ impl ParameterService {
     }
 
     async fn pull_values(&self, request: &v1::PullRequest) -> Result<Vec<Pulled>> {
-        self.store.check_map(request.map_version)?;
+        self.store.map().admit(request.map_version).await?;
         let keys: Vec<_> = request.keys.iter().map(wire::key).collect();
         let timeout = self.config.pull_timeout(request.timeout_ms);
         self.store.pull(&keys, request.min_version, timeout).await
@@ -87,7 +87,7 @@ async fn read_register_stream(
         let spec = message.spec.as_ref().ok_or(Error::EmptyRequest {
             what: "a RegisterChunk without a spec",
         })?;
-        store.check_map(message.map_version)?;
+        store.map().admit(message.map_version).await?;
         let spec = wire::param_spec(spec)?;
         store.check_size(&spec)?;
         match specs.iter().find(|s| s.key == spec.key) {
@@ -138,7 +138,7 @@ async fn read_push_stream(
         let chunk = message.chunk.as_ref().ok_or(Error::EmptyRequest {
             what: "a PushChunk without a chunk",
         })?;
-        store.check_map(message.map_version)?;
+        store.map().admit(message.map_version).await?;
         let header = ChunkHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
         if checked.insert(header.key.clone()) {
             store.check_gradient_header(&header)?;
@@ -175,9 +175,8 @@ impl ParameterServer for ParameterService {
         request: Request<v1::RegisterRequest>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
         let request = request.get_ref();
-        let result = self
-            .store
-            .check_map(request.map_version)
+        let admitted = self.store.map().admit(request.map_version).await;
+        let result = admitted
             .and_then(|()| {
                 request
                     .params
@@ -203,9 +202,8 @@ impl ParameterServer for ParameterService {
         request: Request<v1::PushRequest>,
     ) -> Result<Response<v1::PushResponse>, Status> {
         let request = request.get_ref();
-        let result = self
-            .store
-            .check_map(request.map_version)
+        let admitted = self.store.map().admit(request.map_version).await;
+        let result = admitted
             .and_then(|()| {
                 request
                     .grads

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::consistency::Admission;
 use crate::error::{Error, Result};
+use crate::map_version::MapVersion;
 use crate::param::{Group, KeyState, ParamSpec};
 
 /// One stored key: its immutable spec, its state, and a channel announcing versions.
@@ -141,7 +142,7 @@ pub struct Store {
     keys: RwLock<HashMap<ParamKey, Arc<Entry>>>,
     live: RwLock<BTreeSet<u32>>,
     workers: AtomicU32,
-    map_version: AtomicU64,
+    map: MapVersion,
     counters: Counters,
     shutdown: CancellationToken,
 }
@@ -154,7 +155,7 @@ impl Store {
             keys: RwLock::new(HashMap::new()),
             live: RwLock::new((0..rules.group.workers).collect()),
             workers: AtomicU32::new(rules.group.workers),
-            map_version: AtomicU64::new(0),
+            map: MapVersion::default(),
             counters: Counters::default(),
             shutdown,
         }
@@ -165,22 +166,10 @@ impl Store {
         self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Records the newest shard-map version this server has applied.
-    pub fn set_map_version(&self, version: u64) {
-        self.map_version.fetch_max(version, Ordering::Relaxed);
-    }
-
-    /// Refuses a request routed with an older shard map than this server knows
-    /// (0 means the client uses no scheduler and is never refused).
-    ///
-    /// # Errors
-    /// `StaleMap`.
-    pub fn check_map(&self, requested: u64) -> Result<()> {
-        let current = self.map_version.load(Ordering::Relaxed);
-        if requested != 0 && requested < current {
-            return Err(Error::StaleMap { requested, current });
-        }
-        Ok(())
+    /// The shard-map version this server has applied, and the check of requests
+    /// against it.
+    pub fn map(&self) -> &MapVersion {
+        &self.map
     }
 
     /// The consistency model and the current group size.

@@ -94,6 +94,9 @@ async fn binary_serves_and_exits_cleanly_on_sigterm() {
         .unwrap()
         .into_inner();
     assert_eq!((stats.workers, stats.consistency.as_str()), (2, "bsp"));
+    let health = health_subcommand(&addr);
+    assert!(health.status.success(), "{health:?}");
+    assert!(String::from_utf8_lossy(&health.stdout).contains("healthy"));
 
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -108,6 +111,21 @@ async fn binary_serves_and_exits_cleanly_on_sigterm() {
         rest.iter().any(|l| l.contains("ps-server stopped")),
         "{rest:#?}"
     );
+    let health = health_subcommand(&addr);
+    assert!(!health.status.success(), "a stopped server is not healthy");
+    let message = String::from_utf8_lossy(&health.stderr);
+    assert!(
+        message.contains("unhealthy") && message.contains(&addr),
+        "{message}"
+    );
+}
+
+/// `ps-server health --server ADDR`, the container health check.
+fn health_subcommand(addr: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args(["health", "--server", addr])
+        .output()
+        .unwrap()
 }
 
 #[test]

@@ -4,11 +4,16 @@ use std::time::Duration;
 
 use ps_proto::consistency::Consistency;
 
+use crate::group::GroupSize;
+
 /// Settings of the scheduler.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
-    /// Workers in the group.
-    pub workers: u32,
+    /// Workers in the group: a fixed number or an elastic range.
+    pub workers: GroupSize,
+    /// For an elastic group: how long registrations must stay quiet (with at least
+    /// the minimum registered) before the group forms.
+    pub join_window: Duration,
     /// Servers that must register before the first map is published.
     pub min_servers: usize,
     /// Consistency model announced to workers.
@@ -21,18 +26,23 @@ pub struct SchedulerConfig {
     pub default_wait: Duration,
     /// The longest wait a request may ask for.
     pub max_wait: Duration,
+    /// Exit once every worker has left on purpose (after servers had time to hear
+    /// it from their heartbeats), so a compose cluster ends with its job.
+    pub exit_when_done: bool,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
         Self {
-            workers: 1,
+            workers: GroupSize::fixed(1),
+            join_window: Duration::from_secs(2),
             min_servers: 1,
             consistency: Consistency::Bsp,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_timeout: Duration::from_secs(3),
             default_wait: Duration::from_secs(60),
             max_wait: Duration::from_secs(600),
+            exit_when_done: false,
         }
     }
 }
@@ -43,8 +53,14 @@ impl SchedulerConfig {
     /// # Errors
     /// A message naming the setting to change.
     pub fn validate(&self) -> Result<(), String> {
-        if self.workers == 0 || self.min_servers == 0 {
+        if self.workers.min == 0 || self.min_servers == 0 {
             return Err("--workers and --servers must be at least 1".into());
+        }
+        if self.workers.min > self.workers.max {
+            return Err(format!(
+                "--workers {}: the minimum is above the maximum",
+                self.workers
+            ));
         }
         if self.heartbeat_timeout < self.heartbeat_interval * 2 {
             return Err(format!(

@@ -8,10 +8,12 @@
 //! - [`config`]: settings and their validation.
 
 pub mod config;
+pub mod group;
 pub mod membership;
 pub mod placement;
 pub mod server;
 pub mod service;
 
 pub use config::SchedulerConfig;
+pub use group::GroupSize;
 pub use server::run;

@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! ps-scheduler --listen 0.0.0.0:7000 --workers 2 --servers 2
+//! ps-scheduler --workers 1:16 --join-window-ms 2000   # as many workers as join
 //! ps-scheduler status --server 127.0.0.1:7000
+//! ps-scheduler health --server 127.0.0.1:7000
 //! ```
 
 use std::time::Duration;
@@ -13,7 +15,7 @@ use ps_proto::consistency::Consistency;
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
-use ps_scheduler::SchedulerConfig;
+use ps_scheduler::{GroupSize, SchedulerConfig};
 
 /// The candle-ps scheduler.
 #[derive(Debug, Parser)]
@@ -24,9 +26,13 @@ struct Cli {
     /// Address to listen on.
     #[arg(long, env = "PS_LISTEN", default_value = "0.0.0.0:7000")]
     listen: String,
-    /// Workers in the group.
-    #[arg(long, env = "PS_WORKERS", default_value_t = 1)]
-    workers: u32,
+    /// Workers in the group: N, or MIN:MAX for a group that forms from whoever
+    /// registers (at least MIN) until registrations stop for --join-window-ms.
+    #[arg(long, env = "PS_WORKERS", default_value = "1")]
+    workers: GroupSize,
+    /// Milliseconds without a new registration after which an elastic group forms.
+    #[arg(long, env = "PS_JOIN_WINDOW_MS", default_value_t = 2000)]
+    join_window_ms: u64,
     /// Servers that must register before the first shard map.
     #[arg(long, env = "PS_SERVERS", default_value_t = 1)]
     servers: usize,
@@ -39,12 +45,21 @@ struct Cli {
     /// Milliseconds of silence after which a node is declared dead.
     #[arg(long, env = "PS_HEARTBEAT_TIMEOUT_MS", default_value_t = 3000)]
     heartbeat_timeout_ms: u64,
+    /// Exit once every worker has finished; following servers exit with it.
+    #[arg(long, env = "PS_EXIT_WHEN_DONE")]
+    exit_when_done: bool,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Print the cluster as the scheduler at --server sees it.
     Status {
+        /// The scheduler's address.
+        #[arg(long, default_value = "127.0.0.1:7000")]
+        server: String,
+    },
+    /// Exit 0 when the scheduler at --server serves (a container health check).
+    Health {
         /// The scheduler's address.
         #[arg(long, default_value = "127.0.0.1:7000")]
         server: String,
@@ -112,11 +127,17 @@ async fn status(server: &str) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     ps_proto::process::init_tracing();
-    if let Some(Command::Status { server }) = &cli.command {
-        return status(server).await;
+    match &cli.command {
+        Some(Command::Status { server }) => return status(server).await,
+        Some(Command::Health { server }) => {
+            std::process::exit(ps_proto::health::report(server).await);
+        }
+        None => {}
     }
     let config = SchedulerConfig {
         workers: cli.workers,
+        join_window: Duration::from_millis(cli.join_window_ms),
+        exit_when_done: cli.exit_when_done,
         min_servers: cli.servers,
         consistency: cli.consistency,
         heartbeat_interval: Duration::from_millis(cli.heartbeat_ms),

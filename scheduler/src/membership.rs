@@ -9,10 +9,15 @@
 //!   workers publishes a new version.
 //! - The map names the live workers: under BSP, servers wait for those only, so a
 //!   dead worker never stalls the others for longer than the heartbeat timeout.
+//! - An elastic group ([`GroupSize`] `MIN:MAX`) forms when `MAX` workers have
+//!   registered, or when at least `MIN` have and no one else registered for the join
+//!   window; until then there is no map and registered workers are not expired
+//!   (they wait in `RegisterWorker`, not heartbeating).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::group::GroupSize;
 use crate::placement::{Assignment, Param, plan};
 
 /// Why a membership call was refused.
@@ -20,7 +25,7 @@ use crate::placement::{Assignment, Param, plan};
 pub enum MembershipError {
     /// Every worker rank is taken by a live worker.
     #[error(
-        "all {workers} worker ranks are taken by live workers; start the scheduler with --workers N for more"
+        "all {workers} worker ranks are taken by live workers; the group has formed, so start the scheduler with a larger --workers (or MIN:MAX) for more"
     )]
     GroupFull {
         /// Group size.
@@ -69,6 +74,11 @@ impl std::fmt::Display for Node {
 /// What [`Membership::tick`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
+    /// An elastic group formed with this many workers.
+    GroupFormed {
+        /// Workers in the group.
+        workers: u32,
+    },
     /// A node missed its heartbeats.
     Dead {
         /// The node.
@@ -111,7 +121,11 @@ pub struct ShardMap {
 #[derive(Debug)]
 pub struct Membership {
     heartbeat_timeout: Duration,
-    group_size: u32,
+    group: GroupSize,
+    /// The group's size once it has formed (at once for a fixed size).
+    formed: Option<u32>,
+    join_window: Duration,
+    last_join: Option<Instant>,
     min_servers: usize,
     servers: BTreeMap<u32, Member>,
     workers: BTreeMap<u32, Member>,
@@ -121,12 +135,20 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// An empty cluster expecting `group_size` workers and at least `min_servers`
+    /// An empty cluster expecting `group` workers and at least `min_servers`
     /// servers before it publishes a map.
-    pub fn new(heartbeat_timeout: Duration, group_size: u32, min_servers: usize) -> Self {
+    pub fn new(
+        heartbeat_timeout: Duration,
+        group: impl Into<GroupSize>,
+        min_servers: usize,
+    ) -> Self {
+        let group = group.into();
         Self {
             heartbeat_timeout,
-            group_size,
+            group,
+            formed: group.is_fixed().then_some(group.max),
+            join_window: Duration::from_secs(2),
+            last_join: None,
             min_servers: min_servers.max(1),
             servers: BTreeMap::new(),
             workers: BTreeMap::new(),
@@ -134,6 +156,12 @@ impl Membership {
             map: None,
             version: 0,
         }
+    }
+
+    /// Sets how long registrations must stay quiet before an elastic group forms.
+    pub fn with_join_window(mut self, window: Duration) -> Self {
+        self.join_window = window;
+        self
     }
 
     /// Registers a server at `addr` (again, after a restart: same id).
@@ -159,7 +187,8 @@ impl Membership {
     }
 
     /// Gives `client_id` a rank: its old one, else the lowest rank that is free or
-    /// whose worker died.
+    /// whose worker died (not one whose worker finished and left). In an elastic group that has not formed yet, the group
+    /// size is known only later ([`Membership::group_size`]).
     ///
     /// # Errors
     /// [`MembershipError::GroupFull`] when every rank has a live worker.
@@ -173,10 +202,12 @@ impl Membership {
             .iter()
             .find(|(_, m)| m.name == client_id)
             .map(|(&r, _)| r);
-        let free = (0..self.group_size).find(|r| self.workers.get(r).is_none_or(|m| !m.alive));
-        let rank = own.or(free).ok_or(MembershipError::GroupFull {
-            workers: self.group_size,
-        })?;
+        let ranks = self.formed.unwrap_or(self.group.max);
+        // A rank whose worker finished (left) is done; one whose worker died is free.
+        let free = (0..ranks).find(|r| self.workers.get(r).is_none_or(|m| !m.alive && !m.left));
+        let rank = own
+            .or(free)
+            .ok_or(MembershipError::GroupFull { workers: ranks })?;
         self.workers.insert(
             rank,
             Member {
@@ -187,8 +218,35 @@ impl Membership {
                 last_step: 0,
             },
         );
+        if self.formed.is_none() {
+            self.last_join = Some(now);
+            if self.workers.len() as u32 >= self.group.max {
+                self.form_group(now);
+            }
+        }
         self.republish();
         Ok(rank)
+    }
+
+    /// Fixes an elastic group at the workers registered so far; their heartbeat
+    /// clocks start now (they were waiting for this, not heartbeating).
+    fn form_group(&mut self, now: Instant) -> u32 {
+        let workers = self.workers.len() as u32;
+        for member in self.workers.values_mut() {
+            member.last_seen = now;
+        }
+        self.formed = Some(workers);
+        workers
+    }
+
+    /// True when an elastic group may form now: enough workers, and the window
+    /// since the last registration has passed.
+    fn ready_to_form(&self, now: Instant) -> bool {
+        self.formed.is_none()
+            && self.workers.len() as u32 >= self.group.min
+            && self
+                .last_join
+                .is_some_and(|t| now.saturating_duration_since(t) >= self.join_window)
     }
 
     /// The member `node` names, if it is alive.
@@ -260,10 +318,15 @@ impl Membership {
     pub fn tick(&mut self, now: Instant) -> Vec<Event> {
         let timeout = self.heartbeat_timeout;
         let mut events = Vec::new();
-        let groups = [
-            (&mut self.servers, Node::Server as fn(u32) -> Node),
-            (&mut self.workers, Node::Worker as fn(u32) -> Node),
-        ];
+        if self.ready_to_form(now) {
+            let workers = self.form_group(now);
+            events.push(Event::GroupFormed { workers });
+        }
+        // Workers of a group still forming wait in RegisterWorker: nothing to expire.
+        let mut groups = vec![(&mut self.servers, Node::Server as fn(u32) -> Node)];
+        if self.formed.is_some() {
+            groups.push((&mut self.workers, Node::Worker as fn(u32) -> Node));
+        }
         for (members, node) in groups {
             for (&id, member) in members.iter_mut().filter(|(_, m)| m.alive) {
                 let silent = now.saturating_duration_since(member.last_seen);
@@ -297,8 +360,11 @@ impl Membership {
             .collect();
         // A rank that has not registered yet is still expected: only ranks declared
         // dead (or gone) stop being waited for.
+        let Some(group_size) = self.formed else {
+            return;
+        };
         let gone = |rank: &u32| self.workers.get(rank).is_some_and(|m| !m.alive);
-        let workers: Vec<u32> = (0..self.group_size).filter(|r| !gone(r)).collect();
+        let workers: Vec<u32> = (0..group_size).filter(|r| !gone(r)).collect();
         // Enough servers gate the first map only; afterwards any live server will do.
         let enough =
             servers.len() >= self.min_servers || (self.map.is_some() && !servers.is_empty());
@@ -316,7 +382,7 @@ impl Membership {
             params,
             assignments,
             workers,
-            group_size: self.group_size,
+            group_size,
         };
         if self.map.as_ref().is_none_or(|m| {
             ShardMap {
@@ -342,6 +408,14 @@ impl Membership {
             missing.push(format!(
                 "{} of {} servers registered",
                 live_servers, self.min_servers
+            ));
+        }
+        if self.formed.is_none() {
+            missing.push(format!(
+                "the worker group ({} workers) is forming: {} registered, it forms {:?} after the last registration",
+                self.group,
+                self.workers.len(),
+                self.join_window
             ));
         }
         if self.params.is_none() {
@@ -382,9 +456,21 @@ impl Membership {
             .collect()
     }
 
-    /// The worker group size.
-    pub fn group_size(&self) -> u32 {
-        self.group_size
+    /// True when the job is over: the group formed, every rank registered, none is
+    /// alive, and at least one left on purpose (rather than all dying).
+    pub fn job_done(&self) -> bool {
+        let Some(size) = self.formed else {
+            return false;
+        };
+        let ranks: Vec<&Member> = (0..size).filter_map(|r| self.workers.get(&r)).collect();
+        ranks.len() == size as usize
+            && ranks.iter().all(|m| !m.alive)
+            && ranks.iter().any(|m| m.left)
+    }
+
+    /// The worker group size, once the group has formed (at once for a fixed size).
+    pub fn group_size(&self) -> Option<u32> {
+        self.formed
     }
 }
 
@@ -580,5 +666,98 @@ mod tests {
             vec![1],
             "it left; it was not declared dead"
         );
+    }
+
+    fn elastic(t0: Instant) -> Membership {
+        let group: GroupSize = "2:3".parse().unwrap();
+        let mut m = Membership::new(TIMEOUT, group, 1).with_join_window(Duration::from_secs(2));
+        m.register_server("s0:1", t0);
+        m.declare_params(params()).unwrap();
+        m
+    }
+
+    #[test]
+    fn an_elastic_group_forms_after_the_join_window_with_whoever_registered() {
+        let t0 = Instant::now();
+        let mut m = elastic(t0);
+        assert_eq!(m.register_worker("a", t0), Ok(0));
+        m.tick(t0 + Duration::from_secs(3));
+        assert_eq!(m.group_size(), None, "one worker is below the minimum of 2");
+        assert!(m.map().is_none());
+        assert!(
+            m.missing().contains("forming: 1 registered"),
+            "{}",
+            m.missing()
+        );
+        let t1 = t0 + Duration::from_secs(4);
+        assert_eq!(m.register_worker("b", t1), Ok(1));
+        assert!(
+            m.tick(t1 + Duration::from_secs(1)).is_empty(),
+            "window still open"
+        );
+        // Waiting workers are not expired while the group forms, however long it takes.
+        m.heartbeat(Node::Server(0), 0, t1).unwrap();
+        let events = m.tick(t1 + Duration::from_secs(2));
+        assert_eq!(events, vec![Event::GroupFormed { workers: 2 }]);
+        assert_eq!(m.group_size(), Some(2));
+        let map = m.map().unwrap();
+        assert_eq!((map.group_size, map.workers.clone()), (2, vec![0, 1]));
+        assert_eq!(
+            m.register_worker("late", t1 + Duration::from_secs(3)),
+            Err(MembershipError::GroupFull { workers: 2 }),
+            "a formed group does not grow"
+        );
+    }
+
+    #[test]
+    fn an_elastic_group_forms_at_once_when_it_reaches_its_maximum() {
+        let t0 = Instant::now();
+        let mut m = elastic(t0);
+        for (n, id) in ["a", "b", "c"].iter().enumerate() {
+            assert_eq!(m.register_worker(id, t0), Ok(n as u32));
+        }
+        assert_eq!(m.group_size(), Some(3));
+        assert_eq!(m.map().unwrap().workers, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_formed_elastic_group_expires_silent_workers_from_the_moment_it_formed() {
+        let t0 = Instant::now();
+        let mut m = elastic(t0);
+        m.register_worker("a", t0).unwrap();
+        m.register_worker("b", t0).unwrap();
+        let formed = t0 + Duration::from_secs(60);
+        m.heartbeat(Node::Server(0), 0, formed).unwrap();
+        assert_eq!(m.tick(formed), vec![Event::GroupFormed { workers: 2 }]);
+        let later = formed + TIMEOUT - Duration::from_millis(1);
+        m.heartbeat(Node::Server(0), 0, later).unwrap();
+        assert!(
+            m.tick(later).is_empty(),
+            "their clocks started when it formed"
+        );
+        let dead = formed + TIMEOUT + Duration::from_millis(1);
+        m.heartbeat(Node::Server(0), 0, dead).unwrap();
+        m.heartbeat(Node::Worker(0), 5, dead).unwrap();
+        assert!(matches!(
+            &m.tick(dead)[..],
+            [Event::Dead {
+                node: Node::Worker(1),
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn the_job_is_done_when_every_worker_has_gone_and_one_left_on_purpose() {
+        let t0 = Instant::now();
+        let mut m = cluster(t0);
+        m.register_worker("a", t0).unwrap();
+        assert!(!m.job_done());
+        m.leave(Node::Worker(0));
+        assert!(!m.job_done(), "rank 1 has not even registered");
+        m.register_worker("b", t0).unwrap();
+        assert!(!m.job_done());
+        m.leave(Node::Worker(1));
+        assert!(m.job_done());
     }
 }

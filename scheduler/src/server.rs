@@ -14,6 +14,21 @@ use crate::service::{SchedulerService, SchedulerState};
 
 pub use ps_proto::process::ServeError;
 
+/// With `exit_when_done`: resolves a few heartbeats after every worker left, so
+/// each server hears `job_done` and stops too. Otherwise never.
+async fn job_done(state: &SchedulerState, config: &SchedulerConfig) {
+    if !config.exit_when_done {
+        return std::future::pending().await;
+    }
+    state.job_done().await;
+    let linger = config.heartbeat_interval * 3;
+    tracing::info!(
+        ?linger,
+        "every worker has finished: telling the servers, then exiting"
+    );
+    tokio::time::sleep(linger).await;
+}
+
 /// Serves the scheduler on `listener` until `shutdown` resolves.
 ///
 /// # Errors
@@ -41,15 +56,17 @@ pub async fn run(
     health
         .set_serving::<SchedulerServer<SchedulerService>>()
         .await;
-    tracing::info!(%addr, workers = config.workers, min_servers = config.min_servers, timeout = ?config.heartbeat_timeout, "ps-scheduler listening");
+    tracing::info!(%addr, workers = %config.workers, min_servers = config.min_servers, timeout = ?config.heartbeat_timeout, "ps-scheduler listening");
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let served = TransportConfig::default()
         .server()
         .add_service(health_service)
-        .add_service(SchedulerService::new(state).into_server())
+        .add_service(SchedulerService::new(Arc::clone(&state)).into_server())
         .serve_with_incoming_shutdown(incoming, async {
-            shutdown.await;
-            tracing::info!(%addr, "ps-scheduler shutting down");
+            tokio::select! {
+                () = shutdown => tracing::info!(%addr, "ps-scheduler shutting down"),
+                () = job_done(&state, &config) => {}
+            }
         })
         .await;
     ticker.abort();

@@ -30,7 +30,8 @@ impl SchedulerState {
     /// A scheduler with nobody registered yet.
     pub fn new(config: SchedulerConfig) -> Self {
         let membership =
-            Membership::new(config.heartbeat_timeout, config.workers, config.min_servers);
+            Membership::new(config.heartbeat_timeout, config.workers, config.min_servers)
+                .with_join_window(config.join_window);
         Self {
             membership: Mutex::new(membership),
             barriers: Mutex::default(),
@@ -53,8 +54,15 @@ impl SchedulerState {
     /// Declares silent nodes dead and logs each by name.
     pub fn tick(&self) {
         let events = self.update(|m| m.tick(Instant::now()));
-        for Event::Dead { node, name, silent } in events {
-            tracing::warn!(%node, name, ?silent, timeout = ?self.config.heartbeat_timeout, "declared dead: no heartbeat within the timeout");
+        for event in events {
+            match event {
+                Event::Dead { node, name, silent } => {
+                    tracing::warn!(%node, name, ?silent, timeout = ?self.config.heartbeat_timeout, "declared dead: no heartbeat within the timeout");
+                }
+                Event::GroupFormed { workers } => {
+                    tracing::info!(workers, window = ?self.config.join_window, "worker group formed: no registration within the join window");
+                }
+            }
         }
     }
 
@@ -76,6 +84,20 @@ impl SchedulerState {
                 .is_err()
             {
                 return None;
+            }
+        }
+    }
+
+    /// Resolves once every worker of the group has left on purpose.
+    pub async fn job_done(&self) {
+        let mut changes = self.changes.subscribe();
+        loop {
+            changes.borrow_and_update();
+            if self.read(Membership::job_done) {
+                return;
+            }
+            if changes.changed().await.is_err() {
+                return std::future::pending().await;
             }
         }
     }
@@ -194,9 +216,20 @@ impl Scheduler for SchedulerService {
             .map_err(membership_status)?;
         tracing::info!(rank, client_id, "worker registered");
         let config = &self.state.config;
+        let wait = config.default_wait;
+        let workers = self
+            .state
+            .wait_for(wait, |s| s.read(Membership::group_size))
+            .await
+            .ok_or_else(|| {
+                Status::deadline_exceeded(format!(
+                    "waited {wait:?} for the worker group to form: {}",
+                    self.state.read(Membership::missing)
+                ))
+            })?;
         Ok(Response::new(v1::RegisterWorkerResponse {
             rank,
-            workers: config.workers,
+            workers,
             consistency: config.consistency.to_string(),
             heartbeat_interval_ms: interval_ms(config),
         }))
@@ -209,14 +242,21 @@ impl Scheduler for SchedulerService {
         let request = request.into_inner();
         let node = node_of(&request)?;
         // A heartbeat changes no map, so it wakes no waiter.
-        let beat = self
-            .state
-            .membership
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .heartbeat(node, request.step, Instant::now());
+        let (beat, job_done) = {
+            let mut membership = self
+                .state
+                .membership
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let beat = membership.heartbeat(node, request.step, Instant::now());
+            let ending = self.state.config.exit_when_done && membership.job_done();
+            (beat, ending)
+        };
         let map_version = beat.map_err(membership_status)?;
-        Ok(Response::new(v1::HeartbeatResponse { map_version }))
+        Ok(Response::new(v1::HeartbeatResponse {
+            map_version,
+            job_done,
+        }))
     }
 
     async fn leave(

@@ -14,7 +14,7 @@ async fn scheduler_with_two_workers() -> SchedulerClient<Channel> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let config = SchedulerConfig {
-        workers: 2,
+        workers: 2.into(),
         ..SchedulerConfig::default()
     };
     tokio::spawn(ps_scheduler::run(listener, config, std::future::pending()));

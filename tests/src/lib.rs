@@ -1,5 +1,8 @@
 //! `ps-tests`: helpers for the end-to-end tests in `tests/tests/`: running the
-//! workspace's binaries as real processes and reading what they print.
+//! workspace's binaries as real processes and reading what they print, and
+//! ([`compose`]) running the docker-compose cluster.
+
+pub mod compose;
 
 use std::path::PathBuf;
 use std::process::Stdio;

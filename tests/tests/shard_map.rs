@@ -18,7 +18,7 @@ async fn scheduler(workers: u32) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let config = SchedulerConfig {
-        workers,
+        workers: workers.into(),
         heartbeat_interval: Duration::from_millis(100),
         heartbeat_timeout: Duration::from_secs(2),
         ..SchedulerConfig::default()

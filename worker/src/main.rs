@@ -102,7 +102,11 @@ async fn main() -> anyhow::Result<()> {
         group.rank,
         group.workers
     );
-    tracing::info!(servers = ?cli.server, rank = group.rank, workers = group.workers, consistency = %group.consistency, "ps-worker starting");
+    let via = cli
+        .scheduler
+        .clone()
+        .unwrap_or_else(|| cli.server.join(","));
+    tracing::info!(via, rank = group.rank, workers = group.workers, consistency = %group.consistency, "ps-worker starting");
     let training = train(client, group, &data, &config);
     let summary = tokio::select! {
         summary = training => summary?,

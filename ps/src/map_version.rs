@@ -1,0 +1,144 @@
+//! [`MapVersion`]: the shard-map version a server has applied, and what it does
+//! with a request routed by another version. An older one is refused as stale
+//! (the worker refreshes and retries). A newer one means this server is behind the
+//! scheduler: it asks its follower to fetch the map now and waits briefly, so a
+//! worker that learnt of a new map first (for example the group size of a group
+//! that just formed) is not refused for the server's lag.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+
+use crate::error::{Error, Result};
+
+/// How long a request routed by a newer map waits for this server to apply it.
+pub const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
+
+/// The applied shard-map version of one server.
+#[derive(Debug)]
+pub struct MapVersion {
+    applied: watch::Sender<u64>,
+    wanted: Notify,
+    following: AtomicBool,
+}
+
+impl Default for MapVersion {
+    fn default() -> Self {
+        Self {
+            applied: watch::Sender::new(0),
+            wanted: Notify::new(),
+            following: AtomicBool::new(false),
+        }
+    }
+}
+
+impl MapVersion {
+    /// The newest version applied (0: none).
+    pub fn current(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// Records that `version` is applied; versions only increase.
+    pub fn set(&self, version: u64) {
+        self.applied.send_if_modified(|applied| {
+            let newer = version > *applied;
+            if newer {
+                *applied = version;
+            }
+            newer
+        });
+    }
+
+    /// Marks this server as following a scheduler, so a newer version can be fetched.
+    pub fn follow(&self) {
+        self.following.store(true, Ordering::Relaxed);
+    }
+
+    /// Resolves when a request asked for a newer map than the one applied.
+    pub async fn wanted(&self) {
+        self.wanted.notified().await;
+    }
+
+    /// Admits a request routed by shard map `requested` (0: no scheduler, always
+    /// admitted).
+    ///
+    /// # Errors
+    /// [`Error::StaleMap`] for an older version; [`Error::MapAhead`] when this
+    /// server could not apply a newer one within [`CATCH_UP_WAIT`].
+    pub async fn admit(&self, requested: u64) -> Result<()> {
+        let current = self.current();
+        if requested == 0 || requested == current {
+            return Ok(());
+        }
+        if requested < current {
+            return Err(Error::StaleMap { requested, current });
+        }
+        if !self.following.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.wanted.notify_one();
+        let mut applied = self.applied.subscribe();
+        let caught_up = tokio::time::timeout(
+            CATCH_UP_WAIT,
+            applied.wait_for(|&version| version >= requested),
+        )
+        .await;
+        match caught_up {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(Error::MapAhead {
+                requested,
+                current: self.current(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn older_maps_are_stale_and_equal_or_unversioned_ones_pass() {
+        let map = MapVersion::default();
+        map.set(3);
+        map.set(2);
+        assert_eq!(map.current(), 3, "versions never go back");
+        assert!(map.admit(0).await.is_ok());
+        assert!(map.admit(3).await.is_ok());
+        assert!(matches!(
+            map.admit(2).await,
+            Err(Error::StaleMap {
+                requested: 2,
+                current: 3
+            })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_newer_map_waits_for_the_follower_to_apply_it() {
+        let map = Arc::new(MapVersion::default());
+        map.follow();
+        map.set(1);
+        let follower = tokio::spawn({
+            let map = Arc::clone(&map);
+            async move {
+                map.wanted().await;
+                map.set(2);
+            }
+        });
+        map.admit(2).await.unwrap();
+        follower.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_newer_map_that_never_comes_is_unavailable_not_a_hang() {
+        let map = MapVersion::default();
+        map.follow();
+        map.set(1);
+        let error = map.admit(4).await.unwrap_err();
+        assert_eq!(error.code(), tonic::Code::Unavailable);
+        assert!(error.to_string().contains("version 4"), "{error}");
+    }
+}
