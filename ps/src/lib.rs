@@ -5,6 +5,7 @@
 //! `(worker, step)` and pull values, optionally waiting for a version.
 //!
 //! - [`config`]: settings and their validation.
+//! - [`checkpoint`]: checkpoints in safetensors, written atomically, read with checks.
 //! - [`consistency`]: BSP, ASP, SSP(k) and the rule that admits a push exactly once.
 //! - [`optimizer`]: SGD, momentum, Adam(W).
 //! - [`follower`]: following the scheduler (registration, heartbeats, live workers).
@@ -18,6 +19,7 @@
 //! - [`error`]: why a request is refused, as precise gRPC statuses.
 
 pub mod config;
+pub mod checkpoint;
 pub mod consistency;
 pub mod error;
 pub mod follower;

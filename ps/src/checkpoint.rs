@@ -1,0 +1,392 @@
+//! Checkpoints: a server's keys written to disk atomically, in the safetensors
+//! format, and read back with every corruption detected.
+//!
+//! One checkpoint is one file `checkpoint-<seq>.safetensors` in the server's own
+//! folder. Each key contributes `<name>/<part>/values` and, when its optimizer
+//! keeps state, `<name>/<part>/first` and `<name>/<part>/second` (all `F32`). The
+//! safetensors metadata holds `format` (`candle-ps-checkpoint-v1`), `keys` (JSON:
+//! each key's spec, version, optimizer update count and the last step each worker
+//! pushed) and `crc32` of the tensor data, so a truncated or altered file is
+//! refused as a whole rather than half-loaded.
+//!
+//! Writing goes to `.tmp`, is fsynced, renamed over nothing (a new sequence
+//! number) and the folder fsynced; a crash at any point leaves the previous
+//! checkpoint intact. The newest [`KEEP`] checkpoints are kept.
+
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use ps_proto::key::ParamKey;
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use serde::{Deserialize, Serialize};
+
+/// Checkpoints kept per server; older ones are deleted after a successful write.
+pub const KEEP: usize = 2;
+
+const FORMAT: &str = "candle-ps-checkpoint-v1";
+const PREFIX: &str = "checkpoint-";
+const SUFFIX: &str = ".safetensors";
+
+/// One key as a checkpoint holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyCheckpoint {
+    /// The key.
+    pub key: ParamKey,
+    /// The spec's one-line description; a key is restored only into the same spec.
+    pub spec: String,
+    /// Values.
+    pub values: Vec<f32>,
+    /// Optimizer state: momentum or Adam's first moment (empty when none).
+    pub first: Vec<f32>,
+    /// Adam's second moment (empty when none).
+    pub second: Vec<f32>,
+    /// Optimizer updates applied.
+    pub updates: u64,
+    /// Version.
+    pub version: u64,
+    /// The last step each worker pushed.
+    pub last_step: HashMap<u32, u64>,
+}
+
+/// Why a checkpoint could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file-system operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// The file is not a complete, unaltered checkpoint.
+    #[error("{path} is not a valid checkpoint: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct KeyMeta {
+    name: String,
+    part: u32,
+    spec: String,
+    version: u64,
+    updates: u64,
+    last_step: Vec<(u32, u64)>,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn tensor_name(key: &ParamKey, what: &str) -> String {
+    format!("{}/{}/{what}", key.name, key.part)
+}
+
+fn f32_bytes(values: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(values)
+}
+
+/// Serializes `keys` into one safetensors buffer.
+fn encode(keys: &[KeyCheckpoint]) -> Result<Vec<u8>, String> {
+    let mut tensors = Vec::new();
+    for k in keys {
+        for (what, data) in [
+            ("values", &k.values),
+            ("first", &k.first),
+            ("second", &k.second),
+        ] {
+            if what == "values" || !data.is_empty() {
+                let view = TensorView::new(Dtype::F32, vec![data.len()], f32_bytes(data))
+                    .map_err(|e| e.to_string())?;
+                tensors.push((tensor_name(&k.key, what), view));
+            }
+        }
+    }
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let metas: Vec<KeyMeta> = keys
+        .iter()
+        .map(|k| {
+            let mut last_step: Vec<(u32, u64)> =
+                k.last_step.iter().map(|(&w, &s)| (w, s)).collect();
+            last_step.sort_unstable();
+            KeyMeta {
+                name: k.key.name.clone(),
+                part: k.key.part,
+                spec: k.spec.clone(),
+                version: k.version,
+                updates: k.updates,
+                last_step,
+            }
+        })
+        .collect();
+    let data_crc = {
+        let mut hasher = crc32fast::Hasher::new();
+        for (_, view) in &tensors {
+            hasher.update(view.data());
+        }
+        hasher.finalize()
+    };
+    let metadata = HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        (
+            "keys".to_string(),
+            serde_json::to_string(&metas).map_err(|e| e.to_string())?,
+        ),
+        ("crc32".to_string(), data_crc.to_string()),
+    ]);
+    safetensors::serialize(tensors, Some(metadata)).map_err(|e| e.to_string())
+}
+
+/// Parses and verifies one checkpoint buffer.
+fn decode(buffer: &[u8]) -> Result<Vec<KeyCheckpoint>, String> {
+    let tensors = SafeTensors::deserialize(buffer).map_err(|e| format!("safetensors: {e}"))?;
+    let (_, header) = SafeTensors::read_metadata(buffer).map_err(|e| e.to_string())?;
+    let meta = header
+        .metadata()
+        .as_ref()
+        .ok_or("no candle-ps metadata")?;
+    if meta.get("format").map(String::as_str) != Some(FORMAT) {
+        return Err(format!("format is {:?}, not {FORMAT}", meta.get("format")));
+    }
+    let mut names = tensors.names();
+    names.sort_unstable();
+    let mut hasher = crc32fast::Hasher::new();
+    for name in &names {
+        hasher.update(tensors.tensor(name).map_err(|e| e.to_string())?.data());
+    }
+    let expected: u32 = meta
+        .get("crc32")
+        .and_then(|c| c.parse().ok())
+        .ok_or("no crc32 in the metadata")?;
+    if hasher.finalize() != expected {
+        return Err("the tensor data does not match its crc32 (altered or torn write)".into());
+    }
+    let metas: Vec<KeyMeta> =
+        serde_json::from_str(meta.get("keys").ok_or("no key list in the metadata")?)
+            .map_err(|e| format!("key list: {e}"))?;
+    let read = |key: &ParamKey, what: &str| -> Result<Vec<f32>, String> {
+        match tensors.tensor(&tensor_name(key, what)) {
+            Ok(view) if view.dtype() == Dtype::F32 => Ok(view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect()),
+            Ok(view) => Err(format!("{key} {what} is {:?}, not F32", view.dtype())),
+            Err(_) if what != "values" => Ok(Vec::new()),
+            Err(e) => Err(format!("{key}: {e}")),
+        }
+    };
+    metas
+        .into_iter()
+        .map(|m| {
+            let key = ParamKey::new(m.name, m.part);
+            Ok(KeyCheckpoint {
+                values: read(&key, "values")?,
+                first: read(&key, "first")?,
+                second: read(&key, "second")?,
+                key,
+                spec: m.spec,
+                updates: m.updates,
+                version: m.version,
+                last_step: m.last_step.into_iter().collect(),
+            })
+        })
+        .collect()
+}
+
+/// The checkpoint files in `dir`, newest first, with their sequence numbers.
+fn checkpoints_in(dir: &Path) -> Vec<(u64, PathBuf)> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(u64, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let seq = name.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?.parse().ok()?;
+            Some((seq, e.path()))
+        })
+        .collect();
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found
+}
+
+/// Writes `keys` as the next checkpoint in `dir` (created if needed), atomically,
+/// then deletes all but the newest [`KEEP`]. Returns the new file's path.
+///
+/// # Errors
+/// [`CheckpointError`] when encoding or any file-system step fails; the previous
+/// checkpoints are then untouched.
+pub fn write(dir: &Path, keys: &[KeyCheckpoint]) -> Result<PathBuf, CheckpointError> {
+    fs::create_dir_all(dir).map_err(io(dir))?;
+    let existing = checkpoints_in(dir);
+    let seq = existing.first().map_or(1, |(s, _)| s + 1);
+    let path = dir.join(format!("{PREFIX}{seq:012}{SUFFIX}"));
+    let temporary = dir.join(format!("{PREFIX}{seq:012}{SUFFIX}.tmp"));
+    let bytes = encode(keys).map_err(|reason| CheckpointError::Corrupt {
+        path: path.clone(),
+        reason,
+    })?;
+    let mut file = File::create(&temporary).map_err(io(&temporary))?;
+    file.write_all(&bytes).map_err(io(&temporary))?;
+    file.sync_all().map_err(io(&temporary))?;
+    drop(file);
+    fs::rename(&temporary, &path).map_err(io(&path))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
+    for (_, old) in checkpoints_in(dir).into_iter().skip(KEEP) {
+        let _ = fs::remove_file(old);
+    }
+    Ok(path)
+}
+
+/// Reads one checkpoint file.
+///
+/// # Errors
+/// [`CheckpointError::Corrupt`] for anything but a complete, unaltered checkpoint.
+pub fn read(path: &Path) -> Result<Vec<KeyCheckpoint>, CheckpointError> {
+    let buffer = fs::read(path).map_err(io(path))?;
+    decode(&buffer).map_err(|reason| CheckpointError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    })
+}
+
+/// The newest valid checkpoint in `dir`, skipping (and logging) corrupt ones.
+pub fn newest(dir: &Path) -> Option<(PathBuf, Vec<KeyCheckpoint>)> {
+    for (_, path) in checkpoints_in(dir) {
+        match read(&path) {
+            Ok(keys) => return Some((path, keys)),
+            Err(error) => {
+                tracing::warn!(%error, "skipping a checkpoint that cannot be used");
+            }
+        }
+    }
+    None
+}
+
+/// Every key found in the newest valid checkpoint of each server folder under
+/// `root` (a volume the servers share), keeping the highest version of each key.
+pub fn scan_shared(root: &Path) -> HashMap<ParamKey, (PathBuf, KeyCheckpoint)> {
+    let mut found: HashMap<ParamKey, (PathBuf, KeyCheckpoint)> = HashMap::new();
+    let Ok(folders) = fs::read_dir(root) else {
+        return found;
+    };
+    for folder in folders.filter_map(Result::ok).map(|e| e.path()) {
+        let Some((path, keys)) = newest(&folder) else {
+            continue;
+        };
+        for key in keys {
+            let newer = found
+                .get(&key.key)
+                .is_none_or(|(_, have)| key.version > have.version);
+            if newer {
+                found.insert(key.key.clone(), (path.clone(), key));
+            }
+        }
+    }
+    found
+}
+
+/// A folder name for a server, from its address (`host:port` -> `host_port`).
+pub fn folder_name(server: &str) -> String {
+    server
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str, version: u64) -> KeyCheckpoint {
+        KeyCheckpoint {
+            key: ParamKey::new(name, 0),
+            spec: "f32 [3] with sgd".into(),
+            values: vec![1.0, -2.5, version as f32],
+            first: vec![0.5; 3],
+            second: Vec::new(),
+            updates: version,
+            version,
+            last_step: HashMap::from([(0, version.saturating_sub(1)), (1, 7)]),
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_reads_back_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = vec![key("w", 3), key("b", 3)];
+        let path = write(dir.path(), &keys).unwrap();
+        assert_eq!(read(&path).unwrap(), keys);
+        let (newest_path, newest_keys) = newest(dir.path()).unwrap();
+        assert_eq!((newest_path, newest_keys), (path, keys));
+    }
+
+    #[test]
+    fn only_the_newest_checkpoints_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        for version in 1..=4 {
+            write(dir.path(), &[key("w", version)]).unwrap();
+        }
+        let files = checkpoints_in(dir.path());
+        assert_eq!(files.len(), KEEP);
+        assert_eq!(newest(dir.path()).unwrap().1[0].version, 4);
+    }
+
+    #[test]
+    fn a_truncated_checkpoint_is_detected_and_the_previous_one_used() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &[key("w", 1)]).unwrap();
+        let broken = write(dir.path(), &[key("w", 2)]).unwrap();
+        let bytes = fs::read(&broken).unwrap();
+        for cut in [bytes.len() - 1, bytes.len() / 2, 9, 0] {
+            fs::write(&broken, &bytes[..cut]).unwrap();
+            let error = read(&broken).unwrap_err();
+            assert!(matches!(error, CheckpointError::Corrupt { .. }), "cut at {cut}: {error}");
+            let (path, keys) = newest(dir.path()).unwrap();
+            assert_ne!(path, broken);
+            assert_eq!(keys[0].version, 1, "the previous checkpoint, whole");
+        }
+    }
+
+    #[test]
+    fn a_flipped_data_byte_is_detected_by_the_crc() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), &[key("w", 5)]).unwrap();
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        fs::write(&path, &bytes).unwrap();
+        let error = read(&path).unwrap_err().to_string();
+        assert!(error.contains("crc32"), "{error}");
+        assert!(newest(dir.path()).is_none());
+    }
+
+    #[test]
+    fn the_shared_scan_takes_the_newest_version_of_each_key() {
+        let root = tempfile::tempdir().unwrap();
+        write(&root.path().join("a_7070"), &[key("w", 4), key("b", 9)]).unwrap();
+        write(&root.path().join("b_7070"), &[key("w", 6)]).unwrap();
+        let found = scan_shared(root.path());
+        assert_eq!(found[&ParamKey::new("w", 0)].1.version, 6);
+        assert_eq!(found[&ParamKey::new("b", 0)].1.version, 9);
+    }
+
+    #[test]
+    fn folder_names_are_plain() {
+        assert_eq!(folder_name("10.0.0.2:7070"), "10.0.0.2_7070");
+        assert_eq!(folder_name("[::1]:7070"), "___1__7070");
+    }
+}
