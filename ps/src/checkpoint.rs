@@ -151,10 +151,7 @@ fn encode(keys: &[KeyCheckpoint]) -> Result<Vec<u8>, String> {
 fn decode(buffer: &[u8]) -> Result<Vec<KeyCheckpoint>, String> {
     let tensors = SafeTensors::deserialize(buffer).map_err(|e| format!("safetensors: {e}"))?;
     let (_, header) = SafeTensors::read_metadata(buffer).map_err(|e| e.to_string())?;
-    let meta = header
-        .metadata()
-        .as_ref()
-        .ok_or("no candle-ps metadata")?;
+    let meta = header.metadata().as_ref().ok_or("no candle-ps metadata")?;
     if meta.get("format").map(String::as_str) != Some(FORMAT) {
         return Err(format!("format is {:?}, not {FORMAT}", meta.get("format")));
     }
@@ -213,11 +210,15 @@ fn checkpoints_in(dir: &Path) -> Vec<(u64, PathBuf)> {
         .filter_map(Result::ok)
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            let seq = name.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?.parse().ok()?;
+            let seq = name
+                .strip_prefix(PREFIX)?
+                .strip_suffix(SUFFIX)?
+                .parse()
+                .ok()?;
             Some((seq, e.path()))
         })
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|entry| std::cmp::Reverse(entry.0));
     found
 }
 
@@ -303,7 +304,13 @@ pub fn scan_shared(root: &Path) -> HashMap<ParamKey, (PathBuf, KeyCheckpoint)> {
 pub fn folder_name(server: &str) -> String {
     server
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -354,7 +361,10 @@ mod tests {
         for cut in [bytes.len() - 1, bytes.len() / 2, 9, 0] {
             fs::write(&broken, &bytes[..cut]).unwrap();
             let error = read(&broken).unwrap_err();
-            assert!(matches!(error, CheckpointError::Corrupt { .. }), "cut at {cut}: {error}");
+            assert!(
+                matches!(error, CheckpointError::Corrupt { .. }),
+                "cut at {cut}: {error}"
+            );
             let (path, keys) = newest(dir.path()).unwrap();
             assert_ne!(path, broken);
             assert_eq!(keys[0].version, 1, "the previous checkpoint, whole");

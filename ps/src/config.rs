@@ -6,6 +6,7 @@ use std::time::Duration;
 use ps_proto::chunk::DEFAULT_CHUNK_BYTES;
 use ps_proto::transport::TransportConfig;
 
+use crate::checkpointer::CheckpointConfig;
 use crate::consistency::Consistency;
 use crate::follower::SchedulerLink;
 use crate::param::Group;
@@ -35,6 +36,8 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// The scheduler to follow, if any.
     pub scheduler: Option<SchedulerLink>,
+    /// Checkpoints, when set.
+    pub checkpoint: Option<CheckpointConfig>,
     /// HTTP/2 and message-size settings.
     pub transport: TransportConfig,
 }
@@ -51,6 +54,7 @@ impl Default for ServerConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             shutdown_grace: Duration::from_secs(5),
             scheduler: None,
+            checkpoint: None,
             transport: TransportConfig::default(),
         }
     }

@@ -6,20 +6,23 @@
 //!
 //! - [`config`]: settings and their validation.
 //! - [`checkpoint`]: checkpoints in safetensors, written atomically, read with checks.
+//! - [`checkpointer`]: when checkpoints are written.
 //! - [`consistency`]: BSP, ASP, SSP(k) and the rule that admits a push exactly once.
 //! - [`optimizer`]: SGD, momentum, Adam(W).
 //! - [`follower`]: following the scheduler (registration, heartbeats, live workers).
 //! - [`map_version`]: the applied shard-map version; stale and newer maps.
 //! - [`group`]: worker ranks handed out by `JoinGroup`.
 //! - [`param`]: one key's state.
+//! - [`restore`]: a key's state from checkpoints or a worker's copy.
 //! - [`store`]: all keys; all-or-nothing register and push, waiting pulls.
 //! - [`wire`]: `ps.v1` messages to and from the domain types.
 //! - [`service`]: the gRPC handlers.
 //! - [`server`]: [`server::run`], serving a shard with health and clean shutdown.
 //! - [`error`]: why a request is refused, as precise gRPC statuses.
 
-pub mod config;
 pub mod checkpoint;
+pub mod checkpointer;
+pub mod config;
 pub mod consistency;
 pub mod error;
 pub mod follower;
@@ -27,6 +30,7 @@ pub mod group;
 pub mod map_version;
 pub mod optimizer;
 pub mod param;
+pub mod restore;
 pub mod server;
 pub mod service;
 pub mod store;

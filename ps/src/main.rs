@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ps_proto::transport::TransportConfig;
+use ps_server::checkpointer::CheckpointConfig;
 use ps_server::follower::SchedulerLink;
 use ps_server::{Consistency, ServerConfig};
 
@@ -57,6 +58,17 @@ struct Args {
     /// Bytes per chunk of streamed pulls.
     #[arg(long, env = "PS_CHUNK_BYTES", default_value_t = ps_proto::chunk::DEFAULT_CHUNK_BYTES)]
     chunk_bytes: usize,
+    /// Checkpoint root: this server writes to `<dir>/<its address>/`, and restores
+    /// keys it lacks from any server's newest checkpoint under it (share the folder
+    /// between servers so one can take over another's keys).
+    #[arg(long, env = "PS_CHECKPOINT_DIR")]
+    checkpoint_dir: Option<std::path::PathBuf>,
+    /// Checkpoint after this many steps (versions) of progress; 0: not by steps.
+    #[arg(long, env = "PS_CHECKPOINT_EVERY_STEPS", default_value_t = 50)]
+    checkpoint_every_steps: u64,
+    /// Checkpoint after this many seconds when anything changed; 0: not by time.
+    #[arg(long, env = "PS_CHECKPOINT_EVERY_SECS", default_value_t = 30)]
+    checkpoint_every_secs: u64,
     /// Seconds shutdown waits for requests in flight before closing connections.
     #[arg(long, env = "PS_SHUTDOWN_GRACE_SECS", default_value_t = 5)]
     shutdown_grace_secs: u64,
@@ -104,6 +116,7 @@ impl Args {
             chunk_bytes: self.chunk_bytes,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             scheduler: None,
+            checkpoint: None,
             transport,
         }
     }
@@ -145,8 +158,16 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let mut config = config;
+    let advertise = advertised(&args, listener.local_addr()?)?;
+    if let Some(root) = &args.checkpoint_dir {
+        config.checkpoint = Some(CheckpointConfig {
+            root: root.clone(),
+            folder: ps_server::checkpoint::folder_name(&advertise),
+            every_steps: args.checkpoint_every_steps,
+            every: Duration::from_secs(args.checkpoint_every_secs),
+        });
+    }
     if let Some(scheduler) = &args.scheduler {
-        let advertise = advertised(&args, listener.local_addr()?)?;
         config.scheduler = Some(SchedulerLink {
             scheduler: scheduler.clone(),
             advertise,

@@ -50,6 +50,20 @@ impl MapVersion {
         });
     }
 
+    /// Resolves once a map newer than `version` is applied (never for 0: a request
+    /// routed without a scheduler). A pull waiting for a version uses it to end
+    /// early when placement changed under it, so the worker re-routes instead of
+    /// waiting for pushes that now go elsewhere.
+    pub async fn moved_past(&self, version: u64) {
+        if version == 0 {
+            return std::future::pending().await;
+        }
+        let mut applied = self.applied.subscribe();
+        if applied.wait_for(|&v| v > version).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Marks this server as following a scheduler, so a newer version can be fetched.
     pub fn follow(&self) {
         self.following.store(true, Ordering::Relaxed);

@@ -259,6 +259,29 @@ impl Optimizer {
         }
     }
 
+    /// The state to checkpoint: first moment (or momentum), second moment, updates.
+    pub fn state(&self) -> (&[f32], &[f32], u64) {
+        (&self.first, &self.second, self.updates)
+    }
+
+    /// An optimizer resumed from checkpointed state, or `None` when the state does
+    /// not fit `spec` and `len` elements.
+    pub fn with_state(
+        spec: OptimizerSpec,
+        len: usize,
+        first: Vec<f32>,
+        second: Vec<f32>,
+        updates: u64,
+    ) -> Option<Self> {
+        let fresh = Self::new(spec, len);
+        (first.len() == fresh.first.len() && second.len() == fresh.second.len()).then_some(Self {
+            first,
+            second,
+            updates,
+            ..fresh
+        })
+    }
+
     /// The hyper-parameters.
     pub fn spec(&self) -> &OptimizerSpec {
         &self.spec

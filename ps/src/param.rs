@@ -10,6 +10,7 @@ use bytes::Bytes;
 use ps_proto::codec::{DType, TensorData, element_count, encode_f32};
 use ps_proto::key::ParamKey;
 
+use crate::checkpoint::KeyCheckpoint;
 use crate::consistency::{Admission, Consistency, admit};
 use crate::optimizer::{Gradient, Optimizer, OptimizerSpec};
 
@@ -80,6 +81,60 @@ impl KeyState {
             last_step: HashMap::new(),
             pending: Pending::default(),
             snapshot: None,
+        }
+    }
+
+    /// The key as a checkpoint holds it.
+    pub fn checkpoint(&self, spec: &ParamSpec) -> KeyCheckpoint {
+        let (first, second, updates) = self.optimizer.state();
+        KeyCheckpoint {
+            key: spec.key.clone(),
+            spec: spec.describe(),
+            values: self.values.clone(),
+            first: first.to_vec(),
+            second: second.to_vec(),
+            updates,
+            version: self.version,
+            last_step: self.last_step.clone(),
+        }
+    }
+
+    /// A key resumed from `checkpoint`, or `None` when it was saved with another spec.
+    pub fn from_checkpoint(spec: &ParamSpec, checkpoint: &KeyCheckpoint) -> Option<Self> {
+        if checkpoint.spec != spec.describe() || checkpoint.values.len() != spec.len() {
+            return None;
+        }
+        let optimizer = Optimizer::with_state(
+            spec.optimizer.clone(),
+            spec.len(),
+            checkpoint.first.clone(),
+            checkpoint.second.clone(),
+            checkpoint.updates,
+        )?;
+        Some(Self {
+            values: checkpoint.values.clone(),
+            optimizer,
+            version: checkpoint.version,
+            last_step: checkpoint.last_step.clone(),
+            pending: Pending::default(),
+            snapshot: None,
+        })
+    }
+
+    /// Takes `values` at `version` from a worker's copy (the key was lost with its
+    /// server): every step before `version` counts as pushed by each of the group's
+    /// `ranks`, so a retried push of such a step is a duplicate, and a step in
+    /// progress is dropped (its pushes are repeated by the workers).
+    pub fn restore(&mut self, values: Vec<f32>, version: u64, ranks: u32) {
+        self.values = values;
+        self.version = version;
+        self.pending = Pending::default();
+        self.snapshot = None;
+        if let Some(done) = version.checked_sub(1) {
+            for rank in 0..ranks {
+                let last = self.last_step.entry(rank).or_insert(done);
+                *last = (*last).max(done);
+            }
         }
     }
 

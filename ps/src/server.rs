@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 
+use crate::checkpointer::Checkpointer;
 use crate::config::ServerConfig;
 use crate::follower::follow;
 use crate::service::ParameterService;
@@ -32,7 +33,19 @@ pub async fn run(
     config.validate().map_err(ServeError::Config)?;
     let addr = listener.local_addr()?;
     let stop_waits = CancellationToken::new();
-    let store = Arc::new(Store::new(config.store_rules(), stop_waits.clone()));
+    let mut store = Store::new(config.store_rules(), stop_waits.clone());
+    if let Some(checkpoint) = &config.checkpoint {
+        store = store.with_archive(&checkpoint.root);
+    }
+    let store = Arc::new(store);
+    let checkpointer = config.checkpoint.clone().map(|checkpoint| {
+        tracing::info!(dir = %checkpoint.dir().display(), every_steps = checkpoint.every_steps, every = ?checkpoint.every, "checkpoints on");
+        Arc::new(Checkpointer::new(Arc::clone(&store), checkpoint))
+    });
+    let checkpoints_stop = CancellationToken::new();
+    let checkpointing = checkpointer
+        .clone()
+        .map(|c| tokio::spawn(c.run(checkpoints_stop.clone())));
     let job_done = CancellationToken::new();
     let follower = config.scheduler.clone().map(|link| {
         let (store, stop) = (Arc::clone(&store), stop_waits.clone());
@@ -53,7 +66,7 @@ pub async fn run(
         .transport
         .server()
         .add_service(health_service)
-        .add_service(ParameterService::new(store, config.clone()).into_server());
+        .add_service(ParameterService::new(store, config.clone(), checkpointer).into_server());
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let stop_on_signal = stop_waits.clone();
     let on_shutdown = async move {
@@ -84,6 +97,10 @@ pub async fn run(
     stop_waits.cancel();
     if let Some(follower) = follower {
         let _ = follower.await;
+    }
+    checkpoints_stop.cancel();
+    if let Some(checkpointing) = checkpointing {
+        let _ = checkpointing.await;
     }
     tracing::info!(%addr, "ps-server stopped");
     Ok(())

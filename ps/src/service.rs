@@ -16,6 +16,7 @@ use ps_proto::v1;
 use ps_proto::v1::parameter_server_server::{ParameterServer, ParameterServerServer};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::checkpointer::Checkpointer;
 use crate::config::ServerConfig;
 use crate::error::{Error, Result};
 use crate::group::Ranks;
@@ -32,13 +33,19 @@ pub struct ParameterService {
     store: Arc<Store>,
     ranks: Arc<Ranks>,
     config: Arc<ServerConfig>,
+    checkpointer: Option<Arc<Checkpointer>>,
 }
 
 impl ParameterService {
     /// A service over `store`.
-    pub fn new(store: Arc<Store>, config: ServerConfig) -> Self {
+    pub fn new(
+        store: Arc<Store>,
+        config: ServerConfig,
+        checkpointer: Option<Arc<Checkpointer>>,
+    ) -> Self {
         Self {
             store,
+            checkpointer,
             ranks: Arc::default(),
             config: Arc::new(config),
         }
@@ -71,19 +78,25 @@ impl ParameterService {
         self.store.map().admit(request.map_version).await?;
         let keys: Vec<_> = request.keys.iter().map(wire::key).collect();
         let timeout = self.config.pull_timeout(request.timeout_ms);
-        self.store.pull(&keys, request.min_version, timeout).await
+        let routed_by = request.map_version;
+        self.store
+            .pull(&keys, request.min_version, timeout, routed_by)
+            .await
     }
 }
 
 /// Reads a whole `RegisterStream`, checking that every chunk of a key repeats its spec
-/// and that the spec is within the server's size limit.
+/// and that the spec is within the server's size limit. Returns the parameters and
+/// the stream's restore version.
 async fn read_register_stream(
     store: &Store,
     stream: &mut Streaming<v1::RegisterChunk>,
-) -> Result<Vec<(ParamSpec, Option<TensorData>)>> {
+) -> Result<(Vec<(ParamSpec, Option<TensorData>)>, u64)> {
     let mut assembler = Assembler::new();
     let mut specs: Vec<ParamSpec> = Vec::new();
+    let mut restore_version = 0;
     while let Some(message) = stream.message().await? {
+        restore_version = restore_version.max(message.restore_version);
         let spec = message.spec.as_ref().ok_or(Error::EmptyRequest {
             what: "a RegisterChunk without a spec",
         })?;
@@ -106,11 +119,12 @@ async fn read_register_stream(
         assembler.add(wire::chunk_header(&spec), message.offset, message.data)?;
     }
     let tensors = assembler.finish()?;
-    Ok(specs
+    let params = specs
         .into_iter()
         .zip(tensors)
         .map(|(spec, (_, data))| (spec, Some(data)))
-        .collect())
+        .collect();
+    Ok((params, restore_version))
 }
 
 /// Reads a whole `PushStream`: `(worker, step, gradients)`. The first chunk of each
@@ -184,7 +198,7 @@ impl ParameterServer for ParameterService {
                     .map(wire::param_init)
                     .collect::<Result<Vec<_>>>()
             })
-            .and_then(|params| self.store.register(params));
+            .and_then(|params| self.store.register(params, request.restore_version));
         self.answer(result.map(wire::register_response))
     }
 
@@ -193,7 +207,7 @@ impl ParameterServer for ParameterService {
         request: Request<Streaming<v1::RegisterChunk>>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
         let params = read_register_stream(&self.store, &mut request.into_inner()).await;
-        let result = params.and_then(|params| self.store.register(params));
+        let result = params.and_then(|(params, restore)| self.store.register(params, restore));
         self.answer(result.map(wire::register_response))
     }
 
@@ -274,5 +288,24 @@ impl ParameterServer for ParameterService {
             self.store.group().workers,
         );
         Ok(Response::new(response))
+    }
+
+    async fn checkpoint(
+        &self,
+        _request: Request<v1::CheckpointRequest>,
+    ) -> Result<Response<v1::CheckpointResponse>, Status> {
+        let Some(checkpointer) = &self.checkpointer else {
+            return Err(Status::failed_precondition(
+                "this server runs without checkpoints; start it with --checkpoint-dir DIR",
+            ));
+        };
+        let written = checkpointer.write_now().await.map_err(|e| {
+            Status::internal(format!("checkpoint failed (the previous one is kept): {e}"))
+        })?;
+        Ok(Response::new(v1::CheckpointResponse {
+            path: written.path.display().to_string(),
+            keys: written.keys as u64,
+            version: written.version,
+        }))
     }
 }

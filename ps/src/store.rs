@@ -22,6 +22,7 @@ use crate::consistency::Admission;
 use crate::error::{Error, Result};
 use crate::map_version::MapVersion;
 use crate::param::{Group, KeyState, ParamSpec};
+use crate::restore::{Archive, Offered, new_key, refresh_key};
 
 /// One stored key: its immutable spec, its state, and a channel announcing versions.
 #[derive(Debug)]
@@ -143,6 +144,7 @@ pub struct Store {
     live: RwLock<BTreeSet<u32>>,
     workers: AtomicU32,
     map: MapVersion,
+    archive: Option<Archive>,
     counters: Counters,
     shutdown: CancellationToken,
 }
@@ -156,6 +158,7 @@ impl Store {
             live: RwLock::new((0..rules.group.workers).collect()),
             workers: AtomicU32::new(rules.group.workers),
             map: MapVersion::default(),
+            archive: None,
             counters: Counters::default(),
             shutdown,
         }
@@ -164,6 +167,30 @@ impl Store {
     /// The workers a BSP step waits for (all of the group until told otherwise).
     pub fn live_workers(&self) -> BTreeSet<u32> {
         self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reads checkpoints under `root` when a key must be restored.
+    pub fn with_archive(mut self, root: impl Into<std::path::PathBuf>) -> Self {
+        self.archive = Some(Archive::new(root));
+        self
+    }
+
+    /// Every key's state as a checkpoint holds it, each read under its lock.
+    pub fn checkpoint_keys(&self) -> Vec<crate::checkpoint::KeyCheckpoint> {
+        let entries: Vec<Arc<Entry>> = {
+            let map = self.keys.read().unwrap_or_else(|p| p.into_inner());
+            map.values().cloned().collect()
+        };
+        entries
+            .iter()
+            .map(|entry| entry.lock().checkpoint(&entry.spec))
+            .collect()
+    }
+
+    /// The highest version of any key (0 when empty): how far training has come.
+    pub fn max_version(&self) -> u64 {
+        let map = self.keys.read().unwrap_or_else(|p| p.into_inner());
+        map.values().map(|e| *e.version.borrow()).max().unwrap_or(0)
     }
 
     /// The shard-map version this server has applied, and the check of requests
@@ -238,6 +265,7 @@ impl Store {
     pub fn register(
         &self,
         params: Vec<(ParamSpec, Option<TensorData>)>,
+        restore_version: u64,
     ) -> Result<Vec<Registered>> {
         self.check_serving()?;
         if params.is_empty() {
@@ -260,9 +288,23 @@ impl Store {
                 });
             }
         }
+        let group = self.group();
+        let ranks = if group.consistency.has_group() {
+            group.workers
+        } else {
+            0
+        };
         let registered = params
             .into_iter()
-            .map(|(spec, initial)| insert_if_absent(&mut keys, spec, initial))
+            .map(|(spec, initial)| {
+                let values = initial.map(|t| t.to_f32_vec());
+                let offered = Offered {
+                    values: values.as_deref(),
+                    version: restore_version,
+                    ranks,
+                };
+                insert_or_refresh(&mut keys, spec, offered, self.archive.as_ref())
+            })
             .collect();
         Ok(registered)
     }
@@ -385,7 +427,9 @@ impl Store {
         self.check_finite(&spec.key, "gradient", grad)
     }
 
-    /// Reads `keys`, first waiting up to `timeout` until each is at `min_version` or later.
+    /// Reads `keys`, first waiting up to `timeout` until each is at `min_version` or
+    /// later. A wait ends with `StaleMap` when a shard map newer than `routed_by`
+    /// (the request's; 0 for none) is applied meanwhile.
     ///
     /// # Errors
     /// `EmptyRequest`, `UnknownKey`, `PullTimeout`, `ShuttingDown`.
@@ -394,6 +438,7 @@ impl Store {
         keys: &[ParamKey],
         min_version: u64,
         timeout: Duration,
+        routed_by: u64,
     ) -> Result<Vec<Pulled>> {
         self.check_serving()?;
         if keys.is_empty() {
@@ -404,8 +449,14 @@ impl Store {
         let entries = self.entries(keys.iter())?;
         let deadline = Instant::now() + timeout;
         for entry in &entries {
-            self.wait_for_version(entry, min_version, deadline, timeout)
-                .await?;
+            let wait = self.wait_for_version(entry, min_version, deadline, timeout);
+            tokio::select! {
+                waited = wait => waited?,
+                () = self.map.moved_past(routed_by) => return Err(Error::StaleMap {
+                    requested: routed_by,
+                    current: self.map.current(),
+                }),
+            }
         }
         let pulled = entries.iter().map(|entry| snapshot(entry)).collect();
         self.counters.pulls.fetch_add(1, Ordering::Relaxed);
@@ -510,32 +561,38 @@ fn check_unique<'a>(keys: impl Iterator<Item = &'a ParamKey>) -> Result<()> {
     Ok(())
 }
 
-fn insert_if_absent(
+fn insert_or_refresh(
     keys: &mut HashMap<ParamKey, Arc<Entry>>,
     spec: ParamSpec,
-    initial: Option<TensorData>,
+    offered: Offered<'_>,
+    archive: Option<&Archive>,
 ) -> Registered {
     if let Some(existing) = keys.get(&spec.key) {
-        let version = existing.lock().version();
+        let mut state = existing.lock();
+        if refresh_key(&existing.spec, &mut state, offered) {
+            existing.announce(state.version());
+        }
         return Registered {
             key: spec.key,
             created: false,
-            version,
+            version: state.version(),
         };
     }
-    let values = initial.map_or_else(|| vec![0.0; spec.len()], |t| t.to_f32_vec());
+    let state = new_key(&spec, offered, archive);
+    let version = state.version();
     let key = spec.key.clone();
     let entry = Entry {
-        state: Mutex::new(KeyState::new(&spec, values)),
+        state: Mutex::new(state),
         spec,
-        version: watch::Sender::new(0),
+        version: watch::Sender::new(version),
     };
-    tracing::debug!(%key, spec = %entry.spec.describe(), "registered");
+    tracing::debug!(%key, spec = %entry.spec.describe(), version, "registered");
     keys.insert(key.clone(), Arc::new(entry));
     Registered {
         key,
-        created: true,
-        version: 0,
+        // Resumed from a checkpoint: the worker's values were not the ones taken.
+        created: version == offered.version,
+        version,
     }
 }
 

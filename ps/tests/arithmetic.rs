@@ -106,6 +106,7 @@ async fn register_is_idempotent_and_conflicts_name_both_specs() {
         .clone()
         .register(v1::RegisterRequest {
             map_version: 0,
+            restore_version: 0,
             params: vec![param("w", &[1.0, 2.0], sgd(0.5))],
         })
         .await
@@ -122,6 +123,7 @@ async fn register_is_idempotent_and_conflicts_name_both_specs() {
         .clone()
         .register(v1::RegisterRequest {
             map_version: 0,
+            restore_version: 0,
             params: vec![param("w", &[1.0, 2.0, 3.0], sgd(0.1))],
         })
         .await
@@ -141,6 +143,7 @@ async fn register_is_all_or_nothing() {
         .clone()
         .register(v1::RegisterRequest {
             map_version: 0,
+            restore_version: 0,
             params: vec![param("b", &[1.0], sgd(0.1)), param("a", &[1.0], adam(0.1))],
         })
         .await

@@ -192,6 +192,7 @@ async fn non_finite_initial_values_are_refused() {
         .clone()
         .register(v1::RegisterRequest {
             map_version: 0,
+            restore_version: 0,
             params: vec![param("w", &[f32::NAN], sgd(0.1))],
         })
         .await;
@@ -311,12 +312,14 @@ async fn empty_requests_are_invalid_argument() {
         .clone()
         .register(v1::RegisterRequest {
             map_version: 0,
+            restore_version: 0,
             params: vec![],
         })
         .await;
     assert_status(register, Code::InvalidArgument, &["no parameters"]);
     let no_spec = v1::RegisterRequest {
         map_version: 0,
+        restore_version: 0,
         params: vec![v1::ParameterInit {
             spec: None,
             initial: bytes::Bytes::new(),
@@ -358,6 +361,7 @@ async fn bad_optimizers_are_invalid_argument() {
             .clone()
             .register(v1::RegisterRequest {
                 map_version: 0,
+                restore_version: 0,
                 params: vec![init],
             })
             .await;
@@ -396,6 +400,7 @@ async fn a_tensor_over_the_size_limit_is_resource_exhausted() {
         .clone()
         .register(v1::RegisterRequest {
             map_version: 0,
+            restore_version: 0,
             params: vec![huge],
         })
         .await;

@@ -49,6 +49,7 @@ fn register_chunks(name: &str, data: &Bytes, optimizer: v1::Optimizer) -> Vec<v1
     .into_iter()
     .map(|chunk| v1::RegisterChunk {
         map_version: 0,
+        restore_version: 0,
         spec: Some(spec(name, &[elements as u64], optimizer)),
         offset: chunk.offset,
         data: chunk.data,

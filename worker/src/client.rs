@@ -93,6 +93,20 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// True when a server looks lost rather than the request wrong: it is
+    /// unreachable (after the retries), or it no longer holds a key it was sent
+    /// (it restarted empty, or took the key over). Placement and keys need
+    /// repairing: a newer shard map, then the keys registered again.
+    pub fn server_lost(&self) -> bool {
+        match self {
+            ClientError::Connect { .. } => true,
+            ClientError::Rpc { status, .. } => {
+                crate::retry::is_transient(status) || status.code() == tonic::Code::NotFound
+            }
+            _ => false,
+        }
+    }
 }
 
 /// How a client reaches the parameter servers.
@@ -328,6 +342,11 @@ impl PsClient {
         })
     }
 
+    /// The shard-map version this client routes with (0: no scheduler).
+    pub fn map_version(&self) -> u64 {
+        self.map_version
+    }
+
     /// A newer shard-map version the scheduler announced than the one in use, if any.
     pub fn newer_map(&self) -> Option<u64> {
         let latest = self.latest_map.load(Ordering::Relaxed);
@@ -545,6 +564,22 @@ impl PsClient {
         values: &[(String, Bytes)],
         optimizer: &v1::Optimizer,
     ) -> Result<bool, ClientError> {
+        self.register_copy(values, optimizer, 0).await
+    }
+
+    /// Registers every placed parameter again with this worker's copy of its values
+    /// at `version` (0: initial values), so a server that lost or newly owns a key
+    /// restores it (from its checkpoints, or from this copy when that is newer).
+    /// Returns true when every key took these values.
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server.
+    pub async fn register_copy(
+        &self,
+        values: &[(String, Bytes)],
+        optimizer: &v1::Optimizer,
+        version: u64,
+    ) -> Result<bool, ClientError> {
         let by_server = self.parts_by_server(values)?;
         let calls = by_server
             .iter()
@@ -555,7 +590,7 @@ impl PsClient {
                     .iter()
                     .map(|(placed, part, data)| (spec_of(placed, part, optimizer), data.clone()))
                     .collect();
-                self.register_on(&self.servers[s], inits)
+                self.register_on(&self.servers[s], inits, version)
             });
         let created = try_join_all(calls).await?;
         Ok(created.into_iter().all(|c| c))
@@ -565,6 +600,7 @@ impl PsClient {
         &self,
         server: &Server,
         inits: Vec<(v1::ParameterSpec, Bytes)>,
+        restore_version: u64,
     ) -> Result<bool, ClientError> {
         let bytes: usize = inits.iter().map(|(_, data)| data.len()).sum();
         let response = if bytes <= self.unary_limit() {
@@ -578,6 +614,7 @@ impl PsClient {
             let request = v1::RegisterRequest {
                 params,
                 map_version: self.map_version,
+                restore_version,
             };
             self.call(server, "Register", |mut c| {
                 let request = request.clone();
@@ -588,7 +625,8 @@ impl PsClient {
             let chunks: Vec<v1::RegisterChunk> = inits
                 .iter()
                 .flat_map(|(spec, data)| {
-                    register_chunks(spec, data, self.config.chunk_bytes, self.map_version)
+                    let (chunk_bytes, map_version) = (self.config.chunk_bytes, self.map_version);
+                    register_chunks(spec, data, chunk_bytes, (map_version, restore_version))
                 })
                 .collect();
             self.call(server, "RegisterStream", |mut c| {
@@ -865,13 +903,14 @@ fn register_chunks(
     spec: &v1::ParameterSpec,
     data: &Bytes,
     chunk_bytes: usize,
-    map_version: u64,
+    (map_version, restore_version): (u64, u64),
 ) -> Vec<v1::RegisterChunk> {
     let header = header_of(&spec.name, spec.part, spec.dtype, &spec.shape);
     to_wire_chunks(&header, data, chunk_bytes)
         .into_iter()
         .map(|chunk| v1::RegisterChunk {
             map_version,
+            restore_version,
             spec: Some(spec.clone()),
             offset: chunk.offset,
             data: chunk.data,

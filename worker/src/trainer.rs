@@ -33,15 +33,19 @@ pub enum TrainerError {
     Candle(#[from] candle_core::Error),
 }
 
-/// How many times one step refreshes a stale shard map before giving up.
-const MAP_REFRESHES: usize = 3;
+/// How many times one step repairs placement (a stale map, a lost server) before
+/// giving up.
+const RECOVERIES: usize = 5;
 
 /// Data-parallel training of a `VarMap` on parameter servers.
 pub struct PsTrainer {
     client: PsClient,
     vars: Vec<(String, Var)>,
     group: GroupInfo,
+    optimizer: v1::Optimizer,
     step: u64,
+    /// The version of the values in the `Var`s (what this worker would restore).
+    loaded: u64,
     created: bool,
 }
 
@@ -99,7 +103,9 @@ impl PsTrainer {
             client,
             vars,
             group,
+            optimizer,
             step: 0,
+            loaded: 0,
             created,
         };
         let version = trainer.load(0).await?;
@@ -170,16 +176,28 @@ impl PsTrainer {
             };
             pushed.push((name.clone(), bytes));
         }
+        let wait_for = self.group.consistency.version_after(self.step);
+        let mut recoveries = 0;
+        while let Err(error) = self.push_and_load(&pushed, wait_for).await {
+            self.recover(error, &mut recoveries).await?;
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    /// One attempt at a step: push (exactly once per key, however often it is
+    /// repeated) and load the version to wait for.
+    async fn push_and_load(
+        &mut self,
+        pushed: &[(String, Bytes)],
+        wait_for: u64,
+    ) -> Result<(), TrainerError> {
         if let Some(version) = self.client.newer_map() {
             self.client.refresh(version).await?;
+            self.register_copy().await?;
         }
-        let mut refreshes = 0;
-        while let Err(error) = self.client.push(self.group.rank, self.step, &pushed).await {
-            self.refresh_if_stale(error, &mut refreshes).await?;
-        }
-        let wait_for = self.group.consistency.version_after(self.step);
-        self.step += 1;
-        self.load(wait_for).await?;
+        self.client.push(self.group.rank, self.step, pushed).await?;
+        self.load_once(wait_for).await?;
         Ok(())
     }
 
@@ -191,35 +209,73 @@ impl PsTrainer {
         self.load(0).await
     }
 
-    /// After a failed push or pull: when a server refused the shard map as stale and
-    /// fewer than [`MAP_REFRESHES`] refreshes were made, fetches the newer map so the
-    /// caller can retry (a push keeps its `(worker, step)`, so keys that took it the
-    /// first time do not apply it twice); otherwise returns the error.
-    async fn refresh_if_stale(
+    /// After a failed attempt: repairs placement when that can help, so the caller
+    /// can repeat the attempt; otherwise (or after [`RECOVERIES`] repairs) returns
+    /// the error.
+    ///
+    /// - A server refused the shard map as stale: fetch the newer map.
+    /// - A server is lost (unreachable after retries, or missing keys it should
+    ///   hold): wait for the scheduler's next map, which places the lost server's
+    ///   keys on the live ones (without a scheduler: the same servers, restarted).
+    ///
+    /// Either way every key is then registered again with this worker's copy, so a
+    /// server that now owns a key it lacks restores it (from a checkpoint, or from
+    /// the copy). A repeated push keeps its `(worker, step)`: keys that took it do
+    /// not apply it twice.
+    async fn recover(
         &mut self,
-        error: ClientError,
-        refreshes: &mut usize,
+        error: TrainerError,
+        recoveries: &mut usize,
     ) -> Result<(), TrainerError> {
-        match error.stale_map() {
-            Some(version) if *refreshes < MAP_REFRESHES => {
-                self.client.refresh(version).await?;
-                *refreshes += 1;
-                Ok(())
+        let TrainerError::Client(client_error) = &error else {
+            return Err(error);
+        };
+        if *recoveries >= RECOVERIES {
+            return Err(error);
+        }
+        *recoveries += 1;
+        if let Some(version) = client_error.stale_map() {
+            self.client.refresh(version).await?;
+        } else if client_error.server_lost() {
+            tracing::warn!(rank = self.group.rank, step = self.step, %client_error, "a parameter server looks lost; waiting for a new shard map, then restoring its keys");
+            if self.client.has_scheduler() {
+                let next = self.client.map_version() + 1;
+                self.client.refresh(next).await?;
             }
-            _ => Err(error.into()),
+        } else {
+            return Err(error);
+        }
+        self.register_copy().await?;
+        Ok(())
+    }
+
+    /// Registers every variable again with this worker's copy at its version.
+    async fn register_copy(&mut self) -> Result<(), TrainerError> {
+        let copy = self
+            .vars
+            .iter()
+            .map(|(name, var)| Ok((name.clone(), tensor_bytes(var.as_tensor())?)))
+            .collect::<Result<Vec<_>, TrainerError>>()?;
+        self.client
+            .register_copy(&copy, &self.optimizer, self.loaded)
+            .await?;
+        Ok(())
+    }
+
+    /// Pulls every variable at `min_version` or later into the `Var`s, repairing
+    /// placement on the way when needed; returns the lowest version received.
+    async fn load(&mut self, min_version: u64) -> Result<u64, TrainerError> {
+        let mut recoveries = 0;
+        loop {
+            match self.load_once(min_version).await {
+                Ok(version) => return Ok(version),
+                Err(error) => self.recover(error, &mut recoveries).await?,
+            }
         }
     }
 
-    /// Pulls every variable at `min_version` or later into the `Var`s; returns the
-    /// lowest version received.
-    async fn load(&mut self, min_version: u64) -> Result<u64, TrainerError> {
-        let mut refreshes = 0;
-        let mut pulled = loop {
-            match self.client.pull(min_version).await {
-                Ok(pulled) => break pulled,
-                Err(error) => self.refresh_if_stale(error, &mut refreshes).await?,
-            }
-        };
+    async fn load_once(&mut self, min_version: u64) -> Result<u64, TrainerError> {
+        let mut pulled = self.client.pull(min_version).await?;
         let mut version = u64::MAX;
         for (name, var) in &self.vars {
             let PulledParam { values, version: v } = pulled
@@ -230,7 +286,8 @@ impl PsTrainer {
             var.set(&tensor)?;
             version = version.min(v);
         }
-        Ok(if version == u64::MAX { 0 } else { version })
+        self.loaded = if version == u64::MAX { 0 } else { version };
+        Ok(self.loaded)
     }
 }
 

@@ -176,6 +176,7 @@ impl TestServer {
             .clone()
             .register(v1::RegisterRequest {
                 map_version: 0,
+                restore_version: 0,
                 params,
             })
             .await

@@ -1,0 +1,122 @@
+//! [`Checkpointer`]: when a server writes its checkpoints — every `every_steps`
+//! versions of progress or every `every` of wall time (whichever comes first, and
+//! only when something changed), on request (`Checkpoint` RPC), and once more on
+//! shutdown. Files are written off the async runtime by [`crate::checkpoint`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::{self, CheckpointError};
+use crate::store::Store;
+
+/// Where and how often to checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointConfig {
+    /// The checkpoint root: one folder per server, shared by servers that share it.
+    pub root: PathBuf,
+    /// This server's folder name under the root.
+    pub folder: String,
+    /// Checkpoint after this many versions of progress (0: never by steps).
+    pub every_steps: u64,
+    /// Checkpoint after this much time with progress (zero: never by time).
+    pub every: Duration,
+}
+
+impl CheckpointConfig {
+    /// This server's own folder.
+    pub fn dir(&self) -> PathBuf {
+        self.root.join(&self.folder)
+    }
+}
+
+/// What one checkpoint wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// The file.
+    pub path: PathBuf,
+    /// Keys in it.
+    pub keys: usize,
+    /// The highest key version in it.
+    pub version: u64,
+}
+
+/// Writes a store's checkpoints.
+#[derive(Debug)]
+pub struct Checkpointer {
+    store: Arc<Store>,
+    config: CheckpointConfig,
+    /// The progress (highest version) and time of the last checkpoint; held while
+    /// one is written, so two never interleave.
+    last: Mutex<(u64, Instant)>,
+}
+
+impl Checkpointer {
+    /// A checkpointer of `store`.
+    pub fn new(store: Arc<Store>, config: CheckpointConfig) -> Self {
+        Self {
+            store,
+            config,
+            last: Mutex::new((0, Instant::now())),
+        }
+    }
+
+    /// Writes a checkpoint now.
+    ///
+    /// # Errors
+    /// [`CheckpointError`]; the previous checkpoint is then intact.
+    pub async fn write_now(&self) -> Result<Written, CheckpointError> {
+        let mut last = self.last.lock().await;
+        let version = self.store.max_version();
+        let keys = self.store.checkpoint_keys();
+        let count = keys.len();
+        let dir = self.config.dir();
+        let path = tokio::task::spawn_blocking(move || checkpoint::write(&dir, &keys))
+            .await
+            .map_err(|e| CheckpointError::Io {
+                path: self.config.dir(),
+                source: std::io::Error::other(e),
+            })??;
+        *last = (version, Instant::now());
+        tracing::info!(path = %path.display(), keys = count, version, "checkpoint written");
+        Ok(Written {
+            path,
+            keys: count,
+            version,
+        })
+    }
+
+    /// True when enough progress or time has passed since the last checkpoint.
+    async fn due(&self) -> bool {
+        let (version, at) = *self.last.lock().await;
+        let now = self.store.max_version();
+        let progressed = now > version;
+        let by_steps = self.config.every_steps > 0 && now >= version + self.config.every_steps;
+        let by_time = !self.config.every.is_zero() && at.elapsed() >= self.config.every;
+        progressed && (by_steps || by_time)
+    }
+
+    /// Checkpoints whenever due until `stop`, then once more if anything changed.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let tick = Duration::from_millis(100);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(tick) => {}
+            }
+            if self.due().await {
+                if let Err(error) = self.write_now().await {
+                    tracing::error!(%error, "checkpoint failed; the previous one is kept");
+                }
+            }
+        }
+        let changed = self.store.max_version() > self.last.lock().await.0;
+        if changed && let Err(error) = self.write_now().await {
+            tracing::error!(%error, "final checkpoint failed; the previous one is kept");
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Where a key's state comes from when a server does not hold it: the checkpoints
+//! it can read, a worker's copy, or the initial values — and which wins.
+//!
+//! A server that takes over keys (its peer died, or it restarted) gets them from
+//! the workers: each re-registers every key with the values it last pulled and
+//! their version (`restore_version`). The server then looks in the checkpoints
+//! under its checkpoint root (its own folder and, on a shared volume, every other
+//! server's) and takes
+//! - the checkpoint, when it is at least as new as the worker's copy: values,
+//!   optimizer state, version and per-worker steps, nothing lost;
+//! - else the worker's values and version with the checkpoint's optimizer state,
+//!   which is then that many steps older;
+//! - else the worker's values with a fresh optimizer state (reset).
+//!
+//! The log says which, per key. A worker copy newer than a key the server holds
+//! replaces it too (the key came back to a server that had an old copy).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use ps_proto::key::ParamKey;
+
+use crate::checkpoint::{self, KeyCheckpoint};
+use crate::param::{KeyState, ParamSpec};
+
+/// The checkpoints a server can read, scanned when needed.
+#[derive(Debug)]
+pub struct Archive {
+    root: PathBuf,
+    scanned: Mutex<Option<HashMap<ParamKey, (PathBuf, KeyCheckpoint)>>>,
+}
+
+impl Archive {
+    /// The checkpoints under `root` (one folder per server).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: root.into(),
+            scanned: Mutex::new(None),
+        }
+    }
+
+    /// The checkpoint root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The newest checkpointed state of `key`; `rescan` reads the folders again
+    /// (a peer may have written since the last scan).
+    pub fn lookup(&self, key: &ParamKey, rescan: bool) -> Option<(PathBuf, KeyCheckpoint)> {
+        let mut scanned = self.scanned.lock().unwrap_or_else(|p| p.into_inner());
+        if rescan || scanned.is_none() {
+            *scanned = Some(checkpoint::scan_shared(&self.root));
+        }
+        scanned.as_ref().and_then(|found| found.get(key).cloned())
+    }
+}
+
+/// What a worker sent for a key it registers.
+#[derive(Debug, Clone, Copy)]
+pub struct Offered<'a> {
+    /// Its values (initial values, or its last pulled copy).
+    pub values: Option<&'a [f32]>,
+    /// The version of those values; 0 for initial values.
+    pub version: u64,
+    /// Ranks of the worker group, for the steps a restored version implies.
+    pub ranks: u32,
+}
+
+/// A key this server lacks, built from the best source; logs the choice.
+pub fn new_key(spec: &ParamSpec, offered: Offered<'_>, archive: Option<&Archive>) -> KeyState {
+    let values = || {
+        offered
+            .values
+            .map_or_else(|| vec![0.0; spec.len()], <[f32]>::to_vec)
+    };
+    let saved = archive.and_then(|a| a.lookup(&spec.key, offered.version > 0));
+    let resumed = saved.and_then(|(path, saved)| {
+        let state = KeyState::from_checkpoint(spec, &saved);
+        if state.is_none() {
+            tracing::warn!(key = %spec.key, path = %path.display(), saved = saved.spec, now = spec.describe(), "checkpoint holds this key with another spec; not used");
+        }
+        state.map(|state| (path, state))
+    });
+    match resumed {
+        Some((path, state)) if state.version() >= offered.version => {
+            tracing::info!(key = %spec.key, version = state.version(), path = %path.display(), "restored from checkpoint: values and optimizer state");
+            state
+        }
+        Some((path, mut state)) => {
+            let behind = offered.version - state.version();
+            tracing::warn!(key = %spec.key, version = offered.version, path = %path.display(), optimizer_steps_behind = behind, "restored values from a worker's copy; optimizer state from an older checkpoint");
+            state.restore(values(), offered.version, offered.ranks);
+            state
+        }
+        None => {
+            let mut state = KeyState::new(spec, values());
+            if offered.version > 0 {
+                tracing::warn!(key = %spec.key, version = offered.version, "restored values from a worker's copy; no checkpoint holds this key, so its optimizer state is reset");
+                state.restore(values(), offered.version, offered.ranks);
+            }
+            state
+        }
+    }
+}
+
+/// A key this server holds, offered again: a worker's newer copy replaces it.
+/// Returns whether it did.
+pub fn refresh_key(spec: &ParamSpec, state: &mut KeyState, offered: Offered<'_>) -> bool {
+    let Some(values) = offered.values.filter(|_| offered.version > state.version()) else {
+        return false;
+    };
+    tracing::warn!(key = %spec.key, had = state.version(), version = offered.version, "a worker holds a newer copy of this key; taking its values (optimizer state kept)");
+    state.restore(values.to_vec(), offered.version, offered.ranks);
+    true
+}
