@@ -1,8 +1,10 @@
 //! `ps-tests`: helpers for the end-to-end tests in `tests/tests/`: running the
 //! workspace's binaries as real processes and reading what they print, and
-//! ([`compose`]) running the docker-compose cluster.
+//! ([`compose`]) running the docker-compose cluster, and ([`faults`]) a proxy that
+//! injects network faults.
 
 pub mod compose;
+pub mod faults;
 
 use std::path::PathBuf;
 use std::process::Stdio;
