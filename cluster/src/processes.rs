@@ -64,11 +64,24 @@ impl ServerProcess {
         Self::start_named("ps-scheduler", args).await
     }
 
+    /// Starts `ps-scheduler --listen LISTEN ARGS` (to restart one at the address
+    /// an earlier one was given).
+    ///
+    /// # Panics
+    /// When the scheduler exits or stays silent for 30 seconds.
+    pub async fn start_scheduler_at(listen: &str, args: &[&str]) -> Self {
+        Self::start_named_at("ps-scheduler", listen, args).await
+    }
+
     /// Starts the workspace binary `name` (`ps-server` or `ps-scheduler`) on a free
     /// loopback port and reads its log until it says `<name> listening addr=...`.
     async fn start_named(name: &str, args: &[&str]) -> Self {
+        Self::start_named_at(name, "127.0.0.1:0", args).await
+    }
+
+    async fn start_named_at(name: &str, listen: &str, args: &[&str]) -> Self {
         let mut child = Command::new(binary(name))
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             .args(args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")

@@ -29,6 +29,8 @@ pub struct SchedulerConfig {
     /// Exit once every worker has left on purpose (after servers had time to hear
     /// it from their heartbeats), so a compose cluster ends with its job.
     pub exit_when_done: bool,
+    /// Where to keep the state that carries the scheduler across a restart.
+    pub state_file: Option<std::path::PathBuf>,
 }
 
 impl Default for SchedulerConfig {
@@ -43,6 +45,7 @@ impl Default for SchedulerConfig {
             default_wait: Duration::from_secs(60),
             max_wait: Duration::from_secs(600),
             exit_when_done: false,
+            state_file: None,
         }
     }
 }

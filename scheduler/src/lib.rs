@@ -6,6 +6,8 @@
 //! - [`service`]: the gRPC layer over the membership; waits with deadlines.
 //! - [`server`]: [`server::run`], serving the scheduler with an expiry ticker.
 //! - [`config`]: settings and their validation.
+//! - [`group`]: fixed and elastic worker-group sizes.
+//! - [`state`]: the state file that carries the scheduler across a restart.
 
 pub mod config;
 pub mod group;
@@ -13,6 +15,7 @@ pub mod membership;
 pub mod placement;
 pub mod server;
 pub mod service;
+pub mod state;
 
 pub use config::SchedulerConfig;
 pub use group::GroupSize;

@@ -45,6 +45,10 @@ struct Cli {
     /// Milliseconds of silence after which a node is declared dead.
     #[arg(long, env = "PS_HEARTBEAT_TIMEOUT_MS", default_value_t = 3000)]
     heartbeat_timeout_ms: u64,
+    /// Keep the scheduler's state (group, ids, ranks, shard map) in this file, so a
+    /// restarted scheduler goes on with the same map instead of starting afresh.
+    #[arg(long, env = "PS_STATE_FILE")]
+    state_file: Option<std::path::PathBuf>,
     /// Exit once every worker has finished; following servers exit with it.
     #[arg(long, env = "PS_EXIT_WHEN_DONE")]
     exit_when_done: bool,
@@ -138,6 +142,7 @@ async fn main() -> anyhow::Result<()> {
         workers: cli.workers,
         join_window: Duration::from_millis(cli.join_window_ms),
         exit_when_done: cli.exit_when_done,
+        state_file: cli.state_file.clone(),
         min_servers: cli.servers,
         consistency: cli.consistency,
         heartbeat_interval: Duration::from_millis(cli.heartbeat_ms),

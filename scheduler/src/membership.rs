@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::group::GroupSize;
 use crate::placement::{Assignment, Param, plan};
+use crate::state::{SavedMember, SavedState};
 
 /// Why a membership call was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,7 +101,7 @@ struct Member {
 }
 
 /// A published placement: servers, parts, live workers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ShardMap {
     /// Increases with every change.
     pub version: u64,
@@ -468,6 +469,70 @@ impl Membership {
             && ranks.iter().any(|m| m.left)
     }
 
+    /// What a restarted scheduler needs to go on where this one is.
+    pub fn saved(&self) -> SavedState {
+        let members = |all: &BTreeMap<u32, Member>| {
+            all.iter()
+                .map(|(&id, m)| SavedMember {
+                    id,
+                    name: m.name.clone(),
+                    alive: m.alive,
+                    left: m.left,
+                })
+                .collect()
+        };
+        SavedState {
+            group_min: self.group.min,
+            group_max: self.group.max,
+            formed: self.formed,
+            servers: members(&self.servers),
+            workers: members(&self.workers),
+            params: self.params.clone(),
+            map: self.map.clone(),
+            version: self.version,
+        }
+    }
+
+    /// A membership resumed from `saved` at `now`: members alive when it was saved
+    /// are alive again, with a full heartbeat timeout to be heard from.
+    pub fn from_saved(
+        saved: SavedState,
+        heartbeat_timeout: Duration,
+        min_servers: usize,
+        now: Instant,
+    ) -> Self {
+        let members = |list: Vec<SavedMember>| {
+            list.into_iter()
+                .map(|m| {
+                    let member = Member {
+                        name: m.name,
+                        last_seen: now,
+                        alive: m.alive,
+                        left: m.left,
+                        last_step: 0,
+                    };
+                    (m.id, member)
+                })
+                .collect()
+        };
+        Self {
+            heartbeat_timeout,
+            group: GroupSize {
+                min: saved.group_min,
+                max: saved.group_max,
+            },
+            formed: saved.formed,
+            join_window: Duration::from_secs(2),
+            last_join: None,
+            min_servers: min_servers.max(1),
+            servers: members(saved.servers),
+            workers: members(saved.workers),
+            params: saved.params,
+            map: saved.map,
+            version: saved.version,
+        }
+    }
+
     /// The worker group size, once the group has formed (at once for a fixed size).
     pub fn group_size(&self) -> Option<u32> {
         self.formed
@@ -759,5 +824,40 @@ mod tests {
         assert!(!m.job_done());
         m.leave(Node::Worker(1));
         assert!(m.job_done());
+    }
+
+    #[test]
+    fn a_saved_membership_resumes_with_the_same_map_ids_and_ranks() {
+        let t0 = Instant::now();
+        let mut m = cluster(t0);
+        m.declare_params(params()).unwrap();
+        m.register_worker("a", t0).unwrap();
+        m.register_worker("b", t0).unwrap();
+        m.leave(Node::Worker(1));
+        let before = m.map().unwrap().clone();
+        let later = t0 + Duration::from_secs(100);
+        let mut resumed = Membership::from_saved(m.saved(), TIMEOUT, 2, later);
+        assert_eq!(resumed.map(), Some(&before), "same version and placement");
+        assert_eq!(resumed.register_server("s1:1", later), 1, "same server id");
+        assert_eq!(resumed.register_worker("a", later), Ok(0), "same rank");
+        assert_eq!(
+            resumed.heartbeat(Node::Server(0), 0, later),
+            Ok(before.version)
+        );
+        assert_eq!(resumed.departed_workers(), vec![1]);
+        let silent = later + TIMEOUT + Duration::from_millis(1);
+        resumed.heartbeat(Node::Server(0), 0, silent).unwrap();
+        resumed.heartbeat(Node::Server(1), 0, silent).unwrap();
+        let events = resumed.tick(silent);
+        assert!(
+            matches!(
+                &events[..],
+                [Event::Dead {
+                    node: Node::Worker(0),
+                    ..
+                }]
+            ),
+            "nodes not heard from after the restart are declared dead as usual: {events:?}"
+        );
     }
 }

@@ -14,7 +14,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// A parameter to place.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Param {
     /// Name.
     pub name: String,
@@ -31,7 +31,7 @@ impl Param {
 }
 
 /// One contiguous element range of a parameter, owned by one server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Assignment {
     /// Index of the parameter in the input.
     pub param: usize,

@@ -40,7 +40,9 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
     let addr = listener.local_addr()?;
-    let state = Arc::new(SchedulerState::new(config.clone()));
+    let state =
+        SchedulerState::new(config.clone()).map_err(|e| ServeError::Config(e.to_string()))?;
+    let state = Arc::new(state);
     let ticker = tokio::spawn({
         let state = Arc::clone(&state);
         let period = config.heartbeat_interval / 2;

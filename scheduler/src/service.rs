@@ -16,33 +16,74 @@ use tonic::{Request, Response, Status};
 use crate::config::SchedulerConfig;
 use crate::membership::{Event, Membership, MembershipError, Node, ShardMap};
 use crate::placement::Param;
+use crate::state::{self, SavedState, StateError};
 
 /// The scheduler's state, shared by the handlers and the expiry ticker.
 #[derive(Debug)]
 pub struct SchedulerState {
     membership: Mutex<Membership>,
+    /// What the state file holds, so it is rewritten only when that changes.
+    saved: Mutex<Option<SavedState>>,
     barriers: Mutex<HashMap<String, BTreeSet<u32>>>,
     changes: watch::Sender<u64>,
     config: SchedulerConfig,
 }
 
 impl SchedulerState {
-    /// A scheduler with nobody registered yet.
-    pub fn new(config: SchedulerConfig) -> Self {
-        let membership =
-            Membership::new(config.heartbeat_timeout, config.workers, config.min_servers)
-                .with_join_window(config.join_window);
-        Self {
+    /// A scheduler with nobody registered yet, or resumed from its state file.
+    ///
+    /// # Errors
+    /// [`StateError`] when the state file exists but cannot be read.
+    pub fn new(config: SchedulerConfig) -> Result<Self, StateError> {
+        let saved = match &config.state_file {
+            Some(path) => state::load(path)?,
+            None => None,
+        };
+        let membership = match saved.clone() {
+            Some(saved) => {
+                tracing::info!(
+                    map_version = saved.version,
+                    servers = saved.servers.len(),
+                    workers = saved.workers.len(),
+                    "resumed from the state file: same shard map, ids and ranks"
+                );
+                let (timeout, min_servers) = (config.heartbeat_timeout, config.min_servers);
+                Membership::from_saved(saved, timeout, min_servers, Instant::now())
+            }
+            None => Membership::new(config.heartbeat_timeout, config.workers, config.min_servers),
+        }
+        .with_join_window(config.join_window);
+        Ok(Self {
             membership: Mutex::new(membership),
+            saved: Mutex::new(saved),
             barriers: Mutex::default(),
             changes: watch::Sender::new(0),
             config,
+        })
+    }
+
+    /// Rewrites the state file when what it would hold changed.
+    fn persist(&self, membership: &Membership) {
+        let Some(path) = &self.config.state_file else {
+            return;
+        };
+        let now = membership.saved();
+        let mut saved = self.saved.lock().unwrap_or_else(|p| p.into_inner());
+        if saved.as_ref() == Some(&now) {
+            return;
+        }
+        match state::save(path, &now) {
+            Ok(()) => *saved = Some(now),
+            Err(error) => tracing::error!(%error, "cannot save the scheduler's state"),
         }
     }
 
     /// Runs `f` on the membership and wakes every waiter.
     fn update<R>(&self, f: impl FnOnce(&mut Membership) -> R) -> R {
-        let result = f(&mut self.membership.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut membership = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        let result = f(&mut membership);
+        self.persist(&membership);
+        drop(membership);
         self.changes.send_modify(|c| *c += 1);
         result
     }

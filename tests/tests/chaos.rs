@@ -1,9 +1,10 @@
-//! Chaos with real processes: `kill -9` of a parameter server in the middle of a
-//! 2-server, 2-worker digits run. The scheduler declares it dead, places its keys
-//! on the live server, the workers re-register them from their copies (or the
-//! dead server's checkpoint, on the shared folder), repeat the step they were in,
-//! and the run completes with the accuracy of an undisturbed one.
+//! Chaos with real processes: a 2-server, 2-worker digits run with `kill -9` of a
+//! server, of a worker (restarted at once), or of the scheduler (restarted from
+//! its state file) at a random step. Each run must finish with every worker within
+//! 0.02 of an undisturbed run's accuracy and at least 0.93, and take no longer
+//! than the undisturbed run plus the heartbeat timeout and a margin: nothing hangs.
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,27 @@ use tokio::process::{Child, Command};
 
 const HEARTBEAT_TIMEOUT_MS: u64 = 1500;
 const EPOCHS: &str = "40";
+
+/// What goes wrong, and when.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// Nothing.
+    None,
+    /// `kill -9` of one of the two servers at this step.
+    KillServer(u64),
+    /// `kill -9` of worker 1 at this step, and a new worker process started.
+    RestartWorker(u64),
+    /// `kill -9` of the scheduler at this step, restarted a second later.
+    RestartScheduler(u64),
+}
+
+/// What a run reports.
+struct Outcome {
+    accuracies: Vec<f64>,
+    took: Duration,
+    /// Worker log lines about repairs (lost servers, new maps).
+    repairs: Vec<String>,
+}
 
 fn worker(scheduler: &str) -> Child {
     Command::new(binary("ps-worker"))
@@ -31,26 +53,75 @@ fn worker(scheduler: &str) -> Child {
 async fn lowest_step(scheduler: &str) -> Option<u64> {
     let mut client = SchedulerClient::connect(http_uri(scheduler)).await.ok()?;
     let status = client.status(v1::StatusRequest {}).await.ok()?.into_inner();
-    (status.workers.len() == 2).then(|| status.workers.iter().map(|w| w.last_step).min())?
+    let live: Vec<u64> = status
+        .workers
+        .iter()
+        .filter(|w| w.alive)
+        .map(|w| w.last_step)
+        .collect();
+    (live.len() == 2).then(|| live.into_iter().min())?
 }
 
-/// Accuracy of each worker, in rank order, after a run; `victim_at` kills one of the
-/// two servers with SIGKILL once both workers reported that step.
-async fn run(victim_at: Option<u64>) -> (Vec<f64>, Duration, Vec<String>) {
-    let checkpoints = tempfile::tempdir().expect("a checkpoint folder");
-    let root = checkpoints.path().to_str().expect("utf-8 path").to_string();
+async fn wait_for_step(scheduler: &str, step: u64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while lowest_step(scheduler).await.is_none_or(|s| s < step) {
+        assert!(
+            Instant::now() < deadline,
+            "workers never reached step {step}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn scheduler_at(listen: &str, state: &Path) -> ServerProcess {
     let timeout = HEARTBEAT_TIMEOUT_MS.to_string();
-    let scheduler = ServerProcess::start_scheduler(&[
-        "--workers",
-        "2",
-        "--servers",
-        "2",
-        "--heartbeat-ms",
-        "250",
-        "--heartbeat-timeout-ms",
-        &timeout,
-    ])
-    .await;
+    let state = state.to_str().expect("utf-8 path");
+    ServerProcess::start_scheduler_at(
+        listen,
+        &[
+            "--workers",
+            "2",
+            "--servers",
+            "2",
+            "--heartbeat-ms",
+            "250",
+            "--heartbeat-timeout-ms",
+            &timeout,
+            "--state-file",
+            state,
+        ],
+    )
+    .await
+}
+
+async fn finish(child: Child, accuracies: &mut Vec<f64>, repairs: &mut Vec<String>) {
+    let output = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+        .await
+        .expect("a worker hung")
+        .expect("wait for a worker");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "a worker failed:\n{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    let summary: serde_json::Value = serde_json::from_str(last)
+        .unwrap_or_else(|_| panic!("no JSON summary: {last:?}\n{stderr}"));
+    accuracies.push(summary["test_accuracy"].as_f64().expect("test_accuracy"));
+    // A worker that joined a run already under way starts past step 0.
+    let rejoined = |l: &str| l.contains("trainer ready") && !l.ends_with("step=0");
+    let repair =
+        |l: &&str| l.contains("looks lost") || l.contains("reachable again") || rejoined(l);
+    repairs.extend(stderr.lines().filter(repair).map(str::to_string));
+}
+
+/// One cluster at a time: the runs' timings are compared.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn run(fault: Fault) -> Outcome {
+    let dir = tempfile::tempdir().expect("a folder for checkpoints and state");
+    let checkpoints = dir.path().join("checkpoints");
+    let state = dir.path().join("scheduler.json");
+    let mut scheduler = scheduler_at("127.0.0.1:0", &state).await;
+    let root = checkpoints.to_str().expect("utf-8 path").to_string();
     let server_args = [
         "--scheduler",
         &scheduler.addr,
@@ -64,46 +135,41 @@ async fn run(victim_at: Option<u64>) -> (Vec<f64>, Duration, Vec<String>) {
         ServerProcess::start(&server_args).await,
     ];
     let started = Instant::now();
-    let workers = [worker(&scheduler.addr), worker(&scheduler.addr)];
-    if let Some(step) = victim_at {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while lowest_step(&scheduler.addr).await.is_none_or(|s| s < step) {
-            assert!(
-                Instant::now() < deadline,
-                "workers never reached step {step}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut workers = vec![worker(&scheduler.addr), worker(&scheduler.addr)];
+    let (mut accuracies, mut repairs) = (Vec::new(), Vec::new());
+    match fault {
+        Fault::None => {}
+        Fault::KillServer(step) => {
+            wait_for_step(&scheduler.addr, step).await;
+            servers.pop().expect("two servers").kill().await;
         }
-        servers.pop().expect("two servers").kill().await;
-        eprintln!("killed a server at step {step}");
+        Fault::RestartWorker(step) => {
+            wait_for_step(&scheduler.addr, step).await;
+            let mut victim = workers.pop().expect("two workers");
+            victim.kill().await.expect("kill -9 a worker");
+            workers.push(worker(&scheduler.addr));
+        }
+        Fault::RestartScheduler(step) => {
+            wait_for_step(&scheduler.addr, step).await;
+            let addr = scheduler.addr.clone();
+            scheduler.kill().await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            scheduler = scheduler_at(&addr, &state).await;
+        }
     }
-    let mut accuracies = Vec::new();
-    let mut recoveries = Vec::new();
     for child in workers {
-        let output = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
-            .await
-            .expect("a worker hung")
-            .expect("wait for a worker");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(output.status.success(), "a worker failed:\n{stderr}");
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let last = stdout.lines().last().unwrap_or_default();
-        let summary: serde_json::Value = serde_json::from_str(last)
-            .unwrap_or_else(|_| panic!("no JSON summary: {last:?}\n{stderr}"));
-        accuracies.push(summary["test_accuracy"].as_f64().expect("test_accuracy"));
-        recoveries.extend(
-            stderr
-                .lines()
-                .filter(|l| l.contains("looks lost"))
-                .map(str::to_string),
-        );
+        finish(child, &mut accuracies, &mut repairs).await;
     }
     let took = started.elapsed();
     for server in servers {
         server.stop().await;
     }
     scheduler.stop().await;
-    (accuracies, took, recoveries)
+    Outcome {
+        accuracies,
+        took,
+        repairs,
+    }
 }
 
 /// A step between 60 and 400, different from run to run.
@@ -114,34 +180,60 @@ fn random_step() -> u64 {
     60 + u64::from(nanos) % 340
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_one_of_two_servers_mid_run_still_reaches_the_undisturbed_accuracy() {
-    let (undisturbed, normal_time, calm) = run(None).await;
+/// Runs undisturbed, then with `fault` at a random step, and compares.
+async fn survives(fault: impl Fn(u64) -> Fault, repaired: &str) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let calm = run(Fault::None).await;
     assert!(
-        calm.is_empty(),
-        "nothing was lost in the calm run: {calm:#?}"
+        calm.repairs.is_empty(),
+        "nothing to repair: {:#?}",
+        calm.repairs
     );
-    let step = random_step();
-    let (disturbed, took, recoveries) = run(Some(step)).await;
-    assert!(
-        !recoveries.is_empty(),
-        "the kill at step {step} happened mid-run, so the workers must have recovered"
-    );
-    eprintln!("{}", recoveries.join("\n"));
+    let fault = fault(random_step());
+    let hit = run(fault).await;
     eprintln!(
-        "undisturbed {undisturbed:?} in {normal_time:?}; server killed at step {step}: {disturbed:?} in {took:?}"
+        "undisturbed {:?} in {:?}; {fault:?}: {:?} in {:?}\n{}",
+        calm.accuracies,
+        calm.took,
+        hit.accuracies,
+        hit.took,
+        hit.repairs.join("\n")
     );
-    for (&base, &after) in undisturbed.iter().zip(&disturbed) {
-        assert!(
-            after >= 0.93,
-            "accuracy {after} after the kill (step {step})"
-        );
+    assert!(
+        hit.repairs.iter().any(|l| l.contains(repaired)),
+        "{fault:?} happened mid-run, so a worker must have logged `{repaired}`"
+    );
+    let base = calm
+        .accuracies
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min);
+    for &after in &hit.accuracies {
+        assert!(after >= 0.93, "accuracy {after} after {fault:?}");
         assert!(
             (after - base).abs() <= 0.02,
-            "accuracy {after} after the kill vs {base} undisturbed (step {step})"
+            "accuracy {after} after {fault:?} vs {base} undisturbed"
         );
     }
-    let allowed =
-        normal_time + Duration::from_millis(HEARTBEAT_TIMEOUT_MS) + Duration::from_secs(20);
-    assert!(took <= allowed, "took {took:?}, allowed {allowed:?}");
+    let allowed = calm.took + Duration::from_millis(HEARTBEAT_TIMEOUT_MS) + Duration::from_secs(20);
+    assert!(
+        hit.took <= allowed,
+        "took {:?}, allowed {allowed:?}",
+        hit.took
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_one_of_two_servers_mid_run_still_reaches_the_undisturbed_accuracy() {
+    survives(Fault::KillServer, "looks lost").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_and_restarted_mid_run_rejoins_and_the_run_completes() {
+    survives(Fault::RestartWorker, "trainer ready").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_killed_and_restarted_from_its_state_file_loses_nothing() {
+    survives(Fault::RestartScheduler, "reachable again").await;
 }

@@ -307,17 +307,32 @@ impl PsClient {
         let request = v1::RegisterWorkerRequest {
             client_id: client_id.into(),
         };
-        let registered = self
-            .config
-            .retry
-            .run("RegisterWorker", || {
-                let (mut s, r) = (scheduler.clone(), request.clone());
-                async move { s.register_worker(r).await }
-            })
-            .await;
-        let response = registered
-            .map_err(|s| rpc("RegisterWorker", s))?
-            .into_inner();
+        // A restarted worker may find every rank taken until the scheduler declares its
+        // former self dead (one heartbeat timeout): wait for that, within the deadline.
+        let deadline = tokio::time::Instant::now() + self.config.pull_timeout;
+        let response = loop {
+            let registered = self
+                .config
+                .retry
+                .run("RegisterWorker", || {
+                    let (mut s, r) = (scheduler.clone(), request.clone());
+                    async move { s.register_worker(r).await }
+                })
+                .await;
+            match registered {
+                Err(status)
+                    if status.code() == tonic::Code::ResourceExhausted
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::info!(
+                        message = status.message(),
+                        "every rank is taken; waiting for the scheduler to free a dead worker's rank"
+                    );
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                other => break other.map_err(|s| rpc("RegisterWorker", s))?.into_inner(),
+            }
+        };
         let consistency = response
             .consistency
             .parse()

@@ -1,0 +1,112 @@
+//! The scheduler's state file: what it must not forget across a restart — the
+//! group, who registered under which id or rank, the declared parameters and the
+//! current shard map. Written atomically (temporary file, fsync, rename) whenever
+//! it changes; read at start, so a restarted scheduler goes on with the same map
+//! version and placement, and the servers' and workers' heartbeats are simply
+//! accepted again. Nodes silent for a heartbeat timeout after the restart are then
+//! declared dead as usual.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::membership::ShardMap;
+use crate::placement::Param;
+
+/// A registered server or worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedMember {
+    /// Server id or worker rank.
+    pub id: u32,
+    /// Address (servers) or client id (workers).
+    pub name: String,
+    /// Alive when saved.
+    pub alive: bool,
+    /// Left on purpose.
+    pub left: bool,
+}
+
+/// Everything the scheduler keeps across a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedState {
+    /// Fewest workers of the group.
+    pub group_min: u32,
+    /// Most workers of the group.
+    pub group_max: u32,
+    /// The group's size, once formed.
+    pub formed: Option<u32>,
+    /// Servers.
+    pub servers: Vec<SavedMember>,
+    /// Workers.
+    pub workers: Vec<SavedMember>,
+    /// The declared parameters.
+    pub params: Option<Vec<Param>>,
+    /// The current map.
+    pub map: Option<ShardMap>,
+    /// The last map version published.
+    pub version: u64,
+}
+
+/// Why the state file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Reading or writing failed.
+    #[error("state file {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// The file is not a state file of this version.
+    #[error("state file {path} is unreadable ({reason}); move it away to start afresh")]
+    Corrupt {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Writes `state` to `path` atomically.
+///
+/// # Errors
+/// [`StateError::Io`]; the previous file is then intact.
+pub fn save(path: &Path, state: &SavedState) -> Result<(), StateError> {
+    let io = |source| StateError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let json = serde_json::to_vec_pretty(state).map_err(|e| io(std::io::Error::other(e)))?;
+    let temporary = path.with_extension("tmp");
+    let mut file = File::create(&temporary).map_err(io)?;
+    file.write_all(&json).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    fs::rename(&temporary, path).map_err(io)?;
+    Ok(())
+}
+
+/// Reads the state at `path`; `None` when there is no file yet.
+///
+/// # Errors
+/// [`StateError`] when it exists but cannot be read or parsed.
+pub fn load(path: &Path) -> Result<Option<SavedState>, StateError> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(StateError::Io {
+                path: path.display().to_string(),
+                source,
+            });
+        }
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| StateError::Corrupt {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
+}
