@@ -156,7 +156,18 @@ impl Compose {
             .collect()
     }
 
-    /// Kills one container of `service` with SIGKILL.
+    /// Runs `ARGS` in a running container of `service` (its own binaries: the
+    /// images have no shell) and returns stdout.
+    ///
+    /// # Panics
+    /// When the command fails.
+    pub fn exec(&self, service: &str, args: &[&str]) -> String {
+        let mut all = vec!["exec", "-T", service];
+        all.extend_from_slice(args);
+        self.run(&all)
+    }
+
+    /// Kills one container of `service` with SIGKILL and returns its name.
     ///
     /// # Panics
     /// When there is none or the kill fails.
@@ -166,10 +177,11 @@ impl Compose {
             .into_iter()
             .next()
             .expect("a container");
+        let (victim, _) = inspect(&id);
         let mut kill = Command::new("docker");
         kill.args(["kill", "--signal", "KILL", &id]);
         checked(kill, "docker kill");
-        id
+        victim.name
     }
 }
 

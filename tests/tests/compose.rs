@@ -2,12 +2,15 @@
 //! binaries, `up` with the default two workers and scaled to three, every worker
 //! reaching the accuracy target, every container exiting 0 on its own once the job
 //! is done, and the project removed with its volumes even when a check fails.
+//! Then chaos in containers: one server container killed (SIGKILL) mid-run; the
+//! other takes over its keys (from the shared checkpoint volume or the workers'
+//! copies) and the run completes.
 //!
 //! Needs a Docker engine, so it is `#[ignore]`d in `cargo test --workspace`;
 //! `.ci/run` runs it when an engine answers and says so when none does. With
 //! `PS_REQUIRE_DOCKER=1` a missing engine fails the test instead of skipping it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ps_tests::compose::{Compose, docker_available};
 
@@ -63,13 +66,85 @@ fn cluster_trains(name: &str, workers: usize) {
     }
 }
 
+/// The lowest step any live worker reported, from `ps-scheduler status` run inside
+/// the scheduler's container.
+fn lowest_step(cluster: &Compose) -> Option<u64> {
+    let status = cluster.exec(
+        "scheduler",
+        &["/ps-scheduler", "status", "--server", "127.0.0.1:7000"],
+    );
+    let workers = status.split_once("last step")?.1;
+    let steps: Vec<u64> = workers
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.len() == 3 && fields[1] == "yes").then(|| fields[2].parse().ok())?
+        })
+        .collect();
+    (steps.len() == 2).then(|| steps.into_iter().min())?
+}
+
+fn a_killed_server_container_does_not_stop_the_run() {
+    let cluster = Compose::up("candle-ps-e2e-chaos", &[], &[("PS_EPOCHS", "150")]);
+    let deadline = Instant::now() + LIMIT;
+    while lowest_step(&cluster).is_none_or(|step| step < 300) {
+        assert!(
+            Instant::now() < deadline,
+            "workers never reached step 300:\n{}",
+            cluster.logs(&[])
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let victim = cluster.kill_one("server");
+    eprintln!("killed {victim} once both workers were past step 300");
+    let workers = cluster.wait_exited(&["worker"], LIMIT);
+    for worker in &workers {
+        assert_eq!(
+            worker.code,
+            0,
+            "{} failed after a server was killed:\n{}",
+            worker.name,
+            cluster.logs(&[])
+        );
+    }
+    let summaries = cluster.json_lines("worker");
+    assert_eq!(summaries.len(), 2, "{}", cluster.logs(&["worker"]));
+    for summary in &summaries {
+        let accuracy = summary["test_accuracy"].as_f64().unwrap();
+        eprintln!("after the kill: test_accuracy {accuracy}");
+        assert!(
+            accuracy >= 0.93,
+            "test_accuracy {accuracy} after the kill: {summary}"
+        );
+    }
+    let rest = cluster.wait_exited(&["scheduler", "server"], LIMIT);
+    for container in &rest {
+        // The victim exits 137 (SIGKILL), or 0 when its restart policy brought it
+        // back and it finished with the others.
+        let clean = container.code == 0 || (container.name == victim && container.code == 137);
+        assert!(
+            clean,
+            "{} exited with {}:\n{}",
+            container.name,
+            container.code,
+            cluster.logs(&[])
+        );
+    }
+    let logs = cluster.logs(&["worker"]);
+    assert!(
+        logs.contains("looks lost"),
+        "the workers never noticed the kill:\n{logs}"
+    );
+}
+
 #[test]
 #[ignore = "builds images and runs containers; .ci/run runs it when a Docker engine answers"]
-fn the_compose_cluster_trains_digits_and_exits_cleanly_at_two_and_three_workers() {
+fn the_compose_cluster_trains_at_two_and_three_workers_and_survives_a_killed_server() {
     if !engine_or_skip() {
         return;
     }
     Compose::build_images();
     cluster_trains("candle-ps-e2e-default", 2);
     cluster_trains("candle-ps-e2e-scaled", 3);
+    a_killed_server_container_does_not_stop_the_run();
 }
