@@ -24,19 +24,30 @@ use ps_proto::key::ParamKey;
 use crate::checkpoint::{self, KeyCheckpoint};
 use crate::param::{KeyState, ParamSpec};
 
-/// The checkpoints a server can read, scanned when needed.
+/// The checkpoints a server can read: loaded at start, read again on demand.
 #[derive(Debug)]
 pub struct Archive {
     root: PathBuf,
-    scanned: Mutex<Option<HashMap<ParamKey, (PathBuf, KeyCheckpoint)>>>,
+    scanned: Mutex<HashMap<ParamKey, (PathBuf, KeyCheckpoint)>>,
 }
 
 impl Archive {
-    /// The checkpoints under `root` (one folder per server).
-    pub fn new(root: impl Into<PathBuf>) -> Self {
+    /// The checkpoints under `root`, read now: each folder's newest valid
+    /// checkpoint (corrupt or truncated ones are logged and skipped), with a
+    /// summary of what a restarted server will resume from as keys register.
+    pub fn load(root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        let found = checkpoint::scan_shared(&root);
+        let newest = found.values().map(|(_, key)| key.version).max();
+        match newest {
+            Some(version) => {
+                tracing::info!(root = %root.display(), keys = found.len(), newest_version = version, "checkpoints loaded; keys resume from them as workers register");
+            }
+            None => tracing::info!(root = %root.display(), "no checkpoint to resume from"),
+        }
         Self {
-            root: root.into(),
-            scanned: Mutex::new(None),
+            root,
+            scanned: Mutex::new(found),
         }
     }
 
@@ -49,10 +60,10 @@ impl Archive {
     /// (a peer may have written since the last scan).
     pub fn lookup(&self, key: &ParamKey, rescan: bool) -> Option<(PathBuf, KeyCheckpoint)> {
         let mut scanned = self.scanned.lock().unwrap_or_else(|p| p.into_inner());
-        if rescan || scanned.is_none() {
-            *scanned = Some(checkpoint::scan_shared(&self.root));
+        if rescan {
+            *scanned = checkpoint::scan_shared(&self.root);
         }
-        scanned.as_ref().and_then(|found| found.get(key).cloned())
+        scanned.get(key).cloned()
     }
 }
 

@@ -169,9 +169,10 @@ impl Store {
         self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Reads checkpoints under `root` when a key must be restored.
+    /// Loads the checkpoints under `root` now, and reads them again when a key
+    /// must be restored.
     pub fn with_archive(mut self, root: impl Into<std::path::PathBuf>) -> Self {
-        self.archive = Some(Archive::new(root));
+        self.archive = Some(Archive::load(root));
         self
     }
 
