@@ -372,6 +372,22 @@ mod tests {
     }
 
     #[test]
+    fn a_crash_mid_write_leaves_the_previous_checkpoint_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let previous = write(dir.path(), &[key("w", 1)]).unwrap();
+        // What a crash between create and rename leaves: part of the next file,
+        // under its temporary name.
+        let whole = encode(&[key("w", 2)]).unwrap();
+        let temporary = dir.path().join(format!("{PREFIX}{:012}{SUFFIX}.tmp", 2));
+        fs::write(&temporary, &whole[..whole.len() / 2]).unwrap();
+        assert_eq!(newest(dir.path()).unwrap(), (previous, vec![key("w", 1)]));
+        // The next write takes that name over and completes.
+        let next = write(dir.path(), &[key("w", 3)]).unwrap();
+        assert_eq!(newest(dir.path()).unwrap(), (next, vec![key("w", 3)]));
+        assert!(!temporary.exists());
+    }
+
+    #[test]
     fn a_flipped_data_byte_is_detected_by_the_crc() {
         let dir = tempfile::tempdir().unwrap();
         let path = write(dir.path(), &[key("w", 5)]).unwrap();

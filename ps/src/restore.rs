@@ -125,3 +125,99 @@ pub fn refresh_key(spec: &ParamSpec, state: &mut KeyState, offered: Offered<'_>)
     state.restore(values.to_vec(), offered.version, offered.ranks);
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use ps_proto::codec::DType;
+
+    use super::*;
+    use crate::checkpoint;
+    use crate::optimizer::OptimizerSpec;
+
+    fn spec(lr: f64) -> ParamSpec {
+        ParamSpec {
+            key: ParamKey::new("w", 0),
+            dtype: DType::F32,
+            shape: vec![2],
+            optimizer: OptimizerSpec::Momentum {
+                lr,
+                momentum: 0.9,
+                weight_decay: 0.0,
+                nesterov: false,
+            },
+        }
+    }
+
+    /// An archive holding `w` at `version`, saved with `spec`.
+    fn archive_at(version: u64, spec: &ParamSpec) -> (tempfile::TempDir, Archive) {
+        let root = tempfile::tempdir().unwrap();
+        let saved = KeyCheckpoint {
+            key: spec.key.clone(),
+            spec: spec.describe(),
+            values: vec![1.0, 2.0],
+            first: vec![0.5, -0.5],
+            second: Vec::new(),
+            updates: version,
+            version,
+            last_step: HashMap::from([(0, version - 1), (1, version - 1)]),
+        };
+        checkpoint::write(&root.path().join("server-a"), &[saved]).unwrap();
+        let archive = Archive::load(root.path());
+        (root, archive)
+    }
+
+    fn offered(values: &[f32], version: u64) -> Offered<'_> {
+        Offered {
+            values: Some(values),
+            version,
+            ranks: 2,
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_as_new_as_the_copy_wins_whole() {
+        let (_root, archive) = archive_at(5, &spec(0.1));
+        let state = new_key(&spec(0.1), offered(&[9.0, 9.0], 5), Some(&archive));
+        let restored = state.checkpoint(&spec(0.1));
+        assert_eq!((restored.values, restored.version), (vec![1.0, 2.0], 5));
+        assert_eq!((restored.first, restored.updates), (vec![0.5, -0.5], 5));
+    }
+
+    #[test]
+    fn a_newer_copy_brings_values_and_the_older_checkpoint_the_optimizer_state() {
+        let (_root, archive) = archive_at(3, &spec(0.1));
+        let state = new_key(&spec(0.1), offered(&[9.0, 8.0], 5), Some(&archive));
+        let restored = state.checkpoint(&spec(0.1));
+        assert_eq!((restored.values, restored.version), (vec![9.0, 8.0], 5));
+        assert_eq!(restored.first, vec![0.5, -0.5]);
+        // Every step before the copy's version counts as pushed by both ranks.
+        assert_eq!(restored.last_step, HashMap::from([(0, 4), (1, 4)]));
+    }
+
+    #[test]
+    fn without_a_usable_checkpoint_the_copy_comes_with_a_fresh_optimizer() {
+        // Saved under another learning rate: not the same spec, so not used.
+        let (_root, archive) = archive_at(3, &spec(0.5));
+        for archive in [None, Some(&archive)] {
+            let state = new_key(&spec(0.1), offered(&[9.0, 8.0], 5), archive);
+            let restored = state.checkpoint(&spec(0.1));
+            assert_eq!((restored.values, restored.version), (vec![9.0, 8.0], 5));
+            assert_eq!((restored.first, restored.updates), (vec![0.0, 0.0], 0));
+        }
+    }
+
+    #[test]
+    fn only_a_newer_copy_replaces_a_key_held() {
+        let mut state = new_key(&spec(0.1), offered(&[1.0, 1.0], 4), None);
+        assert!(!refresh_key(
+            &spec(0.1),
+            &mut state,
+            offered(&[7.0, 7.0], 4)
+        ));
+        assert!(refresh_key(&spec(0.1), &mut state, offered(&[7.0, 7.0], 6)));
+        let held = state.checkpoint(&spec(0.1));
+        assert_eq!((held.values, held.version), (vec![7.0, 7.0], 6));
+    }
+}

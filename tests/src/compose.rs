@@ -183,6 +183,17 @@ impl Compose {
         checked(kill, "docker kill");
         victim.name
     }
+
+    /// Starts a stopped container of this project again, as a restart policy or
+    /// an operator would.
+    ///
+    /// # Panics
+    /// When the start fails.
+    pub fn start_again(&self, container: &str) {
+        let mut start = Command::new("docker");
+        start.args(["start", container]);
+        checked(start, "docker start");
+    }
 }
 
 /// `(name and exit code, still running)` of a container.
