@@ -56,6 +56,15 @@ impl ServerProcess {
         Self::start_named("ps-server", args).await
     }
 
+    /// Starts `ps-server --listen LISTEN ARGS` (to restart one at the address an
+    /// earlier one was given).
+    ///
+    /// # Panics
+    /// When the server exits or stays silent for 30 seconds.
+    pub async fn start_at(listen: &str, args: &[&str]) -> Self {
+        Self::start_named_at("ps-server", listen, args).await
+    }
+
     /// Starts `ps-scheduler --listen 127.0.0.1:0 ARGS` the same way.
     ///
     /// # Panics

@@ -24,6 +24,9 @@ enum Fault {
     None,
     /// `kill -9` of one of the two servers at this step.
     KillServer(u64),
+    /// `kill -9` of one of the two servers at this step, restarted at once at its
+    /// address (as a restart policy would, before the scheduler declares it dead).
+    RestartServer(u64),
     /// `kill -9` of worker 1 at this step, and a new worker process started.
     RestartWorker(u64),
     /// `kill -9` of the scheduler at this step, restarted a second later.
@@ -108,8 +111,17 @@ async fn finish(child: Child, accuracies: &mut Vec<f64>, repairs: &mut Vec<Strin
     accuracies.push(summary["test_accuracy"].as_f64().expect("test_accuracy"));
     // A worker that joined a run already under way starts past step 0.
     let rejoined = |l: &str| l.contains("trainer ready") && !l.ends_with("step=0");
-    let repair =
-        |l: &&str| l.contains("looks lost") || l.contains("reachable again") || rejoined(l);
+    let repair = |l: &&str| {
+        [
+            "looks lost",
+            "lacks keys",
+            "back at its address",
+            "reachable again",
+        ]
+        .iter()
+        .any(|marker| l.contains(marker))
+            || rejoined(l)
+    };
     repairs.extend(stderr.lines().filter(repair).map(str::to_string));
 }
 
@@ -142,6 +154,13 @@ async fn run(fault: Fault) -> Outcome {
         Fault::KillServer(step) => {
             wait_for_step(&scheduler.addr, step).await;
             servers.pop().expect("two servers").kill().await;
+        }
+        Fault::RestartServer(step) => {
+            wait_for_step(&scheduler.addr, step).await;
+            let victim = servers.pop().expect("two servers");
+            let addr = victim.addr.clone();
+            victim.kill().await;
+            servers.push(ServerProcess::start_at(&addr, &server_args).await);
         }
         Fault::RestartWorker(step) => {
             wait_for_step(&scheduler.addr, step).await;
@@ -181,7 +200,7 @@ fn random_step() -> u64 {
 }
 
 /// Runs undisturbed, then with `fault` at a random step, and compares.
-async fn survives(fault: impl Fn(u64) -> Fault, repaired: &str) {
+async fn survives(fault: impl Fn(u64) -> Fault, repaired: &[&str]) {
     let _alone = ONE_AT_A_TIME.lock().await;
     let calm = run(Fault::None).await;
     assert!(
@@ -200,8 +219,10 @@ async fn survives(fault: impl Fn(u64) -> Fault, repaired: &str) {
         hit.repairs.join("\n")
     );
     assert!(
-        hit.repairs.iter().any(|l| l.contains(repaired)),
-        "{fault:?} happened mid-run, so a worker must have logged `{repaired}`"
+        hit.repairs
+            .iter()
+            .any(|l| repaired.iter().any(|marker| l.contains(marker))),
+        "{fault:?} happened mid-run, so a worker must have logged one of {repaired:?}"
     );
     let base = calm
         .accuracies
@@ -225,15 +246,22 @@ async fn survives(fault: impl Fn(u64) -> Fault, repaired: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_one_of_two_servers_mid_run_still_reaches_the_undisturbed_accuracy() {
-    survives(Fault::KillServer, "looks lost").await;
+    survives(Fault::KillServer, &["looks lost"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_and_restarted_at_its_address_gets_its_keys_back() {
+    // Whether a worker's retry reaches the new process (which then lacks the
+    // keys) or gives up first (and finds it back), the keys are restored to it.
+    survives(Fault::RestartServer, &["lacks keys", "back at its address"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_and_restarted_mid_run_rejoins_and_the_run_completes() {
-    survives(Fault::RestartWorker, "trainer ready").await;
+    survives(Fault::RestartWorker, &["trainer ready"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scheduler_killed_and_restarted_from_its_state_file_loses_nothing() {
-    survives(Fault::RestartScheduler, "reachable again").await;
+    survives(Fault::RestartScheduler, &["reachable again"]).await;
 }

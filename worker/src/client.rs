@@ -94,6 +94,18 @@ impl ClientError {
         }
     }
 
+    /// True when a server answered but no longer holds a key it was sent: it
+    /// restarted empty at the same address (or just took the key over), so it
+    /// needs the keys again, not a new map.
+    pub fn server_emptied(&self) -> bool {
+        matches!(self, ClientError::Rpc { status, .. } if status.code() == tonic::Code::NotFound)
+    }
+
+    /// True when the scheduler had no newer shard map within the wait.
+    pub fn no_newer_map(&self) -> bool {
+        matches!(self, ClientError::Rpc { what: "GetShardMap", status, .. } if status.code() == tonic::Code::DeadlineExceeded)
+    }
+
     /// True when a server looks lost rather than the request wrong: it is
     /// unreachable (after the retries), or it no longer holds a key it was sent
     /// (it restarted empty, or took the key over). Placement and keys need
@@ -239,6 +251,12 @@ impl PsClient {
     /// True when ranks, placement and servers come from a scheduler.
     pub fn has_scheduler(&self) -> bool {
         self.scheduler.is_some()
+    }
+
+    /// How long a pull waits for its version; also the bound on waiting for a
+    /// repaired placement.
+    pub fn pull_timeout(&self) -> Duration {
+        self.config.pull_timeout
     }
 
     /// The server addresses.
@@ -448,6 +466,20 @@ impl PsClient {
     /// [`ClientError`] when no such map comes within the pull timeout or a server in
     /// it cannot be reached.
     pub async fn refresh(&mut self, min_version: u64) -> Result<(), ClientError> {
+        self.refresh_within(min_version, self.config.pull_timeout)
+            .await
+    }
+
+    /// [`PsClient::refresh`], waiting at most `wait` for the map: the scheduler
+    /// answers `DEADLINE_EXCEEDED` ([`ClientError::no_newer_map`]) when none came.
+    ///
+    /// # Errors
+    /// As [`PsClient::refresh`].
+    pub async fn refresh_within(
+        &mut self,
+        min_version: u64,
+        wait: Duration,
+    ) -> Result<(), ClientError> {
         let Some(scheduler) = self.scheduler.clone() else {
             return Err(ClientError::Usage(
                 "there is no scheduler to refresh the shard map from".into(),
@@ -456,7 +488,7 @@ impl PsClient {
         let addr = self.scheduler_addr();
         let wait = v1::GetShardMapRequest {
             min_version: min_version.max(1),
-            timeout_ms: self.config.pull_timeout.as_millis() as u64,
+            timeout_ms: wait.as_millis() as u64,
         };
         let fetched = self
             .config

@@ -12,6 +12,8 @@
 //! gradient by its `VarMap` name, pulls the version the consistency model requires,
 //! and writes the values into the `Var`s.
 
+use std::time::{Duration, Instant};
+
 use bytes::Bytes;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
@@ -36,6 +38,10 @@ pub enum TrainerError {
 /// How many times one step repairs placement (a stale map, a lost server) before
 /// giving up.
 const RECOVERIES: usize = 5;
+
+/// How long each wait for a newer shard map lasts before checking whether an
+/// unreachable server is back at its address.
+const PLACEMENT_PROBE: Duration = Duration::from_millis(500);
 
 /// Data-parallel training of a `VarMap` on parameter servers.
 pub struct PsTrainer {
@@ -236,17 +242,46 @@ impl PsTrainer {
         *recoveries += 1;
         if let Some(version) = client_error.stale_map() {
             self.client.refresh(version).await?;
+        } else if client_error.server_emptied() {
+            tracing::warn!(rank = self.group.rank, step = self.step, %client_error, "a parameter server lacks keys (it restarted, or took them over); restoring them");
         } else if client_error.server_lost() {
-            tracing::warn!(rank = self.group.rank, step = self.step, %client_error, "a parameter server looks lost; waiting for a new shard map, then restoring its keys");
-            if self.client.has_scheduler() {
-                let next = self.client.map_version() + 1;
-                self.client.refresh(next).await?;
-            }
+            tracing::warn!(rank = self.group.rank, step = self.step, %client_error, "a parameter server looks lost; waiting for a new shard map or its return, then restoring its keys");
+            return self.await_placement().await;
         } else {
             return Err(error);
         }
-        self.register_copy().await?;
-        Ok(())
+        self.register_copy().await
+    }
+
+    /// After a server could not be reached: waits until the scheduler publishes
+    /// a map without it, or until the server is back at its address (it restarted
+    /// before the scheduler declared it dead), whichever comes first, then
+    /// registers this worker's copy of the keys; for at most the pull timeout.
+    async fn await_placement(&mut self) -> Result<(), TrainerError> {
+        if !self.client.has_scheduler() {
+            return self.register_copy().await;
+        }
+        let next = self.client.map_version() + 1;
+        let deadline = Instant::now() + self.client.pull_timeout();
+        loop {
+            match self.client.refresh_within(next, PLACEMENT_PROBE).await {
+                Ok(()) => return self.register_copy().await,
+                Err(error) if error.no_newer_map() => {}
+                Err(error) => return Err(error.into()),
+            }
+            match self.register_copy().await {
+                Ok(()) => {
+                    tracing::info!(
+                        rank = self.group.rank,
+                        "the parameter server is back at its address; keys restored"
+                    );
+                    return Ok(());
+                }
+                Err(TrainerError::Client(error))
+                    if error.server_lost() && Instant::now() < deadline => {}
+                Err(error) => return Err(error),
+            }
+        }
     }
 
     /// Registers every variable again with this worker's copy at its version.
