@@ -27,6 +27,9 @@ enum Fault {
     /// `kill -9` of one of the two servers at this step, restarted at once at its
     /// address (as a restart policy would, before the scheduler declares it dead).
     RestartServer(u64),
+    /// `kill -9` of one of the two servers at this step, restarted at its address
+    /// once the scheduler has declared it dead and moved its keys away.
+    RejoinServer(u64),
     /// `kill -9` of worker 1 at this step, and a new worker process started.
     RestartWorker(u64),
     /// `kill -9` of the scheduler at this step, restarted a second later.
@@ -76,6 +79,30 @@ async fn wait_for_step(scheduler: &str, step: u64) {
     }
 }
 
+/// Whether the scheduler sees the server at `addr` alive, and how many parts it
+/// gives it.
+async fn server_seen(scheduler: &str, addr: &str) -> Option<(bool, u64)> {
+    let mut client = SchedulerClient::connect(http_uri(scheduler)).await.ok()?;
+    let status = client.status(v1::StatusRequest {}).await.ok()?.into_inner();
+    let server = status.servers.into_iter().find(|s| s.addr == addr)?;
+    Some((server.alive, server.parts))
+}
+
+/// Polls the scheduler until the server at `addr` is seen as `wanted`.
+async fn wait_for_server(scheduler: &str, addr: &str, wanted: impl Fn(bool, u64) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !server_seen(scheduler, addr)
+        .await
+        .is_some_and(|(alive, parts)| wanted(alive, parts))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the scheduler never saw {addr} as expected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn scheduler_at(listen: &str, state: &Path) -> ServerProcess {
     let timeout = HEARTBEAT_TIMEOUT_MS.to_string();
     let state = state.to_str().expect("utf-8 path");
@@ -116,6 +143,7 @@ async fn finish(child: Child, accuracies: &mut Vec<f64>, repairs: &mut Vec<Strin
             "looks lost",
             "lacks keys",
             "back at its address",
+            "shard map moved on",
             "reachable again",
         ]
         .iter()
@@ -161,6 +189,16 @@ async fn run(fault: Fault) -> Outcome {
             let addr = victim.addr.clone();
             victim.kill().await;
             servers.push(ServerProcess::start_at(&addr, &server_args).await);
+        }
+        Fault::RejoinServer(step) => {
+            wait_for_step(&scheduler.addr, step).await;
+            let victim = servers.pop().expect("two servers");
+            let addr = victim.addr.clone();
+            victim.kill().await;
+            wait_for_server(&scheduler.addr, &addr, |alive, parts| !alive && parts == 0).await;
+            servers.push(ServerProcess::start_at(&addr, &server_args).await);
+            // It takes keys again in the next map.
+            wait_for_server(&scheduler.addr, &addr, |alive, parts| alive && parts > 0).await;
         }
         Fault::RestartWorker(step) => {
             wait_for_step(&scheduler.addr, step).await;
@@ -254,6 +292,17 @@ async fn a_server_killed_and_restarted_at_its_address_gets_its_keys_back() {
     // Whether a worker's retry reaches the new process (which then lacks the
     // keys) or gives up first (and finds it back), the keys are restored to it.
     survives(Fault::RestartServer, &["lacks keys", "back at its address"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_declared_dead_and_restarted_rejoins_and_takes_keys_again() {
+    // Workers find it lost, or, when the new map came while they retried, learn
+    // the moved placement from a server; either way they restore the keys.
+    survives(
+        Fault::RejoinServer,
+        &["looks lost", "lacks keys", "shard map moved on"],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

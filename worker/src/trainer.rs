@@ -241,6 +241,12 @@ impl PsTrainer {
         }
         *recoveries += 1;
         if let Some(version) = client_error.stale_map() {
+            tracing::info!(
+                rank = self.group.rank,
+                step = self.step,
+                version,
+                "the shard map moved on; placing keys by the new one and registering this worker's copy"
+            );
             self.client.refresh(version).await?;
         } else if client_error.server_emptied() {
             tracing::warn!(rank = self.group.rank, step = self.step, %client_error, "a parameter server lacks keys (it restarted, or took them over); restoring them");
