@@ -104,17 +104,19 @@ enum Fault {
 }
 
 impl Fault {
-    /// The service hit, and a log line of `service` showing the repair.
+    /// The service hit, the service whose log shows the repair, and the line.
     fn target(self) -> (&'static str, &'static str, &'static str) {
         match self {
             Self::KillServer => ("server", "worker", "looks lost"),
             Self::RestartWorker => ("worker", "worker", "trainer ready"),
-            Self::RestartScheduler => ("scheduler", "worker", "reachable again"),
+            // Back within a heartbeat or two, the workers may never notice; the
+            // scheduler's own log shows where it resumed from.
+            Self::RestartScheduler => ("scheduler", "scheduler", "resumed from the state file"),
         }
     }
 }
 
-/// True for a worker's log line that shows the repair of `fault`.
+/// True for a log line that shows the repair of `fault`.
 fn repaired(fault: Fault, line: &str) -> bool {
     let (_, _, marker) = fault.target();
     match fault {
