@@ -23,6 +23,21 @@ pub fn binary(name: &str) -> PathBuf {
     built(name, &["--bin", name])
 }
 
+/// Spawns `ps-worker ARGS` with its stdout and stderr piped, killed on drop.
+///
+/// # Panics
+/// When it cannot be spawned.
+pub fn spawn_worker(args: &[&str]) -> tokio::process::Child {
+    Command::new(binary("ps-worker"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn ps-worker")
+}
+
 /// Path of a workspace example, built with cargo first if needed.
 ///
 /// # Panics

@@ -5,14 +5,13 @@
 //! than the undisturbed run plus the heartbeat timeout and a margin: nothing hangs.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use ps_proto::transport::http_uri;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
-use ps_tests::{ServerProcess, binary};
-use tokio::process::{Child, Command};
+use ps_tests::{ServerProcess, spawn_worker};
+use tokio::process::Child;
 
 const HEARTBEAT_TIMEOUT_MS: u64 = 1500;
 const EPOCHS: &str = "40";
@@ -45,15 +44,15 @@ struct Outcome {
 }
 
 fn worker(scheduler: &str) -> Child {
-    Command::new(binary("ps-worker"))
-        .args(["--scheduler", scheduler, "--json", "--epochs", EPOCHS])
-        .args(["--pull-timeout-secs", "30"])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn ps-worker")
+    spawn_worker(&[
+        "--scheduler",
+        scheduler,
+        "--json",
+        "--epochs",
+        EPOCHS,
+        "--pull-timeout-secs",
+        "30",
+    ])
 }
 
 async fn lowest_step(scheduler: &str) -> Option<u64> {

@@ -1,25 +1,18 @@
 //! The scheduler with real processes: a worker killed mid-run, a worker started
 //! before any server, and `ps-scheduler status`.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use ps_proto::transport::http_uri;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
-use ps_tests::{ServerProcess, binary, run};
-use tokio::process::{Child, Command};
+use ps_tests::{ServerProcess, binary, run, spawn_worker};
+use tokio::process::Child;
 
 fn worker(scheduler: &str, extra: &[&str]) -> Child {
-    Command::new(binary("ps-worker"))
-        .args(["--server", scheduler, "--json"])
-        .args(extra)
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn ps-worker")
+    let mut args = vec!["--server", scheduler, "--json"];
+    args.extend_from_slice(extra);
+    spawn_worker(&args)
 }
 
 async fn status(scheduler: &str) -> v1::StatusResponse {
