@@ -4,6 +4,7 @@
 //! - [`codec`]: tensors on the wire — dtypes, shapes, validation, zero-copy `f32` access.
 //! - [`consistency`]: BSP, ASP, SSP(k) and the version to pull after a push.
 //! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
+//! - [`metadata`]: the gRPC metadata keys on refusals a client acts on.
 //! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
 //! - [`health`]: the client side of the gRPC health service, for `health` subcommands.
@@ -16,6 +17,7 @@ pub mod consistency;
 pub mod fixtures;
 pub mod health;
 pub mod key;
+pub mod metadata;
 pub mod process;
 pub mod transport;
 

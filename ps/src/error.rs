@@ -6,10 +6,8 @@ use std::time::Duration;
 use ps_proto::chunk::ChunkError;
 use ps_proto::codec::{CodecError, DType};
 use ps_proto::key::ParamKey;
+use ps_proto::metadata;
 use tonic::{Code, Status};
-
-/// The gRPC metadata naming the shard-map version a server knows, on a stale-map refusal.
-pub const MAP_VERSION_METADATA: &str = "ps-shard-map-version";
 
 /// Why a request was refused. A refused request changes nothing.
 #[derive(Debug, thiserror::Error)]
@@ -265,13 +263,16 @@ impl From<Error> for Status {
     fn from(error: Error) -> Self {
         match error {
             Error::Stream(status) => status,
-            Error::StaleMap { current, .. } => {
-                let mut status = Status::new(Code::FailedPrecondition, error.to_string());
-                if let Ok(value) = current.to_string().parse() {
-                    status.metadata_mut().insert(MAP_VERSION_METADATA, value);
-                }
-                status
-            }
+            Error::StaleMap { current, .. } => metadata::failed_precondition_with(
+                error.to_string(),
+                metadata::MAP_VERSION,
+                current,
+            ),
+            Error::StaleStep { version, .. } => metadata::failed_precondition_with(
+                error.to_string(),
+                metadata::KEY_VERSION,
+                version,
+            ),
             other => Status::new(other.code(), other.to_string()),
         }
     }

@@ -16,6 +16,7 @@ use ps_proto::chunk::{Assembler, ChunkHeader, DEFAULT_CHUNK_BYTES, to_wire_chunk
 use ps_proto::codec::TensorData;
 use ps_proto::consistency::Consistency;
 use ps_proto::key::ParamKey;
+use ps_proto::metadata;
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
@@ -73,23 +74,22 @@ pub enum ClientError {
     Usage(String),
 }
 
-/// The gRPC metadata a server adds when it refuses a stale shard map: the version
-/// it knows.
-pub const MAP_VERSION_METADATA: &str = "ps-shard-map-version";
-
 impl ClientError {
     /// The newer shard-map version a server named when it refused this client's map.
     pub fn stale_map(&self) -> Option<u64> {
+        self.status_version(metadata::MAP_VERSION)
+    }
+
+    /// The version a key had reached when a server refused this worker's push
+    /// because that BSP step completed without it (the worker was declared dead,
+    /// or rejoined late): the step to join the group at.
+    pub fn step_completed_without_us(&self) -> Option<u64> {
+        self.status_version(metadata::KEY_VERSION)
+    }
+
+    fn status_version(&self, key: &'static str) -> Option<u64> {
         match self {
-            ClientError::Rpc { status, .. } if status.code() == tonic::Code::FailedPrecondition => {
-                status
-                    .metadata()
-                    .get(MAP_VERSION_METADATA)?
-                    .to_str()
-                    .ok()?
-                    .parse()
-                    .ok()
-            }
+            ClientError::Rpc { status, .. } => metadata::version_in(status, key),
             _ => None,
         }
     }
@@ -709,7 +709,11 @@ impl PsClient {
                     .collect();
                 self.push_on(&self.servers[s], worker, step, tensors)
             });
-        Ok(try_join_all(calls).await?.into_iter().sum())
+        // Every server's push runs to its end, so that when one refuses a step the
+        // group completed without this worker, the others have taken theirs (or
+        // refused too) before the worker joins at the newer step.
+        let outcomes = futures::future::join_all(calls).await;
+        Ok(settled(outcomes)?.into_iter().sum())
     }
 
     async fn push_on(
@@ -833,6 +837,28 @@ impl PsClient {
             .await?;
         assemble_pulled(chunks).map_err(protocol)
     }
+}
+
+/// The values of calls that all ran to their end, or the error to act on: the
+/// highest step completed without this worker when any server said so (the step
+/// to join at), otherwise the first error.
+fn settled<T>(outcomes: Vec<Result<T, ClientError>>) -> Result<Vec<T>, ClientError> {
+    let mut values = Vec::with_capacity(outcomes.len());
+    let mut chosen: Option<ClientError> = None;
+    for outcome in outcomes {
+        match outcome {
+            Ok(value) => values.push(value),
+            Err(error) => {
+                let newer = |c: &ClientError| {
+                    error.step_completed_without_us() > c.step_completed_without_us()
+                };
+                if chosen.as_ref().is_none_or(newer) {
+                    chosen = Some(error);
+                }
+            }
+        }
+    }
+    chosen.map_or(Ok(values), Err)
 }
 
 /// What the heartbeat task reports and records.

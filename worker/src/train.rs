@@ -146,11 +146,13 @@ pub async fn train(
     let bar = progress_bar(config.progress, total_steps, rank);
     bar.set_position(trainer.step().min(total_steps));
     let started = Instant::now();
-    let mut epoch_losses = Vec::new();
+    let (mut epoch_losses, mut losses_of) = (Vec::new(), None);
     while trainer.step() < total_steps {
         let (epoch, index) = (trainer.step() / per_epoch, trainer.step() % per_epoch);
-        if index == 0 {
+        // A worker that joins at the group's step may skip into a new epoch.
+        if losses_of != Some(epoch) {
             epoch_losses.clear();
+            losses_of = Some(epoch);
         }
         let batch = batch_of(&shard, epoch, index as usize, config, rank);
         let (x, y) = batch.to_tensors(&config.device)?;

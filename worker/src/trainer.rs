@@ -100,11 +100,6 @@ impl PsTrainer {
             })
             .collect();
         client.place(&infos).await?;
-        let initial = vars
-            .iter()
-            .map(|(name, var)| Ok((name.clone(), tensor_bytes(var.as_tensor())?)))
-            .collect::<Result<Vec<_>, TrainerError>>()?;
-        let created = client.register(&initial, &optimizer).await?;
         let mut trainer = Self {
             client,
             vars,
@@ -112,8 +107,9 @@ impl PsTrainer {
             optimizer,
             step: 0,
             loaded: 0,
-            created,
+            created: false,
         };
+        trainer.created = trainer.register_initial().await?;
         let version = trainer.load(0).await?;
         if group.consistency.has_group() {
             trainer.step = version;
@@ -121,7 +117,7 @@ impl PsTrainer {
         tracing::info!(
             rank = group.rank,
             workers = group.workers,
-            created,
+            created = trainer.created,
             step = trainer.step,
             "trainer ready"
         );
@@ -184,10 +180,34 @@ impl PsTrainer {
         }
         let wait_for = self.group.consistency.version_after(self.step);
         let mut recoveries = 0;
-        while let Err(error) = self.push_and_load(&pushed, wait_for).await {
-            self.recover(error, &mut recoveries).await?;
+        loop {
+            match self.push_and_load(&pushed, wait_for).await {
+                Ok(()) => {
+                    self.step += 1;
+                    return Ok(());
+                }
+                Err(TrainerError::Client(error)) if error.step_completed_without_us().is_some() => {
+                    let version = error.step_completed_without_us().unwrap_or(self.step + 1);
+                    return self.join_at(version).await;
+                }
+                Err(error) => self.recover(error, &mut recoveries).await?,
+            }
         }
-        self.step += 1;
+    }
+
+    /// The group completed this worker's step without it (the worker was declared
+    /// dead while it stalled, or it rejoined as the step closed): drops this step's
+    /// gradients, loads the values at `step` and carries on from there, as a
+    /// worker that joins a running job does.
+    async fn join_at(&mut self, step: u64) -> Result<(), TrainerError> {
+        tracing::info!(
+            rank = self.group.rank,
+            skipped = self.step,
+            step,
+            "the group completed this step without this worker; loading the current values and joining at the group's step"
+        );
+        self.load(step).await?;
+        self.step = step;
         Ok(())
     }
 
@@ -220,41 +240,54 @@ impl PsTrainer {
     /// the error.
     ///
     /// - A server refused the shard map as stale: fetch the newer map.
-    /// - A server is lost (unreachable after retries, or missing keys it should
-    ///   hold): wait for the scheduler's next map, which places the lost server's
-    ///   keys on the live ones (without a scheduler: the same servers, restarted).
+    /// - A server lacks keys it should hold (it restarted empty, or just took
+    ///   them over): register them again.
+    /// - A server is unreachable after retries: wait for the scheduler's next
+    ///   map, which places the lost server's keys on the live ones, or for the
+    ///   server's return at its address.
     ///
     /// Either way every key is then registered again with this worker's copy, so a
     /// server that now owns a key it lacks restores it (from a checkpoint, or from
-    /// the copy). A repeated push keeps its `(worker, step)`: keys that took it do
-    /// not apply it twice.
+    /// the copy). A repair that itself fails for one of these reasons (the map
+    /// moved again meanwhile) is repaired in turn. A repeated push keeps its
+    /// `(worker, step)`: keys that took it do not apply it twice.
     async fn recover(
         &mut self,
-        error: TrainerError,
+        mut error: TrainerError,
         recoveries: &mut usize,
     ) -> Result<(), TrainerError> {
-        let TrainerError::Client(client_error) = &error else {
-            return Err(error);
-        };
-        if *recoveries >= RECOVERIES {
-            return Err(error);
+        loop {
+            let TrainerError::Client(client_error) = &error else {
+                return Err(error);
+            };
+            let repairable = client_error.stale_map().is_some() || client_error.server_lost();
+            if !repairable || *recoveries >= RECOVERIES {
+                return Err(error);
+            }
+            *recoveries += 1;
+            match self.repair(client_error).await {
+                Ok(()) => return Ok(()),
+                Err(next) => error = next,
+            }
         }
-        *recoveries += 1;
-        if let Some(version) = client_error.stale_map() {
+    }
+
+    /// One repair of placement for `error`, which [`PsTrainer::recover`] found repairable.
+    async fn repair(&mut self, error: &ClientError) -> Result<(), TrainerError> {
+        let rank = self.group.rank;
+        if let Some(version) = error.stale_map() {
             tracing::info!(
-                rank = self.group.rank,
+                rank,
                 step = self.step,
                 version,
                 "the shard map moved on; placing keys by the new one and registering this worker's copy"
             );
             self.client.refresh(version).await?;
-        } else if client_error.server_emptied() {
-            tracing::warn!(rank = self.group.rank, step = self.step, %client_error, "a parameter server lacks keys (it restarted, or took them over); restoring them");
-        } else if client_error.server_lost() {
-            tracing::warn!(rank = self.group.rank, step = self.step, %client_error, "a parameter server looks lost; waiting for a new shard map or its return, then restoring its keys");
-            return self.await_placement().await;
+        } else if error.server_emptied() {
+            tracing::warn!(rank, step = self.step, %error, "a parameter server lacks keys (it restarted, or took them over); restoring them");
         } else {
-            return Err(error);
+            tracing::warn!(rank, step = self.step, %error, "a parameter server looks lost; waiting for a new shard map or its return, then restoring its keys");
+            return self.await_placement().await;
         }
         self.register_copy().await
     }
@@ -290,13 +323,31 @@ impl PsTrainer {
         }
     }
 
-    /// Registers every variable again with this worker's copy at its version.
-    async fn register_copy(&mut self) -> Result<(), TrainerError> {
-        let copy = self
-            .vars
+    /// Registers every variable with its initial values (placement repaired on the
+    /// way when the map moves meanwhile); true when this worker's values were the
+    /// ones taken.
+    async fn register_initial(&mut self) -> Result<bool, TrainerError> {
+        let initial = self.copy()?;
+        let mut recoveries = 0;
+        loop {
+            match self.client.register(&initial, &self.optimizer).await {
+                Ok(created) => return Ok(created),
+                Err(error) => self.recover(error.into(), &mut recoveries).await?,
+            }
+        }
+    }
+
+    /// This worker's values of every variable, by name.
+    fn copy(&self) -> Result<Vec<(String, Bytes)>, TrainerError> {
+        self.vars
             .iter()
             .map(|(name, var)| Ok((name.clone(), tensor_bytes(var.as_tensor())?)))
-            .collect::<Result<Vec<_>, TrainerError>>()?;
+            .collect()
+    }
+
+    /// Registers every variable again with this worker's copy at its version.
+    async fn register_copy(&mut self) -> Result<(), TrainerError> {
+        let copy = self.copy()?;
         self.client
             .register_copy(&copy, &self.optimizer, self.loaded)
             .await?;

@@ -1,0 +1,56 @@
+//! The gRPC metadata keys a parameter server adds to a refusal, so that a client
+//! can act on it without parsing the message: defined once, here, for the server
+//! that writes them and every client that reads them.
+
+use tonic::{Code, Status};
+
+/// On a `FAILED_PRECONDITION` for a stale shard map: the map version the server knows.
+pub const MAP_VERSION: &str = "ps-shard-map-version";
+
+/// On a `FAILED_PRECONDITION` for a BSP step that completed without the pushing
+/// worker: the version the key is at, which is the step to join at.
+pub const KEY_VERSION: &str = "ps-key-version";
+
+/// A `FAILED_PRECONDITION` status carrying `version` under `key`.
+pub fn failed_precondition_with(message: String, key: &'static str, version: u64) -> Status {
+    let mut status = Status::new(Code::FailedPrecondition, message);
+    if let Ok(value) = version.to_string().parse() {
+        status.metadata_mut().insert(key, value);
+    }
+    status
+}
+
+/// The version a `FAILED_PRECONDITION` status carries under `key`, if any.
+pub fn version_in(status: &Status, key: &'static str) -> Option<u64> {
+    if status.code() != Code::FailedPrecondition {
+        return None;
+    }
+    status.metadata().get(key)?.to_str().ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_written_is_read_back_under_its_own_key_only() {
+        let status = failed_precondition_with("stale".into(), KEY_VERSION, 318);
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert_eq!(version_in(&status, KEY_VERSION), Some(318));
+        assert_eq!(version_in(&status, MAP_VERSION), None);
+    }
+
+    #[test]
+    fn other_codes_and_garbage_carry_no_version() {
+        let mut status = Status::new(Code::NotFound, "gone");
+        status
+            .metadata_mut()
+            .insert(KEY_VERSION, "7".parse().expect("ascii"));
+        assert_eq!(version_in(&status, KEY_VERSION), None);
+        let mut status = Status::new(Code::FailedPrecondition, "odd");
+        status
+            .metadata_mut()
+            .insert(KEY_VERSION, "seven".parse().expect("ascii"));
+        assert_eq!(version_in(&status, KEY_VERSION), None);
+    }
+}
