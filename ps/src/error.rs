@@ -18,6 +18,14 @@ pub enum Error {
         /// What was missing.
         what: &'static str,
     },
+    /// A field of the request does not parse.
+    #[error("{field}: {reason}")]
+    InvalidField {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// A tensor's dtype, shape or data length is malformed.
     #[error("{key}: {source}")]
     Codec {
@@ -124,6 +132,18 @@ pub enum Error {
         worker: u32,
         /// Group size.
         group: u32,
+    },
+    /// A joining worker was started for another group than this server's.
+    #[error(
+        "this server's group has {setting} {server}, but the worker was started with {setting} {worker}; start the servers and every worker with the same --{setting}"
+    )]
+    GroupMismatch {
+        /// The setting that differs (`workers`, `consistency`).
+        setting: &'static str,
+        /// The server's value.
+        server: String,
+        /// The worker's value.
+        worker: String,
     },
     /// Every rank of the group is taken.
     #[error(
@@ -236,9 +256,10 @@ impl Error {
         match self {
             Error::UnknownKey { .. } => Code::NotFound,
             Error::SpecConflict { .. } => Code::AlreadyExists,
-            Error::FutureStep { .. } | Error::StaleStep { .. } | Error::StaleMap { .. } => {
-                Code::FailedPrecondition
-            }
+            Error::FutureStep { .. }
+            | Error::StaleStep { .. }
+            | Error::StaleMap { .. }
+            | Error::GroupMismatch { .. } => Code::FailedPrecondition,
             Error::ResponseTooLarge { .. }
             | Error::TensorTooLarge { .. }
             | Error::GroupFull { .. } => Code::ResourceExhausted,
@@ -246,6 +267,7 @@ impl Error {
             Error::ShuttingDown | Error::MapAhead { .. } => Code::Unavailable,
             Error::Stream(status) => status.code(),
             Error::EmptyRequest { .. }
+            | Error::InvalidField { .. }
             | Error::Codec { .. }
             | Error::Chunk(_)
             | Error::MixedStream { .. }

@@ -173,9 +173,8 @@ impl ParameterServer for ParameterService {
         request: Request<v1::JoinGroupRequest>,
     ) -> Result<Response<v1::JoinGroupResponse>, Status> {
         let group = self.store.group();
-        let result = self
-            .ranks
-            .join(group, &request.get_ref().client_id)
+        let result = wire::join_request(request.into_inner())
+            .and_then(|join| self.ranks.join(group, &join))
             .map(|rank| v1::JoinGroupResponse {
                 rank,
                 workers: group.workers,

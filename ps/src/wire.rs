@@ -7,9 +7,31 @@ use ps_proto::key::ParamKey;
 use ps_proto::v1;
 
 use crate::error::{Error, Result};
+use crate::group::JoinRequest;
 use crate::optimizer::OptimizerSpec;
 use crate::param::ParamSpec;
 use crate::store::{KeySummary, Pulled, Pushed, Registered, Stats};
+
+/// Validates a `JoinGroup` request: an empty expectation means "whatever the
+/// server has".
+///
+/// # Errors
+/// `InvalidField` for a consistency model that does not parse.
+pub fn join_request(request: v1::JoinGroupRequest) -> Result<JoinRequest> {
+    let consistency = match request.expected_consistency.as_str() {
+        "" => None,
+        text => Some(text.parse().map_err(|reason| Error::InvalidField {
+            field: "expected_consistency",
+            reason,
+        })?),
+    };
+    Ok(JoinRequest {
+        client_id: request.client_id,
+        workers: (request.expected_workers != 0).then_some(request.expected_workers),
+        consistency,
+        rank: request.rank,
+    })
+}
 
 /// Validates a parameter spec from the wire.
 ///

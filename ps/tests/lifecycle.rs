@@ -157,6 +157,7 @@ async fn join_group_hands_out_stable_ranks_until_the_group_is_full() {
         let mut client = server.client.clone();
         let request = ps_proto::v1::JoinGroupRequest {
             client_id: id.into(),
+            ..Default::default()
         };
         async move { client.join_group(request).await }
     };
@@ -174,5 +175,67 @@ async fn join_group_hands_out_stable_ranks_until_the_group_is_full() {
     let full = join("third").await.unwrap_err();
     assert_eq!(full.code(), Code::ResourceExhausted);
     assert!(full.message().contains("--workers"), "{}", full.message());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_started_for_another_group_is_refused_when_it_joins() {
+    let config = ps_server::ServerConfig {
+        workers: 2,
+        ..Default::default()
+    };
+    let server = TestServer::start(config).await;
+    use ps_proto::v1::JoinGroupRequest;
+    let asking = |expected_workers, expected_consistency: &str, rank| JoinGroupRequest {
+        client_id: "worker".into(),
+        expected_workers,
+        expected_consistency: expected_consistency.into(),
+        rank,
+    };
+    // (request, code, words the message must hold)
+    let cases = [
+        (
+            asking(3, "", None),
+            Code::FailedPrecondition,
+            "workers 2, but the worker was started with workers 3",
+        ),
+        (
+            asking(0, "asp", None),
+            Code::FailedPrecondition,
+            "--consistency",
+        ),
+        (
+            asking(2, "", Some(2)),
+            Code::InvalidArgument,
+            "outside this server's group of 2",
+        ),
+        (
+            asking(0, "nonsense", None),
+            Code::InvalidArgument,
+            "expected_consistency",
+        ),
+    ];
+    for (request, code, words) in cases {
+        let refused = server
+            .client
+            .clone()
+            .join_group(request.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), code, "{request:?}: {}", refused.message());
+        assert!(
+            refused.message().contains(words),
+            "{request:?}: {}",
+            refused.message()
+        );
+    }
+    let joined = server
+        .client
+        .clone()
+        .join_group(asking(2, "bsp", Some(1)))
+        .await
+        .expect("a matching worker joins with the rank it chose")
+        .into_inner();
+    assert_eq!((joined.rank, joined.workers), (1, 2));
     server.stop().await;
 }

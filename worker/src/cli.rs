@@ -42,9 +42,10 @@ pub struct TrainArgs {
     /// Data set.
     #[arg(long, value_enum, default_value = "digits", env = "PS_DATASET")]
     pub dataset: DatasetChoice,
-    /// Directory of the IDX files for --dataset fashion-mnist.
-    #[arg(long, default_value = DEBIAN_FASHION_MNIST_DIR, env = "PS_DATA_DIR")]
-    pub data_dir: PathBuf,
+    /// Directory of the IDX files for --dataset fashion-mnist [default:
+    /// /usr/share/datasets/fashion-mnist, where Debian's dataset-fashion-mnist puts them].
+    #[arg(long, env = "PS_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
     /// Synthetic data: values per example.
     #[arg(long, default_value_t = SyntheticSpec::default().features)]
     pub synthetic_features: usize,
@@ -82,7 +83,13 @@ impl TrainArgs {
     pub fn dataset(&self) -> Result<Dataset, DataError> {
         match self.dataset {
             DatasetChoice::Digits => digits::load(),
-            DatasetChoice::FashionMnist => load_mnist_layout(&self.data_dir, "fashion-mnist"),
+            DatasetChoice::FashionMnist => {
+                let dir = self.data_dir.clone();
+                load_mnist_layout(
+                    &dir.unwrap_or(DEBIAN_FASHION_MNIST_DIR.into()),
+                    "fashion-mnist",
+                )
+            }
             DatasetChoice::Synthetic => generate(SyntheticSpec {
                 features: self.synthetic_features,
                 classes: self.synthetic_classes,
@@ -91,6 +98,43 @@ impl TrainArgs {
                 ..SyntheticSpec::default()
             }),
         }
+    }
+
+    /// Checks every setting that can be checked before anything starts.
+    ///
+    /// # Errors
+    /// A message naming the flag and what it needs.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.hidden.contains(&0) {
+            return Err(format!(
+                "--hidden {:?} has a layer of width 0; every hidden layer needs at least 1 unit",
+                self.hidden
+            ));
+        }
+        let positive = [
+            ("--batch-size", self.batch_size),
+            ("--epochs", self.epochs),
+            ("--synthetic-features", self.synthetic_features),
+            ("--synthetic-train", self.synthetic_train),
+        ];
+        if let Some((flag, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err(format!("{flag} must be at least 1"));
+        }
+        if self.synthetic_classes < 2 {
+            return Err("--synthetic-classes must be at least 2".into());
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(format!("--lr must be a positive number, got {}", self.lr));
+        }
+        if self.data_dir.is_some() && self.dataset != DatasetChoice::FashionMnist {
+            return Err(format!(
+                "--data-dir is only read by --dataset fashion-mnist, and --dataset is {}; drop --data-dir (or PS_DATA_DIR) or choose fashion-mnist",
+                self.dataset
+                    .to_possible_value()
+                    .map_or_else(String::new, |v| v.get_name().to_string())
+            ));
+        }
+        parse_device(&self.device).map(drop)
     }
 
     /// The training settings.

@@ -166,6 +166,49 @@ pub struct GroupInfo {
     pub consistency: Consistency,
 }
 
+/// What a worker was started with, checked by the server or the scheduler when
+/// it joins, so that a worker started for another job fails at once instead of
+/// waiting for a step that never comes. `None`: whatever the group has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Expected {
+    /// The rank the worker chose.
+    pub rank: Option<u32>,
+    /// The group size the worker was started with.
+    pub workers: Option<u32>,
+    /// The consistency model the worker was started with.
+    pub consistency: Option<Consistency>,
+}
+
+impl Expected {
+    /// Refuses a group that is not the one expected.
+    ///
+    /// # Errors
+    /// [`ClientError::Usage`] naming the flag that differs.
+    fn check(&self, group: &GroupInfo, joined: &str) -> Result<(), ClientError> {
+        let mismatch = |setting: &str, theirs: String, ours: String| {
+            ClientError::Usage(format!(
+                "{joined}'s group has {setting} {theirs}, but this worker was started with --{setting} {ours}; start every process of the job with the same --{setting}"
+            ))
+        };
+        if let Some(ours) = self.consistency.filter(|c| *c != group.consistency) {
+            return Err(mismatch(
+                "consistency",
+                group.consistency.to_string(),
+                ours.to_string(),
+            ));
+        }
+        let has_group = group.consistency.has_group();
+        if let Some(ours) = self.workers.filter(|w| has_group && *w != group.workers) {
+            return Err(mismatch(
+                "workers",
+                group.workers.to_string(),
+                ours.to_string(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A parameter's values as pulled, reassembled from its parts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PulledParam {
@@ -274,12 +317,33 @@ impl PsClient {
     /// # Errors
     /// [`ClientError::Rpc`], for example when the group is full.
     pub async fn join(&mut self, client_id: &str) -> Result<GroupInfo, ClientError> {
+        self.join_expecting(client_id, Expected::default()).await
+    }
+
+    /// [`PsClient::join`] for a worker started with a rank, group size or
+    /// consistency model: the server (or scheduler) refuses a group that differs.
+    ///
+    /// # Errors
+    /// As [`PsClient::join`]; [`ClientError::Rpc`] with `FAILED_PRECONDITION` or
+    /// [`ClientError::Usage`] naming the setting that differs.
+    pub async fn join_expecting(
+        &mut self,
+        client_id: &str,
+        expected: Expected,
+    ) -> Result<GroupInfo, ClientError> {
         if self.scheduler.is_some() {
-            return self.register_with_scheduler(client_id).await;
+            let group = self.register_with_scheduler(client_id).await?;
+            expected.check(&group, &format!("scheduler {}", self.scheduler_addr()))?;
+            return Ok(group);
         }
         let server = self.servers[0].clone();
         let request = v1::JoinGroupRequest {
             client_id: client_id.into(),
+            expected_workers: expected.workers.unwrap_or(0),
+            expected_consistency: expected
+                .consistency
+                .map_or_else(String::new, |c| c.to_string()),
+            rank: expected.rank,
         };
         let joined = self
             .call(&server, "JoinGroup", |mut client| {
@@ -295,7 +359,7 @@ impl PsClient {
             {
                 tracing::info!(addr = %server.addr, "the address is a scheduler; taking rank and shard map from it");
                 self.scheduler = Some(SchedulerClient::new(self.servers.remove(0).channel));
-                return self.register_with_scheduler(client_id).await;
+                return Box::pin(self.join_expecting(client_id, expected)).await;
             }
             other => other?,
         };
@@ -307,11 +371,14 @@ impl PsClient {
                 addr: server.addr.clone(),
                 reason,
             })?;
-        Ok(GroupInfo {
+        let group = GroupInfo {
             rank: response.rank,
             workers: response.workers,
             consistency,
-        })
+        };
+        // A server that predates the expectations in JoinGroup ignores them.
+        expected.check(&group, &format!("parameter server {}", server.addr))?;
+        Ok(group)
     }
 
     async fn register_with_scheduler(&mut self, client_id: &str) -> Result<GroupInfo, ClientError> {

@@ -10,10 +10,10 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use ps_proto::consistency::Consistency;
 use ps_worker::cli::TrainArgs;
-use ps_worker::client::GroupInfo;
+use ps_worker::client::Expected;
 use ps_worker::train::{TrainSummary, train};
 use ps_worker::trainer::client_token;
 use ps_worker::{ClientConfig, PsClient};
@@ -34,23 +34,43 @@ struct Cli {
     /// scheduler is recognised too).
     #[arg(long, env = "PS_SCHEDULER", conflicts_with = "rank")]
     scheduler: Option<String>,
-    /// This worker's rank; by default the first server hands one out.
+    /// This worker's rank; by default the first server hands one out. The server
+    /// refuses a rank outside its group.
     #[arg(long, env = "PS_RANK", requires = "workers")]
     rank: Option<u32>,
-    /// Workers in the group (with --rank).
-    #[arg(long, env = "PS_WORKERS")]
+    /// Workers in the group. Checked against the server's (or scheduler's) group
+    /// when this worker joins; by default, whatever the group has.
+    #[arg(long, env = "PS_WORKERS", value_parser = clap::value_parser!(u32).range(1..))]
     workers: Option<u32>,
-    /// Consistency model of the servers (with --rank): bsp, asp or ssp:K.
-    #[arg(long, default_value = "bsp", env = "PS_CONSISTENCY")]
-    consistency: Consistency,
+    /// Consistency model the job uses: bsp, asp or ssp:K. Checked against the
+    /// servers' when this worker joins; by default, whatever they use.
+    #[arg(long, env = "PS_CONSISTENCY")]
+    consistency: Option<Consistency>,
     /// Seconds a pull may wait for the other workers before failing.
-    #[arg(long, default_value_t = 60, env = "PS_PULL_TIMEOUT_SECS")]
+    #[arg(long, default_value_t = 60, env = "PS_PULL_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pull_timeout_secs: u64,
     /// Print one JSON summary as the last line of stdout.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
     train: TrainArgs,
+}
+
+impl Cli {
+    /// Every check that needs no peer, made before anything starts.
+    fn validate(&self) -> Result<(), String> {
+        if let (Some(rank), Some(workers)) = (self.rank, self.workers) {
+            if rank >= workers {
+                return Err(format!(
+                    "--rank {rank} is outside a group of --workers {workers} (ranks 0..{workers})"
+                ));
+            }
+        }
+        if self.server.iter().any(|s| s.trim().is_empty()) {
+            return Err("--server has an empty address".into());
+        }
+        self.train.validate()
+    }
 }
 
 fn print_summary(summary: &TrainSummary, json: bool) -> anyhow::Result<()> {
@@ -75,6 +95,11 @@ fn print_summary(summary: &TrainSummary, json: bool) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Err(message) = cli.validate() {
+        Cli::command()
+            .error(clap::error::ErrorKind::ValueValidation, message)
+            .exit();
+    }
     ps_proto::process::init_tracing();
     let data = cli.train.dataset().context("loading the data set")?;
     let config = cli
@@ -85,23 +110,15 @@ async fn main() -> anyhow::Result<()> {
     client_config.pull_timeout = Duration::from_secs(cli.pull_timeout_secs);
     client_config.scheduler = cli.scheduler.clone();
     let mut client = PsClient::connect(client_config).await?;
-    let group = match (cli.rank, cli.workers) {
-        (Some(rank), Some(workers)) => GroupInfo {
-            rank,
-            workers,
-            consistency: cli.consistency,
-        },
-        _ => client
-            .join(&client_token())
-            .await
-            .context("joining the worker group")?,
+    let expected = Expected {
+        rank: cli.rank,
+        workers: cli.workers,
+        consistency: cli.consistency,
     };
-    anyhow::ensure!(
-        group.rank < group.workers.max(1) || !group.consistency.has_group(),
-        "rank {} is outside a group of {} workers",
-        group.rank,
-        group.workers
-    );
+    let group = client
+        .join_expecting(&client_token(), expected)
+        .await
+        .context("joining the worker group")?;
     let via = cli
         .scheduler
         .clone()

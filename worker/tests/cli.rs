@@ -52,3 +52,48 @@ fn unknown_flag_values_are_explained() {
     assert!(!ok);
     assert!(stderr.contains("cpu or cuda:N"), "{stderr}");
 }
+
+#[test]
+fn configuration_mistakes_are_refused_before_anything_starts() {
+    // No server listens on this port: each mistake must be named before the
+    // worker tries to reach one.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = free.local_addr().unwrap().to_string();
+    drop(free);
+    // (flags, words the error must hold)
+    let mistakes: [(&[&str], &str); 10] = [
+        (&["--rank", "0", "--workers", "0"], "--workers"),
+        (
+            &["--rank", "2", "--workers", "2"],
+            "--rank 2 is outside a group of --workers 2",
+        ),
+        (&["--epochs", "0"], "--epochs must be at least 1"),
+        (&["--batch-size", "0"], "--batch-size must be at least 1"),
+        (
+            &["--hidden", "64,0"],
+            "--hidden [64, 0] has a layer of width 0",
+        ),
+        (&["--lr=0"], "--lr must be a positive number"),
+        (
+            &["--data-dir", "/tmp"],
+            "--data-dir is only read by --dataset fashion-mnist",
+        ),
+        (&["--pull-timeout-secs", "0"], "--pull-timeout-secs"),
+        (
+            &["--dataset", "synthetic", "--synthetic-classes", "1"],
+            "--synthetic-classes must be at least 2",
+        ),
+        (&["--consistency", "ssp:x"], "--consistency"),
+    ];
+    for (flags, words) in mistakes {
+        let mut args = vec!["--server", addr.as_str()];
+        args.extend_from_slice(flags);
+        let (ok, stderr) = ps_worker(&args);
+        assert!(!ok, "{flags:?} was accepted");
+        assert!(stderr.contains(words), "{flags:?}: {stderr}");
+        assert!(
+            !stderr.contains("connect"),
+            "{flags:?} got as far as connecting: {stderr}"
+        );
+    }
+}

@@ -10,7 +10,7 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use ps_cluster::local::{LocalSpec, LocalSummary, run_local};
 use ps_proto::consistency::Consistency;
 use ps_worker::cli::TrainArgs;
@@ -20,10 +20,10 @@ use ps_worker::cli::TrainArgs;
 #[command(version, about)]
 struct Cli {
     /// Parameter servers.
-    #[arg(long, default_value_t = 2)]
-    servers: usize,
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    servers: u16,
     /// Workers.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     workers: u32,
     /// Consistency model: bsp, asp or ssp:K.
     #[arg(long, default_value = "bsp")]
@@ -60,18 +60,19 @@ fn print_summary(summary: &LocalSummary, json: bool) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Err(message) = cli.train.validate() {
+        Cli::command()
+            .error(clap::error::ErrorKind::ValueValidation, message)
+            .exit();
+    }
     ps_proto::process::init_tracing();
-    anyhow::ensure!(
-        cli.servers >= 1 && cli.workers >= 1,
-        "--servers and --workers must be at least 1"
-    );
     let data = Arc::new(cli.train.dataset().context("loading the data set")?);
     let config = cli
         .train
         .train_config(std::io::stderr().is_terminal())
         .map_err(anyhow::Error::msg)?;
     let spec = LocalSpec {
-        servers: cli.servers,
+        servers: usize::from(cli.servers),
         workers: cli.workers,
         consistency: cli.consistency,
         scheduler: !cli.no_scheduler,
