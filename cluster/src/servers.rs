@@ -54,6 +54,7 @@ impl LocalServers {
             let link = scheduler.map(|s| SchedulerLink {
                 scheduler: s.to_string(),
                 advertise: addr.to_string(),
+                connect_timeout: ps_server::follower::DEFAULT_CONNECT_TIMEOUT,
             });
             let config = ServerConfig {
                 scheduler: link,

@@ -8,6 +8,7 @@
 //! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
 //! - [`health`]: the client side of the gRPC health service, for `health` subcommands.
+//! - [`rendezvous`]: waiting for a peer to come up, and naming a peer that is not what was asked for.
 //! - [`process`]: logging set-up, the shutdown signal and `ServeError`, shared by the binaries.
 //! - [`transport`]: one place for HTTP/2 windows, frame sizes, message limits and keep-alive.
 
@@ -19,6 +20,7 @@ pub mod health;
 pub mod key;
 pub mod metadata;
 pub mod process;
+pub mod rendezvous;
 pub mod transport;
 
 /// Generated code for package `ps.v1`.

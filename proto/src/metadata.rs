@@ -7,8 +7,11 @@ use tonic::{Code, Status};
 /// On a `FAILED_PRECONDITION` for a stale shard map: the map version the server knows.
 pub const MAP_VERSION: &str = "ps-shard-map-version";
 
-/// On a `FAILED_PRECONDITION` for a BSP step that completed without the pushing
-/// worker: the version the key is at, which is the step to join at.
+/// On a `FAILED_PRECONDITION` for a push whose step the key cannot take: the
+/// version the key is at. Above the pushed step, the group completed that step
+/// without the worker (it joins at this version); at or below it, the key is
+/// behind the worker (its server restored it from an older copy than the
+/// worker's, which the worker then offers).
 pub const KEY_VERSION: &str = "ps-key-version";
 
 /// A `FAILED_PRECONDITION` status carrying `version` under `key`.

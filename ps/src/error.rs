@@ -290,11 +290,13 @@ impl From<Error> for Status {
                 metadata::MAP_VERSION,
                 current,
             ),
-            Error::StaleStep { version, .. } => metadata::failed_precondition_with(
-                error.to_string(),
-                metadata::KEY_VERSION,
-                version,
-            ),
+            Error::StaleStep { version, .. } | Error::FutureStep { version, .. } => {
+                metadata::failed_precondition_with(
+                    error.to_string(),
+                    metadata::KEY_VERSION,
+                    version,
+                )
+            }
             other => Status::new(other.code(), other.to_string()),
         }
     }

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ps_proto::rendezvous::{Peer, rendezvous};
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
@@ -24,6 +25,31 @@ pub struct SchedulerLink {
     pub scheduler: String,
     /// The address workers reach this shard at.
     pub advertise: String,
+    /// How long to wait at start for the scheduler to come up.
+    pub connect_timeout: Duration,
+}
+
+/// How long a server waits for its scheduler to come up, by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Waits, at start, until the scheduler of `link` serves, for at most its
+/// connect timeout.
+///
+/// # Errors
+/// A message naming an address that never came up, or that is not a scheduler.
+pub async fn await_scheduler(
+    link: &SchedulerLink,
+    transport: &TransportConfig,
+) -> Result<(), String> {
+    rendezvous(
+        &link.scheduler,
+        &[Peer::Scheduler],
+        transport,
+        link.connect_timeout,
+    )
+    .await
+    .map(drop)
+    .map_err(|error| format!("--scheduler: {error}"))
 }
 
 /// What the follower knows between heartbeats.

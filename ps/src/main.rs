@@ -72,6 +72,9 @@ struct Args {
     /// Seconds shutdown waits for requests in flight before closing connections.
     #[arg(long, env = "PS_SHUTDOWN_GRACE_SECS", default_value_t = 5)]
     shutdown_grace_secs: u64,
+    /// How long to wait at start for --scheduler to come up, for example 60s or 2m.
+    #[arg(long, default_value = "60s", env = "PS_CONNECT_TIMEOUT", value_parser = humantime::parse_duration)]
+    connect_timeout: Duration,
     /// HTTP/2 initial stream window, in bytes.
     #[arg(long, default_value_t = TransportConfig::default().stream_window_bytes)]
     stream_window_bytes: u32,
@@ -171,6 +174,7 @@ async fn main() -> anyhow::Result<()> {
         config.scheduler = Some(SchedulerLink {
             scheduler: scheduler.clone(),
             advertise,
+            connect_timeout: args.connect_timeout,
         });
     }
     ps_server::run(listener, config, ps_proto::process::shutdown_signal()).await?;

@@ -15,7 +15,7 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::checkpointer::Checkpointer;
 use crate::config::ServerConfig;
-use crate::follower::follow;
+use crate::follower::{await_scheduler, follow};
 use crate::service::ParameterService;
 use crate::store::Store;
 
@@ -31,6 +31,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
+    if let Some(link) = &config.scheduler {
+        await_scheduler(link, &config.transport)
+            .await
+            .map_err(ServeError::Config)?;
+    }
     let addr = listener.local_addr()?;
     let stop_waits = CancellationToken::new();
     let mut store = Store::new(config.store_rules(), stop_waits.clone());

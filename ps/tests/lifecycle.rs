@@ -239,3 +239,46 @@ async fn a_worker_started_for_another_group_is_refused_when_it_joins() {
     assert_eq!((joined.rank, joined.workers), (1, 2));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn binary_refuses_a_scheduler_address_that_is_not_a_scheduler() {
+    // Another parameter server where the scheduler should be.
+    let other = TestServer::start(ps_server::ServerConfig::default()).await;
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args(["--listen", "127.0.0.1:0", "--scheduler"])
+        .arg(other.addr.to_string())
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success(), "it must not serve forever");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("is a candle-ps parameter server (ps-server), not a candle-ps scheduler"),
+        "{stderr}"
+    );
+    other.stop().await;
+}
+
+#[test]
+fn binary_waits_for_its_scheduler_up_to_the_connect_timeout() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = free.local_addr().unwrap().to_string();
+    drop(free);
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--connect-timeout",
+            "500ms",
+            "--scheduler",
+            &addr,
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("never came up") && stderr.contains(&addr),
+        "{stderr}"
+    );
+}

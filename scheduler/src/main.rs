@@ -3,7 +3,7 @@
 //! ```text
 //! ps-scheduler --listen 0.0.0.0:7000 --workers 2 --servers 2
 //! ps-scheduler --workers 1:16 --join-window-ms 2000   # as many workers as join
-//! ps-scheduler status --server 127.0.0.1:7000
+//! ps-scheduler status --scheduler 127.0.0.1:7000
 //! ps-scheduler health --server 127.0.0.1:7000
 //! ```
 
@@ -12,7 +12,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ps_proto::consistency::Consistency;
-use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::rendezvous::{Peer, rendezvous};
+use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
 use ps_scheduler::{GroupSize, SchedulerConfig};
@@ -56,11 +57,19 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print the cluster as the scheduler at --server sees it.
+    /// Print the cluster as the scheduler at --scheduler sees it.
     Status {
         /// The scheduler's address.
-        #[arg(long, default_value = "127.0.0.1:7000")]
-        server: String,
+        #[arg(
+            long,
+            alias = "server",
+            default_value = "127.0.0.1:7000",
+            env = "PS_SCHEDULER"
+        )]
+        scheduler: String,
+        /// How long to wait for the scheduler to answer, for example 3s.
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        connect_timeout: Duration,
     },
     /// Exit 0 when the scheduler at --server serves (a container health check).
     Health {
@@ -113,15 +122,19 @@ fn print_status(status: &v1::StatusResponse) {
     }
 }
 
-async fn status(server: &str) -> anyhow::Result<()> {
-    let channel = TransportConfig::default()
-        .endpoint(http_uri(server))?
-        .connect()
-        .await
-        .with_context(|| format!("cannot reach the scheduler at {server}"))?;
+async fn status(scheduler: &str, wait: Duration) -> anyhow::Result<()> {
+    let transport = TransportConfig::default();
+    let (_, channel) = rendezvous(scheduler, &[Peer::Scheduler], &transport, wait).await?;
     let status = SchedulerClient::new(channel)
         .status(v1::StatusRequest {})
-        .await?
+        .await
+        .map_err(|s| {
+            anyhow::anyhow!(
+                "the scheduler at {scheduler} refused Status: {:?}: {}",
+                s.code(),
+                s.message()
+            )
+        })?
         .into_inner();
     print_status(&status);
     Ok(())
@@ -132,7 +145,10 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     ps_proto::process::init_tracing();
     match &cli.command {
-        Some(Command::Status { server }) => return status(server).await,
+        Some(Command::Status {
+            scheduler,
+            connect_timeout,
+        }) => return status(scheduler, *connect_timeout).await,
         Some(Command::Health { server }) => {
             std::process::exit(ps_proto::health::report(server).await);
         }

@@ -79,7 +79,7 @@ fn cluster_trains(name: &str, workers: usize) -> f64 {
 fn lowest_step(cluster: &Compose) -> Option<u64> {
     let status = cluster.exec(
         "scheduler",
-        &["/ps-scheduler", "status", "--server", "127.0.0.1:7000"],
+        &["/ps-scheduler", "status", "--scheduler", "127.0.0.1:7000"],
     );
     let workers = status.split_once("last step")?.1;
     let steps: Vec<u64> = workers

@@ -140,7 +140,7 @@ async fn status_prints_servers_with_their_load_and_workers() {
     assert!(trained.success, "{}", trained.stderr);
     let printed = run(
         binary("ps-scheduler"),
-        &["status", "--server", &scheduler.addr],
+        &["status", "--scheduler", &scheduler.addr],
         Duration::from_secs(30),
     )
     .await;

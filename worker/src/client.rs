@@ -17,6 +17,7 @@ use ps_proto::codec::TensorData;
 use ps_proto::consistency::Consistency;
 use ps_proto::key::ParamKey;
 use ps_proto::metadata;
+use ps_proto::rendezvous::{Peer, RendezvousError, rendezvous};
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
@@ -59,6 +60,9 @@ pub enum ClientError {
         /// Its answer.
         status: Status,
     },
+    /// A peer never came up, or is not what it should be.
+    #[error(transparent)]
+    Rendezvous(#[from] RendezvousError),
     /// A server answered with something that does not fit the request.
     #[error("{addr} answered {what} with an unexpected response: {reason}")]
     Protocol {
@@ -80,10 +84,11 @@ impl ClientError {
         self.status_version(metadata::MAP_VERSION)
     }
 
-    /// The version a key had reached when a server refused this worker's push
-    /// because that BSP step completed without it (the worker was declared dead,
-    /// or rejoined late): the step to join the group at.
-    pub fn step_completed_without_us(&self) -> Option<u64> {
+    /// The version a key was at when a server refused this worker's push of a
+    /// step the key cannot take: above the step when the group completed it
+    /// without this worker, at or below it when the key is behind this worker
+    /// (restored from an older copy).
+    pub fn key_version(&self) -> Option<u64> {
         self.status_version(metadata::KEY_VERSION)
     }
 
@@ -121,6 +126,9 @@ impl ClientError {
     }
 }
 
+/// How long a client waits for its peers to come up, by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How a client reaches the parameter servers.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -136,6 +144,9 @@ pub struct ClientConfig {
     pub retry: RetryPolicy,
     /// How long a pull waits for its version (and a start-up wait for the shard map).
     pub pull_timeout: Duration,
+    /// How long [`PsClient::connect`] waits for the servers (or the scheduler) to
+    /// come up.
+    pub connect_timeout: Duration,
     /// A scheduler to take ranks, placement and servers from (instead of `servers`).
     pub scheduler: Option<String>,
 }
@@ -150,6 +161,7 @@ impl ClientConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             retry: RetryPolicy::default(),
             pull_timeout: Duration::from_secs(60),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             scheduler: None,
         }
     }
@@ -221,7 +233,6 @@ pub struct PulledParam {
 #[derive(Clone)]
 struct Server {
     addr: String,
-    channel: Channel,
     client: ParameterServerClient<Channel>,
 }
 
@@ -248,35 +259,50 @@ impl Drop for PsClient {
 }
 
 impl PsClient {
-    /// Connects to every server in `config`, failing within the connect timeout when one
-    /// does not answer.
+    /// Connects to every server in `config` (or to its scheduler), waiting up to
+    /// `config.connect_timeout` for each to come up. A lone server address that
+    /// turns out to be a scheduler is used as one.
     ///
     /// # Errors
-    /// [`ClientError::Connect`] naming the server; [`ClientError::Usage`] for no servers.
-    pub async fn connect(config: ClientConfig) -> Result<Self, ClientError> {
-        let (servers, scheduler) = match &config.scheduler {
-            Some(addr) => (
-                Vec::new(),
-                Some(SchedulerClient::new(
-                    open_channel(&config.transport, addr).await?,
-                )),
-            ),
-            None if config.servers.is_empty() => {
+    /// [`ClientError::Rendezvous`] naming a peer that never came up or is not a
+    /// parameter server; [`ClientError::Usage`] for no servers.
+    pub async fn connect(mut config: ClientConfig) -> Result<Self, ClientError> {
+        let (transport, wait) = (config.transport.clone(), config.connect_timeout);
+        let mut scheduler = None;
+        let mut servers = Vec::new();
+        match (&config.scheduler, config.servers.as_slice()) {
+            (Some(addr), _) => {
+                let (_, channel) = rendezvous(addr, &[Peer::Scheduler], &transport, wait).await?;
+                scheduler = Some(SchedulerClient::new(channel));
+            }
+            (None, []) => {
                 return Err(ClientError::Usage(
                     "no parameter servers given; pass --server ADDR".into(),
                 ));
             }
-            None => (
-                try_join_all(
-                    config
-                        .servers
-                        .iter()
-                        .map(|addr| connect(&config.transport, addr)),
-                )
-                .await?,
-                None,
-            ),
-        };
+            (None, [addr]) => {
+                let either = [Peer::ParameterServer, Peer::Scheduler];
+                match rendezvous(addr, &either, &transport, wait).await? {
+                    (Peer::Scheduler, channel) => {
+                        tracing::info!(
+                            addr,
+                            "the address is a scheduler; taking rank and shard map from it"
+                        );
+                        scheduler = Some(SchedulerClient::new(channel));
+                        config.scheduler = Some(addr.clone());
+                    }
+                    (_, channel) => servers.push(Server::new(addr, channel, &transport)),
+                }
+            }
+            (None, addrs) => {
+                let up = addrs.iter().map(|addr| async {
+                    let (_, channel) =
+                        rendezvous(addr, &[Peer::ParameterServer], &transport, wait).await?;
+                    Ok::<_, ClientError>(Server::new(addr, channel, &transport))
+                });
+                servers = try_join_all(up).await?;
+            }
+        }
         Ok(Self {
             config,
             servers,
@@ -352,17 +378,7 @@ impl PsClient {
             })
             .await;
         let server = &server;
-        let response = match joined {
-            // A lone address that is a scheduler, not a parameter server.
-            Err(ClientError::Rpc { status, .. })
-                if status.code() == tonic::Code::Unimplemented && self.servers.len() == 1 =>
-            {
-                tracing::info!(addr = %server.addr, "the address is a scheduler; taking rank and shard map from it");
-                self.scheduler = Some(SchedulerClient::new(self.servers.remove(0).channel));
-                return Box::pin(self.join_expecting(client_id, expected)).await;
-            }
-            other => other?,
-        };
+        let response = joined?;
         let consistency = response
             .consistency
             .parse()
@@ -907,8 +923,9 @@ impl PsClient {
 }
 
 /// The values of calls that all ran to their end, or the error to act on: the
-/// highest step completed without this worker when any server said so (the step
-/// to join at), otherwise the first error.
+/// highest key version a refused step named when any server named one (a step
+/// completed without this worker wins over a key behind it), otherwise the
+/// first error.
 fn settled<T>(outcomes: Vec<Result<T, ClientError>>) -> Result<Vec<T>, ClientError> {
     let mut values = Vec::with_capacity(outcomes.len());
     let mut chosen: Option<ClientError> = None;
@@ -916,9 +933,7 @@ fn settled<T>(outcomes: Vec<Result<T, ClientError>>) -> Result<Vec<T>, ClientErr
         match outcome {
             Ok(value) => values.push(value),
             Err(error) => {
-                let newer = |c: &ClientError| {
-                    error.step_completed_without_us() > c.step_completed_without_us()
-                };
+                let newer = |c: &ClientError| error.key_version() > c.key_version();
                 if chosen.as_ref().is_none_or(newer) {
                     chosen = Some(error);
                 }
@@ -992,18 +1007,25 @@ async fn open_channel(transport: &TransportConfig, addr: &str) -> Result<Channel
         .map_err(connect_error)
 }
 
-/// Connects to the parameter server at `addr`, with the configured message limits.
+impl Server {
+    /// The parameter server at `addr` over `channel`, with the configured message limits.
+    fn new(addr: &str, channel: Channel, transport: &TransportConfig) -> Self {
+        let limit = transport.max_message_bytes;
+        let client = ParameterServerClient::new(channel)
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
+        Server {
+            addr: addr.to_string(),
+            client,
+        }
+    }
+}
+
+/// Connects to the parameter server at `addr` now (it is in the shard map, so it
+/// should be up: no waiting for it).
 async fn connect(transport: &TransportConfig, addr: &str) -> Result<Server, ClientError> {
     let channel = open_channel(transport, addr).await?;
-    let limit = transport.max_message_bytes;
-    let client = ParameterServerClient::new(channel.clone())
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit);
-    Ok(Server {
-        addr: addr.to_string(),
-        channel,
-        client,
-    })
+    Ok(Server::new(addr, channel, transport))
 }
 
 fn wire_shape(shape: &[usize]) -> Vec<u64> {

@@ -49,6 +49,10 @@ struct Cli {
     /// Seconds a pull may wait for the other workers before failing.
     #[arg(long, default_value_t = 60, env = "PS_PULL_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pull_timeout_secs: u64,
+    /// How long to wait for the servers (or the scheduler) to come up, for
+    /// example 60s or 2m.
+    #[arg(long, default_value = "60s", env = "PS_CONNECT_TIMEOUT", value_parser = humantime::parse_duration)]
+    connect_timeout: Duration,
     /// Print one JSON summary as the last line of stdout.
     #[arg(long)]
     json: bool,
@@ -108,6 +112,7 @@ async fn main() -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let mut client_config = ClientConfig::new(cli.server.clone());
     client_config.pull_timeout = Duration::from_secs(cli.pull_timeout_secs);
+    client_config.connect_timeout = cli.connect_timeout;
     client_config.scheduler = cli.scheduler.clone();
     let mut client = PsClient::connect(client_config).await?;
     let expected = Expected {

@@ -186,10 +186,14 @@ impl PsTrainer {
                     self.step += 1;
                     return Ok(());
                 }
-                Err(TrainerError::Client(error)) if error.step_completed_without_us().is_some() => {
-                    let version = error.step_completed_without_us().unwrap_or(self.step + 1);
-                    return self.join_at(version).await;
-                }
+                Err(TrainerError::Client(error)) => match error.key_version() {
+                    Some(version) if version > self.step => return self.join_at(version).await,
+                    Some(version) => {
+                        self.offer_newer_copy(error, version, &mut recoveries)
+                            .await?
+                    }
+                    None => self.recover(error.into(), &mut recoveries).await?,
+                },
                 Err(error) => self.recover(error, &mut recoveries).await?,
             }
         }
@@ -233,6 +237,34 @@ impl PsTrainer {
     /// [`TrainerError`] from candle or the servers.
     pub async fn refresh(&mut self) -> Result<u64, TrainerError> {
         self.load(0).await
+    }
+
+    /// A key is behind this worker (at `version`, below the step it pushes): its
+    /// server restored it from an older copy than this worker holds, for example
+    /// another worker's, taken before the lost server's last step reached this
+    /// one. Registers this worker's copy, which the server takes because it is
+    /// newer, so the step can be repeated.
+    async fn offer_newer_copy(
+        &mut self,
+        error: ClientError,
+        version: u64,
+        recoveries: &mut usize,
+    ) -> Result<(), TrainerError> {
+        if *recoveries >= RECOVERIES {
+            return Err(error.into());
+        }
+        *recoveries += 1;
+        tracing::warn!(
+            rank = self.group.rank,
+            step = self.step,
+            key_version = version,
+            loaded = self.loaded,
+            "a parameter server holds an older version of a key than this worker; offering this worker's copy"
+        );
+        match self.register_copy().await {
+            Err(error) => self.recover(error, recoveries).await,
+            registered => registered,
+        }
     }
 
     /// After a failed attempt: repairs placement when that can help, so the caller

@@ -16,16 +16,41 @@ fn ps_worker(args: &[&str]) -> (bool, String) {
 }
 
 #[test]
-fn a_worker_with_no_server_fails_fast_naming_the_address() {
+fn a_worker_waits_for_its_server_up_to_the_connect_timeout_then_names_it() {
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = free.local_addr().unwrap().to_string();
     drop(free);
-    let (ok, stderr) = ps_worker(&["--server", &addr]);
+    let started = std::time::Instant::now();
+    let (ok, stderr) = ps_worker(&["--server", &addr, "--connect-timeout", "700ms"]);
     assert!(!ok);
     assert!(
-        stderr.contains(&addr) && stderr.contains("cannot connect"),
-        "{stderr}"
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "bounded"
     );
+    for words in [
+        addr.as_str(),
+        "never came up",
+        "waiting for",
+        "--connect-timeout",
+    ] {
+        assert!(stderr.contains(words), "{words:?} in {stderr}");
+    }
+}
+
+#[test]
+fn a_worker_pointed_at_an_http_server_says_so_at_once() {
+    use std::io::{Read, Write};
+    let http = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = http.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for mut socket in http.incoming().flatten() {
+            let _ = socket.read(&mut [0u8; 1024]);
+            let _ = socket.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    let (ok, stderr) = ps_worker(&["--server", &addr, "--connect-timeout", "60s"]);
+    assert!(!ok);
+    assert!(stderr.contains("an HTTP/1 server"), "{stderr}");
 }
 
 #[test]
