@@ -129,6 +129,8 @@ pub async fn run_local(
         };
         let config = TrainConfig {
             progress: config.progress && group.rank == 0,
+            // Every worker ends with the same parameters: one file is enough.
+            save: config.save.clone().filter(|_| group.rank == 0),
             ..config.clone()
         };
         let data = Arc::clone(&data);

@@ -35,5 +35,89 @@ fn zero_workers_is_refused() {
         .output()
         .expect("run ps-local");
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("at least 1"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--workers") && stderr.contains("1.."),
+        "{stderr}"
+    );
+}
+
+/// Runs `ps-local ARGS --json` and returns its summary.
+fn ps_local_json(args: &[&str]) -> serde_json::Value {
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-local"))
+        .args(args)
+        .arg("--json")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run ps-local");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "ps-local {args:?} failed:\n{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(stdout.lines().last().expect("a summary")).expect("JSON")
+}
+
+#[test]
+fn a_saved_model_loads_into_candle_and_reproduces_the_reported_accuracy() {
+    use candle_core::{DType, Device};
+    use candle_nn::{VarBuilder, VarMap};
+    use ps_worker::model::Mlp;
+
+    let dir = tempfile::tempdir().expect("a folder");
+    let path = dir.path().join("digits.safetensors");
+    let file = path.to_str().expect("utf-8 path");
+    let summary = ps_local_json(&["--epochs", "3", "--hidden", "32", "--save", file]);
+    let reported = summary["test_accuracy"].as_f64().expect("test_accuracy");
+
+    // A fresh model of the same shape, loaded the candle way.
+    let data = ps_worker::data::digits::load().expect("digits");
+    let mut varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = Mlp::new(vb, data.width(), &[32], data.classes).expect("model");
+    varmap
+        .load(&path)
+        .expect("VarMap::load reads the saved file");
+    let accuracy = ps_worker::train::accuracy(&model, &data.test, &Device::Cpu).expect("evaluate");
+    assert_eq!(
+        accuracy, reported,
+        "the saved parameters are the evaluated ones"
+    );
+    assert!(accuracy > 0.5, "and they were trained: {accuracy}");
+
+    // Starting again from them: training goes on from the saved accuracy.
+    let resumed = ps_local_json(&["--epochs", "1", "--hidden", "32", "--load", file]);
+    let after = resumed["test_accuracy"].as_f64().expect("test_accuracy");
+    assert!(
+        after >= reported - 0.05,
+        "resumed at {after}, saved at {reported}"
+    );
+}
+
+#[test]
+fn save_and_load_paths_are_checked_before_anything_starts() {
+    let cases = [
+        (
+            ["--save", "/nonexistent/dir/model.safetensors"],
+            "--save: the folder /nonexistent/dir does not exist",
+        ),
+        (
+            ["--load", "/nonexistent/model.safetensors"],
+            "--load /nonexistent/model.safetensors: no such file",
+        ),
+    ];
+    for (args, words) in cases {
+        let output = Command::new(env!("CARGO_BIN_EXE_ps-local"))
+            .args(args)
+            .output()
+            .expect("run ps-local");
+        assert!(!output.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(words), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("local cluster up"),
+            "{args:?} started a cluster"
+        );
+    }
 }

@@ -1,7 +1,7 @@
 //! The flags a worker is trained with, shared by `ps-worker` and `ps-local`, and
 //! how they become a [`Dataset`] and a [`TrainConfig`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
 
@@ -70,6 +70,13 @@ pub struct TrainArgs {
     /// Where candle computes: cpu or cuda:N (CUDA needs the `cuda` feature).
     #[arg(long, default_value = "cpu", env = "PS_DEVICE")]
     pub device: String,
+    /// Start from the parameters in this safetensors file (one written by --save).
+    #[arg(long, env = "PS_LOAD")]
+    pub load: Option<PathBuf>,
+    /// Write the trained parameters to this safetensors file, which candle's
+    /// `VarMap::load` reads into the same model.
+    #[arg(long, env = "PS_SAVE")]
+    pub save: Option<PathBuf>,
     /// Seed of the batch order.
     #[arg(long, default_value_t = TrainConfig::default().seed)]
     pub seed: u64,
@@ -134,6 +141,19 @@ impl TrainArgs {
                     .map_or_else(String::new, |v| v.get_name().to_string())
             ));
         }
+        if let Some(path) = self.load.as_ref().filter(|p| !p.is_file()) {
+            return Err(format!("--load {}: no such file", path.display()));
+        }
+        let save_dir = self
+            .save
+            .as_ref()
+            .map(|p| p.parent().unwrap_or(Path::new("")));
+        if let Some(dir) = save_dir.filter(|d| !d.as_os_str().is_empty() && !d.is_dir()) {
+            return Err(format!(
+                "--save: the folder {} does not exist; create it first",
+                dir.display()
+            ));
+        }
         parse_device(&self.device).map(drop)
     }
 
@@ -152,6 +172,8 @@ impl TrainArgs {
             device: parse_device(&self.device)?,
             seed: self.seed,
             progress,
+            load: self.load.clone(),
+            save: self.save.clone(),
         })
     }
 }

@@ -6,6 +6,7 @@
 //! wait for a step that never comes: each epoch has as many batches as the smallest
 //! worker slice holds, and every worker knows that number without asking.
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::{DType, Device, Module, Tensor};
@@ -35,6 +36,16 @@ pub enum TrainError {
     /// The settings do not fit the data.
     #[error("{0}")]
     Config(String),
+    /// Parameters could not be read from or written to a file.
+    #[error("{what} {path}: {source}")]
+    File {
+        /// "loading" or "saving".
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        source: candle_core::Error,
+    },
 }
 
 /// How to train.
@@ -56,6 +67,11 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// Start from the parameters in this safetensors file (as `--save` writes them).
+    pub load: Option<PathBuf>,
+    /// Write the trained parameters here, as safetensors that candle's
+    /// `VarMap::load` reads into the same model.
+    pub save: Option<PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -69,6 +85,8 @@ impl Default for TrainConfig {
             device: Device::Cpu,
             seed: 7,
             progress: false,
+            load: None,
+            save: None,
         }
     }
 }
@@ -136,9 +154,17 @@ pub async fn train(
     let per_epoch = steps_per_epoch(data.train.len(), workers, config.batch_size)?;
     let total_steps = per_epoch * config.epochs as u64;
     let shard = data.train.shard(rank, workers);
-    let varmap = VarMap::new();
+    let mut varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &config.device);
     let model = Mlp::new(vb, data.width(), &config.hidden, data.classes)?;
+    if let Some(path) = &config.load {
+        varmap.load(path).map_err(|source| TrainError::File {
+            what: "loading the parameters from",
+            path: path.clone(),
+            source,
+        })?;
+        tracing::info!(path = %path.display(), "starting from saved parameters");
+    }
     let mut trainer =
         PsTrainer::new(client, group, &varmap, config.optimizer.with_lr(config.lr)).await?;
     tracing::info!(rank, workers, examples = shard.len(), steps = total_steps, dataset = %data.name, "training");
@@ -170,6 +196,10 @@ pub async fn train(
     bar.finish_and_clear();
     trainer.refresh().await?;
     let test_accuracy = accuracy(&model, &data.test, &config.device)?;
+    if let Some(path) = &config.save {
+        save(&varmap, path)?;
+        tracing::info!(path = %path.display(), test_accuracy, "saved the trained parameters");
+    }
     let wall_seconds = started.elapsed().as_secs_f64();
     let train_loss = epoch_losses.iter().sum::<f64>() / epoch_losses.len().max(1) as f64;
     let steps = trainer.step();
@@ -185,6 +215,21 @@ pub async fn train(
         wall_seconds,
         examples_per_second: steps as f64 * config.batch_size as f64 / wall_seconds.max(1e-9),
     })
+}
+
+/// Writes `varmap` to `path` atomically: to a temporary file beside it, then
+/// renamed over it, so a crash never leaves half a model behind.
+fn save(varmap: &VarMap, path: &Path) -> Result<(), TrainError> {
+    let failed = |source| TrainError::File {
+        what: "saving the parameters to",
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    varmap.save(&partial).map_err(failed)?;
+    std::fs::rename(&partial, path).map_err(|e| failed(e.into()))
 }
 
 fn progress_bar(visible: bool, total: u64, rank: usize) -> ProgressBar {
