@@ -121,3 +121,25 @@ fn save_and_load_paths_are_checked_before_anything_starts() {
         );
     }
 }
+
+#[test]
+fn version_and_help_name_the_program() {
+    let version = Command::new(env!("CARGO_BIN_EXE_ps-local"))
+        .arg("-V")
+        .output()
+        .expect("run ps-local -V");
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        concat!("ps-local ", env!("CARGO_PKG_VERSION"))
+    );
+    let help = Command::new(env!("CARGO_BIN_EXE_ps-local"))
+        .arg("--help")
+        .output()
+        .expect("run ps-local --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.starts_with("An in-process candle-ps cluster"),
+        "{help}"
+    );
+    assert!(help.contains("[env: PS_WORKERS="), "{help}");
+}

@@ -53,7 +53,12 @@ pub struct Checkpointer {
     /// The progress (highest version) and time of the last checkpoint; held while
     /// one is written, so two never interleave.
     last: Mutex<(u64, Instant)>,
+    /// Checkpoints written since the last INFO summary, and when that was.
+    summary: Mutex<(usize, Option<Instant>)>,
 }
+
+/// How often at most the INFO line about checkpoints comes.
+const SUMMARY_EVERY: Duration = Duration::from_secs(60);
 
 impl Checkpointer {
     /// A checkpointer of `store`.
@@ -62,6 +67,7 @@ impl Checkpointer {
             store,
             config,
             last: Mutex::new((0, Instant::now())),
+            summary: Mutex::new((0, None)),
         }
     }
 
@@ -82,12 +88,28 @@ impl Checkpointer {
                 source: std::io::Error::other(e),
             })??;
         *last = (version, Instant::now());
-        tracing::info!(path = %path.display(), keys = count, version, "checkpoint written");
+        tracing::debug!(path = %path.display(), keys = count, version, "checkpoint written");
+        self.summarise(&path, version).await;
         Ok(Written {
             path,
             keys: count,
             version,
         })
+    }
+
+    /// Says at INFO that checkpoints are being written: for the first one, then at
+    /// most once every [`SUMMARY_EVERY`], with how many were written meanwhile
+    /// (each one is logged at DEBUG).
+    async fn summarise(&self, path: &std::path::Path, version: u64) {
+        let mut summary = self.summary.lock().await;
+        summary.0 += 1;
+        if summary.1.is_some_and(|at| at.elapsed() < SUMMARY_EVERY) {
+            return;
+        }
+        let written = std::mem::take(&mut summary.0);
+        let since = summary.1.map(|at| at.elapsed());
+        summary.1 = Some(Instant::now());
+        tracing::info!(newest = %path.display(), version, written, ?since, "checkpoints written");
     }
 
     /// True when enough progress or time has passed since the last checkpoint.

@@ -15,18 +15,20 @@ use ps_cluster::local::{LocalSpec, LocalSummary, run_local};
 use ps_proto::consistency::Consistency;
 use ps_worker::cli::TrainArgs;
 
-/// An in-process candle-ps cluster: servers and workers on loopback ports.
+/// An in-process candle-ps cluster: a scheduler, parameter servers and candle
+/// workers on loopback ports train a real model on a real data set, then report
+/// test accuracy.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "ps-local", version)]
 struct Cli {
     /// Parameter servers.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, default_value_t = 2, env = "PS_SERVERS", value_parser = clap::value_parser!(u16).range(1..))]
     servers: u16,
     /// Workers.
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 2, env = "PS_WORKERS", value_parser = clap::value_parser!(u32).range(1..))]
     workers: u32,
     /// Consistency model: bsp, asp or ssp:K.
-    #[arg(long, default_value = "bsp")]
+    #[arg(long, default_value = "bsp", env = "PS_CONSISTENCY")]
     consistency: Consistency,
     /// Run without a scheduler (workers place parameters by themselves).
     #[arg(long)]
