@@ -32,7 +32,9 @@ if [ -z "$file" ]; then
 fi
 package=$(sed -n 's/^name = "\(.*\)"/\1/p' "$(dirname "$(dirname "$file")")/Cargo.toml" | head -n 1)
 
-echo "==> building $package --test $test_name"
+# The end-to-end tests start the workspace's binaries as processes: build them too.
+echo "==> building the workspace's binaries and $package --test $test_name"
+cargo build --workspace --bins --quiet || exit 1
 cargo test -p "$package" --test "$test_name" --no-run --quiet || exit 1
 
 mkdir -p target/stress

@@ -33,7 +33,8 @@ impl SchedulerState {
     /// A scheduler with nobody registered yet, or resumed from its state file.
     ///
     /// # Errors
-    /// [`StateError`] when the state file exists but cannot be read.
+    /// [`StateError`] when the state file exists but cannot be read, or holds a
+    /// job that has finished.
     pub fn new(config: SchedulerConfig) -> Result<Self, StateError> {
         let saved = match &config.state_file {
             Some(path) => state::load(path)?,
@@ -53,6 +54,11 @@ impl SchedulerState {
             None => Membership::new(config.heartbeat_timeout, config.workers, config.min_servers),
         }
         .with_join_window(config.join_window);
+        if let (true, Some(path)) = (membership.job_done(), &config.state_file) {
+            return Err(StateError::Finished {
+                path: path.display().to_string(),
+            });
+        }
         Ok(Self {
             membership: Mutex::new(membership),
             saved: Mutex::new(saved),

@@ -60,6 +60,14 @@ pub enum StateError {
         /// What failed.
         source: std::io::Error,
     },
+    /// The file holds a job whose workers have all finished: nothing to resume.
+    #[error(
+        "state file {path} holds a job whose workers have all finished, so there is nothing to resume; to train again start a new job: a new PS_JOB_ID (scripts/cluster.sh up makes one), another --state-file, or remove this file"
+    )]
+    Finished {
+        /// The file.
+        path: String,
+    },
     /// The file is not a state file of this version.
     #[error("state file {path} is unreadable ({reason}); move it away to start afresh")]
     Corrupt {

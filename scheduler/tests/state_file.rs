@@ -1,0 +1,50 @@
+//! A scheduler started on a state file resumes an unfinished job and refuses a
+//! finished one with a message that says how to start a new job, instead of
+//! resuming a job with nothing left to do (which left its servers idle forever).
+
+use std::time::{Duration, Instant};
+
+use ps_scheduler::SchedulerConfig;
+use ps_scheduler::membership::{Membership, Node};
+use ps_scheduler::service::SchedulerState;
+use ps_scheduler::state::{self, StateError};
+
+/// A state file of a one-worker job, saved after `left` (or not) of its worker.
+fn saved_job(dir: &std::path::Path, worker_left: bool) -> std::path::PathBuf {
+    let now = Instant::now();
+    let mut membership = Membership::new(Duration::from_secs(3), 1, 1);
+    membership.register_server("s0:7070", now);
+    membership.register_worker("w", now).expect("a rank");
+    if worker_left {
+        membership.leave(Node::Worker(0));
+    }
+    let path = dir.join("scheduler.json");
+    state::save(&path, &membership.saved()).expect("write the state file");
+    path
+}
+
+fn start(path: std::path::PathBuf) -> Result<SchedulerState, StateError> {
+    SchedulerState::new(SchedulerConfig {
+        state_file: Some(path),
+        ..SchedulerConfig::default()
+    })
+}
+
+#[test]
+fn a_finished_job_is_refused_with_how_to_start_a_new_one() {
+    let dir = tempfile::tempdir().expect("a folder");
+    let path = saved_job(dir.path(), true);
+    let error = start(path.clone()).err().expect("a finished job is not resumed");
+    let message = error.to_string();
+    assert!(matches!(error, StateError::Finished { .. }), "{message}");
+    for words in [path.to_str().expect("utf-8"), "all finished", "PS_JOB_ID"] {
+        assert!(message.contains(words), "{words:?} in {message}");
+    }
+}
+
+#[test]
+fn an_unfinished_job_is_resumed() {
+    let dir = tempfile::tempdir().expect("a folder");
+    let path = saved_job(dir.path(), false);
+    start(path).expect("the job goes on");
+}
