@@ -2,7 +2,8 @@
 # The local docker-compose cluster of candle-ps, with no image registry needed.
 #
 #   scripts/cluster.sh build          static binaries (checked with ldd) -> target/docker/bin, then images
-#   scripts/cluster.sh up [ARGS...]   build, then `compose up` (ARGS go to compose, e.g. --scale worker=4)
+#   scripts/cluster.sh up [ARGS...]   build, then `compose up` a new job (ARGS go to compose, e.g. --scale worker=4);
+#                                     PS_JOB_ID=ID resumes job ID when it has not finished
 #   scripts/cluster.sh down           stop and remove containers, network and volumes
 #   scripts/cluster.sh compose ARGS   any other compose command on this project
 #
@@ -53,13 +54,48 @@ build() {
     compose --profile bench build
 }
 
+# Each `up` is a job of its own: the scheduler's state and the servers' checkpoints
+# live under its id, so a new job never resumes a finished one or starts from its
+# weights. PS_JOB_ID=ID resumes job ID explicitly.
+choose_job() {
+    if [ -z "${PS_JOB_ID:-}" ]; then
+        PS_JOB_ID="job-$(date -u +%Y%m%d-%H%M%S)"
+        echo "==> new job $PS_JOB_ID (to resume it if it stops early: PS_JOB_ID=$PS_JOB_ID scripts/cluster.sh up)"
+    elif ! [[ "$PS_JOB_ID" =~ ^[A-Za-z0-9._-]+$ ]]; then
+        echo "cluster.sh: PS_JOB_ID may hold only letters, digits, '.', '_' and '-'; got '$PS_JOB_ID'" >&2
+        exit 2
+    else
+        echo "==> job $PS_JOB_ID: resumed where it stopped, unless it has finished (then the scheduler says so)"
+    fi
+    export PS_JOB_ID
+}
+
+# After `compose up` returns: names every container that exited with an error,
+# and fails when one did, so a cluster that could not train does not look done.
+report_exits() {
+    local failed=0 id name code
+    for id in $(compose ps -q); do
+        read -r name code < <(docker inspect -f '{{.Name}} {{.State.ExitCode}}' "$id")
+        if [ "$code" != 0 ]; then
+            echo "cluster.sh: ${name#/} exited with code $code; its log: docker logs ${name#/}" >&2
+            failed=1
+        fi
+    done
+    if [ "$failed" = 0 ]; then
+        echo "==> job $PS_JOB_ID done: every container exited 0"
+    fi
+    return "$failed"
+}
+
 case "${1:-up}" in
     build) build ;;
     up)
         shift || true
+        choose_job
         build
-        echo "==> starting the cluster (Ctrl-C stops it; \`scripts/cluster.sh down\` removes it)"
-        compose up "$@"
+        echo "==> starting job $PS_JOB_ID (Ctrl-C stops it; \`scripts/cluster.sh down\` removes it)"
+        compose up "$@" || exit
+        report_exits
         ;;
     down) compose --profile bench down -v --remove-orphans ;;
     compose)

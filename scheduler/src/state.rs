@@ -78,7 +78,7 @@ pub enum StateError {
     },
 }
 
-/// Writes `state` to `path` atomically.
+/// Writes `state` to `path` atomically, creating its folder when missing.
 ///
 /// # Errors
 /// [`StateError::Io`]; the previous file is then intact.
@@ -88,6 +88,9 @@ pub fn save(path: &Path, state: &SavedState) -> Result<(), StateError> {
         source,
     };
     let json = serde_json::to_vec_pretty(state).map_err(|e| io(std::io::Error::other(e)))?;
+    if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(folder).map_err(io)?;
+    }
     let temporary = path.with_extension("tmp");
     let mut file = File::create(&temporary).map_err(io)?;
     file.write_all(&json).map_err(io)?;

@@ -18,7 +18,7 @@ fn saved_job(dir: &std::path::Path, worker_left: bool) -> std::path::PathBuf {
     if worker_left {
         membership.leave(Node::Worker(0));
     }
-    let path = dir.join("scheduler.json");
+    let path = dir.join("jobs").join("scheduler.json");
     state::save(&path, &membership.saved()).expect("write the state file");
     path
 }
@@ -34,7 +34,9 @@ fn start(path: std::path::PathBuf) -> Result<SchedulerState, StateError> {
 fn a_finished_job_is_refused_with_how_to_start_a_new_one() {
     let dir = tempfile::tempdir().expect("a folder");
     let path = saved_job(dir.path(), true);
-    let error = start(path.clone()).err().expect("a finished job is not resumed");
+    let error = start(path.clone())
+        .err()
+        .expect("a finished job is not resumed");
     let message = error.to_string();
     assert!(matches!(error, StateError::Finished { .. }), "{message}");
     for words in [path.to_str().expect("utf-8"), "all finished", "PS_JOB_ID"] {

@@ -81,6 +81,17 @@ impl Compose {
         compose
     }
 
+    /// Runs `up -d` again on this project, volumes kept, with `env` (for
+    /// example a new `PS_JOB_ID`), as a second `scripts/cluster.sh up` would.
+    ///
+    /// # Panics
+    /// When `up` fails.
+    pub fn up_again(&self, env: &[(&str, &str)]) {
+        let mut up = self.command(&["up", "-d", "--no-build"]);
+        up.envs(env.iter().copied());
+        checked(up, "compose up (again)");
+    }
+
     fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(repo_root().join("scripts/cluster.sh"));
         command

@@ -36,6 +36,12 @@ fn engine_or_skip() -> bool {
 fn cluster_trains(name: &str, workers: usize) -> f64 {
     let scale = format!("worker={workers}");
     let cluster = Compose::up(name, &["--scale", &scale], &[]);
+    trained(&cluster, workers)
+}
+
+/// Waits for `cluster` to finish and checks that every container exited 0 and
+/// every one of `workers` reached 0.95; returns the lowest accuracy.
+fn trained(cluster: &Compose, workers: usize) -> f64 {
     let exited = cluster.wait_exited(&["worker", "server", "scheduler"], LIMIT);
     assert_eq!(exited.len(), workers + 3, "{exited:?}");
     for container in &exited {
@@ -191,7 +197,20 @@ fn the_compose_cluster_trains_at_two_and_three_workers_and_survives_killed_conta
         return;
     }
     Compose::build_images();
-    let undisturbed = cluster_trains("candle-ps-e2e-default", 2);
+    let first = Compose::up("candle-ps-e2e-default", &[], &[("PS_JOB_ID", "first")]);
+    let undisturbed = trained(&first, 2);
+    // `up` again without `down`, as a second `scripts/cluster.sh up` does: a new
+    // job trains from scratch, with neither the finished job's state nor its weights.
+    first.up_again(&[("PS_JOB_ID", "second")]);
+    trained(&first, 2);
+    let logs = first.logs(&[]);
+    for resumed in ["resumed from the state file", "checkpoints loaded"] {
+        assert!(
+            !logs.contains(resumed),
+            "the second job resumed the first:\n{logs}"
+        );
+    }
+    drop(first);
     cluster_trains("candle-ps-e2e-scaled", 3);
     for fault in [
         Fault::KillServer,
