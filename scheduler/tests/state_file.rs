@@ -34,9 +34,9 @@ fn start(path: std::path::PathBuf) -> Result<SchedulerState, StateError> {
 fn a_finished_job_is_refused_with_how_to_start_a_new_one() {
     let dir = tempfile::tempdir().expect("a folder");
     let path = saved_job(dir.path(), true);
-    let error = start(path.clone())
-        .err()
-        .expect("a finished job is not resumed");
+    let Err(error) = start(path.clone()) else {
+        panic!("a finished job is not resumed");
+    };
     let message = error.to_string();
     assert!(matches!(error, StateError::Finished { .. }), "{message}");
     for words in [path.to_str().expect("utf-8"), "all finished", "PS_JOB_ID"] {
