@@ -55,14 +55,13 @@ async fn the_readme_example_trains_against_a_server() {
 }
 
 #[tokio::test]
+#[ignore = "needs Debian's dataset-fashion-mnist; .ci/run installs it and runs the ignored fashion_mnist tests"]
 async fn ps_local_trains_on_the_real_fashion_mnist_files() {
     let dir = ps_worker::data::idx::DEBIAN_FASHION_MNIST_DIR;
-    if !std::path::Path::new(dir).is_dir() {
-        eprintln!(
-            "skipped: {dir} is absent (apt-get install dataset-fashion-mnist; .ci/run installs it)"
-        );
-        return;
-    }
+    assert!(
+        std::path::Path::new(dir).is_dir(),
+        "{dir} is absent: apt-get install dataset-fashion-mnist"
+    );
     let args = [
         "--dataset",
         "fashion-mnist",
