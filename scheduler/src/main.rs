@@ -105,7 +105,7 @@ fn print_status(status: &v1::StatusResponse) {
             "{:>6}  {:<24}  {:>5}  {:>6}  {:>14}  {:>5.2}x",
             s.id,
             s.addr,
-            if s.alive { "yes" } else { "DEAD" },
+            alive_word(s.alive, s.left),
             s.parts,
             s.bytes,
             load
@@ -113,12 +113,21 @@ fn print_status(status: &v1::StatusResponse) {
     }
     println!("\n{:>6}  {:>5}  {:>9}", "worker", "alive", "last step");
     for w in &status.workers {
-        let state = match (w.alive, w.left) {
-            (true, _) => "yes",
-            (false, true) => "left",
-            (false, false) => "DEAD",
-        };
-        println!("{:>6}  {:>5}  {:>9}", w.rank, state, w.last_step);
+        println!(
+            "{:>6}  {:>5}  {:>9}",
+            w.rank,
+            alive_word(w.alive, w.left),
+            w.last_step
+        );
+    }
+}
+
+/// How `status` shows whether a member lives: a clean departure is not a death.
+fn alive_word(alive: bool, left: bool) -> &'static str {
+    match (alive, left) {
+        (true, _) => "yes",
+        (false, true) => "left",
+        (false, false) => "DEAD",
     }
 }
 

@@ -100,6 +100,34 @@ struct Member {
     last_step: u64,
 }
 
+/// A server or worker as others see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberView {
+    /// A server's id or a worker's rank.
+    pub id: u32,
+    /// A server's address or a worker's client token.
+    pub name: String,
+    /// Heartbeating.
+    pub alive: bool,
+    /// Left on purpose (a clean shutdown, or a finished worker), rather than
+    /// declared dead.
+    pub left: bool,
+    /// The last step it reported (workers).
+    pub last_step: u64,
+}
+
+impl Member {
+    fn view(&self, id: u32) -> MemberView {
+        MemberView {
+            id,
+            name: self.name.clone(),
+            alive: self.alive,
+            left: self.left,
+            last_step: self.last_step,
+        }
+    }
+}
+
 /// A published placement: servers, parts, live workers.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ShardMap {
@@ -281,11 +309,12 @@ impl Membership {
         }
     }
 
-    /// A node leaves on purpose (clean shutdown).
-    pub fn leave(&mut self, node: Node) {
+    /// A node leaves on purpose (clean shutdown), at `step` (its last).
+    pub fn leave(&mut self, node: Node, step: u64) {
         if let Some(member) = self.live_member(node) {
             member.alive = false;
             member.left = true;
+            member.last_step = member.last_step.max(step);
             self.republish();
         }
     }
@@ -432,12 +461,9 @@ impl Membership {
             .collect()
     }
 
-    /// Every worker as `(rank, alive, last step)`.
-    pub fn workers(&self) -> Vec<(u32, bool, u64)> {
-        self.workers
-            .iter()
-            .map(|(&r, m)| (r, m.alive, m.last_step))
-            .collect()
+    /// Every worker, by rank.
+    pub fn workers(&self) -> Vec<MemberView> {
+        self.workers.iter().map(|(&rank, m)| m.view(rank)).collect()
     }
 
     /// The ranks of workers that left on purpose (as opposed to being declared dead).
@@ -449,12 +475,9 @@ impl Membership {
             .collect()
     }
 
-    /// Every server as `(id, address, alive)`.
-    pub fn servers(&self) -> Vec<(u32, String, bool)> {
-        self.servers
-            .iter()
-            .map(|(&id, m)| (id, m.name.clone(), m.alive))
-            .collect()
+    /// Every server, by id.
+    pub fn servers(&self) -> Vec<MemberView> {
+        self.servers.iter().map(|(&id, m)| m.view(id)).collect()
     }
 
     /// True when the job is over: the group formed, every rank registered, none is
@@ -724,7 +747,7 @@ mod tests {
         m.declare_params(params()).unwrap();
         m.register_worker("a", t0).unwrap();
         m.register_worker("b", t0).unwrap();
-        m.leave(Node::Worker(1));
+        m.leave(Node::Worker(1), 0);
         assert_eq!(m.map().unwrap().workers, vec![0]);
         assert_eq!(
             m.departed_workers(),
@@ -818,12 +841,35 @@ mod tests {
         let mut m = cluster(t0);
         m.register_worker("a", t0).unwrap();
         assert!(!m.job_done());
-        m.leave(Node::Worker(0));
+        m.leave(Node::Worker(0), 0);
         assert!(!m.job_done(), "rank 1 has not even registered");
         m.register_worker("b", t0).unwrap();
         assert!(!m.job_done());
-        m.leave(Node::Worker(1));
+        m.leave(Node::Worker(1), 0);
         assert!(m.job_done());
+    }
+
+    #[test]
+    fn members_that_leave_are_shown_as_left_at_the_step_they_left_with() {
+        let t0 = Instant::now();
+        let mut m = cluster(t0);
+        m.register_worker("a", t0).unwrap();
+        m.heartbeat(Node::Worker(0), 100, t0).unwrap();
+        m.leave(Node::Worker(0), 659);
+        m.leave(Node::Server(1), 0);
+        let worker = &m.workers()[0];
+        assert_eq!(
+            (worker.alive, worker.left, worker.last_step),
+            (false, true, 659)
+        );
+        let servers = m.servers();
+        assert_eq!(
+            servers
+                .iter()
+                .map(|s| (s.id, s.alive, s.left))
+                .collect::<Vec<_>>(),
+            vec![(0, true, false), (1, false, true)]
+        );
     }
 
     #[test]
@@ -833,7 +879,7 @@ mod tests {
         m.declare_params(params()).unwrap();
         m.register_worker("a", t0).unwrap();
         m.register_worker("b", t0).unwrap();
-        m.leave(Node::Worker(1));
+        m.leave(Node::Worker(1), 0);
         let before = m.map().unwrap().clone();
         let later = t0 + Duration::from_secs(100);
         let mut resumed = Membership::from_saved(m.saved(), TIMEOUT, 2, later);

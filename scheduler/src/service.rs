@@ -311,8 +311,9 @@ impl Scheduler for SchedulerService {
         request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::LeaveResponse>, Status> {
         let node = node_of(request.get_ref())?;
-        self.state.update(|m| m.leave(node));
-        tracing::info!(%node, "left the cluster");
+        let step = request.get_ref().step;
+        self.state.update(|m| m.leave(node, step));
+        tracing::info!(%node, step, "left the cluster");
         Ok(Response::new(v1::LeaveResponse {}))
     }
 
@@ -402,8 +403,8 @@ impl Scheduler for SchedulerService {
             s.read(|m| {
                 m.workers()
                     .into_iter()
-                    .filter(|&(r, alive, _)| alive && !arrived.contains(&r))
-                    .map(|(r, _, _)| r)
+                    .filter(|w| w.alive && !arrived.contains(&w.id))
+                    .map(|w| w.id)
                     .collect()
             })
         };
@@ -446,28 +447,28 @@ impl Scheduler for SchedulerService {
             let servers = m
                 .servers()
                 .into_iter()
-                .map(|(id, addr, alive)| {
+                .map(|server| {
                     let index =
-                        map.and_then(|map| map.servers.iter().position(|(sid, _)| *sid == id));
+                        map.and_then(|map| map.servers.iter().position(|(id, _)| *id == server.id));
                     let (parts, bytes) = index.map_or((0, 0), owned);
                     v1::ServerStatus {
-                        id,
-                        addr,
-                        alive,
+                        id: server.id,
+                        addr: server.name,
+                        alive: server.alive,
                         parts,
                         bytes,
+                        left: server.left,
                     }
                 })
                 .collect();
-            let departed = m.departed_workers();
             let workers = m
                 .workers()
                 .into_iter()
-                .map(|(rank, alive, last_step)| v1::WorkerStatus {
-                    rank,
-                    alive,
-                    last_step,
-                    left: departed.contains(&rank),
+                .map(|worker| v1::WorkerStatus {
+                    rank: worker.id,
+                    alive: worker.alive,
+                    last_step: worker.last_step,
+                    left: worker.left,
                 })
                 .collect();
             v1::StatusResponse {
