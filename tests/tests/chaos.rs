@@ -123,33 +123,60 @@ async fn scheduler_at(listen: &str, state: &Path) -> ServerProcess {
     .await
 }
 
-async fn finish(child: Child, accuracies: &mut Vec<f64>, repairs: &mut Vec<String>) {
-    let output = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
-        .await
-        .expect("a worker hung")
-        .expect("wait for a worker");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "a worker failed:\n{stderr}");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let last = stdout.lines().last().unwrap_or_default();
-    let summary: serde_json::Value = serde_json::from_str(last)
-        .unwrap_or_else(|_| panic!("no JSON summary: {last:?}\n{stderr}"));
-    accuracies.push(summary["test_accuracy"].as_f64().expect("test_accuracy"));
+/// Waits for every worker and collects its accuracy and repair log lines. When
+/// one failed (or hung), the others are stopped and every worker's log goes into
+/// the failure, since the cause may lie with the one that did not fail.
+async fn finish(children: Vec<Child>, accuracies: &mut Vec<f64>, repairs: &mut Vec<String>) {
+    let mut logs = Vec::new();
+    let mut failed = None;
+    for (index, mut child) in children.into_iter().enumerate() {
+        if failed.is_some() {
+            let _ = child.start_kill();
+        }
+        let waited = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output()).await;
+        let Ok(Ok(output)) = waited else {
+            failed.get_or_insert(format!(
+                "worker process {index} hung or could not be waited for"
+            ));
+            continue;
+        };
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let summary = stdout
+            .lines()
+            .last()
+            .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+        match summary.and_then(|s| s["test_accuracy"].as_f64()) {
+            Some(accuracy) if output.status.success() => accuracies.push(accuracy),
+            _ if failed.is_none() => {
+                failed = Some(format!("worker process {index} failed ({})", output.status));
+            }
+            _ => {}
+        }
+        repairs.extend(stderr.lines().filter(|l| is_repair(l)).map(str::to_string));
+        logs.push(format!("--- worker process {index} ---\n{stderr}"));
+    }
+    if let Some(what) = failed {
+        panic!("{what}; every worker's log:\n{}", logs.join("\n"));
+    }
+}
+
+/// A worker log line about a repair: lost servers, new maps, a rejoin.
+fn is_repair(line: &str) -> bool {
     // A worker that joined a run already under way starts past step 0.
-    let rejoined = |l: &str| l.contains("trainer ready") && !l.ends_with("step=0");
-    let repair = |l: &&str| {
-        [
+    let rejoined = line.contains("trainer ready") && !line.ends_with("step=0");
+    rejoined
+        || [
             "looks lost",
             "lacks keys",
             "back at its address",
             "shard map moved on",
             "reachable again",
+            "joining at the group's step",
+            "offering this worker's copy",
         ]
         .iter()
-        .any(|marker| l.contains(marker))
-            || rejoined(l)
-    };
-    repairs.extend(stderr.lines().filter(repair).map(str::to_string));
+        .any(|marker| line.contains(marker))
 }
 
 /// One cluster at a time: the runs' timings are compared.
@@ -213,9 +240,7 @@ async fn run(fault: Fault) -> Outcome {
             scheduler = scheduler_at(&addr, &state).await;
         }
     }
-    for child in workers {
-        finish(child, &mut accuracies, &mut repairs).await;
-    }
+    finish(workers, &mut accuracies, &mut repairs).await;
     let took = started.elapsed();
     for server in servers {
         server.stop().await;
