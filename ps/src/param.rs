@@ -95,8 +95,24 @@ impl KeyState {
             second: second.to_vec(),
             updates,
             version: self.version,
-            last_step: self.last_step.clone(),
+            last_step: self.steps_in_values(),
         }
+    }
+
+    /// The last step of each worker that the values hold. A push to the BSP step
+    /// in progress sits in the accumulator, which a checkpoint does not keep: it
+    /// does not count, so that after a restore the worker's repeat of it is taken
+    /// rather than acknowledged as a duplicate and lost (which left the step
+    /// waiting for that worker for ever).
+    fn steps_in_values(&self) -> HashMap<u32, u64> {
+        let mut steps = self.last_step.clone();
+        for worker in &self.pending.workers {
+            match self.version.checked_sub(1) {
+                Some(done) => steps.insert(*worker, done),
+                None => steps.remove(worker),
+            };
+        }
+        steps
     }
 
     /// A key resumed from `checkpoint`, or `None` when it was saved with another spec.
@@ -334,6 +350,29 @@ mod tests {
         assert_eq!(state.values, vec![-3.0, -2.0]);
         assert_eq!(state.admit(BSP2, 1, 0), Admission::Duplicate);
         assert_eq!(state.admit(BSP2, 0, 2), Admission::Future { max_step: 1 });
+    }
+
+    #[test]
+    fn a_push_to_the_step_in_progress_is_taken_again_after_a_restore_from_a_checkpoint() {
+        for version in [0, 5] {
+            let mut state = KeyState::new(&spec(1), vec![0.0]);
+            state.restore(vec![0.0], version, 2);
+            state.accept(BSP2, &all(2), 0, version, &grad(&[2.0]));
+            let saved = state.checkpoint(&spec(1));
+            let mut restored = KeyState::from_checkpoint(&spec(1), &saved).expect("same spec");
+            assert_eq!(
+                restored.admit(BSP2, 0, version),
+                Admission::Accept,
+                "worker 0's push of step {version} is not in the saved values"
+            );
+            restored.accept(BSP2, &all(2), 0, version, &grad(&[2.0]));
+            restored.accept(BSP2, &all(2), 1, version, &grad(&[4.0]));
+            assert_eq!(
+                (restored.version(), restored.values.clone()),
+                (version + 1, vec![-3.0]),
+                "the step completes with both pushes, each once"
+            );
+        }
     }
 
     #[test]
