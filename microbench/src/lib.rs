@@ -9,6 +9,7 @@
 //! - [`tuning`]: HTTP/2 and chunking knobs.
 //! - [`report`], [`plot`]: tables, JSON lines, CSV and SVG charts.
 //! - [`size`], [`cpu`]: sizes as people write them; process CPU time.
+//! - [`progress`]: a progress bar for long runs.
 
 pub mod bandwidth;
 pub mod cpu;
@@ -16,6 +17,7 @@ pub mod latency;
 pub mod payload;
 pub mod peer;
 pub mod plot;
+pub mod progress;
 pub mod report;
 pub mod server;
 pub mod size;

@@ -23,7 +23,7 @@ use ps_microbench::report::{ResultRow, payload_label, print_json, print_table, w
 use ps_microbench::size::parse_size;
 use ps_microbench::throughput::{self, ModelTensors, ThroughputPlan};
 use ps_microbench::tuning::Tuning;
-use ps_microbench::{plot, server};
+use ps_microbench::{plot, progress, server};
 
 /// gRPC tensor-transport benchmarks, side by side with raw TCP.
 #[derive(Debug, Parser)]
@@ -280,14 +280,23 @@ async fn run_bandwidth(args: BandwidthArgs) -> anyhow::Result<()> {
         reps: args.reps,
         chunk: args.tuning.chunk,
     };
+    let payloads = args.payload.payloads(&[1 << 20, 16 << 20]);
+    let runs = args.mode.len() * args.payload.encoding.len() * payloads.len();
+    let each = (plan.duration + plan.warmup) * 2 * plan.reps as u32;
+    let bar = progress::bar(runs as u64, "bandwidth", each * runs as u32);
     let mut rows = Vec::new();
     for &mode in &args.mode {
         for &encoding in &args.payload.encoding {
-            for (label, sizes) in args.payload.payloads(&[1 << 20, 16 << 20]) {
-                rows.push(bandwidth::measure(&peer, &label, &sizes, encoding, mode, plan).await?);
+            for (label, sizes) in &payloads {
+                let what = format!("{mode} {encoding} {label}");
+                bar.set_message(what.clone());
+                tracing::info!(measuring = %what, done = rows.len(), of = runs, "bandwidth");
+                rows.push(bandwidth::measure(&peer, label, sizes, encoding, mode, plan).await?);
+                bar.inc(1);
             }
         }
     }
+    bar.finish_and_clear();
     peer.close().await;
     emit(&rows, args.output.json, args.output.out.as_ref())?;
     if let Some(dir) = &args.output.out {

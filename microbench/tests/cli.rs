@@ -205,3 +205,20 @@ fn bad_sizes_and_schemes_are_explained() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("uniform"));
 }
+
+#[test]
+fn a_bandwidth_run_says_what_it_measures_as_it_goes() {
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-microbench"))
+        .args(["bandwidth", "--sizes", "4KiB", "--seconds", "0.05"])
+        .args(["--warmup-seconds", "0.01", "--reps", "1", "--json"])
+        .output()
+        .expect("run ps-microbench");
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for line in [
+        "measuring=unary bytes 4KiB done=0 of=2",
+        "measuring=stream bytes 4KiB done=1 of=2",
+    ] {
+        assert!(stderr.contains(line), "{line:?} in {stderr}");
+    }
+}
