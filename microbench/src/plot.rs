@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use hdrhistogram::Histogram;
+use plotters::coord::ranged1d::ValueFormatter;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
@@ -32,19 +33,23 @@ struct Series {
     dashed: bool,
 }
 
-fn draw(
-    path: &Path,
-    title: &str,
-    x_label: &str,
-    y_label: &str,
-    series: &[Series],
-) -> anyhow::Result<()> {
+/// How a chart's axes are named, labelled and scaled.
+struct Axes {
+    x_desc: &'static str,
+    y_desc: &'static str,
+    /// How an x value is written on the axis (sizes in units, not raw numbers).
+    x_label: fn(&f64) -> String,
+    /// A logarithmic y axis, so that small values do not sit at zero.
+    y_log: bool,
+}
+
+fn draw(path: &Path, title: &str, axes: &Axes, series: &[Series]) -> anyhow::Result<()> {
     register_font()?;
     let points = series.iter().flat_map(|s| s.points.iter());
     let (x_min, x_max) = points
         .clone()
         .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let y_max = points.fold(f64::MIN, |b, p| b.max(p.1));
+    let (y_min, y_max) = points.fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
     if x_min > x_max {
         return Ok(());
     }
@@ -57,18 +62,50 @@ fn draw(
         .x_label_area_size(44)
         .y_label_area_size(70);
     let x_range = (x_min.max(1e-9) * 0.8..x_max * 1.25).log_scale();
-    let mut chart = builder
-        .build_cartesian_2d(x_range, 0.0..y_max.max(1e-9) * 1.1)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    draw_series(&mut chart, series)?;
+    if axes.y_log {
+        let y_range = (y_min.max(1e-9) * 0.8..y_max.max(1e-9) * 1.25).log_scale();
+        let chart = builder.build_cartesian_2d(x_range, y_range);
+        finish(chart.map_err(|e| anyhow::anyhow!("{e}"))?, axes, series)?;
+    } else {
+        let chart = builder.build_cartesian_2d(x_range, 0.0..y_max.max(1e-9) * 1.1);
+        finish(chart.map_err(|e| anyhow::anyhow!("{e}"))?, axes, series)?;
+    }
     root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
+}
+
+/// A size on a log axis, whose ticks fall on powers of ten: in decimal units,
+/// so they read `100 B`, `1 kB`, `10 MB`.
+fn decimal_size(bytes: &f64) -> String {
+    let (value, unit) = [(1e9, "GB"), (1e6, "MB"), (1e3, "kB")]
+        .into_iter()
+        .find(|(scale, _)| *bytes >= *scale)
+        .map_or((*bytes, "B"), |(scale, unit)| (bytes / scale, unit));
+    if (value - value.round()).abs() < 1e-6 {
+        format!("{value:.0} {unit}")
+    } else {
+        format!("{value:.1} {unit}")
+    }
+}
+
+/// Draws the mesh with `axes`' names and labels, then the series.
+fn finish<'a, X, Y>(
+    mut chart: ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    axes: &Axes,
+    series: &[Series],
+) -> anyhow::Result<()>
+where
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    chart
+        .configure_mesh()
+        .x_desc(axes.x_desc)
+        .y_desc(axes.y_desc)
+        .x_label_formatter(&axes.x_label)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    draw_series(&mut chart, series)
 }
 
 fn draw_series<'a, X, Y>(
@@ -135,13 +172,13 @@ pub fn bandwidth_chart(rows: &[ResultRow], path: &Path) -> anyhow::Result<()> {
             dashed: true,
         });
     }
-    draw(
-        path,
-        "One-way throughput: gRPC vs raw TCP",
-        "payload bytes",
-        "GB/s",
-        &series,
-    )
+    let axes = Axes {
+        x_desc: "payload size",
+        y_desc: "GB/s (log scale)",
+        x_label: decimal_size,
+        y_log: true,
+    };
+    draw(path, "One-way throughput: gRPC vs raw TCP", &axes, &series)
 }
 
 /// Latency CDFs: share of round trips at or below each latency, gRPC and TCP.
@@ -179,11 +216,35 @@ pub fn latency_cdf(
             ]
         })
         .collect();
+    let axes = Axes {
+        x_desc: "round-trip latency",
+        y_desc: "fraction of round trips",
+        x_label: |micros| format!("{micros:.0} µs"),
+        y_log: false,
+    };
     draw(
         path,
         "Round-trip latency CDF: gRPC vs raw TCP",
-        "microseconds",
-        "fraction of round trips",
+        &axes,
         &series,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_on_a_log_axis_read_in_decimal_units() {
+        let cases = [
+            (100.0, "100 B"),
+            (1e3, "1 kB"),
+            (1.5e4, "15 kB"),
+            (1e6, "1 MB"),
+            (2.5e9, "2.5 GB"),
+        ];
+        for (bytes, label) in cases {
+            assert_eq!(decimal_size(&bytes), label);
+        }
+    }
 }

@@ -137,6 +137,14 @@ fn schemes_and_encodings_write_csv_and_charts() {
         svg.contains("<svg") && svg.contains("TCP"),
         "the chart names its series"
     );
+    assert!(
+        svg.contains("payload size")
+            && svg.contains("GB/s (log scale)")
+            && [" B<", " kB<", " MB<"]
+                .iter()
+                .any(|unit| svg.contains(unit)),
+        "sizes are labelled in units on a log axis"
+    );
 
     let args = [
         "latency", "--sizes", "64B,1KiB", "--count", "50", "--warmup", "5", "--reps", "1", "--out",
