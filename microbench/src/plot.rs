@@ -61,9 +61,9 @@ fn draw(path: &Path, title: &str, axes: &Axes, series: &[Series]) -> anyhow::Res
         .margin(16)
         .x_label_area_size(44)
         .y_label_area_size(70);
-    let x_range = (x_min.max(1e-9) * 0.8..x_max * 1.25).log_scale();
+    let x_range = at_least_a_decade(x_min.max(1e-9) * 0.8, x_max * 1.25).log_scale();
     if axes.y_log {
-        let y_range = (y_min.max(1e-9) * 0.8..y_max.max(1e-9) * 1.25).log_scale();
+        let y_range = at_least_a_decade(y_min.max(1e-9) * 0.8, y_max.max(1e-9) * 1.25).log_scale();
         let chart = builder.build_cartesian_2d(x_range, y_range);
         finish(chart.map_err(|e| anyhow::anyhow!("{e}"))?, axes, series)?;
     } else {
@@ -88,6 +88,29 @@ fn decimal_size(bytes: &f64) -> String {
     }
 }
 
+/// `low..high`, widened around its middle to span at least 16x, so that a log
+/// axis has a power of ten to put a tick on (one payload size alone would have
+/// none).
+fn at_least_a_decade(low: f64, high: f64) -> std::ops::Range<f64> {
+    if high / low >= 16.0 {
+        return low..high;
+    }
+    let middle = (low * high).sqrt();
+    middle / 4.0..middle * 4.0
+}
+
+/// A number with three significant digits and no trailing zeros: `0.3`, `12.5`.
+fn significant(value: &f64) -> String {
+    let magnitude = value.abs().max(1e-12).log10().floor() as i32;
+    let decimals = (2 - magnitude).max(0) as usize;
+    let text = format!("{value:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
+}
+
 /// Draws the mesh with `axes`' names and labels, then the series.
 fn finish<'a, X, Y>(
     mut chart: ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
@@ -103,6 +126,7 @@ where
         .x_desc(axes.x_desc)
         .y_desc(axes.y_desc)
         .x_label_formatter(&axes.x_label)
+        .y_label_formatter(&significant)
         .draw()
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     draw_series(&mut chart, series)
@@ -233,6 +257,27 @@ pub fn latency_cdf(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn axis_numbers_have_three_significant_digits() {
+        let cases = [
+            (0.30000000000000004, "0.3"),
+            (0.0001, "0.0001"),
+            (12.5, "12.5"),
+            (1.0, "1"),
+            (250.0, "250"),
+        ];
+        for (value, label) in cases {
+            assert_eq!(significant(&value), label);
+        }
+    }
+
+    #[test]
+    fn a_log_axis_always_spans_a_power_of_ten() {
+        let range = at_least_a_decade(0.8e6, 1.25e6);
+        assert!(range.end / range.start >= 16.0 - 1e-9, "{range:?}");
+        assert_eq!(at_least_a_decade(64.0, 1e6), 64.0..1e6);
+    }
 
     #[test]
     fn sizes_on_a_log_axis_read_in_decimal_units() {
