@@ -124,7 +124,13 @@ impl Follower {
         let live = map.workers.iter().copied().collect();
         let advanced = self.store.set_group(map.group_size, live);
         self.store.map().set(map.version);
-        tracing::info!(version = map.version, live_workers = ?map.workers, steps_completed = advanced, "applied shard map");
+        tracing::info!(
+            version = map.version,
+            group_size = map.group_size,
+            live_workers = ?map.workers,
+            keys_completed_by_this_map = advanced,
+            "applied shard map"
+        );
         self.map_version = map.version;
         Ok(())
     }

@@ -60,10 +60,15 @@ pub async fn run(
     health
         .set_serving::<ParameterServerServer<ParameterService>>()
         .await;
+    // A server that follows a scheduler takes its group size from the shard maps.
+    let workers = match &config.scheduler {
+        Some(link) => format!("from the scheduler at {}", link.scheduler),
+        None => config.workers.to_string(),
+    };
     tracing::info!(
         %addr,
         consistency = %config.consistency,
-        workers = config.workers,
+        %workers,
         max_message_bytes = config.transport.max_message_bytes,
         "ps-server listening"
     );
