@@ -74,7 +74,7 @@ choose_job() {
 # and fails when one did, so a cluster that could not train does not look done.
 report_exits() {
     local failed=0 id name code
-    for id in $(compose ps -q); do
+    for id in $(compose ps -a -q); do
         read -r name code < <(docker inspect -f '{{.Name}} {{.State.ExitCode}}' "$id")
         if [ "$code" != 0 ]; then
             echo "cluster.sh: ${name#/} exited with code $code; its log: docker logs ${name#/}" >&2
