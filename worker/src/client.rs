@@ -630,8 +630,44 @@ impl PsClient {
         F: Fn(ParameterServerClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
-        self.config
-            .retry
+        self.call_with(self.config.retry, server, what, call).await
+    }
+
+    /// One attempt of a pull. A pull is never retried by itself: when its
+    /// connection broke, the server may have restarted and lost this worker's
+    /// push of the step (another worker may even have restored the key since),
+    /// so the pull would wait for a push that is never repeated. The trainer
+    /// repeats the whole step instead, push included; a repeated push is applied
+    /// once.
+    async fn pull_call<T, F, Fut>(
+        &self,
+        server: &Server,
+        what: &'static str,
+        call: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(ParameterServerClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let once = RetryPolicy {
+            attempts: 1,
+            ..self.config.retry
+        };
+        self.call_with(once, server, what, call).await
+    }
+
+    async fn call_with<T, F, Fut>(
+        &self,
+        retry: RetryPolicy,
+        server: &Server,
+        what: &'static str,
+        call: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(ParameterServerClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        retry
             .run(what, || call(server.client.clone()))
             .await
             .map(tonic::Response::into_inner)
@@ -896,7 +932,7 @@ impl PsClient {
         };
         if bytes <= self.unary_limit() {
             let response = self
-                .call(server, "Pull", |mut c| {
+                .pull_call(server, "Pull", |mut c| {
                     let request = request.clone();
                     async move { c.pull(request).await }
                 })
@@ -908,7 +944,7 @@ impl PsClient {
                 .collect();
         }
         let chunks = self
-            .call(server, "PullStream", |mut c| {
+            .pull_call(server, "PullStream", |mut c| {
                 let request = request.clone();
                 async move {
                     let response = c.pull_stream(request).await?;
