@@ -80,9 +80,10 @@ fn a_saved_model_loads_into_candle_and_reproduces_the_reported_accuracy() {
         .load(&path)
         .expect("VarMap::load reads the saved file");
     let accuracy = ps_worker::train::accuracy(&model, &data.test, &Device::Cpu).expect("evaluate");
-    assert_eq!(
-        accuracy, reported,
-        "the saved parameters are the evaluated ones"
+    // The same predictions; JSON's float parsing may differ in the last bit.
+    assert!(
+        (accuracy - reported).abs() < 1e-9,
+        "the saved parameters are the evaluated ones: {accuracy} vs {reported}"
     );
     assert!(accuracy > 0.5, "and they were trained: {accuracy}");
 
