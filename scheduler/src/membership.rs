@@ -466,15 +466,6 @@ impl Membership {
         self.workers.iter().map(|(&rank, m)| m.view(rank)).collect()
     }
 
-    /// The ranks of workers that left on purpose (as opposed to being declared dead).
-    pub fn departed_workers(&self) -> Vec<u32> {
-        self.workers
-            .iter()
-            .filter(|(_, m)| m.left)
-            .map(|(&r, _)| r)
-            .collect()
-    }
-
     /// Every server, by id.
     pub fn servers(&self) -> Vec<MemberView> {
         self.servers.iter().map(|(&id, m)| m.view(id)).collect()
@@ -581,6 +572,15 @@ mod tests {
                 elem_size: 4,
             },
         ]
+    }
+
+    /// The ranks of workers that left on purpose.
+    fn departed(m: &Membership) -> Vec<u32> {
+        m.workers()
+            .into_iter()
+            .filter(|w| w.left)
+            .map(|w| w.id)
+            .collect()
     }
 
     fn cluster(t0: Instant) -> Membership {
@@ -749,11 +749,7 @@ mod tests {
         m.register_worker("b", t0).unwrap();
         m.leave(Node::Worker(1), 0);
         assert_eq!(m.map().unwrap().workers, vec![0]);
-        assert_eq!(
-            m.departed_workers(),
-            vec![1],
-            "it left; it was not declared dead"
-        );
+        assert_eq!(departed(&m), vec![1], "it left; it was not declared dead");
     }
 
     fn elastic(t0: Instant) -> Membership {
@@ -890,7 +886,7 @@ mod tests {
             resumed.heartbeat(Node::Server(0), 0, later),
             Ok(before.version)
         );
-        assert_eq!(resumed.departed_workers(), vec![1]);
+        assert_eq!(departed(&resumed), vec![1]);
         let silent = later + TIMEOUT + Duration::from_millis(1);
         resumed.heartbeat(Node::Server(0), 0, silent).unwrap();
         resumed.heartbeat(Node::Server(1), 0, silent).unwrap();

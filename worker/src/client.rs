@@ -633,27 +633,17 @@ impl PsClient {
         self.call_with(self.config.retry, server, what, call).await
     }
 
-    /// One attempt of a pull. A pull is never retried by itself: when its
+    /// The retries of a pull: none. A pull is never retried by itself: when its
     /// connection broke, the server may have restarted and lost this worker's
     /// push of the step (another worker may even have restored the key since),
     /// so the pull would wait for a push that is never repeated. The trainer
     /// repeats the whole step instead, push included; a repeated push is applied
     /// once.
-    async fn pull_call<T, F, Fut>(
-        &self,
-        server: &Server,
-        what: &'static str,
-        call: F,
-    ) -> Result<T, ClientError>
-    where
-        F: Fn(ParameterServerClient<Channel>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
-    {
-        let once = RetryPolicy {
+    fn pull_retry(&self) -> RetryPolicy {
+        RetryPolicy {
             attempts: 1,
             ..self.config.retry
-        };
-        self.call_with(once, server, what, call).await
+        }
     }
 
     async fn call_with<T, F, Fut>(
@@ -932,7 +922,7 @@ impl PsClient {
         };
         if bytes <= self.unary_limit() {
             let response = self
-                .pull_call(server, "Pull", |mut c| {
+                .call_with(self.pull_retry(), server, "Pull", |mut c| {
                     let request = request.clone();
                     async move { c.pull(request).await }
                 })
@@ -944,7 +934,7 @@ impl PsClient {
                 .collect();
         }
         let chunks = self
-            .pull_call(server, "PullStream", |mut c| {
+            .call_with(self.pull_retry(), server, "PullStream", |mut c| {
                 let request = request.clone();
                 async move {
                     let response = c.pull_stream(request).await?;
