@@ -186,14 +186,12 @@ impl PsTrainer {
                     self.step += 1;
                     return Ok(());
                 }
-                Err(TrainerError::Client(error)) => match error.key_version() {
-                    Some(version) if version > self.step => return self.join_at(version).await,
-                    Some(version) => {
-                        self.offer_newer_copy(error, version, &mut recoveries)
-                            .await?
-                    }
-                    None => self.recover(error.into(), &mut recoveries).await?,
-                },
+                Err(TrainerError::Client(error))
+                    if error.key_version().is_some_and(|v| v > self.step) =>
+                {
+                    let version = error.key_version().unwrap_or(self.step + 1);
+                    return self.join_at(version).await;
+                }
                 Err(error) => self.recover(error, &mut recoveries).await?,
             }
         }
@@ -239,41 +237,13 @@ impl PsTrainer {
         self.load(0).await
     }
 
-    /// A key is behind this worker (at `version`, below the step it pushes): its
-    /// server restored it from an older copy than this worker holds, for example
-    /// another worker's, taken before the lost server's last step reached this
-    /// one. Registers this worker's copy, which the server takes because it is
-    /// newer, so the step can be repeated.
-    async fn offer_newer_copy(
-        &mut self,
-        error: ClientError,
-        version: u64,
-        recoveries: &mut usize,
-    ) -> Result<(), TrainerError> {
-        if *recoveries >= RECOVERIES {
-            return Err(error.into());
-        }
-        *recoveries += 1;
-        tracing::warn!(
-            rank = self.group.rank,
-            step = self.step,
-            key_version = version,
-            loaded = self.loaded,
-            "a parameter server holds an older version of a key than this worker; offering this worker's copy"
-        );
-        match self.register_copy().await {
-            Err(error) => self.recover(error, recoveries).await,
-            registered => registered,
-        }
-    }
-
     /// After a failed attempt: repairs placement when that can help, so the caller
     /// can repeat the attempt; otherwise (or after [`RECOVERIES`] repairs) returns
     /// the error.
     ///
     /// - A server refused the shard map as stale: fetch the newer map.
     /// - A server lacks keys it should hold (it restarted empty, or just took
-    ///   them over): register them again.
+    ///   them over), or holds one behind this worker's copy: register them again.
     /// - A server is unreachable after retries: wait for the scheduler's next
     ///   map, which places the lost server's keys on the live ones, or for the
     ///   server's return at its address.
@@ -292,7 +262,9 @@ impl PsTrainer {
             let TrainerError::Client(client_error) = &error else {
                 return Err(error);
             };
-            let repairable = client_error.stale_map().is_some() || client_error.server_lost();
+            let repairable = client_error.stale_map().is_some()
+                || client_error.server_lost()
+                || self.key_behind(client_error).is_some();
             if !repairable || *recoveries >= RECOVERIES {
                 return Err(error);
             }
@@ -302,6 +274,15 @@ impl PsTrainer {
                 Err(next) => error = next,
             }
         }
+    }
+
+    /// The version of a key that refused this worker's step because the key is
+    /// behind it: its server restored it from an older copy than this worker
+    /// holds (another worker's, taken before the lost server's last step reached
+    /// this one). Registering this worker's copy, which the server takes because
+    /// it is newer, repairs it.
+    fn key_behind(&self, error: &ClientError) -> Option<u64> {
+        error.key_version().filter(|v| *v <= self.step)
     }
 
     /// One repair of placement for `error`, which [`PsTrainer::recover`] found repairable.
@@ -315,6 +296,14 @@ impl PsTrainer {
                 "the shard map moved on; placing keys by the new one and registering this worker's copy"
             );
             self.client.refresh(version).await?;
+        } else if let Some(key_version) = self.key_behind(error) {
+            tracing::warn!(
+                rank,
+                step = self.step,
+                key_version,
+                loaded = self.loaded,
+                "a parameter server holds an older version of a key than this worker; offering this worker's copy"
+            );
         } else if error.server_emptied() {
             tracing::warn!(rank, step = self.step, %error, "a parameter server lacks keys (it restarted, or took them over); restoring them");
         } else {
