@@ -32,7 +32,12 @@ build_binaries() {
     RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
         cargo build --release --locked --target "$TARGET" $(printf -- '--bin %s ' "${BINARIES[@]}")
     rm -rf "$STAGE"
-    mkdir -p "$STAGE/bin" "$STAGE/state/checkpoints"
+    # The image's /var/lib/candle-ps is an empty folder owned by the unprivileged
+    # user: Docker gives a new named volume its ownership. Nothing is inside it,
+    # because Docker copies an image's files into a new volume once per container
+    # and two servers created at once race on each folder ("mkdir ... file
+    # exists"); the programs create their folders themselves.
+    mkdir -p "$STAGE/bin" "$STAGE/state"
     for bin in "${BINARIES[@]}"; do
         local built="target/$TARGET/release/$bin"
         # ldd says "statically linked" or "not a dynamic executable" for static

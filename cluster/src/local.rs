@@ -7,6 +7,9 @@ use std::time::Instant;
 use ps_proto::consistency::Consistency;
 use ps_scheduler::SchedulerConfig;
 use ps_server::ServerConfig;
+use ps_server::checkpointer::{
+    CheckpointConfig, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY_STEPS,
+};
 use ps_worker::client::GroupInfo;
 use ps_worker::data::Dataset;
 use ps_worker::train::{TrainConfig, TrainSummary, train};
@@ -26,6 +29,9 @@ pub struct LocalSpec {
     pub consistency: Consistency,
     /// Run a scheduler for membership and placement (otherwise workers plan alone).
     pub scheduler: bool,
+    /// The servers' checkpoint root (each writes a folder in it, and a last
+    /// checkpoint when the job ends); none by default.
+    pub checkpoint_dir: Option<std::path::PathBuf>,
 }
 
 /// A scheduler running in this process on a loopback port.
@@ -100,6 +106,12 @@ pub async fn run_local(
     let server_config = ServerConfig {
         workers: spec.workers,
         consistency: spec.consistency,
+        checkpoint: spec.checkpoint_dir.clone().map(|root| CheckpointConfig {
+            root,
+            folder: String::new(),
+            every_steps: DEFAULT_CHECKPOINT_EVERY_STEPS,
+            every: DEFAULT_CHECKPOINT_EVERY,
+        }),
         ..ServerConfig::default()
     };
     let servers =

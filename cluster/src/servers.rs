@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 
 use ps_server::ServerConfig;
+use ps_server::checkpointer::CheckpointConfig;
 use ps_server::follower::SchedulerLink;
 use ps_server::server::ServeError;
 use ps_worker::client::ClientError;
@@ -56,8 +57,14 @@ impl LocalServers {
                 advertise: addr.to_string(),
                 connect_timeout: ps_server::follower::DEFAULT_CONNECT_TIMEOUT,
             });
+            // Each server checkpoints into a folder of its own under the root.
+            let checkpoint = config.checkpoint.clone().map(|c| CheckpointConfig {
+                folder: ps_server::checkpoint::folder_name(&addr.to_string()),
+                ..c
+            });
             let config = ServerConfig {
                 scheduler: link,
+                checkpoint,
                 ..config.clone()
             };
             let task = tokio::spawn(ps_server::run(listener, config, shutdown));

@@ -61,25 +61,12 @@ fn ps_local_json(args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn a_saved_model_loads_into_candle_and_reproduces_the_reported_accuracy() {
-    use candle_core::{DType, Device};
-    use candle_nn::{VarBuilder, VarMap};
-    use ps_worker::model::Mlp;
-
     let dir = tempfile::tempdir().expect("a folder");
     let path = dir.path().join("digits.safetensors");
     let file = path.to_str().expect("utf-8 path");
     let summary = ps_local_json(&["--epochs", "3", "--hidden", "32", "--save", file]);
     let reported = summary["test_accuracy"].as_f64().expect("test_accuracy");
-
-    // A fresh model of the same shape, loaded the candle way.
-    let data = ps_worker::data::digits::load().expect("digits");
-    let mut varmap = VarMap::new();
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    let model = Mlp::new(vb, data.width(), &[32], data.classes).expect("model");
-    varmap
-        .load(&path)
-        .expect("VarMap::load reads the saved file");
-    let accuracy = ps_worker::train::accuracy(&model, &data.test, &Device::Cpu).expect("evaluate");
+    let accuracy = accuracy_of_saved(&path, 32);
     // The same predictions; JSON's float parsing may differ in the last bit.
     assert!(
         (accuracy - reported).abs() < 1e-9,
@@ -94,6 +81,61 @@ fn a_saved_model_loads_into_candle_and_reproduces_the_reported_accuracy() {
         after >= reported - 0.05,
         "resumed at {after}, saved at {reported}"
     );
+}
+
+/// The test accuracy of the digits MLP with `hidden` units whose parameters are
+/// in the safetensors file at `path`, loaded the candle way into a fresh model.
+fn accuracy_of_saved(path: &std::path::Path, hidden: usize) -> f64 {
+    use candle_core::{DType, Device};
+    use candle_nn::{VarBuilder, VarMap};
+    use ps_worker::model::Mlp;
+
+    let data = ps_worker::data::digits::load().expect("digits");
+    let mut varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+    let model = Mlp::new(vb, data.width(), &[hidden], data.classes).expect("model");
+    varmap
+        .load(path)
+        .unwrap_or_else(|e| panic!("VarMap::load reads {}: {e}", path.display()));
+    ps_worker::train::accuracy(&model, &data.test, &Device::Cpu).expect("evaluate")
+}
+
+#[test]
+fn checkpoints_of_partitioned_parameters_export_to_the_trained_model() {
+    let dir = tempfile::tempdir().expect("a folder");
+    let checkpoints = dir.path().join("checkpoints");
+    let saved = dir.path().join("saved.safetensors");
+    let exported = dir.path().join("exported.safetensors");
+    // 512 hidden units make fc0.weight 128 KiB, which the scheduler cuts into
+    // partitions on the two servers.
+    let summary = ps_local_json(&[
+        "--epochs",
+        "1",
+        "--hidden",
+        "512",
+        "--checkpoint-dir",
+        checkpoints.to_str().expect("utf-8 path"),
+        "--save",
+        saved.to_str().expect("utf-8 path"),
+    ]);
+    let reported = summary["test_accuracy"].as_f64().expect("test_accuracy");
+    let export = ps_server::export::export(&checkpoints, &exported, true).expect("export");
+    assert_eq!(export.params, 4, "fc0 and fc1, weight and bias: {export:?}");
+    assert!(
+        export.keys > export.params,
+        "some parameter was partitioned: {export:?}"
+    );
+    assert_eq!(
+        export.versions.0, export.versions.1,
+        "the servers' last checkpoints are of the same step: {export:?}"
+    );
+    for (path, what) in [(&saved, "--save"), (&exported, "the export")] {
+        let accuracy = accuracy_of_saved(path, 512);
+        assert!(
+            (accuracy - reported).abs() < 1e-9,
+            "{what} reproduces the reported accuracy: {accuracy} vs {reported}"
+        );
+    }
 }
 
 #[test]

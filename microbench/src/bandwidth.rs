@@ -106,7 +106,8 @@ async fn stream_loop(
     Ok((ack.bytes, ack.messages))
 }
 
-async fn tcp_loop(
+/// One connection's blocking loop (run on a thread of its own).
+fn tcp_loop(
     mut peer: TcpPeer,
     data: Bytes,
     mode: Mode,
@@ -116,10 +117,10 @@ async fn tcp_loop(
     let (mut bytes, mut messages) = (0, 0);
     while Instant::now() < until {
         match mode {
-            Mode::Unary => bytes += peer.sink(&data).await?,
+            Mode::Unary => bytes += peer.sink(&data)?,
             Mode::Stream => {
                 for piece in data.chunks(chunk.max(1)) {
-                    peer.stream(piece).await?;
+                    peer.stream(piece)?;
                     messages += 1;
                 }
             }
@@ -127,7 +128,7 @@ async fn tcp_loop(
         messages += u64::from(mode == Mode::Unary);
     }
     if mode == Mode::Stream {
-        bytes = peer.flush().await?;
+        bytes = peer.flush()?;
     }
     Ok((bytes, messages))
 }
@@ -174,12 +175,14 @@ async fn tcp_phase(
     let peers = peer.tcp_peers().await?;
     let (cpu0, start) = (process_cpu_seconds(), Instant::now());
     let until = start + length;
-    let done = try_join_all(
-        peers
-            .into_iter()
-            .map(|p| tcp_loop(p, data.clone(), mode, chunk, until)),
-    )
-    .await?;
+    let threads = peers.into_iter().map(|p| {
+        let data = data.clone();
+        tokio::task::spawn_blocking(move || tcp_loop(p, data, mode, chunk, until))
+    });
+    let done = try_join_all(threads)
+        .await?
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(Sample {
         bytes: done.iter().map(|d| d.0).sum(),
         messages: done.iter().map(|d| d.1).sum(),

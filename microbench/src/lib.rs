@@ -5,10 +5,11 @@
 //! - [`peer`]: the server under test, remote or a local child process.
 //! - [`latency`], [`bandwidth`], [`throughput`]: the three benchmarks.
 //! - [`payload`]: TF-gRPC-Bench payload schemes and the two encodings.
-//! - [`tcp`]: the raw TCP baseline protocol.
+//! - [`tcp`]: the raw TCP baseline protocol; [`plain`] and [`tcp_check`]: the
+//!   plainest send-and-ack loop it is checked against (`tcp-check`).
 //! - [`tuning`]: HTTP/2 and chunking knobs.
 //! - [`report`], [`plot`]: tables, JSON lines, CSV and SVG charts.
-//! - [`size`], [`cpu`]: sizes as people write them; process CPU time.
+//! - [`cpu`]: process CPU time.
 //! - [`progress`]: a progress bar for long runs.
 
 pub mod bandwidth;
@@ -16,11 +17,12 @@ pub mod cpu;
 pub mod latency;
 pub mod payload;
 pub mod peer;
+pub mod plain;
 pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod server;
-pub mod size;
 pub mod tcp;
+pub mod tcp_check;
 pub mod throughput;
 pub mod tuning;

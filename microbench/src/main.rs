@@ -6,6 +6,7 @@
 //! ps-microbench bandwidth --sizes 1MiB,16MiB --json
 //! ps-microbench bandwidth --scheme skew --encoding bytes,floats --out results/
 //! ps-microbench ps-throughput --servers 2 --workers 2 --model resnet50
+//! ps-microbench tcp-check --sizes 64B,1MiB,16MiB
 //! ps-microbench serve --listen 0.0.0.0:7080 --tcp-listen 0.0.0.0:7081
 //! ```
 
@@ -15,15 +16,15 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use ps_common::size::parse_size;
 use ps_microbench::bandwidth::{self, BandwidthPlan, Mode};
 use ps_microbench::latency::{self, LatencyPlan};
 use ps_microbench::payload::{CategorySizes, Encoding, Scheme};
 use ps_microbench::peer::{Peer, READY_PREFIX};
 use ps_microbench::report::{ResultRow, payload_label, print_json, print_table, write_csv};
-use ps_microbench::size::parse_size;
 use ps_microbench::throughput::{self, ModelTensors, ThroughputPlan};
 use ps_microbench::tuning::Tuning;
-use ps_microbench::{plot, progress, server};
+use ps_microbench::{plot, progress, server, tcp_check};
 
 /// gRPC tensor-transport benchmarks, side by side with raw TCP.
 #[derive(Debug, Parser)]
@@ -43,6 +44,8 @@ enum Command {
     Bandwidth(BandwidthArgs),
     /// M ps-server processes x N workers pushing and pulling a model's tensors.
     PsThroughput(ThroughputArgs),
+    /// The TCP baseline against the plainest send-and-ack loop, in the same run.
+    TcpCheck(TcpCheckArgs),
     /// Exit 0 when the benchmark server at --server serves (a container health check).
     Health {
         /// The benchmark server's gRPC address.
@@ -126,7 +129,8 @@ struct OutputArgs {
     /// Print one JSON object per result line instead of a table.
     #[arg(long)]
     json: bool,
-    /// Write results.csv and SVG charts into this directory.
+    /// Write the results (latency.csv or bandwidth.csv) and SVG charts into this
+    /// directory.
     #[arg(long)]
     out: Option<PathBuf>,
 }
@@ -192,11 +196,30 @@ struct ThroughputArgs {
     /// Print one JSON object per result line instead of a table.
     #[arg(long)]
     json: bool,
-    /// Write results.csv into this directory.
+    /// Write the results (ps-throughput.csv) into this directory.
     #[arg(long)]
     out: Option<PathBuf>,
     #[command(flatten)]
     tuning: Tuning,
+}
+
+#[derive(Debug, Args)]
+struct TcpCheckArgs {
+    /// Message sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "64B,1MiB,16MiB")]
+    sizes: Vec<usize>,
+    /// Measured seconds per loop and repetition.
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Unmeasured seconds before each loop.
+    #[arg(long, default_value_t = 0.25)]
+    warmup_seconds: f64,
+    /// Repetitions (the medians are reported).
+    #[arg(long, default_value_t = 5)]
+    reps: u32,
+    /// Print one JSON object per size instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 fn seconds(value: f64) -> anyhow::Result<Duration> {
@@ -335,6 +358,36 @@ async fn run_throughput(args: ThroughputArgs) -> anyhow::Result<()> {
     emit(&[row], args.json, args.out.as_ref())
 }
 
+async fn run_tcp_check(args: TcpCheckArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.reps >= 1, "--reps must be at least 1");
+    let plan = tcp_check::CheckPlan {
+        duration: seconds(args.seconds)?,
+        warmup: seconds(args.warmup_seconds)?,
+        reps: args.reps,
+    };
+    let each = (plan.duration + plan.warmup) * 2 * plan.reps;
+    let bar = progress::bar(
+        args.sizes.len() as u64,
+        "tcp-check",
+        each * args.sizes.len() as u32,
+    );
+    let mut rows = Vec::new();
+    for &size in &args.sizes {
+        bar.set_message(ps_common::size::format_size(size));
+        rows.push(tokio::task::spawn_blocking(move || tcp_check::measure(size, plan)).await??);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    if args.json {
+        for row in &rows {
+            println!("{}", serde_json::to_string(row)?);
+        }
+    } else {
+        print!("{}", tcp_check::table(&rows, 0.1));
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -344,6 +397,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Latency(args) => run_latency(args).await,
         Command::Bandwidth(args) => run_bandwidth(args).await,
         Command::PsThroughput(args) => run_throughput(args).await,
+        Command::TcpCheck(args) => run_tcp_check(args).await,
         Command::Health { server } => std::process::exit(ps_proto::health::report(&server).await),
     }
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::size::{format_rate, format_size};
+use ps_common::size::{format_rate, format_size};
 
 /// One measured configuration.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]

@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::cpu::process_cpu_seconds;
 use crate::payload::{Encoding, build, payload_bytes};
+use crate::tcp::BaselineServer;
 
 /// The `ps.v1.Bench` service.
 #[derive(Debug, Clone, Copy)]
@@ -119,7 +120,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let tcp_port = tcp.local_addr()?.port();
-    let baseline = tokio::spawn(crate::tcp::serve(tcp));
+    let _baseline = BaselineServer::start(tcp.into_std()?)?;
     let service = BenchService::new(tcp_port).into_server(transport.max_message_bytes);
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<BenchServer<BenchService>>().await;
@@ -130,6 +131,5 @@ pub async fn serve(
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
-    baseline.abort();
     Ok(())
 }

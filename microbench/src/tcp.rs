@@ -1,64 +1,131 @@
-//! The raw TCP baseline: the same bytes over a plain tokio TCP connection, framed as
-//! `[op: u8][len: u64 LE][len bytes]`, so every gRPC figure has a ceiling to be read
-//! against. The server reads into one reused buffer.
+//! The raw TCP baseline: the same bytes over plain blocking `std::net` sockets, each
+//! connection on a thread of its own with one reused buffer, so that every gRPC
+//! figure is read against what the kernel can do and not against a second runtime.
+//! Frames are `[op: u8][len: u64 LE][len bytes]`.
 //!
 //! Ops: `ECHO` sends the bytes back; `SINK` answers an 8-byte acknowledgement;
 //! `STREAM` answers nothing (pipelined), and `FLUSH` answers the bytes received
-//! since the last `FLUSH`. Both sides buffer small frames, as real peers would.
+//! since the last `FLUSH`. Small frames go out in one write, and pipelined ones are
+//! gathered into larger writes, as real peers would.
+//!
+//! [`TcpPeer`]'s calls block: run measurement loops on a thread of their own (for
+//! example `tokio::task::spawn_blocking`), never on an async runtime's workers.
 
-use std::io;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use std::io::{self, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 
 const ECHO: u8 = 1;
 const SINK: u8 = 2;
 const STREAM: u8 = 3;
 const FLUSH: u8 = 4;
+const HEADER_BYTES: usize = 9;
 
-/// Serves the baseline protocol on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(async move {
-                    if let Err(error) = serve_connection(stream).await {
-                        tracing::debug!(%error, "tcp baseline connection ended");
-                    }
-                });
+/// Pipelined (`STREAM`) messages are gathered into writes of about this size, as a
+/// buffered writer would, so small messages are not one syscall each.
+const STREAM_BATCH_BYTES: usize = 256 << 10;
+
+/// Frames up to this size are copied behind their header and sent in one write.
+const SINGLE_WRITE_BYTES: usize = 64 << 10;
+
+/// The largest frame the server reads: a benchmark payload, not a memory bomb.
+pub const MAX_FRAME_BYTES: usize = 1 << 30;
+
+/// The baseline server: an accepting thread and a thread per connection. Dropping
+/// it stops accepting; connections end when their clients close them.
+pub struct BaselineServer {
+    addr: SocketAddr,
+    stopping: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl BaselineServer {
+    /// Serves the baseline protocol on `listener` (blocking or not: it is made
+    /// blocking here).
+    ///
+    /// # Errors
+    /// When the listener cannot be configured.
+    pub fn start(listener: TcpListener) -> io::Result<Self> {
+        listener.set_nonblocking(false)?;
+        let addr = listener.local_addr()?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stop = Arc::clone(&stopping);
+        let acceptor = std::thread::Builder::new()
+            .name("tcp-baseline".into())
+            .spawn(move || accept_loop(&listener, &stop))?;
+        Ok(Self {
+            addr,
+            stopping,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for BaselineServer {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // Wake the blocked accept so the thread sees the flag.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+    }
+}
+
+fn accept_loop(listener: &TcpListener, stopping: &AtomicBool) {
+    for stream in listener.incoming() {
+        if stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        match stream {
+            Ok(stream) => {
+                let spawned = std::thread::Builder::new()
+                    .name("tcp-baseline-conn".into())
+                    .spawn(move || {
+                        if let Err(error) = serve_connection(stream) {
+                            tracing::debug!(%error, "tcp baseline connection ended");
+                        }
+                    });
+                if let Err(error) = spawned {
+                    tracing::warn!(%error, "tcp baseline cannot start a connection thread");
+                }
             }
             Err(error) => tracing::warn!(%error, "tcp baseline accept failed"),
         }
     }
 }
 
-async fn serve_connection(mut stream: TcpStream) -> io::Result<()> {
+fn serve_connection(stream: TcpStream) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
-    let (read, mut write) = stream.split();
-    let mut read = BufReader::with_capacity(STREAM_BATCH_BYTES, read);
+    let mut write = stream.try_clone()?;
+    let mut read = BufReader::with_capacity(STREAM_BATCH_BYTES, stream);
     let mut buffer = Vec::new();
     let mut streamed = 0u64;
     loop {
-        let mut header = [0u8; 9];
-        match read.read_exact(&mut header).await {
-            Ok(_) => {}
+        let mut header = [0u8; HEADER_BYTES];
+        match read.read_exact(&mut header) {
+            Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         }
-        let len = u64::from_le_bytes(header[1..9].try_into().expect("8 bytes")) as usize;
+        let len = frame_len(&header)?;
         if buffer.len() < len {
             buffer.resize(len, 0);
         }
-        read.read_exact(&mut buffer[..len]).await?;
+        read.read_exact(&mut buffer[..len])?;
         match header[0] {
-            ECHO => write.write_all(&buffer[..len]).await?,
-            SINK => write.write_all(&(len as u64).to_le_bytes()).await?,
+            ECHO => write.write_all(&buffer[..len])?,
+            SINK => write.write_all(&(len as u64).to_le_bytes())?,
             STREAM => streamed += len as u64,
-            FLUSH => {
-                write
-                    .write_all(&std::mem::take(&mut streamed).to_le_bytes())
-                    .await?
-            }
+            FLUSH => write.write_all(&std::mem::take(&mut streamed).to_le_bytes())?,
             other => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -69,11 +136,20 @@ async fn serve_connection(mut stream: TcpStream) -> io::Result<()> {
     }
 }
 
-/// Pipelined (`STREAM`) messages are gathered into writes of about this size, as a
-/// buffered writer would, so small messages are not one syscall each.
-const STREAM_BATCH_BYTES: usize = 256 << 10;
+fn frame_len(header: &[u8; HEADER_BYTES]) -> io::Result<usize> {
+    let len = u64::from_le_bytes(header[1..].try_into().expect("8 bytes"));
+    usize::try_from(len)
+        .ok()
+        .filter(|&len| len <= MAX_FRAME_BYTES)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("frame of {len} bytes is over the {MAX_FRAME_BYTES}-byte limit"),
+            )
+        })
+}
 
-/// A client connection to the baseline server.
+/// A blocking client connection to the baseline server.
 pub struct TcpPeer {
     stream: TcpStream,
     buffer: Vec<u8>,
@@ -81,12 +157,22 @@ pub struct TcpPeer {
 }
 
 impl TcpPeer {
-    /// Connects to `addr`.
+    /// Connects to `addr` (without blocking the runtime), then hands the socket to
+    /// blocking calls.
     ///
     /// # Errors
     /// When the connection fails.
     pub async fn connect(addr: &str) -> io::Result<Self> {
-        let stream = TcpStream::connect(addr).await?;
+        let stream = tokio::net::TcpStream::connect(addr).await?.into_std()?;
+        Self::from_stream(stream)
+    }
+
+    /// Wraps a connected socket.
+    ///
+    /// # Errors
+    /// When the socket cannot be configured.
+    pub fn from_stream(stream: TcpStream) -> io::Result<Self> {
+        stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
         Ok(Self {
             stream,
@@ -95,17 +181,23 @@ impl TcpPeer {
         })
     }
 
-    async fn send(&mut self, op: u8, data: &[u8]) -> io::Result<()> {
-        let mut header = [0u8; 9];
-        header[0] = op;
-        header[1..].copy_from_slice(&(data.len() as u64).to_le_bytes());
-        self.stream.write_all(&header).await?;
-        self.stream.write_all(data).await
+    fn send(&mut self, op: u8, data: &[u8]) -> io::Result<()> {
+        let header = header(op, data.len());
+        if data.len() <= SINGLE_WRITE_BYTES {
+            self.pending.clear();
+            self.pending.extend_from_slice(&header);
+            self.pending.extend_from_slice(data);
+            self.stream.write_all(&self.pending)?;
+            self.pending.clear();
+            return Ok(());
+        }
+        self.stream.write_all(&header)?;
+        self.stream.write_all(data)
     }
 
-    async fn read_ack(&mut self) -> io::Result<u64> {
+    fn read_ack(&mut self) -> io::Result<u64> {
         let mut ack = [0u8; 8];
-        self.stream.read_exact(&mut ack).await?;
+        self.stream.read_exact(&mut ack)?;
         Ok(u64::from_le_bytes(ack))
     }
 
@@ -113,24 +205,23 @@ impl TcpPeer {
     ///
     /// # Errors
     /// When the connection fails.
-    pub async fn echo(&mut self, data: &[u8]) -> io::Result<()> {
-        self.send(ECHO, data).await?;
+    pub fn echo(&mut self, data: &[u8]) -> io::Result<()> {
+        self.write_pending()?;
+        self.send(ECHO, data)?;
         if self.buffer.len() < data.len() {
             self.buffer.resize(data.len(), 0);
         }
-        self.stream
-            .read_exact(&mut self.buffer[..data.len()])
-            .await?;
-        Ok(())
+        self.stream.read_exact(&mut self.buffer[..data.len()])
     }
 
     /// Sends `data` and waits for the acknowledgement.
     ///
     /// # Errors
     /// When the connection fails.
-    pub async fn sink(&mut self, data: &[u8]) -> io::Result<u64> {
-        self.send(SINK, data).await?;
-        self.read_ack().await
+    pub fn sink(&mut self, data: &[u8]) -> io::Result<u64> {
+        self.write_pending()?;
+        self.send(SINK, data)?;
+        self.read_ack()
     }
 
     /// Sends `data` without waiting for the server (small messages are batched into
@@ -138,24 +229,23 @@ impl TcpPeer {
     ///
     /// # Errors
     /// When the connection fails.
-    pub async fn stream(&mut self, data: &[u8]) -> io::Result<()> {
+    pub fn stream(&mut self, data: &[u8]) -> io::Result<()> {
         if data.len() >= STREAM_BATCH_BYTES {
-            self.write_pending().await?;
-            return self.send(STREAM, data).await;
+            self.write_pending()?;
+            self.stream.write_all(&header(STREAM, data.len()))?;
+            return self.stream.write_all(data);
         }
-        self.pending.push(STREAM);
-        self.pending
-            .extend_from_slice(&(data.len() as u64).to_le_bytes());
+        self.pending.extend_from_slice(&header(STREAM, data.len()));
         self.pending.extend_from_slice(data);
         if self.pending.len() >= STREAM_BATCH_BYTES {
-            self.write_pending().await?;
+            self.write_pending()?;
         }
         Ok(())
     }
 
-    async fn write_pending(&mut self) -> io::Result<()> {
+    fn write_pending(&mut self) -> io::Result<()> {
         if !self.pending.is_empty() {
-            self.stream.write_all(&self.pending).await?;
+            self.stream.write_all(&self.pending)?;
             self.pending.clear();
         }
         Ok(())
@@ -165,30 +255,68 @@ impl TcpPeer {
     ///
     /// # Errors
     /// When the connection fails.
-    pub async fn flush(&mut self) -> io::Result<u64> {
-        self.write_pending().await?;
-        self.send(FLUSH, &[]).await?;
-        self.read_ack().await
+    pub fn flush(&mut self) -> io::Result<u64> {
+        self.write_pending()?;
+        self.send(FLUSH, &[])?;
+        self.read_ack()
     }
+}
+
+fn header(op: u8, len: usize) -> [u8; HEADER_BYTES] {
+    let mut header = [0u8; HEADER_BYTES];
+    header[0] = op;
+    header[1..].copy_from_slice(&(len as u64).to_le_bytes());
+    header
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn every_op_round_trips() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let server = tokio::spawn(serve(listener));
-        let mut peer = TcpPeer::connect(&addr).await.unwrap();
-        peer.echo(b"hello").await.unwrap();
+    fn server() -> (BaselineServer, TcpPeer) {
+        let server = BaselineServer::start(TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        let peer = TcpPeer::from_stream(TcpStream::connect(server.addr()).unwrap()).unwrap();
+        (server, peer)
+    }
+
+    #[test]
+    fn every_op_round_trips() {
+        let (_server, mut peer) = server();
+        peer.echo(b"hello").unwrap();
         assert_eq!(&peer.buffer[..5], b"hello");
-        assert_eq!(peer.sink(&[0; 1000]).await.unwrap(), 1000);
-        peer.stream(&[1; 300]).await.unwrap();
-        peer.stream(&[2; 700]).await.unwrap();
-        assert_eq!(peer.flush().await.unwrap(), 1000);
-        assert_eq!(peer.flush().await.unwrap(), 0);
-        server.abort();
+        let large = vec![7u8; SINGLE_WRITE_BYTES + 1];
+        peer.echo(&large).unwrap();
+        assert_eq!(&peer.buffer[..large.len()], &large[..]);
+        assert_eq!(peer.sink(&[0; 1000]).unwrap(), 1000);
+        peer.stream(&[1; 300]).unwrap();
+        peer.stream(&[2; 700]).unwrap();
+        peer.stream(&vec![3; STREAM_BATCH_BYTES]).unwrap();
+        assert_eq!(peer.flush().unwrap(), 1000 + STREAM_BATCH_BYTES as u64);
+        assert_eq!(peer.flush().unwrap(), 0);
+    }
+
+    #[test]
+    fn an_oversized_frame_ends_the_connection_without_allocating_it() {
+        let (_server, mut peer) = server();
+        peer.stream
+            .write_all(&header(SINK, MAX_FRAME_BYTES + 1))
+            .unwrap();
+        let mut ack = [0u8; 8];
+        let read = peer.stream.read(&mut ack);
+        assert!(
+            matches!(read, Ok(0)) || read.is_err(),
+            "the server closed the connection: {read:?}"
+        );
+    }
+
+    #[test]
+    fn dropping_the_server_stops_accepting() {
+        let (server, _peer) = server();
+        let addr = server.addr();
+        drop(server);
+        assert!(
+            TcpStream::connect(addr).is_err(),
+            "nothing listens at {addr}"
+        );
     }
 }

@@ -16,12 +16,11 @@ use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_worker::placement::ParamInfo;
 use ps_worker::{ClientConfig, PsClient};
-use tokio::net::TcpListener;
 
 use crate::report::ResultRow;
-use crate::size::{format_size, parse_sizes};
-use crate::tcp::TcpPeer;
+use crate::tcp::{BaselineServer, TcpPeer};
 use crate::tuning::Tuning;
+use ps_common::size::{format_size, parse_sizes};
 
 /// The tensors the workers move: a fixture or a list of sizes.
 #[derive(Debug, Clone, PartialEq)]
@@ -171,27 +170,28 @@ async fn server_loads(addrs: &[String]) -> anyhow::Result<serde_json::Value> {
 
 /// Raw TCP one-way throughput on this machine with 4 MiB messages, for one second.
 async fn tcp_baseline() -> anyhow::Result<f64> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?.to_string();
-    let server = tokio::spawn(crate::tcp::serve(listener));
-    let mut peer = TcpPeer::connect(&addr).await?;
-    let data = vec![0x5au8; 4 << 20];
-    let (start, mut bytes) = (Instant::now(), 0u64);
-    while start.elapsed() < Duration::from_secs(1) {
-        bytes += peer.sink(&data).await?;
-    }
-    server.abort();
-    Ok(bytes as f64 / start.elapsed().as_secs_f64())
+    let server = BaselineServer::start(std::net::TcpListener::bind("127.0.0.1:0")?)?;
+    let mut peer = TcpPeer::connect(&server.addr().to_string()).await?;
+    tokio::task::spawn_blocking(move || {
+        let data = vec![0x5au8; 4 << 20];
+        let (start, mut bytes) = (Instant::now(), 0u64);
+        while start.elapsed() < Duration::from_secs(1) {
+            bytes += peer.sink(&data)?;
+        }
+        drop(server);
+        Ok(bytes as f64 / start.elapsed().as_secs_f64())
+    })
+    .await?
 }
 
 fn server_args(plan: &ThroughputPlan, tuning: &Tuning) -> Vec<String> {
     vec![
         "--workers".into(),
         plan.workers.to_string(),
-        format!("--stream-window-bytes={}", tuning.stream_window),
-        format!("--connection-window-bytes={}", tuning.connection_window),
-        format!("--max-frame-bytes={}", tuning.max_frame),
-        format!("--max-tensor-bytes={}", plan.model.bytes().max(1 << 20)),
+        format!("--stream-window={}", tuning.stream_window),
+        format!("--connection-window={}", tuning.connection_window),
+        format!("--max-frame={}", tuning.max_frame),
+        format!("--max-tensor={}", plan.model.bytes().max(1 << 20)),
     ]
 }
 

@@ -5,7 +5,7 @@
 use clap::Args;
 use ps_proto::transport::TransportConfig;
 
-use crate::size::parse_size;
+use ps_common::size::parse_size;
 
 /// Largest message the benchmark peers accept: room for 256 MiB payloads.
 pub const BENCH_MAX_MESSAGE_BYTES: usize = 300 << 20;
@@ -14,19 +14,19 @@ pub const BENCH_MAX_MESSAGE_BYTES: usize = 300 << 20;
 #[derive(Debug, Clone, Args)]
 pub struct Tuning {
     /// HTTP/2 initial stream window.
-    #[arg(long, value_parser = parse_size, default_value = "64MiB")]
+    #[arg(long, env = "PS_STREAM_WINDOW", value_parser = parse_size, default_value = "64MiB")]
     pub stream_window: usize,
     /// HTTP/2 initial connection window.
-    #[arg(long, value_parser = parse_size, default_value = "64MiB")]
+    #[arg(long, env = "PS_CONNECTION_WINDOW", value_parser = parse_size, default_value = "64MiB")]
     pub connection_window: usize,
     /// HTTP/2 maximum frame size (16KiB to 16MiB-1).
-    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
+    #[arg(long, env = "PS_MAX_FRAME", value_parser = parse_size, default_value = "1MiB")]
     pub max_frame: usize,
     /// Let HTTP/2 size its windows adaptively (overrides the windows).
-    #[arg(long)]
+    #[arg(long, env = "PS_ADAPTIVE_WINDOW")]
     pub adaptive_window: bool,
-    /// Bytes per message when streaming a payload in chunks.
-    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
+    /// Size of each message when a payload is streamed in chunks.
+    #[arg(long, env = "PS_CHUNK", value_parser = parse_size, default_value = "1MiB")]
     pub chunk: usize,
     /// Connections (HTTP/2 or TCP) per peer, each with one request in flight.
     #[arg(long, default_value_t = 1)]

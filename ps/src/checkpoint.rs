@@ -18,9 +18,12 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use ps_proto::codec::DType;
 use ps_proto::key::ParamKey;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
+
+use crate::param::ParamSpec;
 
 /// Checkpoints kept per server; older ones are deleted after a successful write.
 pub const KEEP: usize = 2;
@@ -36,6 +39,9 @@ pub struct KeyCheckpoint {
     pub key: ParamKey,
     /// The spec's one-line description; a key is restored only into the same spec.
     pub spec: String,
+    /// Dtype and shapes, for tools that read checkpoints (`ps-server export`);
+    /// `None` in checkpoints written before they were recorded.
+    pub layout: Option<Layout>,
     /// Values.
     pub values: Vec<f32>,
     /// Optimizer state: momentum or Adam's first moment (empty when none).
@@ -48,6 +54,29 @@ pub struct KeyCheckpoint {
     pub version: u64,
     /// The last step each worker pushed.
     pub last_step: HashMap<u32, u64>,
+}
+
+/// What a key's values are: its dtype, its shape and, for a partition, the whole
+/// parameter's shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// The parameter's wire dtype (the checkpoint holds `F32` values).
+    pub dtype: DType,
+    /// The key's shape.
+    pub shape: Vec<usize>,
+    /// The whole parameter's shape for a partition; empty for a whole parameter.
+    pub whole_shape: Vec<usize>,
+}
+
+impl Layout {
+    /// The layout of a key with `spec`.
+    pub fn of(spec: &ParamSpec) -> Self {
+        Self {
+            dtype: spec.dtype,
+            shape: spec.shape.clone(),
+            whole_shape: spec.whole_shape.clone(),
+        }
+    }
 }
 
 /// Why a checkpoint could not be written or read.
@@ -79,6 +108,12 @@ struct KeyMeta {
     version: u64,
     updates: u64,
     last_step: Vec<(u32, u64)>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    dtype: String,
+    #[serde(default)]
+    shape: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    whole_shape: Vec<usize>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -126,6 +161,21 @@ fn encode(keys: &[KeyCheckpoint]) -> Result<Vec<u8>, String> {
                 version: k.version,
                 updates: k.updates,
                 last_step,
+                dtype: k
+                    .layout
+                    .as_ref()
+                    .map(|l| l.dtype.to_string())
+                    .unwrap_or_default(),
+                shape: k
+                    .layout
+                    .as_ref()
+                    .map(|l| l.shape.clone())
+                    .unwrap_or_default(),
+                whole_shape: k
+                    .layout
+                    .as_ref()
+                    .map(|l| l.whole_shape.clone())
+                    .unwrap_or_default(),
             }
         })
         .collect();
@@ -145,6 +195,12 @@ fn encode(keys: &[KeyCheckpoint]) -> Result<Vec<u8>, String> {
         ("crc32".to_string(), data_crc.to_string()),
     ]);
     safetensors::serialize(tensors, Some(metadata)).map_err(|e| e.to_string())
+}
+
+fn dtype_named(name: &str) -> Option<DType> {
+    [DType::F32, DType::F16, DType::BF16]
+        .into_iter()
+        .find(|d| d.to_string() == name)
 }
 
 /// Parses and verifies one checkpoint buffer.
@@ -187,7 +243,17 @@ fn decode(buffer: &[u8]) -> Result<Vec<KeyCheckpoint>, String> {
         .into_iter()
         .map(|m| {
             let key = ParamKey::new(m.name, m.part);
+            let layout = match m.dtype.as_str() {
+                "" => None,
+                name => Some(Layout {
+                    dtype: dtype_named(name)
+                        .ok_or_else(|| format!("{key}: unknown dtype {name}"))?,
+                    shape: m.shape,
+                    whole_shape: m.whole_shape,
+                }),
+            };
             Ok(KeyCheckpoint {
+                layout,
                 values: read(&key, "values")?,
                 first: read(&key, "first")?,
                 second: read(&key, "second")?,
@@ -322,6 +388,11 @@ mod tests {
         KeyCheckpoint {
             key: ParamKey::new(name, 0),
             spec: "f32 [3] with sgd".into(),
+            layout: Some(Layout {
+                dtype: DType::F32,
+                shape: vec![3],
+                whole_shape: Vec::new(),
+            }),
             values: vec![1.0, -2.5, version as f32],
             first: vec![0.5; 3],
             second: Vec::new(),

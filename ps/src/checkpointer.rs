@@ -14,6 +14,12 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::{self, CheckpointError};
 use crate::store::Store;
 
+/// Versions of progress between checkpoints, by default.
+pub const DEFAULT_CHECKPOINT_EVERY_STEPS: u64 = 50;
+
+/// Time with progress between checkpoints, by default.
+pub const DEFAULT_CHECKPOINT_EVERY: Duration = Duration::from_secs(30);
+
 /// Where and how often to checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointConfig {

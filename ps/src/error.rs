@@ -185,7 +185,7 @@ pub enum Error {
     },
     /// A parameter larger than the server accepts.
     #[error(
-        "{key} would hold {bytes} bytes, over this server's {limit}-byte limit per tensor; partition it or raise --max-tensor-bytes"
+        "{key} would hold {bytes} bytes, over this server's {limit}-byte limit per tensor; partition it or raise --max-tensor"
     )]
     TensorTooLarge {
         /// The key.

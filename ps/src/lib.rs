@@ -7,6 +7,7 @@
 //! - [`config`]: settings and their validation.
 //! - [`checkpoint`]: checkpoints in safetensors, written atomically, read with checks.
 //! - [`checkpointer`]: when checkpoints are written.
+//! - [`export`]: checkpoints put back together as one model file.
 //! - [`consistency`]: BSP, ASP, SSP(k) and the rule that admits a push exactly once.
 //! - [`optimizer`]: SGD, momentum, Adam(W).
 //! - [`follower`]: following the scheduler (registration, heartbeats, live workers).
@@ -25,6 +26,7 @@ pub mod checkpointer;
 pub mod config;
 pub mod consistency;
 pub mod error;
+pub mod export;
 pub mod follower;
 pub mod group;
 pub mod map_version;

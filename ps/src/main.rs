@@ -3,12 +3,14 @@
 //! ```text
 //! ps-server --listen 0.0.0.0:7070 --workers 2 --consistency bsp
 //! ps-server health --server 127.0.0.1:7070
+//! ps-server export --checkpoint-dir /var/lib/candle-ps/checkpoints --out model.safetensors
 //! ```
 
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use ps_common::size::{parse_size, parse_size_u32};
 use ps_proto::transport::TransportConfig;
 use ps_server::checkpointer::CheckpointConfig;
 use ps_server::follower::SchedulerLink;
@@ -43,31 +45,31 @@ struct Args {
     /// Accept NaN and infinite gradients and initial values instead of refusing them.
     #[arg(long, env = "PS_ALLOW_NON_FINITE")]
     allow_non_finite: bool,
-    /// Largest parameter (or partition) that may be registered, in bytes.
-    #[arg(long, env = "PS_MAX_TENSOR_BYTES", default_value_t = ps_server::config::DEFAULT_MAX_TENSOR_BYTES)]
-    max_tensor_bytes: usize,
+    /// Largest parameter (or partition) that may be registered, for example 4GiB.
+    #[arg(long, alias = "max-tensor-bytes", env = "PS_MAX_TENSOR", value_parser = parse_size, default_value = "4GiB")]
+    max_tensor: usize,
     /// Seconds a pull waits for its version when the request names no timeout.
     #[arg(long, env = "PS_PULL_TIMEOUT_SECS", default_value_t = 60)]
     pull_timeout_secs: u64,
     /// The longest wait, in seconds, a pull may ask for.
     #[arg(long, env = "PS_MAX_PULL_TIMEOUT_SECS", default_value_t = 600)]
     max_pull_timeout_secs: u64,
-    /// Largest gRPC message accepted or sent, in bytes.
-    #[arg(long, env = "PS_MAX_MESSAGE_BYTES", default_value_t = ps_proto::transport::DEFAULT_MAX_MESSAGE_BYTES)]
-    max_message_bytes: usize,
-    /// Bytes per chunk of streamed pulls.
-    #[arg(long, env = "PS_CHUNK_BYTES", default_value_t = ps_proto::chunk::DEFAULT_CHUNK_BYTES)]
-    chunk_bytes: usize,
+    /// Largest gRPC message accepted or sent.
+    #[arg(long, alias = "max-message-bytes", env = "PS_MAX_MESSAGE", value_parser = parse_size, default_value = "4MiB")]
+    max_message: usize,
+    /// Size of each chunk of a streamed pull.
+    #[arg(long, alias = "chunk-bytes", env = "PS_CHUNK", value_parser = parse_size, default_value = "2MiB")]
+    chunk: usize,
     /// Checkpoint root: this server writes to `<dir>/<its address>/`, and restores
     /// keys it lacks from any server's newest checkpoint under it (share the folder
     /// between servers so one can take over another's keys).
     #[arg(long, env = "PS_CHECKPOINT_DIR")]
     checkpoint_dir: Option<std::path::PathBuf>,
     /// Checkpoint after this many steps (versions) of progress; 0: not by steps.
-    #[arg(long, env = "PS_CHECKPOINT_EVERY_STEPS", default_value_t = 50)]
+    #[arg(long, env = "PS_CHECKPOINT_EVERY_STEPS", default_value_t = ps_server::checkpointer::DEFAULT_CHECKPOINT_EVERY_STEPS)]
     checkpoint_every_steps: u64,
     /// Checkpoint after this many seconds when anything changed; 0: not by time.
-    #[arg(long, env = "PS_CHECKPOINT_EVERY_SECS", default_value_t = 30)]
+    #[arg(long, env = "PS_CHECKPOINT_EVERY_SECS", default_value_t = ps_server::checkpointer::DEFAULT_CHECKPOINT_EVERY.as_secs())]
     checkpoint_every_secs: u64,
     /// Seconds shutdown waits for requests in flight before closing connections.
     #[arg(long, env = "PS_SHUTDOWN_GRACE_SECS", default_value_t = 5)]
@@ -75,17 +77,17 @@ struct Args {
     /// How long to wait at start for --scheduler to come up, for example 60s or 2m.
     #[arg(long, default_value = "60s", env = "PS_CONNECT_TIMEOUT", value_parser = humantime::parse_duration)]
     connect_timeout: Duration,
-    /// HTTP/2 initial stream window, in bytes.
-    #[arg(long, default_value_t = TransportConfig::default().stream_window_bytes)]
-    stream_window_bytes: u32,
-    /// HTTP/2 initial connection window, in bytes.
-    #[arg(long, default_value_t = TransportConfig::default().connection_window_bytes)]
-    connection_window_bytes: u32,
-    /// HTTP/2 maximum frame size, in bytes.
-    #[arg(long, default_value_t = TransportConfig::default().max_frame_bytes)]
-    max_frame_bytes: u32,
-    /// Let HTTP/2 size its windows adaptively.
-    #[arg(long)]
+    /// HTTP/2 initial stream window.
+    #[arg(long, alias = "stream-window-bytes", env = "PS_STREAM_WINDOW", value_parser = parse_size_u32, default_value = "64MiB")]
+    stream_window: u32,
+    /// HTTP/2 initial connection window.
+    #[arg(long, alias = "connection-window-bytes", env = "PS_CONNECTION_WINDOW", value_parser = parse_size_u32, default_value = "64MiB")]
+    connection_window: u32,
+    /// HTTP/2 maximum frame size (16KiB to 16MiB-1).
+    #[arg(long, alias = "max-frame-bytes", env = "PS_MAX_FRAME", value_parser = parse_size_u32, default_value = "1MiB")]
+    max_frame: u32,
+    /// Let HTTP/2 size its windows adaptively (overrides the windows).
+    #[arg(long, env = "PS_ADAPTIVE_WINDOW")]
     adaptive_window: bool,
 }
 
@@ -97,15 +99,60 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:7070")]
         server: String,
     },
+    /// Write the newest checkpointed parameters under --checkpoint-dir (every
+    /// server's folder, any partitioning) as one safetensors file of whole
+    /// parameters, which candle's `VarMap::load` reads.
+    Export {
+        /// The checkpoint root the servers wrote to (or one server's folder in it).
+        #[arg(long, env = "PS_CHECKPOINT_DIR")]
+        checkpoint_dir: std::path::PathBuf,
+        /// The model file to write.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// Also write each parameter's optimizer moments, as
+        /// `optimizer/<name>/first` and `optimizer/<name>/second`.
+        #[arg(long)]
+        optimizer_state: bool,
+    },
+}
+
+/// Runs `ps-server export` and prints what it wrote.
+fn export(
+    checkpoint_dir: &std::path::Path,
+    out: &std::path::Path,
+    optimizer_state: bool,
+) -> anyhow::Result<()> {
+    let exported = ps_server::export::export(checkpoint_dir, out, optimizer_state)?;
+    let (oldest, newest) = exported.versions;
+    if oldest != newest {
+        tracing::warn!(
+            oldest,
+            newest,
+            "the servers checkpointed different versions; the export mixes them (export after the job has ended for one step throughout)"
+        );
+    }
+    println!(
+        "wrote {}: {} parameters from {} checkpointed keys at version {}, {} bytes",
+        out.display(),
+        exported.params,
+        exported.keys,
+        if oldest == newest {
+            newest.to_string()
+        } else {
+            format!("{oldest}..={newest}")
+        },
+        exported.bytes
+    );
+    Ok(())
 }
 
 impl Args {
     fn config(&self) -> ServerConfig {
         let transport = TransportConfig {
-            max_message_bytes: self.max_message_bytes,
-            stream_window_bytes: self.stream_window_bytes,
-            connection_window_bytes: self.connection_window_bytes,
-            max_frame_bytes: self.max_frame_bytes,
+            max_message_bytes: self.max_message,
+            stream_window_bytes: self.stream_window,
+            connection_window_bytes: self.connection_window,
+            max_frame_bytes: self.max_frame,
             adaptive_window: self.adaptive_window,
             ..TransportConfig::default()
         };
@@ -113,10 +160,10 @@ impl Args {
             consistency: self.consistency,
             workers: self.workers,
             reject_non_finite: !self.allow_non_finite,
-            max_tensor_bytes: self.max_tensor_bytes,
+            max_tensor_bytes: self.max_tensor,
             default_pull_timeout: Duration::from_secs(self.pull_timeout_secs),
             max_pull_timeout: Duration::from_secs(self.max_pull_timeout_secs),
-            chunk_bytes: self.chunk_bytes,
+            chunk_bytes: self.chunk,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             scheduler: None,
             checkpoint: None,
@@ -149,8 +196,16 @@ fn advertised(args: &Args, local: std::net::SocketAddr) -> anyhow::Result<String
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ps_proto::process::init_tracing();
-    if let Some(Command::Health { server }) = &args.command {
-        std::process::exit(ps_proto::health::report(server).await);
+    match &args.command {
+        Some(Command::Health { server }) => {
+            std::process::exit(ps_proto::health::report(server).await)
+        }
+        Some(Command::Export {
+            checkpoint_dir,
+            out,
+            optimizer_state,
+        }) => return export(checkpoint_dir, out, *optimizer_state),
+        None => {}
     }
     let config = args.config();
     config
@@ -179,4 +234,41 @@ async fn main() -> anyhow::Result<()> {
     }
     ps_server::run(listener, config, ps_proto::process::shutdown_signal()).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_flags_default_to_the_library_defaults() {
+        let config = Args::parse_from(["ps-server"]).config();
+        assert_eq!(
+            config.max_tensor_bytes,
+            ps_server::config::DEFAULT_MAX_TENSOR_BYTES
+        );
+        assert_eq!(config.chunk_bytes, ps_proto::chunk::DEFAULT_CHUNK_BYTES);
+        assert_eq!(config.transport, TransportConfig::default());
+    }
+
+    #[test]
+    fn sizes_take_units_and_the_byte_spellings_still_work() {
+        let config = Args::parse_from([
+            "ps-server",
+            "--max-tensor",
+            "64MiB",
+            "--stream-window-bytes",
+            "1048576",
+            "--max-frame",
+            "32KiB",
+        ])
+        .config();
+        assert_eq!(config.max_tensor_bytes, 64 << 20);
+        assert_eq!(config.transport.stream_window_bytes, 1 << 20);
+        assert_eq!(config.transport.max_frame_bytes, 32 << 10);
+        let error = Args::try_parse_from(["ps-server", "--stream-window", "8GiB"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("at most 4GiB-1"), "{error}");
+    }
 }

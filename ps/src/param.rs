@@ -10,7 +10,7 @@ use bytes::Bytes;
 use ps_proto::codec::{DType, TensorData, element_count, encode_f32};
 use ps_proto::key::ParamKey;
 
-use crate::checkpoint::KeyCheckpoint;
+use crate::checkpoint::{KeyCheckpoint, Layout};
 use crate::consistency::{Admission, Consistency, admit};
 use crate::optimizer::{Gradient, Optimizer, OptimizerSpec};
 
@@ -23,6 +23,8 @@ pub struct ParamSpec {
     pub dtype: DType,
     /// Shape.
     pub shape: Vec<usize>,
+    /// For a partition, the whole parameter's shape; empty for a whole parameter.
+    pub whole_shape: Vec<usize>,
     /// Optimizer and hyper-parameters.
     pub optimizer: OptimizerSpec,
 }
@@ -40,7 +42,14 @@ impl ParamSpec {
 
     /// A one-line description, for error messages.
     pub fn describe(&self) -> String {
-        format!("{} {:?} with {}", self.dtype, self.shape, self.optimizer)
+        if self.whole_shape.is_empty() {
+            format!("{} {:?} with {}", self.dtype, self.shape, self.optimizer)
+        } else {
+            format!(
+                "{} {:?} of {:?} with {}",
+                self.dtype, self.shape, self.whole_shape, self.optimizer
+            )
+        }
     }
 }
 
@@ -90,6 +99,7 @@ impl KeyState {
         KeyCheckpoint {
             key: spec.key.clone(),
             spec: spec.describe(),
+            layout: Some(Layout::of(spec)),
             values: self.values.clone(),
             first: first.to_vec(),
             second: second.to_vec(),
@@ -283,6 +293,7 @@ mod tests {
             key: ParamKey::new("w", 0),
             dtype: DType::F32,
             shape: vec![len],
+            whole_shape: Vec::new(),
             optimizer: OptimizerSpec::Sgd {
                 lr: 1.0,
                 weight_decay: 0.0,

@@ -141,6 +141,7 @@ mod tests {
             key: ParamKey::new("w", 0),
             dtype: DType::F32,
             shape: vec![2],
+            whole_shape: Vec::new(),
             optimizer: OptimizerSpec::Momentum {
                 lr,
                 momentum: 0.9,
@@ -156,6 +157,7 @@ mod tests {
         let saved = KeyCheckpoint {
             key: spec.key.clone(),
             spec: spec.describe(),
+            layout: Some(checkpoint::Layout::of(spec)),
             values: vec![1.0, 2.0],
             first: vec![0.5, -0.5],
             second: Vec::new(),

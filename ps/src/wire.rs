@@ -2,7 +2,7 @@
 //! field validated (a bad field becomes an [`Error`], never a panic).
 
 use ps_proto::chunk::ChunkHeader;
-use ps_proto::codec::{DType, TensorData, checked_shape};
+use ps_proto::codec::{DType, TensorData, checked_shape, element_count};
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
 
@@ -45,6 +45,10 @@ pub fn param_spec(spec: &v1::ParameterSpec) -> Result<ParamSpec> {
     };
     let dtype = DType::from_proto(spec.dtype).map_err(codec)?;
     let shape = checked_shape(&spec.shape, dtype).map_err(codec)?;
+    let whole_shape = whole_shape(spec, dtype, &shape).map_err(|reason| Error::InvalidField {
+        field: "whole_shape",
+        reason: format!("{key}: {reason}"),
+    })?;
     let optimizer = OptimizerSpec::from_proto(spec.optimizer.as_ref()).map_err(|reason| {
         Error::InvalidOptimizer {
             key: key.clone(),
@@ -55,8 +59,27 @@ pub fn param_spec(spec: &v1::ParameterSpec) -> Result<ParamSpec> {
         key,
         dtype,
         shape,
+        whole_shape,
         optimizer,
     })
+}
+
+/// The whole parameter's shape of a partition: empty, or one that can hold it.
+fn whole_shape(
+    spec: &v1::ParameterSpec,
+    dtype: DType,
+    shape: &[usize],
+) -> std::result::Result<Vec<usize>, String> {
+    if spec.whole_shape.is_empty() {
+        return Ok(Vec::new());
+    }
+    let whole = checked_shape(&spec.whole_shape, dtype).map_err(|e| e.to_string())?;
+    if element_count(&whole) < element_count(shape) {
+        return Err(format!(
+            "the whole parameter {whole:?} is smaller than this partition {shape:?}"
+        ));
+    }
+    Ok(whole)
 }
 
 /// Validates one parameter of a `Register` request; empty initial data means zeros.

@@ -407,7 +407,7 @@ async fn a_tensor_over_the_size_limit_is_resource_exhausted() {
     assert_status(
         result,
         Code::ResourceExhausted,
-        &["--max-tensor-bytes", "partition"],
+        &["--max-tensor", "partition"],
     );
     assert_eq!(server.stats().await.keys, 0);
     server.stop().await;

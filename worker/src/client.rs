@@ -1065,6 +1065,11 @@ fn spec_of(placed: &Placed, part: &Part, optimizer: &v1::Optimizer) -> v1::Param
         dtype: placed.info.dtype.to_proto(),
         shape: wire_shape(&placed.part_shape(part)),
         optimizer: Some(*optimizer),
+        whole_shape: if placed.parts.len() > 1 {
+            wire_shape(&placed.info.shape)
+        } else {
+            Vec::new()
+        },
     }
 }
 

@@ -54,7 +54,7 @@ struct Cli {
     #[arg(long, default_value = "60s", env = "PS_CONNECT_TIMEOUT", value_parser = humantime::parse_duration)]
     connect_timeout: Duration,
     /// Print one JSON summary as the last line of stdout.
-    #[arg(long)]
+    #[arg(long, env = "PS_JSON")]
     json: bool,
     #[command(flatten)]
     train: TrainArgs,

@@ -31,10 +31,14 @@ struct Cli {
     #[arg(long, default_value = "bsp", env = "PS_CONSISTENCY")]
     consistency: Consistency,
     /// Run without a scheduler (workers place parameters by themselves).
-    #[arg(long)]
+    #[arg(long, env = "PS_NO_SCHEDULER")]
     no_scheduler: bool,
+    /// Checkpoint root: each server writes a folder in it, and a last checkpoint
+    /// when training ends (`ps-server export` turns them into one model file).
+    #[arg(long, env = "PS_CHECKPOINT_DIR")]
+    checkpoint_dir: Option<std::path::PathBuf>,
     /// Print one JSON summary as the last line of stdout.
-    #[arg(long)]
+    #[arg(long, env = "PS_JSON")]
     json: bool,
     #[command(flatten)]
     train: TrainArgs,
@@ -78,6 +82,7 @@ async fn main() -> anyhow::Result<()> {
         workers: cli.workers,
         consistency: cli.consistency,
         scheduler: !cli.no_scheduler,
+        checkpoint_dir: cli.checkpoint_dir,
     };
     let summary = tokio::select! {
         summary = run_local(&spec, data, &config) => summary?,

@@ -125,6 +125,7 @@ pub fn spec(name: &str, shape: &[u64], optimizer: v1::Optimizer) -> v1::Paramete
         dtype: v1::DType::DtypeF32 as i32,
         shape: shape.to_vec(),
         optimizer: Some(optimizer),
+        whole_shape: Vec::new(),
     }
 }
 

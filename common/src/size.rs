@@ -27,7 +27,20 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
             ));
         }
     };
-    Ok((number * scale).round() as usize)
+    let bytes = (number * scale).round();
+    if bytes > usize::MAX as f64 {
+        return Err(format!("`{text}` is larger than this machine can address"));
+    }
+    Ok(bytes as usize)
+}
+
+/// Parses one size that must fit 32 bits (HTTP/2 windows and frames).
+///
+/// # Errors
+/// As [`parse_size`], or a message when the size is 4GiB or more.
+pub fn parse_size_u32(text: &str) -> Result<u32, String> {
+    let bytes = parse_size(text)?;
+    u32::try_from(bytes).map_err(|_| format!("`{text}` is {bytes} bytes; at most 4GiB-1 fits here"))
 }
 
 /// Parses a comma-separated list of sizes.
@@ -83,6 +96,14 @@ mod tests {
         assert_eq!(parse_size("512").unwrap(), 512);
         assert!(parse_size("12XB").unwrap_err().contains("unknown unit"));
         assert!(parse_size("MiB").is_err());
+        assert!(parse_size("-1MiB").is_err());
+        assert!(parse_size("1e300GiB").is_err());
+        assert_eq!(parse_size_u32("64MiB").unwrap(), 64 << 20);
+        assert!(
+            parse_size_u32("4GiB")
+                .unwrap_err()
+                .contains("at most 4GiB-1")
+        );
     }
 
     #[test]
