@@ -93,11 +93,17 @@ pub fn measure(size: usize, plan: CheckPlan) -> anyhow::Result<CheckRow> {
     let mut plain = plain_server.client(size)?;
     let data = vec![0x5au8; size];
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    for _ in 0..plan.reps {
-        baseline_loop(&mut baseline, &data, plan.warmup)?;
-        ours.push(baseline_loop(&mut baseline, &data, plan.duration)?);
-        plain_loop(&mut plain, plan.warmup)?;
-        theirs.push(plain_loop(&mut plain, plan.duration)?);
+    // Which loop goes first alternates (ABBA), so neither gains from its place.
+    for rep in 0..plan.reps {
+        for plain_turn in [rep % 2 == 1, rep % 2 == 0] {
+            if plain_turn {
+                plain_loop(&mut plain, plan.warmup)?;
+                theirs.push(plain_loop(&mut plain, plan.duration)?);
+            } else {
+                baseline_loop(&mut baseline, &data, plan.warmup)?;
+                ours.push(baseline_loop(&mut baseline, &data, plan.duration)?);
+            }
+        }
     }
     drop(plain);
     plain_server.join()?;
