@@ -28,7 +28,7 @@ use ps_microbench::{plot, progress, server, tcp_check};
 
 /// gRPC tensor-transport benchmarks, side by side with raw TCP.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "ps-microbench", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -87,7 +87,12 @@ struct PayloadArgs {
     #[arg(long, value_parser = parse_size, default_value = "1MiB")]
     large: usize,
     /// Encodings, comma-separated: bytes (zero-copy) and/or floats (packed repeated float).
-    #[arg(long, value_delimiter = ',', default_value = "bytes")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        hide_possible_values = true,
+        default_value = "bytes"
+    )]
     encoding: Vec<Encoding>,
     /// Seed of the random scheme.
     #[arg(long, default_value_t = 1)]
@@ -159,7 +164,12 @@ struct BandwidthArgs {
     #[command(flatten)]
     payload: PayloadArgs,
     /// Modes, comma-separated: unary and/or stream.
-    #[arg(long, value_delimiter = ',', default_value = "unary,stream")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        hide_possible_values = true,
+        default_value = "unary,stream"
+    )]
     mode: Vec<Mode>,
     /// Measured seconds per repetition.
     #[arg(long, default_value_t = 1.0)]

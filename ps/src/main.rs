@@ -16,9 +16,10 @@ use ps_server::checkpointer::CheckpointConfig;
 use ps_server::follower::SchedulerLink;
 use ps_server::{Consistency, ServerConfig};
 
-/// One candle-ps parameter-server shard.
+/// One candle-ps parameter-server shard: parameters, server-side optimizers,
+/// BSP/ASP/SSP consistency, exactly-once pushes, checkpoints.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "ps-server", version)]
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,

@@ -18,9 +18,9 @@ use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
 use ps_scheduler::{GroupSize, SchedulerConfig};
 
-/// The candle-ps scheduler.
+/// The candle-ps scheduler: membership, shard placement, shard maps and barriers.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "ps-scheduler", version)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,

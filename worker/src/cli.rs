@@ -33,14 +33,28 @@ pub enum ModelChoice {
 /// Model, data and optimisation flags.
 #[derive(Debug, Clone, Args)]
 pub struct TrainArgs {
-    /// Model to train.
-    #[arg(long, value_enum, default_value = "mlp", env = "PS_MODEL")]
+    /// Model to train: mlp (a multi-layer perceptron with --hidden layers).
+    #[arg(
+        long,
+        value_enum,
+        hide_possible_values = true,
+        default_value = "mlp",
+        env = "PS_MODEL"
+    )]
     pub model: ModelChoice,
     /// Hidden layer widths of the MLP, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "64", env = "PS_HIDDEN")]
     pub hidden: Vec<usize>,
-    /// Data set.
-    #[arg(long, value_enum, default_value = "digits", env = "PS_DATASET")]
+    /// Data set: digits (UCI handwritten digits, shipped in the binary),
+    /// fashion-mnist (IDX files in --data-dir) or synthetic (labelled by a fixed
+    /// random teacher network).
+    #[arg(
+        long,
+        value_enum,
+        hide_possible_values = true,
+        default_value = "digits",
+        env = "PS_DATASET"
+    )]
     pub dataset: DatasetChoice,
     /// Directory of the IDX files for --dataset fashion-mnist [default:
     /// /usr/share/datasets/fashion-mnist, where Debian's dataset-fashion-mnist puts them].

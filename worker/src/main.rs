@@ -18,9 +18,10 @@ use ps_worker::train::{TrainSummary, train};
 use ps_worker::trainer::client_token;
 use ps_worker::{ClientConfig, PsClient};
 
-/// A candle worker of candle-ps.
+/// A candle worker of candle-ps: trains a model on its share of the data, with
+/// the parameters held by parameter servers.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "ps-worker", version)]
 struct Cli {
     /// Parameter servers, comma-separated; parameters are spread over all of them.
     #[arg(
