@@ -25,12 +25,37 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// Path of a workspace binary built next to the running executable (a test in
-/// `target/*/deps/`, or a binary in `target/*/`).
+/// `target/*/deps/`, or a binary in `target/*/`). Under cargo (a test run, which
+/// builds only its own package's binaries) a missing one is built first.
 ///
 /// # Panics
-/// When the binary has not been built.
+/// When it is missing and cannot be built.
 pub fn binary(name: &str) -> PathBuf {
-    let path = target_dir().join(name);
+    built(name, &["--bin", name])
+}
+
+/// Path of a workspace example, built first under cargo when missing.
+///
+/// # Panics
+/// When it is missing and cannot be built.
+pub fn example(name: &str) -> PathBuf {
+    built(&format!("examples/{name}"), &["--example", name])
+}
+
+fn built(relative: &str, selector: &[&str]) -> PathBuf {
+    let profile_dir = target_dir();
+    let path = profile_dir.join(relative);
+    if !path.is_file() {
+        if let Some(cargo) = std::env::var_os("CARGO") {
+            let mut build = std::process::Command::new(cargo);
+            build.args(["build", "--quiet"]).args(selector);
+            if profile_dir.ends_with("release") {
+                build.arg("--release");
+            }
+            let status = build.status().expect("run cargo build");
+            assert!(status.success(), "cargo build {selector:?} failed");
+        }
+    }
     assert!(
         path.is_file(),
         "{} is missing; build the workspace first (cargo build --workspace)",

@@ -131,6 +131,11 @@ pub fn checked_shape(shape: &[u64], dtype: DType) -> Result<Vec<usize>, CodecErr
     Ok(dims)
 }
 
+/// A shape as the wire carries it (the inverse of [`checked_shape`]).
+pub fn wire_shape(shape: &[usize]) -> Vec<u64> {
+    shape.iter().map(|&d| d as u64).collect()
+}
+
 /// Number of elements of a shape already checked by [`checked_shape`].
 pub fn element_count(shape: &[usize]) -> usize {
     shape.iter().product()

@@ -12,6 +12,14 @@ use tonic::transport::{Endpoint, Server};
 /// The default limit for one decoded gRPC message, as in every gRPC implementation.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
 
+/// Room a message keeps for everything but tensor data (names, shapes, protobuf
+/// and gRPC framing): a sixteenth of the message limit, between 1 KiB and 64 KiB.
+/// Servers and clients both size payloads with it, so what one sends the other
+/// accepts.
+pub fn message_overhead(max_message_bytes: usize) -> usize {
+    (max_message_bytes / 16).clamp(1 << 10, 64 << 10)
+}
+
 /// HTTP/2 and gRPC settings shared by servers and clients.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransportConfig {
@@ -73,13 +81,20 @@ impl TransportConfig {
                 ));
             }
         }
-        if self.max_message_bytes < 1024 {
+        if self.max_message_bytes < 4096 {
             return Err(format!(
-                "max message size {} bytes is too small to carry a request (at least 1024)",
+                "max message size {} bytes is too small to carry a request (at least 4KiB)",
                 self.max_message_bytes
             ));
         }
         Ok(())
+    }
+
+    /// The most tensor data one message carries: the message limit less
+    /// [`message_overhead`].
+    pub fn payload_limit(&self) -> usize {
+        self.max_message_bytes
+            .saturating_sub(message_overhead(self.max_message_bytes))
     }
 
     /// A server builder with these settings.
@@ -124,6 +139,25 @@ pub fn http_uri(addr: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn payloads_leave_room_for_names_shapes_and_framing() {
+        let limit = |max_message_bytes| {
+            TransportConfig {
+                max_message_bytes,
+                ..TransportConfig::default()
+            }
+            .payload_limit()
+        };
+        assert_eq!(limit(4 << 20), (4 << 20) - (64 << 10));
+        assert_eq!(limit(64 << 10), 60 << 10);
+        assert_eq!(limit(4096), 3072);
+        let tiny = TransportConfig {
+            max_message_bytes: 2048,
+            ..TransportConfig::default()
+        };
+        assert!(tiny.validate().unwrap_err().contains("at least 4KiB"));
+    }
 
     #[test]
     fn defaults_are_valid() {

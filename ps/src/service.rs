@@ -24,9 +24,6 @@ use crate::param::ParamSpec;
 use crate::store::{Pulled, Store};
 use crate::wire;
 
-/// Room left in a message for everything but tensor data.
-const MESSAGE_OVERHEAD: usize = 1024;
-
 /// The `ps.v1.ParameterServer` service over one [`Store`].
 #[derive(Debug, Clone)]
 pub struct ParameterService {
@@ -66,7 +63,7 @@ impl ParameterService {
     }
 
     fn stream_chunk_bytes(&self, requested: u64) -> usize {
-        let cap = self.config.transport.max_message_bytes - MESSAGE_OVERHEAD;
+        let cap = self.config.transport.payload_limit();
         match usize::try_from(requested) {
             Ok(0) => self.config.chunk_bytes,
             Ok(n) => n.min(cap),

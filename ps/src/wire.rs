@@ -2,7 +2,7 @@
 //! field validated (a bad field becomes an [`Error`], never a panic).
 
 use ps_proto::chunk::ChunkHeader;
-use ps_proto::codec::{DType, TensorData, checked_shape, element_count};
+use ps_proto::codec::{DType, TensorData, checked_shape, element_count, wire_shape};
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
 
@@ -155,10 +155,6 @@ pub fn push_response(pushed: Vec<Pushed>) -> v1::PushResponse {
         })
         .collect();
     v1::PushResponse { keys }
-}
-
-fn wire_shape(shape: &[usize]) -> Vec<u64> {
-    shape.iter().map(|&d| d as u64).collect()
 }
 
 /// The wire form of pulled values.

@@ -10,18 +10,8 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-pub use ps_cluster::processes::ServerProcess;
-use ps_cluster::processes::target_dir;
+pub use ps_cluster::processes::{ServerProcess, binary, example};
 use tokio::process::Command;
-
-/// Path of a workspace binary, built with cargo first if this test run has not
-/// built it (`cargo test -p ps-tests` builds no other package's binaries).
-///
-/// # Panics
-/// When it cannot be built.
-pub fn binary(name: &str) -> PathBuf {
-    built(name, &["--bin", name])
-}
 
 /// Spawns `ps-worker ARGS` with its stdout and stderr piped, killed on drop.
 ///
@@ -36,35 +26,6 @@ pub fn spawn_worker(args: &[&str]) -> tokio::process::Child {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn ps-worker")
-}
-
-/// Path of a workspace example, built with cargo first if needed.
-///
-/// # Panics
-/// When it cannot be built.
-pub fn example(name: &str) -> PathBuf {
-    built(&format!("examples/{name}"), &["--example", name])
-}
-
-fn built(relative: &str, selector: &[&str]) -> PathBuf {
-    let profile_dir = target_dir();
-    let path = profile_dir.join(relative);
-    if !path.is_file() {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = std::process::Command::new(cargo);
-        build.args(["build", "--quiet"]).args(selector);
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        let status = build.status().expect("run cargo build");
-        assert!(status.success(), "cargo build {selector:?} failed");
-    }
-    assert!(
-        path.is_file(),
-        "{} is missing after building it",
-        path.display()
-    );
-    path
 }
 
 /// What a finished process printed.

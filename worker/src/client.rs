@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::try_join_all;
 use ps_proto::chunk::{Assembler, ChunkHeader, DEFAULT_CHUNK_BYTES, to_wire_chunks};
-use ps_proto::codec::TensorData;
+use ps_proto::codec::{TensorData, wire_shape};
 use ps_proto::consistency::Consistency;
 use ps_proto::key::ParamKey;
 use ps_proto::metadata;
@@ -35,9 +35,6 @@ type PartData<'a> = (&'a Placed, Part, Bytes);
 
 /// One pulled key with its values and their version.
 type PulledKey = (ParamKey, (TensorData, u64));
-
-/// Room in a message for everything but tensor data.
-const MESSAGE_OVERHEAD: usize = 64 << 10;
 
 /// Why a parameter-server call failed.
 #[derive(Debug, thiserror::Error)]
@@ -669,10 +666,7 @@ impl PsClient {
     }
 
     fn unary_limit(&self) -> usize {
-        self.config
-            .transport
-            .max_message_bytes
-            .saturating_sub(MESSAGE_OVERHEAD)
+        self.config.transport.payload_limit()
     }
 
     /// The parts each server holds, with the bytes of each part cut from `data`.
@@ -1052,10 +1046,6 @@ impl Server {
 async fn connect(transport: &TransportConfig, addr: &str) -> Result<Server, ClientError> {
     let channel = open_channel(transport, addr).await?;
     Ok(Server::new(addr, channel, transport))
-}
-
-fn wire_shape(shape: &[usize]) -> Vec<u64> {
-    shape.iter().map(|&d| d as u64).collect()
 }
 
 fn spec_of(placed: &Placed, part: &Part, optimizer: &v1::Optimizer) -> v1::ParameterSpec {
