@@ -250,8 +250,7 @@ impl TcpPeer {
     pub fn stream(&mut self, data: &[u8]) -> io::Result<()> {
         if data.len() >= STREAM_BATCH_BYTES {
             self.write_pending()?;
-            self.stream.write_all(&header(STREAM, data.len()))?;
-            return self.stream.write_all(data);
+            return self.send(STREAM, data);
         }
         self.pending.extend_from_slice(&header(STREAM, data.len()));
         self.pending.extend_from_slice(data);

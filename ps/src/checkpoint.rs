@@ -154,6 +154,10 @@ fn encode(keys: &[KeyCheckpoint]) -> Result<Vec<u8>, String> {
             let mut last_step: Vec<(u32, u64)> =
                 k.last_step.iter().map(|(&w, &s)| (w, s)).collect();
             last_step.sort_unstable();
+            let (dtype, shape, whole_shape) = match &k.layout {
+                Some(l) => (l.dtype.to_string(), l.shape.clone(), l.whole_shape.clone()),
+                None => Default::default(),
+            };
             KeyMeta {
                 name: k.key.name.clone(),
                 part: k.key.part,
@@ -161,21 +165,9 @@ fn encode(keys: &[KeyCheckpoint]) -> Result<Vec<u8>, String> {
                 version: k.version,
                 updates: k.updates,
                 last_step,
-                dtype: k
-                    .layout
-                    .as_ref()
-                    .map(|l| l.dtype.to_string())
-                    .unwrap_or_default(),
-                shape: k
-                    .layout
-                    .as_ref()
-                    .map(|l| l.shape.clone())
-                    .unwrap_or_default(),
-                whole_shape: k
-                    .layout
-                    .as_ref()
-                    .map(|l| l.whole_shape.clone())
-                    .unwrap_or_default(),
+                dtype,
+                shape,
+                whole_shape,
             }
         })
         .collect();
@@ -351,19 +343,28 @@ pub fn scan_shared(root: &Path) -> HashMap<ParamKey, (PathBuf, KeyCheckpoint)> {
         return found;
     };
     for folder in folders.filter_map(Result::ok).map(|e| e.path()) {
-        let Some((path, keys)) = newest(&folder) else {
-            continue;
-        };
-        for key in keys {
-            let newer = found
-                .get(&key.key)
-                .is_none_or(|(_, have)| key.version > have.version);
-            if newer {
-                found.insert(key.key.clone(), (path.clone(), key));
-            }
+        if let Some((path, keys)) = newest(&folder) {
+            keep_newer(&mut found, &path, keys);
         }
     }
     found
+}
+
+/// Adds the keys of the checkpoint at `path` to `found`, each where it is newer
+/// than the copy there.
+pub fn keep_newer(
+    found: &mut HashMap<ParamKey, (PathBuf, KeyCheckpoint)>,
+    path: &Path,
+    keys: Vec<KeyCheckpoint>,
+) {
+    for key in keys {
+        let newer = found
+            .get(&key.key)
+            .is_none_or(|(_, have)| key.version > have.version);
+        if newer {
+            found.insert(key.key.clone(), (path.to_path_buf(), key));
+        }
+    }
 }
 
 /// A folder name for a server, from its address (`host:port` -> `host_port`).

@@ -110,21 +110,14 @@ pub fn export(root: &Path, out: &Path, optimizer_state: bool) -> Result<Exported
 /// The newest copy of every key in the server folders under `root`, or in `root`
 /// itself when it is one server's folder.
 fn newest_keys(root: &Path) -> HashMap<ParamKey, KeyCheckpoint> {
-    let mut keys: HashMap<ParamKey, KeyCheckpoint> = checkpoint::scan_shared(root)
+    let mut found = checkpoint::scan_shared(root);
+    if let Some((path, own)) = checkpoint::newest(root) {
+        checkpoint::keep_newer(&mut found, &path, own);
+    }
+    found
         .into_iter()
         .map(|(key, (_, state))| (key, state))
-        .collect();
-    if let Some((_, own)) = checkpoint::newest(root) {
-        for state in own {
-            if keys
-                .get(&state.key)
-                .is_none_or(|have| state.version > have.version)
-            {
-                keys.insert(state.key.clone(), state);
-            }
-        }
-    }
-    keys
+        .collect()
 }
 
 /// Puts one parameter's partitions back together.
@@ -302,14 +295,7 @@ mod tests {
             &[part("w", 0, &[1., 2., 3., 4.], &[2, 3], 5)],
         )
         .unwrap();
-        let bias = KeyCheckpoint {
-            layout: Some(Layout {
-                dtype: DType::F32,
-                shape: vec![3],
-                whole_shape: Vec::new(),
-            }),
-            ..part("b", 0, &[7., 8., 9.], &[], 5)
-        };
+        let bias = part("b", 0, &[7., 8., 9.], &[], 5);
         checkpoint::write(
             &root.path().join("b_7070"),
             &[

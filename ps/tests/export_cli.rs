@@ -2,16 +2,21 @@
 //! a message that names the folder when there is nothing to export.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::process::Command;
 
 use ps_proto::codec::DType;
 use ps_proto::key::ParamKey;
 use ps_server::checkpoint::{self, KeyCheckpoint, Layout};
 
-fn export(args: &[&str]) -> std::process::Output {
+/// Runs `ps-server export --checkpoint-dir ROOT --out OUT`.
+fn export(root: &Path, out: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_ps-server"))
         .arg("export")
-        .args(args)
+        .arg("--checkpoint-dir")
+        .arg(root)
+        .arg("--out")
+        .arg(out)
         .env_remove("PS_CHECKPOINT_DIR")
         .output()
         .expect("run ps-server export")
@@ -41,12 +46,7 @@ fn export_writes_whole_parameters_and_says_what_it_wrote() {
     checkpoint::write(&root.path().join("s0"), &[partition(0, vec![1., 2., 3.])]).unwrap();
     checkpoint::write(&root.path().join("s1"), &[partition(1, vec![4., 5., 6.])]).unwrap();
     let out = root.path().join("model.safetensors");
-    let output = export(&[
-        "--checkpoint-dir",
-        root.path().to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let output = export(root.path(), &out);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -73,12 +73,7 @@ fn export_writes_whole_parameters_and_says_what_it_wrote() {
 fn export_of_an_empty_folder_fails_naming_it() {
     let root = tempfile::tempdir().unwrap();
     let out = root.path().join("model.safetensors");
-    let output = export(&[
-        "--checkpoint-dir",
-        root.path().to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let output = export(root.path(), &out);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(

@@ -186,12 +186,10 @@ impl PsTrainer {
                     self.step += 1;
                     return Ok(());
                 }
-                Err(TrainerError::Client(error))
-                    if error.key_version().is_some_and(|v| v > self.step) =>
-                {
-                    let version = error.key_version().unwrap_or(self.step + 1);
-                    return self.join_at(version).await;
-                }
+                Err(TrainerError::Client(error)) => match error.key_version() {
+                    Some(version) if version > self.step => return self.join_at(version).await,
+                    _ => self.recover(error.into(), &mut recoveries).await?,
+                },
                 Err(error) => self.recover(error, &mut recoveries).await?,
             }
         }
