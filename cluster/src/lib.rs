@@ -2,12 +2,10 @@
 //!
 //! - [`servers`]: [`servers::LocalServers`], parameter servers on loopback ports, and
 //!   [`test_cluster`], the helper the tests use.
-//! - [`processes`]: real `ps-server` processes on loopback ports.
 //! - [`local`]: [`local::run_local`], servers and workers training together; the
 //!   library face of the `ps-local` binary.
 
 pub mod local;
-pub mod processes;
 pub mod servers;
 
 pub use servers::{LocalServers, test_cluster};

@@ -1,6 +1,18 @@
 //! What candle-ps's programs share that is not the wire contract (that is
-//! `ps-proto`'s).
+//! `ps-proto`'s): how a program starts, finds its peers and is stopped.
 //!
 //! - [`size`]: byte sizes as people write them (`64MiB`), for every size flag.
+//! - [`process`]: logging set-up, the shutdown signal and `ServeError`, shared by the binaries.
+//! - [`rendezvous`]: waiting for a peer to come up, and naming a peer that is not what was asked for.
+//! - [`health`]: the client side of the gRPC health service, for `health` subcommands.
+//! - [`processes`]: real `ps-server` and `ps-scheduler` processes on loopback ports.
+//! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
+//! - [`rng`]: a small deterministic random generator for data and payloads.
 
+pub mod fixtures;
+pub mod health;
+pub mod process;
+pub mod processes;
+pub mod rendezvous;
+pub mod rng;
 pub mod size;

@@ -270,7 +270,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tcp.local_addr()?
     );
     std::io::stdout().flush()?;
-    server::serve(grpc, tcp, transport, ps_proto::process::shutdown_signal()).await
+    server::serve(grpc, tcp, transport, ps_common::process::shutdown_signal()).await
 }
 
 async fn run_latency(args: LatencyArgs) -> anyhow::Result<()> {
@@ -401,13 +401,13 @@ async fn run_tcp_check(args: TcpCheckArgs) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    ps_proto::process::init_tracing();
+    ps_common::process::init_tracing();
     match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Latency(args) => run_latency(args).await,
         Command::Bandwidth(args) => run_bandwidth(args).await,
         Command::PsThroughput(args) => run_throughput(args).await,
         Command::TcpCheck(args) => run_tcp_check(args).await,
-        Command::Health { server } => std::process::exit(ps_proto::health::report(&server).await),
+        Command::Health { server } => std::process::exit(ps_common::health::report(&server).await),
     }
 }

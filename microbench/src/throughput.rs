@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use futures::future::try_join_all;
-use ps_cluster::processes::ServerProcess;
+use ps_common::processes::ServerProcess;
 use ps_proto::codec::{DType, encode_f32};
 use ps_proto::transport::{DEFAULT_MAX_MESSAGE_BYTES, TransportConfig, http_uri};
 use ps_proto::v1;
@@ -47,7 +47,7 @@ impl FromStr for ModelTensors {
                 })
                 .collect()
         } else {
-            ps_proto::fixtures::by_name(s)
+            ps_common::fixtures::by_name(s)
                 .ok_or_else(|| {
                     format!("unknown model `{s}`; use resnet50, bert-base or sizes:1MiB,4MiB")
                 })?

@@ -3,24 +3,18 @@
 //! - [`v1`]: the code generated from `proto/ps/v1/*.proto` (messages, clients, servers).
 //! - [`codec`]: tensors on the wire — dtypes, shapes, validation, zero-copy `f32` access.
 //! - [`consistency`]: BSP, ASP, SSP(k) and the version to pull after a push.
-//! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
 //! - [`metadata`]: the gRPC metadata keys on refusals a client acts on.
+//! - [`placement`]: the one placement planner, shared by the scheduler and workers.
 //! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
-//! - [`health`]: the client side of the gRPC health service, for `health` subcommands.
-//! - [`rendezvous`]: waiting for a peer to come up, and naming a peer that is not what was asked for.
-//! - [`process`]: logging set-up, the shutdown signal and `ServeError`, shared by the binaries.
 //! - [`transport`]: one place for HTTP/2 windows, frame sizes, message limits and keep-alive.
 
 pub mod chunk;
 pub mod codec;
 pub mod consistency;
-pub mod fixtures;
-pub mod health;
 pub mod key;
 pub mod metadata;
-pub mod process;
-pub mod rendezvous;
+pub mod placement;
 pub mod transport;
 
 /// Generated code for package `ps.v1`.

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ps_proto::rendezvous::{Peer, rendezvous};
+use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;

@@ -196,10 +196,10 @@ fn advertised(args: &Args, local: std::net::SocketAddr) -> anyhow::Result<String
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    ps_proto::process::init_tracing();
+    ps_common::process::init_tracing();
     match &args.command {
         Some(Command::Health { server }) => {
-            std::process::exit(ps_proto::health::report(server).await)
+            std::process::exit(ps_common::health::report(server).await)
         }
         Some(Command::Export {
             checkpoint_dir,
@@ -233,7 +233,7 @@ async fn main() -> anyhow::Result<()> {
             connect_timeout: args.connect_timeout,
         });
     }
-    ps_server::run(listener, config, ps_proto::process::shutdown_signal()).await?;
+    ps_server::run(listener, config, ps_common::process::shutdown_signal()).await?;
     Ok(())
 }
 

@@ -19,7 +19,7 @@ use crate::follower::{await_scheduler, follow};
 use crate::service::ParameterService;
 use crate::store::Store;
 
-pub use ps_proto::process::ServeError;
+pub use ps_common::process::ServeError;
 
 /// Serves one shard on `listener` until `shutdown` resolves.
 ///

@@ -1,21 +1,27 @@
 //! `ps-scheduler`: membership, shard placement, shard maps and barriers for candle-ps.
 //!
-//! - [`membership`]: registrations, heartbeats, expiry, and the versioned shard map;
-//!   plain state driven with the current time, tested with a fake clock.
-//! - [`placement`]: which server owns which part of which parameter, balanced by bytes.
-//! - [`service`]: the gRPC layer over the membership; waits with deadlines.
+//! - [`membership`]: registrations, heartbeats, expiry and elastic groups; plain
+//!   state driven with the current time, tested with a fake clock.
+//! - [`shard_map`]: the published map, and the pure rule for the next one.
+//! - [`barrier`]: named barriers of the live workers.
+//! - [`placement`]: the shared planner next to other systems' planners, and the report.
+//! - [`state_file`]: the state file that carries the scheduler across a restart.
+//! - [`shared_state`]: what the handlers and the expiry ticker share.
+//! - [`service`]: the gRPC layer over the shared state; waits with deadlines.
 //! - [`server`]: [`server::run`], serving the scheduler with an expiry ticker.
 //! - [`config`]: settings and their validation.
 //! - [`group`]: fixed and elastic worker-group sizes.
-//! - [`state`]: the state file that carries the scheduler across a restart.
 
+pub mod barrier;
 pub mod config;
 pub mod group;
 pub mod membership;
 pub mod placement;
 pub mod server;
 pub mod service;
-pub mod state;
+pub mod shard_map;
+pub mod shared_state;
+pub mod state_file;
 
 pub use config::SchedulerConfig;
 pub use group::GroupSize;

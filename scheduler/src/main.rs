@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ps_proto::consistency::Consistency;
-use ps_proto::rendezvous::{Peer, rendezvous};
+use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
@@ -152,14 +152,14 @@ async fn status(scheduler: &str, wait: Duration) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    ps_proto::process::init_tracing();
+    ps_common::process::init_tracing();
     match &cli.command {
         Some(Command::Status {
             scheduler,
             connect_timeout,
         }) => return status(scheduler, *connect_timeout).await,
         Some(Command::Health { server }) => {
-            std::process::exit(ps_proto::health::report(server).await);
+            std::process::exit(ps_common::health::report(server).await);
         }
         None => {}
     }
@@ -178,6 +178,6 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&cli.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cli.listen))?;
-    ps_scheduler::run(listener, config, ps_proto::process::shutdown_signal()).await?;
+    ps_scheduler::run(listener, config, ps_common::process::shutdown_signal()).await?;
     Ok(())
 }

@@ -18,8 +18,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::group::GroupSize;
-use crate::placement::{Assignment, Param, plan};
-use crate::state::{SavedMember, SavedState};
+use ps_proto::placement::Param;
+
+use crate::shard_map::{ShardMap, WorkerGroup, next_map};
+use crate::state_file::{SavedMember, SavedState};
 
 /// Why a membership call was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -126,24 +128,6 @@ impl Member {
             last_step: self.last_step,
         }
     }
-}
-
-/// A published placement: servers, parts, live workers.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ShardMap {
-    /// Increases with every change.
-    pub version: u64,
-    /// Live servers as `(id, address)`; assignments index into this list.
-    pub servers: Vec<(u32, String)>,
-    /// The parameters placed.
-    pub params: Vec<Param>,
-    /// Where every part lives.
-    pub assignments: Vec<Assignment>,
-    /// Ranks the BSP group waits for: every rank except those declared dead or gone
-    /// (a rank not registered yet is still expected).
-    pub workers: Vec<u32>,
-    /// Size of the worker group.
-    pub group_size: u32,
 }
 
 /// The scheduler's view of the cluster.
@@ -401,26 +385,12 @@ impl Membership {
         let Some(params) = self.params.clone().filter(|_| enough) else {
             return;
         };
-        let unchanged_servers = self.map.as_ref().is_some_and(|m| m.servers == servers);
-        let assignments = match (&self.map, unchanged_servers) {
-            (Some(map), true) => map.assignments.clone(),
-            _ => plan(&params, servers.len()),
+        let group = WorkerGroup {
+            size: group_size,
+            expected: workers,
         };
-        let next = ShardMap {
-            version: self.version + 1,
-            servers,
-            params,
-            assignments,
-            workers,
-            group_size,
-        };
-        if self.map.as_ref().is_none_or(|m| {
-            ShardMap {
-                version: next.version,
-                ..m.clone()
-            } != next
-        }) {
-            self.version += 1;
+        if let Some(next) = next_map(self.map.as_ref(), servers, &params, group) {
+            self.version = next.version;
             self.map = Some(next);
         }
     }

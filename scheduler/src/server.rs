@@ -12,7 +12,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::config::SchedulerConfig;
 use crate::service::{SchedulerService, SchedulerState};
 
-pub use ps_proto::process::ServeError;
+pub use ps_common::process::ServeError;
 
 /// With `exit_when_done`: resolves a few heartbeats after every worker left, so
 /// each server hears `job_done` and stops too. Otherwise never.

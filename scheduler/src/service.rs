@@ -1,161 +1,23 @@
-//! [`SchedulerService`]: the thin gRPC layer over [`Membership`]. Each handler
-//! validates, calls the membership under its lock (never across `.await`), and
-//! maps the outcome to a precise status. Waits (for a map, for a barrier) watch a
-//! change counter and end at their deadline with a message naming what is missing.
+//! [`SchedulerService`]: the thin gRPC layer over the [`SchedulerState`]. Each
+//! handler validates, calls the membership under its lock (never across
+//! `.await`), and maps the outcome to a precise status. Waits (for a map, for a
+//! barrier) watch a change counter and end at their deadline with a message
+//! naming what is missing.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use ps_proto::codec::DType;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
-use tokio::sync::watch;
+use ps_proto::placement::Param;
 use tonic::{Request, Response, Status};
 
+use crate::barrier::BarrierState;
 use crate::config::SchedulerConfig;
-use crate::membership::{Event, Membership, MembershipError, Node, ShardMap};
-use crate::placement::Param;
-use crate::state::{self, SavedState, StateError};
-
-/// The scheduler's state, shared by the handlers and the expiry ticker.
-#[derive(Debug)]
-pub struct SchedulerState {
-    membership: Mutex<Membership>,
-    /// What the state file holds, so it is rewritten only when that changes.
-    saved: Mutex<Option<SavedState>>,
-    barriers: Mutex<HashMap<String, BTreeSet<u32>>>,
-    changes: watch::Sender<u64>,
-    config: SchedulerConfig,
-}
-
-impl SchedulerState {
-    /// A scheduler with nobody registered yet, or resumed from its state file.
-    ///
-    /// # Errors
-    /// [`StateError`] when the state file exists but cannot be read, or holds a
-    /// job that has finished.
-    pub fn new(config: SchedulerConfig) -> Result<Self, StateError> {
-        let saved = match &config.state_file {
-            Some(path) => state::load(path)?,
-            None => None,
-        };
-        let membership = match saved.clone() {
-            Some(saved) => {
-                tracing::info!(
-                    map_version = saved.version,
-                    servers = saved.servers.len(),
-                    workers = saved.workers.len(),
-                    "resumed from the state file: same shard map, ids and ranks"
-                );
-                let (timeout, min_servers) = (config.heartbeat_timeout, config.min_servers);
-                Membership::from_saved(saved, timeout, min_servers, Instant::now())
-            }
-            None => Membership::new(config.heartbeat_timeout, config.workers, config.min_servers),
-        }
-        .with_join_window(config.join_window);
-        if let (true, Some(path)) = (membership.job_done(), &config.state_file) {
-            return Err(StateError::Finished {
-                path: path.display().to_string(),
-            });
-        }
-        Ok(Self {
-            membership: Mutex::new(membership),
-            saved: Mutex::new(saved),
-            barriers: Mutex::default(),
-            changes: watch::Sender::new(0),
-            config,
-        })
-    }
-
-    /// Rewrites the state file when what it would hold changed.
-    fn persist(&self, membership: &Membership) {
-        let Some(path) = &self.config.state_file else {
-            return;
-        };
-        let now = membership.saved();
-        let mut saved = self.saved.lock().unwrap_or_else(|p| p.into_inner());
-        if saved.as_ref() == Some(&now) {
-            return;
-        }
-        match state::save(path, &now) {
-            Ok(()) => *saved = Some(now),
-            Err(error) => tracing::error!(%error, "cannot save the scheduler's state"),
-        }
-    }
-
-    /// Runs `f` on the membership and wakes every waiter.
-    fn update<R>(&self, f: impl FnOnce(&mut Membership) -> R) -> R {
-        let mut membership = self.membership.lock().unwrap_or_else(|p| p.into_inner());
-        let result = f(&mut membership);
-        self.persist(&membership);
-        drop(membership);
-        self.changes.send_modify(|c| *c += 1);
-        result
-    }
-
-    fn read<R>(&self, f: impl FnOnce(&Membership) -> R) -> R {
-        f(&self.membership.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// Declares silent nodes dead and logs each by name.
-    pub fn tick(&self) {
-        let events = self.update(|m| m.tick(Instant::now()));
-        for event in events {
-            match event {
-                Event::Dead { node, name, silent } => {
-                    tracing::warn!(%node, name, ?silent, timeout = ?self.config.heartbeat_timeout, "declared dead: no heartbeat within the timeout");
-                }
-                Event::GroupFormed { workers } => {
-                    tracing::info!(workers, window = ?self.config.join_window, "worker group formed: no registration within the join window");
-                }
-            }
-        }
-    }
-
-    /// Waits until `check` returns a value, or the deadline passes.
-    async fn wait_for<T>(
-        &self,
-        timeout: Duration,
-        check: impl Fn(&Self) -> Option<T>,
-    ) -> Option<T> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut changes = self.changes.subscribe();
-        loop {
-            changes.borrow_and_update();
-            if let Some(value) = check(self) {
-                return Some(value);
-            }
-            if tokio::time::timeout_at(deadline, changes.changed())
-                .await
-                .is_err()
-            {
-                return None;
-            }
-        }
-    }
-
-    /// Resolves once every worker of the group has left on purpose.
-    pub async fn job_done(&self) {
-        let mut changes = self.changes.subscribe();
-        loop {
-            changes.borrow_and_update();
-            if self.read(Membership::job_done) {
-                return;
-            }
-            if changes.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-        }
-    }
-
-    fn wait_time(&self, requested_ms: u64) -> Duration {
-        match requested_ms {
-            0 => self.config.default_wait,
-            ms => Duration::from_millis(ms).min(self.config.max_wait),
-        }
-    }
-}
+use crate::membership::{Membership, MembershipError, Node};
+use crate::shard_map::ShardMap;
+pub use crate::shared_state::SchedulerState;
 
 /// The `ps.v1.Scheduler` service.
 #[derive(Debug, Clone)]
@@ -289,16 +151,11 @@ impl Scheduler for SchedulerService {
         let request = request.into_inner();
         let node = node_of(&request)?;
         // A heartbeat changes no map, so it wakes no waiter.
-        let (beat, job_done) = {
-            let mut membership = self
-                .state
-                .membership
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+        let exit_when_done = self.state.config.exit_when_done;
+        let (beat, job_done) = self.state.quietly(|membership| {
             let beat = membership.heartbeat(node, request.step, Instant::now());
-            let ending = self.state.config.exit_when_done && membership.job_done();
-            (beat, ending)
-        };
+            (beat, exit_when_done && membership.job_done())
+        });
         let map_version = beat.map_err(membership_status)?;
         Ok(Response::new(v1::HeartbeatResponse {
             map_version,
@@ -383,49 +240,24 @@ impl Scheduler for SchedulerService {
             return Err(Status::invalid_argument("a barrier needs a name"));
         }
         let wait = self.state.wait_time(request.timeout_ms);
-        self.state
-            .barriers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(request.name.clone())
-            .or_default()
-            .insert(request.rank);
-        self.state.changes.send_modify(|c| *c += 1);
-        let name = request.name.clone();
-        let waiting = |s: &SchedulerState| -> Vec<u32> {
-            let arrived = s
-                .barriers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&name)
-                .cloned()
-                .unwrap_or_default();
-            s.read(|m| {
-                m.workers()
-                    .into_iter()
-                    .filter(|w| w.alive && !arrived.contains(&w.id))
-                    .map(|w| w.id)
-                    .collect()
-            })
-        };
+        let name = request.name;
+        self.state.update_barriers(|b| b.arrive(&name, request.rank));
         let released = self
             .state
-            .wait_for(wait, |s| {
-                waiting(s).is_empty().then(|| {
-                    s.barriers.lock().unwrap_or_else(|p| p.into_inner())[&name]
-                        .iter()
-                        .copied()
-                        .collect()
-                })
+            .wait_for(wait, |s| match s.barrier(&name) {
+                BarrierState::Released(workers) => Some(workers),
+                BarrierState::Waiting(_) => None,
             })
             .await;
         released
             .map(|workers| Response::new(v1::BarrierResponse { workers }))
             .ok_or_else(|| {
+                let waiting = match self.state.barrier(&name) {
+                    BarrierState::Waiting(waiting) => waiting,
+                    BarrierState::Released(_) => Vec::new(),
+                };
                 Status::deadline_exceeded(format!(
-                    "waited {wait:?} at barrier `{}`: live workers {:?} have not arrived",
-                    request.name,
-                    waiting(&self.state)
+                    "waited {wait:?} at barrier `{name}`: live workers {waiting:?} have not arrived"
                 ))
             })
     }
@@ -436,14 +268,7 @@ impl Scheduler for SchedulerService {
     ) -> Result<Response<v1::StatusResponse>, Status> {
         let response = self.state.read(|m| {
             let map = m.map();
-            let owned = |index: usize| -> (u64, u64) {
-                map.map_or((0, 0), |map| {
-                    let parts = map.assignments.iter().filter(|a| a.server == index);
-                    parts.fold((0, 0), |(n, b), a| {
-                        (n + 1, b + (a.len * map.params[a.param].elem_size) as u64)
-                    })
-                })
-            };
+            let owned = |index: usize| map.map_or((0, 0), |map| map.owned_by(index));
             let servers = m
                 .servers()
                 .into_iter()

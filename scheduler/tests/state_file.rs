@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ps_scheduler::SchedulerConfig;
 use ps_scheduler::membership::{Membership, Node};
 use ps_scheduler::service::SchedulerState;
-use ps_scheduler::state::{self, StateError};
+use ps_scheduler::state_file::{self as state, StateError};
 
 /// A state file of a one-worker job, saved after `left` (or not) of its worker.
 fn saved_job(dir: &std::path::Path, worker_left: bool) -> std::path::PathBuf {

@@ -57,7 +57,7 @@ impl Server {
             .build()
             .expect("a runtime for the server");
         let (health, health_service) = tonic_health::server::health_reporter();
-        let name = ps_proto::rendezvous::Peer::ParameterServer.grpc_service();
+        let name = ps_common::rendezvous::Peer::ParameterServer.grpc_service();
         runtime.spawn(async move {
             health
                 .set_service_status(name, tonic_health::ServingStatus::Serving)

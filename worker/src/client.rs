@@ -17,7 +17,7 @@ use ps_proto::codec::{TensorData, wire_shape};
 use ps_proto::consistency::Consistency;
 use ps_proto::key::ParamKey;
 use ps_proto::metadata;
-use ps_proto::rendezvous::{Peer, RendezvousError, rendezvous};
+use ps_common::rendezvous::{Peer, RendezvousError, rendezvous};
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;

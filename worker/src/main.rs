@@ -105,7 +105,7 @@ async fn main() -> anyhow::Result<()> {
             .error(clap::error::ErrorKind::ValueValidation, message)
             .exit();
     }
-    ps_proto::process::init_tracing();
+    ps_common::process::init_tracing();
     let data = cli.train.dataset().context("loading the data set")?;
     let config = cli
         .train
@@ -133,7 +133,7 @@ async fn main() -> anyhow::Result<()> {
     let training = train(client, group, &data, &config);
     let summary = tokio::select! {
         summary = training => summary?,
-        () = ps_proto::process::shutdown_signal() => anyhow::bail!("interrupted before training finished"),
+        () = ps_common::process::shutdown_signal() => anyhow::bail!("interrupted before training finished"),
     };
     print_summary(&summary, cli.json)
 }

@@ -71,7 +71,7 @@ async fn main() -> anyhow::Result<()> {
             .error(clap::error::ErrorKind::ValueValidation, message)
             .exit();
     }
-    ps_proto::process::init_tracing();
+    ps_common::process::init_tracing();
     let data = Arc::new(cli.train.dataset().context("loading the data set")?);
     let config = cli
         .train
@@ -86,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let summary = tokio::select! {
         summary = run_local(&spec, data, &config) => summary?,
-        () = ps_proto::process::shutdown_signal() => anyhow::bail!("interrupted before training finished"),
+        () = ps_common::process::shutdown_signal() => anyhow::bail!("interrupted before training finished"),
     };
     print_summary(&summary, cli.json)
 }

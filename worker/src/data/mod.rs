@@ -8,7 +8,7 @@
 
 pub mod digits;
 pub mod idx;
-pub mod rng;
+pub use ps_common::rng;
 pub mod synthetic;
 
 use std::path::PathBuf;

@@ -15,7 +15,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::transport::{TransportConfig, http_uri};
+use ps_proto::transport::{TransportConfig, http_uri};
 
 /// The kinds of candle-ps process a peer can be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

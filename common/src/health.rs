@@ -8,7 +8,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::transport::{TransportConfig, http_uri};
+use ps_proto::transport::{TransportConfig, http_uri};
 
 /// Why a process is not healthy.
 #[derive(Debug, thiserror::Error)]

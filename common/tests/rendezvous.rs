@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use ps_proto::rendezvous::{Peer, RendezvousError, rendezvous};
+use ps_common::rendezvous::{Peer, RendezvousError, rendezvous};
 use ps_proto::transport::TransportConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;

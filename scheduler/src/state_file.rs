@@ -12,8 +12,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::membership::ShardMap;
-use crate::placement::Param;
+use ps_proto::placement::Param;
+
+use crate::shard_map::ShardMap;
 
 /// A registered server or worker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,131 @@
+//! [`ShardMap`]: a published placement, and [`next_map`], the pure rule that
+//! turns the live servers, the declared parameters and the worker group into the
+//! next one. Membership calls it after every change; it decides nothing about
+//! who is alive.
+
+use ps_proto::placement::{Assignment, MAX_PART_BYTES, Param, plan};
+
+/// A published placement: servers, parts, live workers.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShardMap {
+    /// Increases with every change.
+    pub version: u64,
+    /// Live servers as `(id, address)`; assignments index into this list.
+    pub servers: Vec<(u32, String)>,
+    /// The parameters placed.
+    pub params: Vec<Param>,
+    /// Where every part lives.
+    pub assignments: Vec<Assignment>,
+    /// Ranks the BSP group waits for: every rank except those declared dead or gone
+    /// (a rank not registered yet is still expected).
+    pub workers: Vec<u32>,
+    /// Size of the worker group.
+    pub group_size: u32,
+}
+
+impl ShardMap {
+    /// The parts and bytes the server at `index` of [`ShardMap::servers`] owns.
+    pub fn owned_by(&self, index: usize) -> (u64, u64) {
+        let parts = self.assignments.iter().filter(|a| a.server == index);
+        parts.fold((0, 0), |(n, bytes), a| {
+            (n + 1, bytes + (a.len * self.params[a.param].elem_size) as u64)
+        })
+    }
+}
+
+/// The worker group a map names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerGroup {
+    /// Size of the group.
+    pub size: u32,
+    /// Ranks still expected (not declared dead, not gone).
+    pub expected: Vec<u32>,
+}
+
+/// The map that follows `previous` for these live `servers`, `params` and
+/// `group`, or `None` when it would say the same as `previous`. The parts stay
+/// where they are while the live servers do not change; any change of servers
+/// places the parameters afresh.
+pub fn next_map(
+    previous: Option<&ShardMap>,
+    servers: Vec<(u32, String)>,
+    params: &[Param],
+    group: WorkerGroup,
+) -> Option<ShardMap> {
+    let assignments = match previous {
+        Some(map) if map.servers == servers && map.params == params => map.assignments.clone(),
+        _ => plan(params, servers.len(), MAX_PART_BYTES),
+    };
+    let next = ShardMap {
+        version: previous.map_or(0, |m| m.version) + 1,
+        servers,
+        params: params.to_vec(),
+        assignments,
+        workers: group.expected,
+        group_size: group.size,
+    };
+    let same = |map: &ShardMap| {
+        ShardMap {
+            version: next.version,
+            ..map.clone()
+        } == next
+    };
+    (!previous.is_some_and(same)).then_some(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> Vec<Param> {
+        ["w", "b"]
+            .iter()
+            .map(|name| Param {
+                name: (*name).into(),
+                elements: 100_000,
+                elem_size: 4,
+            })
+            .collect()
+    }
+
+    fn servers(n: u32) -> Vec<(u32, String)> {
+        (0..n).map(|id| (id, format!("s{id}:1"))).collect()
+    }
+
+    fn group(expected: &[u32]) -> WorkerGroup {
+        WorkerGroup {
+            size: 2,
+            expected: expected.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_first_map_is_version_1() {
+        let map = next_map(None, servers(2), &params(), group(&[0, 1])).expect("a map");
+        assert_eq!((map.version, map.servers.len()), (1, 2));
+        assert_eq!(map.assignments.len(), 2);
+    }
+
+    #[test]
+    fn nothing_new_publishes_nothing() {
+        let first = next_map(None, servers(2), &params(), group(&[0, 1])).unwrap();
+        assert_eq!(next_map(Some(&first), servers(2), &params(), group(&[0, 1])), None);
+    }
+
+    #[test]
+    fn a_dead_worker_keeps_the_parts_where_they_are() {
+        let first = next_map(None, servers(2), &params(), group(&[0, 1])).unwrap();
+        let next = next_map(Some(&first), servers(2), &params(), group(&[1])).unwrap();
+        assert_eq!((next.version, next.workers.clone()), (2, vec![1]));
+        assert_eq!(next.assignments, first.assignments);
+    }
+
+    #[test]
+    fn a_lost_server_moves_its_parts_to_the_live_ones() {
+        let first = next_map(None, servers(2), &params(), group(&[0, 1])).unwrap();
+        let next = next_map(Some(&first), servers(1), &params(), group(&[0, 1])).unwrap();
+        assert_eq!(next.version, 2);
+        assert!(next.assignments.iter().all(|a| a.server == 0));
+        assert_eq!(next.owned_by(0), (2, 800_000));
+    }
+}

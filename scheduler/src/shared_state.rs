@@ -1,0 +1,175 @@
+//! [`SchedulerState`]: what the scheduler's handlers and its expiry ticker share —
+//! the membership, the barriers, the state file and the change counter that
+//! wakes every waiter. Locks are held for one call and never across `.await`.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::barrier::{BarrierState, Barriers};
+use crate::config::SchedulerConfig;
+use crate::membership::{Event, Membership};
+use crate::state_file::{self, SavedState, StateError};
+
+/// The scheduler's state, shared by the handlers and the expiry ticker.
+#[derive(Debug)]
+pub struct SchedulerState {
+    membership: Mutex<Membership>,
+    /// What the state file holds, so it is rewritten only when that changes.
+    saved: Mutex<Option<SavedState>>,
+    barriers: Mutex<Barriers>,
+    changes: watch::Sender<u64>,
+    pub(crate) config: SchedulerConfig,
+}
+
+impl SchedulerState {
+    /// A scheduler with nobody registered yet, or resumed from its state file.
+    ///
+    /// # Errors
+    /// [`StateError`] when the state file exists but cannot be read, or holds a
+    /// job that has finished.
+    pub fn new(config: SchedulerConfig) -> Result<Self, StateError> {
+        let saved = match &config.state_file {
+            Some(path) => state_file::load(path)?,
+            None => None,
+        };
+        let membership = match saved.clone() {
+            Some(saved) => {
+                tracing::info!(
+                    map_version = saved.version,
+                    servers = saved.servers.len(),
+                    workers = saved.workers.len(),
+                    "resumed from the state file: same shard map, ids and ranks"
+                );
+                let (timeout, min_servers) = (config.heartbeat_timeout, config.min_servers);
+                Membership::from_saved(saved, timeout, min_servers, Instant::now())
+            }
+            None => Membership::new(config.heartbeat_timeout, config.workers, config.min_servers),
+        }
+        .with_join_window(config.join_window);
+        if let (true, Some(path)) = (membership.job_done(), &config.state_file) {
+            return Err(StateError::Finished {
+                path: path.display().to_string(),
+            });
+        }
+        Ok(Self {
+            membership: Mutex::new(membership),
+            saved: Mutex::new(saved),
+            barriers: Mutex::default(),
+            changes: watch::Sender::new(0),
+            config,
+        })
+    }
+
+    /// Rewrites the state file when what it would hold changed.
+    fn persist(&self, membership: &Membership) {
+        let Some(path) = &self.config.state_file else {
+            return;
+        };
+        let now = membership.saved();
+        let mut saved = self.saved.lock().unwrap_or_else(|p| p.into_inner());
+        if saved.as_ref() == Some(&now) {
+            return;
+        }
+        match state_file::save(path, &now) {
+            Ok(()) => *saved = Some(now),
+            Err(error) => tracing::error!(%error, "cannot save the scheduler's state"),
+        }
+    }
+
+    /// Runs `f` on the membership and wakes every waiter.
+    pub(crate) fn update<R>(&self, f: impl FnOnce(&mut Membership) -> R) -> R {
+        let mut membership = self.membership.lock().unwrap_or_else(|p| p.into_inner());
+        let result = f(&mut membership);
+        self.persist(&membership);
+        drop(membership);
+        self.changes.send_modify(|c| *c += 1);
+        result
+    }
+
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&Membership) -> R) -> R {
+        f(&self.membership.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Declares silent nodes dead and logs each by name.
+    pub fn tick(&self) {
+        let events = self.update(|m| m.tick(Instant::now()));
+        for event in events {
+            match event {
+                Event::Dead { node, name, silent } => {
+                    tracing::warn!(%node, name, ?silent, timeout = ?self.config.heartbeat_timeout, "declared dead: no heartbeat within the timeout");
+                }
+                Event::GroupFormed { workers } => {
+                    tracing::info!(workers, window = ?self.config.join_window, "worker group formed: no registration within the join window");
+                }
+            }
+        }
+    }
+
+    /// Waits until `check` returns a value, or the deadline passes.
+    pub(crate) async fn wait_for<T>(
+        &self,
+        timeout: Duration,
+        check: impl Fn(&Self) -> Option<T>,
+    ) -> Option<T> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut changes = self.changes.subscribe();
+        loop {
+            changes.borrow_and_update();
+            if let Some(value) = check(self) {
+                return Some(value);
+            }
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return None;
+            }
+        }
+    }
+
+    /// Resolves once every worker of the group has left on purpose.
+    pub async fn job_done(&self) {
+        let mut changes = self.changes.subscribe();
+        loop {
+            changes.borrow_and_update();
+            if self.read(Membership::job_done) {
+                return;
+            }
+            if changes.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// How long a request may wait: its own wish within the maximum, or the default.
+    pub(crate) fn wait_time(&self, requested_ms: u64) -> Duration {
+        match requested_ms {
+            0 => self.config.default_wait,
+            ms => Duration::from_millis(ms).min(self.config.max_wait),
+        }
+    }
+
+    /// Runs `f` on the membership without waking waiters: for calls that change
+    /// no map (heartbeats).
+    pub(crate) fn quietly<R>(&self, f: impl FnOnce(&mut Membership) -> R) -> R {
+        f(&mut self.membership.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Runs `f` on the barriers and wakes every waiter.
+    pub(crate) fn update_barriers(&self, f: impl FnOnce(&mut Barriers)) {
+        f(&mut self.barriers.lock().unwrap_or_else(|p| p.into_inner()));
+        self.changes.send_modify(|c| *c += 1);
+    }
+
+    /// Barrier `name` given the workers alive now.
+    pub(crate) fn barrier(&self, name: &str) -> BarrierState {
+        let live: Vec<u32> = self.read(|m| {
+            let workers = m.workers().into_iter();
+            workers.filter(|w| w.alive).map(|w| w.id).collect()
+        });
+        let barriers = self.barriers.lock().unwrap_or_else(|p| p.into_inner());
+        barriers.state(name, &live)
+    }
+}
