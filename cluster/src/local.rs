@@ -4,16 +4,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use ps_client::GroupInfo;
+use ps_client::{ClientConfig, PsClient};
 use ps_proto::consistency::Consistency;
 use ps_scheduler::SchedulerConfig;
 use ps_server::ServerConfig;
 use ps_server::checkpointer::{
     CheckpointConfig, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY_STEPS,
 };
-use ps_worker::client::GroupInfo;
 use ps_worker::data::Dataset;
 use ps_worker::train::{TrainConfig, TrainSummary, train};
-use ps_worker::{ClientConfig, PsClient};
 use serde::Serialize;
 
 use crate::servers::LocalServers;

@@ -4,12 +4,12 @@
 
 use std::net::SocketAddr;
 
+use ps_client::ClientError;
+use ps_client::{ClientConfig, PsClient};
 use ps_server::ServerConfig;
 use ps_server::checkpointer::CheckpointConfig;
 use ps_server::follower::SchedulerLink;
 use ps_server::server::ServeError;
-use ps_worker::client::ClientError;
-use ps_worker::{ClientConfig, PsClient};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

@@ -9,8 +9,8 @@ use std::fmt;
 use std::str::FromStr;
 
 use bytes::Bytes;
+use ps_common::rng::SplitMix64;
 use ps_proto::v1;
-use ps_worker::data::rng::SplitMix64;
 
 /// How buffers are put on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]

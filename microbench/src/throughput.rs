@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use futures::future::try_join_all;
+use ps_client::placement::ParamInfo;
+use ps_client::{ClientConfig, PsClient};
 use ps_common::processes::ServerProcess;
 use ps_proto::codec::{DType, encode_f32};
 use ps_proto::transport::{DEFAULT_MAX_MESSAGE_BYTES, TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
-use ps_worker::placement::ParamInfo;
-use ps_worker::{ClientConfig, PsClient};
 
 use crate::report::ResultRow;
 use crate::tcp::{BaselineServer, TcpPeer};
@@ -117,7 +117,7 @@ impl Worker {
             .iter()
             .map(|p| (p.name.clone(), Bytes::from(vec![0u8; p.len() * 4])))
             .collect();
-        client.register(&zeros, &ps_worker::sgd(1e-6)).await?;
+        client.register(&zeros, &ps_client::sgd(1e-6)).await?;
         let grads = model
             .params
             .iter()

@@ -158,7 +158,11 @@ mod tests {
             (vec![p("a", 10), p("b", 10)], 2, vec![40, 40]),
             (vec![p("a", 30), p("b", 10), p("c", 20)], 2, vec![120, 120]),
             (vec![p("big", 1 << 20)], 4, vec![1 << 20; 4]),
-            ((0..8).map(|i| p(&format!("p{i}"), 100)).collect(), 2, vec![1600, 1600]),
+            (
+                (0..8).map(|i| p(&format!("p{i}"), 100)).collect(),
+                2,
+                vec![1600, 1600],
+            ),
             (vec![], 3, vec![0, 0, 0]),
         ];
         for (params, servers, expected) in cases {
@@ -183,7 +187,10 @@ mod tests {
         let params = [p("w", 1000), p("b", 10)];
         let assignments = plan(&params, 2, 1024);
         covers_every_element_once(&params, &assignments);
-        assert!(assignments.iter().all(|a| a.len * 4 <= 1024), "{assignments:?}");
+        assert!(
+            assignments.iter().all(|a| a.len * 4 <= 1024),
+            "{assignments:?}"
+        );
         assert_eq!(assignments.iter().filter(|a| a.param == 0).count(), 4);
     }
 
@@ -194,7 +201,15 @@ mod tests {
         let by_name = |params: &[Param], plan: Vec<Assignment>| {
             let mut named: Vec<_> = plan
                 .into_iter()
-                .map(|a| (params[a.param].name.clone(), a.part, a.start, a.len, a.server))
+                .map(|a| {
+                    (
+                        params[a.param].name.clone(),
+                        a.part,
+                        a.start,
+                        a.len,
+                        a.server,
+                    )
+                })
                 .collect();
             named.sort();
             named

@@ -23,7 +23,10 @@ pub struct Barriers {
 impl Barriers {
     /// Worker `rank` arrives at barrier `name`.
     pub fn arrive(&mut self, name: &str, rank: u32) {
-        self.arrived.entry(name.to_string()).or_default().insert(rank);
+        self.arrived
+            .entry(name.to_string())
+            .or_default()
+            .insert(rank);
     }
 
     /// Barrier `name` given the workers alive now.
@@ -55,10 +58,19 @@ mod tests {
     fn releases_when_every_live_worker_arrived() {
         let mut barriers = Barriers::default();
         barriers.arrive("epoch-1", 1);
-        assert_eq!(barriers.state("epoch-1", &[0, 1]), BarrierState::Waiting(vec![0]));
+        assert_eq!(
+            barriers.state("epoch-1", &[0, 1]),
+            BarrierState::Waiting(vec![0])
+        );
         barriers.arrive("epoch-1", 0);
-        assert_eq!(barriers.state("epoch-1", &[0, 1]), BarrierState::Released(vec![0, 1]));
-        assert_eq!(barriers.state("epoch-2", &[0, 1]), BarrierState::Waiting(vec![0, 1]));
+        assert_eq!(
+            barriers.state("epoch-1", &[0, 1]),
+            BarrierState::Released(vec![0, 1])
+        );
+        assert_eq!(
+            barriers.state("epoch-2", &[0, 1]),
+            BarrierState::Waiting(vec![0, 1])
+        );
     }
 
     #[test]
@@ -71,7 +83,9 @@ mod tests {
         let mut barriers = Barriers::default();
         barriers.arrive("end", 0);
         let later = start + Duration::from_secs(3);
-        membership.heartbeat(crate::membership::Node::Worker(0), 7, later).unwrap();
+        membership
+            .heartbeat(crate::membership::Node::Worker(0), 7, later)
+            .unwrap();
         assert_eq!(
             barriers.state("end", &live(&membership)),
             BarrierState::Waiting(vec![1])

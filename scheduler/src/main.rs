@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use ps_proto::consistency::Consistency;
 use ps_common::rendezvous::{Peer, rendezvous};
+use ps_proto::consistency::Consistency;
 use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;

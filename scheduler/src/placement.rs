@@ -160,7 +160,10 @@ mod tests {
     #[test]
     fn plans_are_deterministic() {
         let params = fixture("resnet50");
-        assert_eq!(plan(&params, 3, MAX_PART_BYTES), plan(&params, 3, MAX_PART_BYTES));
+        assert_eq!(
+            plan(&params, 3, MAX_PART_BYTES),
+            plan(&params, 3, MAX_PART_BYTES)
+        );
     }
 
     #[test]

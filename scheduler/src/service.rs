@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ps_proto::codec::DType;
+use ps_proto::placement::Param;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
-use ps_proto::placement::Param;
 use tonic::{Request, Response, Status};
 
 use crate::barrier::BarrierState;
@@ -241,7 +241,8 @@ impl Scheduler for SchedulerService {
         }
         let wait = self.state.wait_time(request.timeout_ms);
         let name = request.name;
-        self.state.update_barriers(|b| b.arrive(&name, request.rank));
+        self.state
+            .update_barriers(|b| b.arrive(&name, request.rank));
         let released = self
             .state
             .wait_for(wait, |s| match s.barrier(&name) {

@@ -28,7 +28,10 @@ impl ShardMap {
     pub fn owned_by(&self, index: usize) -> (u64, u64) {
         let parts = self.assignments.iter().filter(|a| a.server == index);
         parts.fold((0, 0), |(n, bytes), a| {
-            (n + 1, bytes + (a.len * self.params[a.param].elem_size) as u64)
+            (
+                n + 1,
+                bytes + (a.len * self.params[a.param].elem_size) as u64,
+            )
         })
     }
 }
@@ -109,7 +112,10 @@ mod tests {
     #[test]
     fn nothing_new_publishes_nothing() {
         let first = next_map(None, servers(2), &params(), group(&[0, 1])).unwrap();
-        assert_eq!(next_map(Some(&first), servers(2), &params(), group(&[0, 1])), None);
+        assert_eq!(
+            next_map(Some(&first), servers(2), &params(), group(&[0, 1])),
+            None
+        );
     }
 
     #[test]

@@ -5,15 +5,16 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
+use ps_client::GroupInfo;
+use ps_client::{ClientConfig, PsClient};
 use ps_cluster::test_cluster;
 use ps_proto::consistency::Consistency;
 use ps_proto::v1;
-use ps_worker::client::GroupInfo;
+use ps_worker::PsTrainer;
 use ps_worker::data::Split;
 use ps_worker::data::digits;
 use ps_worker::data::rng::SplitMix64;
 use ps_worker::model::Mlp;
-use ps_worker::{ClientConfig, PsClient, PsTrainer};
 
 const BATCH: usize = 16;
 const STEPS: usize = 6;
@@ -134,10 +135,10 @@ async fn check_equivalence(optimizer: v1::Optimizer) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_sgd() {
-    check_equivalence(ps_worker::sgd(0.5)).await;
+    check_equivalence(ps_client::sgd(0.5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_adam() {
-    check_equivalence(ps_worker::adam(0.01)).await;
+    check_equivalence(ps_client::adam(0.01)).await;
 }

@@ -9,13 +9,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use ps_client::placement::ParamInfo;
+use ps_client::{ClientConfig, PsClient, Recovery, optim};
 use ps_cluster::servers::LocalServers;
 use ps_proto::codec::DType;
 use ps_proto::v1;
 use ps_server::{Consistency, ServerConfig};
 use ps_tests::faults::{FaultPlan, FaultyProxy};
-use ps_worker::placement::ParamInfo;
-use ps_worker::{ClientConfig, PsClient, optim};
 
 const WORKERS: u32 = 4;
 const STEPS: u64 = 1000;
@@ -48,7 +48,11 @@ async fn push_until_acknowledged(client: &PsClient, worker: u32, step: u64) -> u
     for _ in 0..20 {
         match client.push(worker, step, &grads).await {
             Ok(accepted) => return accepted,
-            Err(error) => assert!(error.server_lost(), "a non-transient failure: {error}"),
+            Err(error) => assert_eq!(
+                error.recovery(step),
+                Recovery::ServerLost,
+                "a non-transient failure: {error}"
+            ),
         }
     }
     panic!("push ({worker}, {step}) was never acknowledged");

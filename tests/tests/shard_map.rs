@@ -4,6 +4,8 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ps_client::placement::ParamInfo;
+use ps_client::{ClientConfig, PsClient};
 use ps_cluster::LocalServers;
 use ps_proto::codec::DType;
 use ps_proto::transport::http_uri;
@@ -11,8 +13,6 @@ use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
 use ps_scheduler::SchedulerConfig;
 use ps_server::ServerConfig;
-use ps_worker::placement::ParamInfo;
-use ps_worker::{ClientConfig, PsClient};
 
 async fn scheduler(workers: u32) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -60,7 +60,7 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
         .await
         .unwrap();
     client
-        .register(&[("w".into(), f32s(&[1.0, 1.0]))], &ps_worker::sgd(1.0))
+        .register(&[("w".into(), f32s(&[1.0, 1.0]))], &ps_client::sgd(1.0))
         .await
         .unwrap();
 

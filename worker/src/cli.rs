@@ -9,8 +9,8 @@ use crate::data::idx::{DEBIAN_FASHION_MNIST_DIR, load_mnist_layout};
 use crate::data::synthetic::{SyntheticSpec, generate};
 use crate::data::{DataError, Dataset, digits};
 use crate::device::parse_device;
-use crate::optim::OptimizerChoice;
 use crate::train::TrainConfig;
+use ps_client::optim::OptimizerChoice;
 
 /// Built-in data sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

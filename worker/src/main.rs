@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{CommandFactory, Parser};
+use ps_client::Expected;
+use ps_client::{ClientConfig, PsClient};
 use ps_proto::consistency::Consistency;
 use ps_worker::cli::TrainArgs;
-use ps_worker::client::Expected;
 use ps_worker::train::{TrainSummary, train};
 use ps_worker::trainer::client_token;
-use ps_worker::{ClientConfig, PsClient};
 
 /// A candle worker of candle-ps: trains a model on its share of the data, with
 /// the parameters held by parameter servers.

@@ -14,12 +14,12 @@ use candle_nn::{VarBuilder, VarMap};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::client::{GroupInfo, PsClient};
 use crate::data::rng::SplitMix64;
 use crate::data::{DataError, Dataset, Split, shard_range};
 use crate::model::Mlp;
-use crate::optim::OptimizerChoice;
 use crate::trainer::{PsTrainer, TrainerError};
+use ps_client::optim::OptimizerChoice;
+use ps_client::{GroupInfo, PsClient};
 
 /// Why training failed.
 #[derive(Debug, thiserror::Error)]

@@ -12,8 +12,6 @@
 //! gradient by its `VarMap` name, pulls the version the consistency model requires,
 //! and writes the values into the `Var`s.
 
-use std::time::{Duration, Instant};
-
 use bytes::Bytes;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
@@ -21,8 +19,10 @@ use candle_nn::VarMap;
 use ps_proto::codec;
 use ps_proto::v1;
 
-use crate::client::{ClientConfig, ClientError, GroupInfo, PsClient, PulledParam};
-use crate::placement::ParamInfo;
+use ps_client::placement::ParamInfo;
+use ps_client::{
+    ClientConfig, ClientError, GroupInfo, LocalCopy, PsClient, PulledParam, Recovery, RepairBudget,
+};
 
 /// Why a training step failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,14 +34,6 @@ pub enum TrainerError {
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
 }
-
-/// How many times one step repairs placement (a stale map, a lost server) before
-/// giving up.
-const RECOVERIES: usize = 5;
-
-/// How long each wait for a newer shard map lasts before checking whether an
-/// unreachable server is back at its address.
-const PLACEMENT_PROBE: Duration = Duration::from_millis(500);
 
 /// Data-parallel training of a `VarMap` on parameter servers.
 pub struct PsTrainer {
@@ -179,18 +171,18 @@ impl PsTrainer {
             pushed.push((name.clone(), bytes));
         }
         let wait_for = self.group.consistency.version_after(self.step);
-        let mut recoveries = 0;
+        let mut budget = RepairBudget::default();
         loop {
             match self.push_and_load(&pushed, wait_for).await {
                 Ok(()) => {
                     self.step += 1;
                     return Ok(());
                 }
-                Err(TrainerError::Client(error)) => match error.key_version() {
-                    Some(version) if version > self.step => return self.join_at(version).await,
-                    _ => self.recover(error.into(), &mut recoveries).await?,
+                Err(TrainerError::Client(error)) => match error.recovery(self.step) {
+                    Recovery::Rejoin { step } => return self.join_at(step).await,
+                    _ => self.recover(error, &mut budget).await?,
                 },
-                Err(error) => self.recover(error, &mut recoveries).await?,
+                Err(error) => return Err(error),
             }
         }
     }
@@ -218,9 +210,9 @@ impl PsTrainer {
         pushed: &[(String, Bytes)],
         wait_for: u64,
     ) -> Result<(), TrainerError> {
-        if let Some(version) = self.client.newer_map() {
-            self.client.refresh(version).await?;
-            self.register_copy().await?;
+        if self.client.newer_map().is_some() {
+            let copy = self.local_copy()?;
+            self.client.follow_newer_map(&copy).await?;
         }
         self.client.push(self.group.rank, self.step, pushed).await?;
         self.load_once(wait_for).await?;
@@ -235,111 +227,20 @@ impl PsTrainer {
         self.load(0).await
     }
 
-    /// After a failed attempt: repairs placement when that can help, so the caller
-    /// can repeat the attempt; otherwise (or after [`RECOVERIES`] repairs) returns
-    /// the error.
-    ///
-    /// - A server refused the shard map as stale: fetch the newer map.
-    /// - A server lacks keys it should hold (it restarted empty, or just took
-    ///   them over), or holds one behind this worker's copy: register them again.
-    /// - A server is unreachable after retries: wait for the scheduler's next
-    ///   map, which places the lost server's keys on the live ones, or for the
-    ///   server's return at its address.
-    ///
-    /// Either way every key is then registered again with this worker's copy, so a
-    /// server that now owns a key it lacks restores it (from a checkpoint, or from
-    /// the copy). A repair that itself fails for one of these reasons (the map
-    /// moved again meanwhile) is repaired in turn. A repeated push keeps its
-    /// `(worker, step)`: keys that took it do not apply it twice.
+    /// After a failed attempt: has the client repair placement with this
+    /// worker's copy of the values (see `ps_client::repair`), so the attempt can
+    /// be repeated; the error when no repair can help.
     async fn recover(
         &mut self,
-        mut error: TrainerError,
-        recoveries: &mut usize,
+        error: ClientError,
+        budget: &mut RepairBudget,
     ) -> Result<(), TrainerError> {
-        loop {
-            let TrainerError::Client(client_error) = &error else {
-                return Err(error);
-            };
-            let repairable = client_error.stale_map().is_some()
-                || client_error.server_lost()
-                || self.key_behind(client_error).is_some();
-            if !repairable || *recoveries >= RECOVERIES {
-                return Err(error);
-            }
-            *recoveries += 1;
-            match self.repair(client_error).await {
-                Ok(()) => return Ok(()),
-                Err(next) => error = next,
-            }
+        if error.recovery(self.step) == Recovery::Fatal {
+            return Err(error.into());
         }
-    }
-
-    /// The version of a key that refused this worker's step because the key is
-    /// behind it: its server restored it from an older copy than this worker
-    /// holds (another worker's, taken before the lost server's last step reached
-    /// this one). Registering this worker's copy, which the server takes because
-    /// it is newer, repairs it.
-    fn key_behind(&self, error: &ClientError) -> Option<u64> {
-        error.key_version().filter(|v| *v <= self.step)
-    }
-
-    /// One repair of placement for `error`, which [`PsTrainer::recover`] found repairable.
-    async fn repair(&mut self, error: &ClientError) -> Result<(), TrainerError> {
-        let rank = self.group.rank;
-        if let Some(version) = error.stale_map() {
-            tracing::info!(
-                rank,
-                step = self.step,
-                version,
-                "the shard map moved on; placing keys by the new one and registering this worker's copy"
-            );
-            self.client.refresh(version).await?;
-        } else if let Some(key_version) = self.key_behind(error) {
-            tracing::warn!(
-                rank,
-                step = self.step,
-                key_version,
-                loaded = self.loaded,
-                "a parameter server holds an older version of a key than this worker; offering this worker's copy"
-            );
-        } else if error.server_emptied() {
-            tracing::warn!(rank, step = self.step, %error, "a parameter server lacks keys (it restarted, or took them over); restoring them");
-        } else {
-            tracing::warn!(rank, step = self.step, %error, "a parameter server looks lost; waiting for a new shard map or its return, then restoring its keys");
-            return self.await_placement().await;
-        }
-        self.register_copy().await
-    }
-
-    /// After a server could not be reached: waits until the scheduler publishes
-    /// a map without it, or until the server is back at its address (it restarted
-    /// before the scheduler declared it dead), whichever comes first, then
-    /// registers this worker's copy of the keys; for at most the pull timeout.
-    async fn await_placement(&mut self) -> Result<(), TrainerError> {
-        if !self.client.has_scheduler() {
-            return self.register_copy().await;
-        }
-        let next = self.client.map_version() + 1;
-        let deadline = Instant::now() + self.client.pull_timeout();
-        loop {
-            match self.client.refresh_within(next, PLACEMENT_PROBE).await {
-                Ok(()) => return self.register_copy().await,
-                Err(error) if error.no_newer_map() => {}
-                Err(error) => return Err(error.into()),
-            }
-            match self.register_copy().await {
-                Ok(()) => {
-                    tracing::info!(
-                        rank = self.group.rank,
-                        "the parameter server is back at its address; keys restored"
-                    );
-                    return Ok(());
-                }
-                Err(TrainerError::Client(error))
-                    if error.server_lost() && Instant::now() < deadline => {}
-                Err(error) => return Err(error),
-            }
-        }
+        let copy = self.local_copy()?;
+        self.client.recover(error, self.step, budget, &copy).await?;
+        Ok(())
     }
 
     /// Registers every variable with its initial values (placement repaired on the
@@ -347,11 +248,11 @@ impl PsTrainer {
     /// ones taken.
     async fn register_initial(&mut self) -> Result<bool, TrainerError> {
         let initial = self.copy()?;
-        let mut recoveries = 0;
+        let mut budget = RepairBudget::default();
         loop {
             match self.client.register(&initial, &self.optimizer).await {
                 Ok(created) => return Ok(created),
-                Err(error) => self.recover(error.into(), &mut recoveries).await?,
+                Err(error) => self.recover(error, &mut budget).await?,
             }
         }
     }
@@ -364,23 +265,25 @@ impl PsTrainer {
             .collect()
     }
 
-    /// Registers every variable again with this worker's copy at its version.
-    async fn register_copy(&mut self) -> Result<(), TrainerError> {
-        let copy = self.copy()?;
-        self.client
-            .register_copy(&copy, &self.optimizer, self.loaded)
-            .await?;
-        Ok(())
+    /// This worker's copy of every variable at the version it holds, for servers
+    /// that must restore keys.
+    fn local_copy(&self) -> Result<LocalCopy, TrainerError> {
+        Ok(LocalCopy {
+            values: self.copy()?,
+            version: self.loaded,
+            optimizer: self.optimizer,
+        })
     }
 
     /// Pulls every variable at `min_version` or later into the `Var`s, repairing
     /// placement on the way when needed; returns the lowest version received.
     async fn load(&mut self, min_version: u64) -> Result<u64, TrainerError> {
-        let mut recoveries = 0;
+        let mut budget = RepairBudget::default();
         loop {
             match self.load_once(min_version).await {
                 Ok(version) => return Ok(version),
-                Err(error) => self.recover(error, &mut recoveries).await?,
+                Err(TrainerError::Client(error)) => self.recover(error, &mut budget).await?,
+                Err(error) => return Err(error),
             }
         }
     }

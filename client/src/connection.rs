@@ -1,0 +1,320 @@
+//! [`PsClient`]: a worker's connection to a candle-ps job — its [`Directory`]
+//! (ranks, heartbeats, shard maps) and its [`Shards`] (servers, placement, and
+//! the fan-out of register, push and pull). A retried push keeps its
+//! `(worker_id, step)`, so the server applies it exactly once.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::try_join_all;
+use ps_common::rendezvous::{Peer, rendezvous};
+use ps_proto::v1;
+use tonic::transport::Channel;
+
+use crate::config::ClientConfig;
+use crate::control::{Directory, Expected, GroupInfo, SchedulerLink, join_group};
+use crate::error::ClientError;
+use crate::placement::{ParamInfo, Part, Placement};
+use crate::shards::{Server, Shards};
+use crate::wire::PulledParam;
+
+/// A worker's connection to every parameter server.
+pub struct PsClient {
+    config: ClientConfig,
+    directory: Directory,
+    shards: Shards,
+}
+
+impl PsClient {
+    /// Connects to every server in `config` (or to its scheduler), waiting up to
+    /// `config.connect_timeout` for each to come up. A lone server address that
+    /// turns out to be a scheduler is used as one.
+    ///
+    /// # Errors
+    /// [`ClientError::Rendezvous`] naming a peer that never came up or is not a
+    /// parameter server; [`ClientError::Usage`] for no servers.
+    pub async fn connect(mut config: ClientConfig) -> Result<Self, ClientError> {
+        let (transport, wait) = (config.transport.clone(), config.connect_timeout);
+        let mut directory = Directory::Fixed;
+        let mut servers = Vec::new();
+        match (&config.scheduler, config.servers.as_slice()) {
+            (Some(addr), _) => {
+                let (_, channel) = rendezvous(addr, &[Peer::Scheduler], &transport, wait).await?;
+                directory = Directory::Scheduler(Box::new(SchedulerLink::new(addr, channel)));
+            }
+            (None, []) => {
+                return Err(ClientError::Usage(
+                    "no parameter servers given; pass --server ADDR".into(),
+                ));
+            }
+            (None, [addr]) => {
+                let either = [Peer::ParameterServer, Peer::Scheduler];
+                match rendezvous(addr, &either, &transport, wait).await? {
+                    (Peer::Scheduler, channel) => {
+                        tracing::info!(
+                            addr,
+                            "the address is a scheduler; taking rank and shard map from it"
+                        );
+                        directory =
+                            Directory::Scheduler(Box::new(SchedulerLink::new(addr, channel)));
+                        config.scheduler = Some(addr.clone());
+                    }
+                    (_, channel) => servers.push(Server::new(addr, channel, &transport)),
+                }
+            }
+            (None, addrs) => {
+                let up = addrs.iter().map(|addr| async {
+                    let (_, channel) =
+                        rendezvous(addr, &[Peer::ParameterServer], &transport, wait).await?;
+                    Ok::<_, ClientError>(Server::new(addr, channel, &transport))
+                });
+                servers = try_join_all(up).await?;
+            }
+        }
+        Ok(Self::assemble(config, directory, servers))
+    }
+
+    /// A client of fixed servers reached over channels the caller opened (an
+    /// in-process transport, for example), named by `(address, channel)`.
+    pub fn over_channels(config: ClientConfig, channels: Vec<(String, Channel)>) -> Self {
+        let servers = channels
+            .into_iter()
+            .map(|(addr, channel)| Server::new(&addr, channel, &config.transport))
+            .collect();
+        Self::assemble(config, Directory::Fixed, servers)
+    }
+
+    fn assemble(config: ClientConfig, directory: Directory, servers: Vec<Server>) -> Self {
+        let shards = Shards::new(servers, &config);
+        Self {
+            config,
+            directory,
+            shards,
+        }
+    }
+
+    /// True when ranks, placement and servers come from a scheduler.
+    pub fn has_scheduler(&self) -> bool {
+        matches!(self.directory, Directory::Scheduler(_))
+    }
+
+    /// How long a pull waits for its version; also the bound on waiting for a
+    /// repaired placement.
+    pub fn pull_timeout(&self) -> Duration {
+        self.config.pull_timeout
+    }
+
+    /// The server addresses.
+    pub fn servers(&self) -> Vec<String> {
+        self.shards.servers.iter().map(|s| s.addr.clone()).collect()
+    }
+
+    /// The current placement.
+    pub fn placement(&self) -> &Placement {
+        &self.shards.placement
+    }
+
+    /// The shard-map version this client routes with (0: no scheduler).
+    pub fn map_version(&self) -> u64 {
+        self.shards.map_version
+    }
+
+    /// A newer shard-map version the scheduler announced than the one in use, if any.
+    pub fn newer_map(&self) -> Option<u64> {
+        match &self.directory {
+            Directory::Scheduler(link) => link.newer_than(self.shards.map_version),
+            Directory::Fixed => None,
+        }
+    }
+
+    /// Asks for a rank in the worker group (the first server's, or the scheduler's).
+    ///
+    /// # Errors
+    /// [`ClientError::Rpc`], for example when the group is full.
+    pub async fn join(&mut self, client_id: &str) -> Result<GroupInfo, ClientError> {
+        self.join_expecting(client_id, Expected::default()).await
+    }
+
+    /// [`PsClient::join`] for a worker started with a rank, group size or
+    /// consistency model: the server (or scheduler) refuses a group that differs.
+    ///
+    /// # Errors
+    /// As [`PsClient::join`]; [`ClientError::Rpc`] with `FAILED_PRECONDITION` or
+    /// [`ClientError::Usage`] naming the setting that differs.
+    pub async fn join_expecting(
+        &mut self,
+        client_id: &str,
+        expected: Expected,
+    ) -> Result<GroupInfo, ClientError> {
+        let (retry, wait) = (self.config.retry, self.config.pull_timeout);
+        match &mut self.directory {
+            Directory::Scheduler(link) => {
+                let group = link.register(retry, client_id, wait).await?;
+                expected.check(&group, &format!("scheduler {}", link.addr))?;
+                Ok(group)
+            }
+            Directory::Fixed => {
+                let first = self
+                    .shards
+                    .servers
+                    .first()
+                    .ok_or_else(|| ClientError::Usage("no parameter servers to join".into()))?;
+                join_group(first, retry, client_id, expected).await
+            }
+        }
+    }
+
+    /// Tells the scheduler this worker is done, so the group stops waiting for it at
+    /// once rather than after the heartbeat timeout. Best effort; nothing to do
+    /// without a scheduler.
+    pub async fn leave(&mut self) {
+        if let Directory::Scheduler(link) = &mut self.directory {
+            link.leave().await;
+        }
+    }
+
+    /// Decides where `params` live: from the scheduler's shard map (declaring the
+    /// parameters first, then waiting for the map up to the pull timeout), or, with
+    /// fixed servers, by the same plan on every worker.
+    ///
+    /// # Errors
+    /// [`ClientError`] when the scheduler refuses the parameters, no map comes in
+    /// time (the message names what the scheduler still waits for), or a server in
+    /// the map cannot be reached.
+    pub async fn place(&mut self, params: &[ParamInfo]) -> Result<(), ClientError> {
+        let retry = self.config.retry;
+        match &mut self.directory {
+            Directory::Scheduler(link) => {
+                link.declare(retry, params).await?;
+                self.refresh(1).await
+            }
+            Directory::Fixed => {
+                let (servers, bytes) = (self.shards.servers.len(), self.config.partition_bytes);
+                self.shards.placement = Placement::plan(params, servers, bytes);
+                Ok(())
+            }
+        }
+    }
+
+    /// Fetches the scheduler's shard map at `min_version` or later and routes by it
+    /// from now on (after a server answered that the map in use is stale).
+    ///
+    /// # Errors
+    /// [`ClientError`] when no such map comes within the pull timeout or a server in
+    /// it cannot be reached.
+    pub async fn refresh(&mut self, min_version: u64) -> Result<(), ClientError> {
+        self.refresh_within(min_version, self.config.pull_timeout)
+            .await
+    }
+
+    /// [`PsClient::refresh`], waiting at most `wait` for the map.
+    ///
+    /// # Errors
+    /// As [`PsClient::refresh`]; `DEADLINE_EXCEEDED` from the scheduler when no
+    /// such map came within `wait`.
+    pub async fn refresh_within(
+        &mut self,
+        min_version: u64,
+        wait: Duration,
+    ) -> Result<(), ClientError> {
+        let Directory::Scheduler(link) = &self.directory else {
+            return Err(ClientError::Usage(
+                "there is no scheduler to refresh the shard map from".into(),
+            ));
+        };
+        let map = link.shard_map(self.config.retry, min_version, wait).await?;
+        let transport = &self.config.transport;
+        let servers = try_join_all(
+            map.servers
+                .iter()
+                .map(|s| Server::connect(transport, &s.addr)),
+        )
+        .await?;
+        let parts: Vec<(String, Part)> = map
+            .parts
+            .iter()
+            .map(|p| {
+                let part = Part {
+                    part: p.part,
+                    server: p.server as usize,
+                    start: p.start as usize,
+                    len: p.len as usize,
+                };
+                (p.name.clone(), part)
+            })
+            .collect();
+        let placement =
+            Placement::from_map(&link.params, &parts, servers.len()).map_err(|reason| {
+                ClientError::Protocol {
+                    what: "GetShardMap",
+                    addr: link.addr.clone(),
+                    reason,
+                }
+            })?;
+        self.shards.servers = servers;
+        self.shards.placement = placement;
+        self.shards.map_version = map.version;
+        tracing::info!(version = map.version, servers = ?self.servers(), "placement from the scheduler's shard map");
+        Ok(())
+    }
+
+    /// Registers every placed parameter with its initial values in `values` (by name)
+    /// and `optimizer`. Returns true when this call created every key (this worker's
+    /// values won), false when they existed already.
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server.
+    pub async fn register(
+        &self,
+        values: &[(String, Bytes)],
+        optimizer: &v1::Optimizer,
+    ) -> Result<bool, ClientError> {
+        self.register_copy(values, optimizer, 0).await
+    }
+
+    /// Registers every placed parameter again with this worker's copy of its values
+    /// at `version` (0: initial values), so a server that lost or newly owns a key
+    /// restores it (from its checkpoints, or from this copy when that is newer).
+    /// Returns true when every key took these values.
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server.
+    pub async fn register_copy(
+        &self,
+        values: &[(String, Bytes)],
+        optimizer: &v1::Optimizer,
+        version: u64,
+    ) -> Result<bool, ClientError> {
+        self.shards.register(values, optimizer, version).await
+    }
+
+    /// Pushes the gradients of `step` (by parameter name) to every server concurrently.
+    /// Returns how many keys took them (the rest were retries already taken).
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server.
+    pub async fn push(
+        &self,
+        worker: u32,
+        step: u64,
+        grads: &[(String, Bytes)],
+    ) -> Result<usize, ClientError> {
+        if let Directory::Scheduler(link) = &self.directory {
+            link.record_step(step);
+        }
+        self.shards.push(worker, step, grads).await
+    }
+
+    /// Pulls every placed parameter once each of its parts reaches `min_version`.
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server, for example `DEADLINE_EXCEEDED` naming the
+    /// workers a BSP step still waits for.
+    pub async fn pull(
+        &self,
+        min_version: u64,
+    ) -> Result<BTreeMap<String, PulledParam>, ClientError> {
+        self.shards.pull(min_version).await
+    }
+}

@@ -1,0 +1,222 @@
+//! [`ClientError`]: why a call to the cluster failed, and [`Recovery`]: the one
+//! classifier that says what a worker does about it.
+
+use ps_common::rendezvous::RendezvousError;
+use ps_proto::metadata;
+use tonic::Status;
+
+use crate::retry::is_transient;
+
+/// Why a parameter-server call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No connection could be made.
+    #[error("cannot connect to parameter server {addr}: {source}; is it running and reachable?")]
+    Connect {
+        /// The server's address.
+        addr: String,
+        /// The transport error.
+        source: tonic::transport::Error,
+    },
+    /// A server refused or failed a request.
+    #[error("{what} on {addr} failed: {code:?}: {message}", code = status.code(), message = status.message())]
+    Rpc {
+        /// What was being done.
+        what: &'static str,
+        /// The server's address.
+        addr: String,
+        /// Its answer.
+        status: Status,
+    },
+    /// A peer never came up, or is not what it should be.
+    #[error(transparent)]
+    Rendezvous(#[from] RendezvousError),
+    /// A server answered with something that does not fit the request.
+    #[error("{addr} answered {what} with an unexpected response: {reason}")]
+    Protocol {
+        /// What was being done.
+        what: &'static str,
+        /// The server's address.
+        addr: String,
+        /// What does not fit.
+        reason: String,
+    },
+    /// The client was given no servers, or a parameter it has not placed.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// What a worker at some step does about a failed call. Each error has exactly
+/// one answer, so callers never depend on the order of their checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recovery {
+    /// The group completed this worker's step without it (it was declared dead
+    /// while it stalled, or rejoined as the step closed): load the values at
+    /// this step and go on from there.
+    Rejoin {
+        /// The group's step.
+        step: u64,
+    },
+    /// A server routes by a newer shard map: fetch it, then register this
+    /// worker's copy of the keys.
+    StaleMap {
+        /// The newer map's version.
+        version: u64,
+    },
+    /// A server holds a key at an older version than this worker's copy (it
+    /// restored it from an older copy): offer this worker's copy.
+    KeyBehind {
+        /// The key's version.
+        version: u64,
+    },
+    /// A server answered but lacks keys it was sent (it restarted empty at the
+    /// same address, or just took them over): register them again.
+    KeysMissing,
+    /// A server is unreachable after the retries: wait for a map without it, or
+    /// its return at its address, then register the keys again.
+    ServerLost,
+    /// Nothing placement can repair: the request or the job is wrong.
+    Fatal,
+}
+
+impl ClientError {
+    /// What a worker that pushed (or is about to push) `step` does about this error.
+    pub fn recovery(&self, step: u64) -> Recovery {
+        if let Some(key_version) = self.key_version() {
+            return if key_version > step {
+                Recovery::Rejoin { step: key_version }
+            } else {
+                Recovery::KeyBehind {
+                    version: key_version,
+                }
+            };
+        }
+        if let Some(version) = self.stale_map() {
+            return Recovery::StaleMap { version };
+        }
+        match self {
+            ClientError::Rpc { status, .. } if status.code() == tonic::Code::NotFound => {
+                Recovery::KeysMissing
+            }
+            ClientError::Rpc { status, .. } if is_transient(status) => Recovery::ServerLost,
+            ClientError::Connect { .. } => Recovery::ServerLost,
+            _ => Recovery::Fatal,
+        }
+    }
+
+    /// The newer shard-map version a server named when it refused this client's map.
+    pub fn stale_map(&self) -> Option<u64> {
+        self.status_version(metadata::MAP_VERSION)
+    }
+
+    /// The version a key was at when a server refused this worker's push of a
+    /// step the key cannot take: above the step when the group completed it
+    /// without this worker, at or below it when the key is behind this worker
+    /// (restored from an older copy).
+    pub fn key_version(&self) -> Option<u64> {
+        self.status_version(metadata::KEY_VERSION)
+    }
+
+    fn status_version(&self, key: &'static str) -> Option<u64> {
+        match self {
+            ClientError::Rpc { status, .. } => metadata::version_in(status, key),
+            _ => None,
+        }
+    }
+
+    /// True when the scheduler had no newer shard map within the wait.
+    pub(crate) fn no_newer_map(&self) -> bool {
+        matches!(self, ClientError::Rpc { what: "GetShardMap", status, .. } if status.code() == tonic::Code::DeadlineExceeded)
+    }
+}
+
+/// The values of calls that all ran to their end, or the error to act on: the
+/// highest key version a refused step named when any server named one (a step
+/// completed without this worker wins over a key behind it), otherwise the
+/// first error.
+pub(crate) fn settled<T>(outcomes: Vec<Result<T, ClientError>>) -> Result<Vec<T>, ClientError> {
+    let mut values = Vec::with_capacity(outcomes.len());
+    let mut chosen: Option<ClientError> = None;
+    for outcome in outcomes {
+        match outcome {
+            Ok(value) => values.push(value),
+            Err(error) => {
+                let newer = |c: &ClientError| error.key_version() > c.key_version();
+                if chosen.as_ref().is_none_or(newer) {
+                    chosen = Some(error);
+                }
+            }
+        }
+    }
+    chosen.map_or(Ok(values), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+    use tonic::metadata::MetadataValue;
+
+    use super::*;
+
+    fn rpc(code: Code, versions: &[(&'static str, u64)]) -> ClientError {
+        let mut status = Status::new(code, "refused");
+        for (key, version) in versions {
+            let value = MetadataValue::try_from(version.to_string()).unwrap();
+            status.metadata_mut().insert(*key, value);
+        }
+        ClientError::Rpc {
+            what: "Push",
+            addr: "s0:1".into(),
+            status,
+        }
+    }
+
+    #[test]
+    fn every_error_has_one_recovery() {
+        let step = 10;
+        let cases = [
+            (
+                rpc(Code::FailedPrecondition, &[(metadata::KEY_VERSION, 12)]),
+                Recovery::Rejoin { step: 12 },
+            ),
+            (
+                rpc(Code::FailedPrecondition, &[(metadata::KEY_VERSION, 10)]),
+                Recovery::KeyBehind { version: 10 },
+            ),
+            (
+                rpc(Code::FailedPrecondition, &[(metadata::KEY_VERSION, 3)]),
+                Recovery::KeyBehind { version: 3 },
+            ),
+            (
+                rpc(Code::FailedPrecondition, &[(metadata::MAP_VERSION, 4)]),
+                Recovery::StaleMap { version: 4 },
+            ),
+            (rpc(Code::NotFound, &[]), Recovery::KeysMissing),
+            (rpc(Code::Unavailable, &[]), Recovery::ServerLost),
+            (rpc(Code::Cancelled, &[]), Recovery::ServerLost),
+            (rpc(Code::InvalidArgument, &[]), Recovery::Fatal),
+            (rpc(Code::FailedPrecondition, &[]), Recovery::Fatal),
+            (rpc(Code::DeadlineExceeded, &[]), Recovery::Fatal),
+            (ClientError::Usage("no servers".into()), Recovery::Fatal),
+        ];
+        for (error, expected) in cases {
+            assert_eq!(error.recovery(step), expected, "{error}");
+        }
+    }
+
+    #[test]
+    fn a_step_completed_without_the_worker_wins_over_other_refusals() {
+        let outcomes: Vec<Result<usize, ClientError>> = vec![
+            Ok(3),
+            Err(rpc(Code::FailedPrecondition, &[(metadata::KEY_VERSION, 5)])),
+            Err(rpc(Code::FailedPrecondition, &[(metadata::KEY_VERSION, 9)])),
+            Err(rpc(Code::Unavailable, &[])),
+        ];
+        let chosen = settled(outcomes).unwrap_err();
+        assert_eq!(chosen.recovery(7), Recovery::Rejoin { step: 9 });
+        assert_eq!(
+            settled(vec![Ok::<_, ClientError>(1), Ok(2)]).unwrap(),
+            vec![1, 2]
+        );
+    }
+}

@@ -1,0 +1,33 @@
+//! `ps-client`: the candle-ps client library. It depends on the contract
+//! (`ps-proto`) and nothing of candle, so any training loop (and the
+//! microbenchmarks) can use it; `ps-worker` adds the candle glue.
+//!
+//! - [`connection`]: [`PsClient`], a worker's connection to a job.
+//! - [`control`]: the control plane — ranks, heartbeats, leaving, shard maps.
+//! - `shards`: servers and placement, with the fan-out of register, push and pull.
+//! - [`wire`]: the messages and chunk streams for placed parameter parts.
+//! - [`placement`]: which server holds which part of which parameter.
+//! - [`repair`]: repairing placement after a stale map or a lost server.
+//! - [`error`]: [`ClientError`], and [`Recovery`], what to do about one.
+//! - [`retry`]: bounded backoff for transient failures.
+//! - [`config`]: [`ClientConfig`] and its defaults.
+//! - [`optim`]: the server-side optimizers by name.
+
+pub mod config;
+pub mod connection;
+pub mod control;
+pub mod error;
+pub mod optim;
+pub mod placement;
+pub mod repair;
+pub mod retry;
+pub(crate) mod shards;
+pub mod wire;
+
+pub use config::{ClientConfig, DEFAULT_CONNECT_TIMEOUT};
+pub use connection::PsClient;
+pub use control::{Expected, GroupInfo};
+pub use error::{ClientError, Recovery};
+pub use optim::{adam, momentum, sgd};
+pub use repair::{LocalCopy, RepairBudget};
+pub use wire::PulledParam;

@@ -1,0 +1,187 @@
+//! Placement repair: what a worker does after a call failed for a reason a
+//! repair can fix ([`crate::Recovery`]), so that it can repeat the call.
+//!
+//! - The shard map moved on: fetch the newer map.
+//! - A server lacks keys it should hold (it restarted empty, or just took them
+//!   over), or holds one behind this worker's copy: register them again.
+//! - A server is unreachable after the retries: wait for the scheduler's next
+//!   map, which places the lost server's keys on the live ones, or for the
+//!   server's return at its address.
+//!
+//! Either way every key is then registered again with the worker's
+//! [`LocalCopy`], so a server that now owns a key it lacks restores it (from a
+//! checkpoint, or from the copy). A repair that itself fails for one of these
+//! reasons (the map moved again meanwhile) is repaired in turn, within a
+//! [`RepairBudget`]. A repeated push keeps its `(worker, step)`: keys that took
+//! it do not apply it twice.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ps_proto::v1;
+
+use crate::connection::PsClient;
+use crate::error::{ClientError, Recovery};
+
+/// How long each wait for a newer shard map lasts before checking whether an
+/// unreachable server is back at its address.
+const PLACEMENT_PROBE: Duration = Duration::from_millis(500);
+
+/// A worker's own copy of every parameter, offered to servers that must restore
+/// keys.
+#[derive(Debug, Clone)]
+pub struct LocalCopy {
+    /// Every parameter's values, by name.
+    pub values: Vec<(String, Bytes)>,
+    /// The version of these values (0: initial values).
+    pub version: u64,
+    /// The optimizer the keys are registered with.
+    pub optimizer: v1::Optimizer,
+}
+
+/// How many repairs one operation (a step, a load) may make before giving up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepairBudget {
+    left: usize,
+}
+
+impl Default for RepairBudget {
+    /// Five repairs: enough for a map that moves twice while a server restarts.
+    fn default() -> Self {
+        Self { left: 5 }
+    }
+}
+
+impl RepairBudget {
+    fn spend(&mut self) -> bool {
+        let spent = self.left > 0;
+        self.left = self.left.saturating_sub(1);
+        spent
+    }
+}
+
+impl PsClient {
+    /// After `error` failed an operation of a worker at `step`: repairs placement
+    /// when that can help, so the caller can repeat the operation; otherwise (or
+    /// when the budget is spent) returns the error. [`Recovery::Rejoin`] is
+    /// returned too: only the caller can load the group's step.
+    ///
+    /// # Errors
+    /// The error to give up with.
+    pub async fn recover(
+        &mut self,
+        mut error: ClientError,
+        step: u64,
+        budget: &mut RepairBudget,
+        copy: &LocalCopy,
+    ) -> Result<(), ClientError> {
+        loop {
+            let recovery = error.recovery(step);
+            let repairable = !matches!(recovery, Recovery::Fatal | Recovery::Rejoin { .. });
+            if !repairable || !budget.spend() {
+                return Err(error);
+            }
+            match self.repair(recovery, &error, step, copy).await {
+                Ok(()) => return Ok(()),
+                Err(next) => error = next,
+            }
+        }
+    }
+
+    /// One repair for `recovery`.
+    async fn repair(
+        &mut self,
+        recovery: Recovery,
+        error: &ClientError,
+        step: u64,
+        copy: &LocalCopy,
+    ) -> Result<(), ClientError> {
+        match recovery {
+            Recovery::StaleMap { version } => {
+                tracing::info!(
+                    step,
+                    version,
+                    "the shard map moved on; placing keys by the new one and registering this worker's copy"
+                );
+                self.refresh(version).await?;
+            }
+            Recovery::KeyBehind { version } => tracing::warn!(
+                step,
+                key_version = version,
+                loaded = copy.version,
+                "a parameter server holds an older version of a key than this worker; offering this worker's copy"
+            ),
+            Recovery::KeysMissing => tracing::warn!(
+                step,
+                %error,
+                "a parameter server lacks keys (it restarted, or took them over); restoring them"
+            ),
+            Recovery::ServerLost => {
+                tracing::warn!(step, %error, "a parameter server looks lost; waiting for a new shard map or its return, then restoring its keys");
+                return self.await_placement(copy).await;
+            }
+            Recovery::Rejoin { .. } | Recovery::Fatal => unreachable!("not repairable"),
+        }
+        self.offer(copy).await
+    }
+
+    /// Registers every key again with `copy`.
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server.
+    pub async fn offer(&self, copy: &LocalCopy) -> Result<(), ClientError> {
+        self.register_copy(&copy.values, &copy.optimizer, copy.version)
+            .await
+            .map(|_| ())
+    }
+
+    /// Routes by the scheduler's newer shard map, if it announced one, and
+    /// registers `copy` there. True when the map changed.
+    ///
+    /// # Errors
+    /// [`ClientError`] from the scheduler or any server.
+    pub async fn follow_newer_map(&mut self, copy: &LocalCopy) -> Result<bool, ClientError> {
+        let Some(version) = self.newer_map() else {
+            return Ok(false);
+        };
+        self.refresh(version).await?;
+        self.offer(copy).await?;
+        Ok(true)
+    }
+
+    /// After a server could not be reached: waits until the scheduler publishes
+    /// a map without it, or until the server is back at its address (it restarted
+    /// before the scheduler declared it dead), whichever comes first, then
+    /// registers `copy`; for at most the pull timeout.
+    async fn await_placement(&mut self, copy: &LocalCopy) -> Result<(), ClientError> {
+        if !self.has_scheduler() {
+            return self.offer(copy).await;
+        }
+        let next = self.map_version() + 1;
+        let deadline = Instant::now() + self.pull_timeout();
+        loop {
+            match self.refresh_within(next, PLACEMENT_PROBE).await {
+                Ok(()) => return self.offer(copy).await,
+                Err(error) if error.no_newer_map() => {}
+                Err(error) => return Err(error),
+            }
+            match self.offer(copy).await {
+                Ok(()) => {
+                    tracing::info!("the parameter server is back at its address; keys restored");
+                    return Ok(());
+                }
+                Err(error) if still_lost(&error) && Instant::now() < deadline => {}
+                Err(error) => return Err(error),
+            }
+        }
+    }
+}
+
+/// True while a server that was lost still looks lost (unreachable, or not yet
+/// holding the keys).
+fn still_lost(error: &ClientError) -> bool {
+    matches!(
+        error.recovery(0),
+        Recovery::ServerLost | Recovery::KeysMissing
+    )
+}

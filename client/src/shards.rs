@@ -1,0 +1,376 @@
+//! [`Shards`]: the parameter servers a client routes to, where each parameter's
+//! parts live on them, and the shard-map version it routes by; with the fan-out
+//! of register, push and pull to every server at once, unary below the message
+//! limit and streamed in chunks above it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::try_join_all;
+use ps_proto::codec::TensorData;
+use ps_proto::key::ParamKey;
+use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::v1;
+use ps_proto::v1::parameter_server_client::ParameterServerClient;
+use tokio_stream::StreamExt;
+use tonic::Status;
+use tonic::transport::Channel;
+
+use crate::config::ClientConfig;
+use crate::error::{ClientError, settled};
+use crate::placement::{Placed, Placement};
+use crate::retry::RetryPolicy;
+use crate::wire::{
+    PartData, PulledKey, PulledParam, assemble_pulled, decode_pulled, reassemble, register_chunks,
+    spec_of, tensor_chunks, tensor_of,
+};
+
+/// One parameter server.
+#[derive(Clone)]
+pub(crate) struct Server {
+    pub(crate) addr: String,
+    client: ParameterServerClient<Channel>,
+}
+
+impl Server {
+    /// The parameter server at `addr` over `channel`, with the configured message limits.
+    pub(crate) fn new(addr: &str, channel: Channel, transport: &TransportConfig) -> Self {
+        let limit = transport.max_message_bytes;
+        let client = ParameterServerClient::new(channel)
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
+        Server {
+            addr: addr.to_string(),
+            client,
+        }
+    }
+
+    /// Connects to the parameter server at `addr` now (it is in the shard map,
+    /// so it should be up: no waiting for it).
+    pub(crate) async fn connect(
+        transport: &TransportConfig,
+        addr: &str,
+    ) -> Result<Self, ClientError> {
+        let connect_error = |source| ClientError::Connect {
+            addr: addr.to_string(),
+            source,
+        };
+        let channel = transport
+            .endpoint(http_uri(addr))
+            .map_err(connect_error)?
+            .connect()
+            .await
+            .map_err(connect_error)?;
+        Ok(Self::new(addr, channel, transport))
+    }
+
+    /// Runs `call` with `retry`, naming this server and `what` on failure.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        retry: RetryPolicy,
+        what: &'static str,
+        call: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(ParameterServerClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        retry
+            .run(what, || call(self.client.clone()))
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| ClientError::Rpc {
+                what,
+                addr: self.addr.clone(),
+                status,
+            })
+    }
+}
+
+/// The servers, the placement over them, and how requests to them are made.
+pub(crate) struct Shards {
+    pub(crate) servers: Vec<Server>,
+    pub(crate) placement: Placement,
+    pub(crate) map_version: u64,
+    retry: RetryPolicy,
+    chunk_bytes: usize,
+    unary_limit: usize,
+    pull_timeout: Duration,
+}
+
+impl Shards {
+    /// `servers`, with nothing placed yet.
+    pub(crate) fn new(servers: Vec<Server>, config: &ClientConfig) -> Self {
+        Self {
+            servers,
+            placement: Placement::default(),
+            map_version: 0,
+            retry: config.retry,
+            chunk_bytes: config.chunk_bytes,
+            unary_limit: config.transport.payload_limit(),
+            pull_timeout: config.pull_timeout,
+        }
+    }
+
+    /// The retries of a pull: none. A pull is never retried by itself: when its
+    /// connection broke, the server may have restarted and lost this worker's
+    /// push of the step (another worker may even have restored the key since),
+    /// so the pull would wait for a push that is never repeated. The trainer
+    /// repeats the whole step instead, push included; a repeated push is applied
+    /// once.
+    fn pull_retry(&self) -> RetryPolicy {
+        RetryPolicy {
+            attempts: 1,
+            ..self.retry
+        }
+    }
+
+    /// The parts each server holds, with the bytes of each part cut from `data`.
+    fn parts_by_server<'a>(
+        &'a self,
+        data: &'a [(String, Bytes)],
+    ) -> Result<Vec<Vec<PartData<'a>>>, ClientError> {
+        let mut by_server = vec![Vec::new(); self.servers.len()];
+        for (name, bytes) in data {
+            let placed = self.placed(name)?;
+            let size = placed.info.dtype.size();
+            if bytes.len() != placed.info.len() * size {
+                let reason = format!(
+                    "{name} has {} bytes, but its shape {:?} needs {}",
+                    bytes.len(),
+                    placed.info.shape,
+                    placed.info.len() * size
+                );
+                return Err(ClientError::Usage(reason));
+            }
+            for part in &placed.parts {
+                let slice = bytes.slice(part.start * size..(part.start + part.len) * size);
+                by_server[part.server].push((placed, *part, slice));
+            }
+        }
+        Ok(by_server)
+    }
+
+    fn placed(&self, name: &str) -> Result<&Placed, ClientError> {
+        self.placement.get(name).ok_or_else(|| {
+            ClientError::Usage(format!(
+                "parameter {name} was never placed; call place() first"
+            ))
+        })
+    }
+
+    /// Registers every part of `values` on its server with `optimizer`, to be
+    /// restored from `restore_version` (0: initial values). True when every key
+    /// took these values.
+    pub(crate) async fn register(
+        &self,
+        values: &[(String, Bytes)],
+        optimizer: &v1::Optimizer,
+        restore_version: u64,
+    ) -> Result<bool, ClientError> {
+        let by_server = self.parts_by_server(values)?;
+        let calls = by_server
+            .iter()
+            .enumerate()
+            .filter(|(_, parts)| !parts.is_empty())
+            .map(|(s, parts)| {
+                let inits = parts
+                    .iter()
+                    .map(|(placed, part, data)| (spec_of(placed, part, optimizer), data.clone()))
+                    .collect();
+                self.register_on(&self.servers[s], inits, restore_version)
+            });
+        let created = try_join_all(calls).await?;
+        Ok(created.into_iter().all(|c| c))
+    }
+
+    async fn register_on(
+        &self,
+        server: &Server,
+        inits: Vec<(v1::ParameterSpec, Bytes)>,
+        restore_version: u64,
+    ) -> Result<bool, ClientError> {
+        let bytes: usize = inits.iter().map(|(_, data)| data.len()).sum();
+        let response = if bytes <= self.unary_limit {
+            let params: Vec<_> = inits
+                .into_iter()
+                .map(|(spec, initial)| v1::ParameterInit {
+                    spec: Some(spec),
+                    initial,
+                })
+                .collect();
+            let request = v1::RegisterRequest {
+                params,
+                map_version: self.map_version,
+                restore_version,
+            };
+            server
+                .call(self.retry, "Register", |mut c| {
+                    let request = request.clone();
+                    async move { c.register(request).await }
+                })
+                .await?
+        } else {
+            let versions = (self.map_version, restore_version);
+            let chunks: Vec<v1::RegisterChunk> = inits
+                .iter()
+                .flat_map(|(spec, data)| register_chunks(spec, data, self.chunk_bytes, versions))
+                .collect();
+            server
+                .call(self.retry, "RegisterStream", |mut c| {
+                    let chunks = chunks.clone();
+                    async move { c.register_stream(tokio_stream::iter(chunks)).await }
+                })
+                .await?
+        };
+        Ok(response.keys.iter().all(|k| k.created))
+    }
+
+    /// Pushes the gradients of `step` to every server concurrently; how many
+    /// keys took them (the rest were retries already taken).
+    pub(crate) async fn push(
+        &self,
+        worker: u32,
+        step: u64,
+        grads: &[(String, Bytes)],
+    ) -> Result<usize, ClientError> {
+        let by_server = self.parts_by_server(grads)?;
+        let calls = by_server
+            .iter()
+            .enumerate()
+            .filter(|(_, parts)| !parts.is_empty())
+            .map(|(s, parts)| {
+                let tensors: Vec<v1::Tensor> = parts
+                    .iter()
+                    .map(|(placed, part, data)| tensor_of(placed, part, data.clone()))
+                    .collect();
+                self.push_on(&self.servers[s], worker, step, tensors)
+            });
+        // Every server's push runs to its end, so that when one refuses a step the
+        // group completed without this worker, the others have taken theirs (or
+        // refused too) before the worker joins at the newer step.
+        let outcomes = futures::future::join_all(calls).await;
+        Ok(settled(outcomes)?.into_iter().sum())
+    }
+
+    async fn push_on(
+        &self,
+        server: &Server,
+        worker_id: u32,
+        step: u64,
+        grads: Vec<v1::Tensor>,
+    ) -> Result<usize, ClientError> {
+        let bytes: usize = grads.iter().map(|t| t.data.len()).sum();
+        let response = if bytes <= self.unary_limit {
+            let request = v1::PushRequest {
+                map_version: self.map_version,
+                worker_id,
+                step,
+                grads,
+            };
+            server
+                .call(self.retry, "Push", |mut c| {
+                    let request = request.clone();
+                    async move { c.push(request).await }
+                })
+                .await?
+        } else {
+            let chunks: Vec<v1::PushChunk> = grads
+                .iter()
+                .flat_map(|t| tensor_chunks(t, self.chunk_bytes))
+                .map(|chunk| v1::PushChunk {
+                    map_version: self.map_version,
+                    worker_id,
+                    step,
+                    chunk: Some(chunk),
+                })
+                .collect();
+            server
+                .call(self.retry, "PushStream", |mut c| {
+                    let chunks = chunks.clone();
+                    async move { c.push_stream(tokio_stream::iter(chunks)).await }
+                })
+                .await?
+        };
+        Ok(response.keys.iter().filter(|k| k.accepted).count())
+    }
+
+    /// Pulls every placed parameter once each of its parts reaches `min_version`.
+    pub(crate) async fn pull(
+        &self,
+        min_version: u64,
+    ) -> Result<BTreeMap<String, PulledParam>, ClientError> {
+        let mut keys_by_server: Vec<Vec<(ParamKey, usize)>> = vec![Vec::new(); self.servers.len()];
+        for placed in self.placement.params() {
+            for part in &placed.parts {
+                let bytes = part.len * placed.info.dtype.size();
+                keys_by_server[part.server]
+                    .push((ParamKey::new(&placed.info.name, part.part), bytes));
+            }
+        }
+        let calls = keys_by_server
+            .iter()
+            .enumerate()
+            .filter(|(_, keys)| !keys.is_empty())
+            .map(|(s, keys)| self.pull_on(&self.servers[s], keys, min_version));
+        let pulled: BTreeMap<ParamKey, (TensorData, u64)> =
+            try_join_all(calls).await?.into_iter().flatten().collect();
+        self.placement
+            .params()
+            .map(|placed| Ok((placed.info.name.clone(), reassemble(placed, &pulled)?)))
+            .collect()
+    }
+
+    async fn pull_on(
+        &self,
+        server: &Server,
+        keys: &[(ParamKey, usize)],
+        min_version: u64,
+    ) -> Result<Vec<PulledKey>, ClientError> {
+        let request = v1::PullRequest {
+            map_version: self.map_version,
+            keys: keys
+                .iter()
+                .map(|(k, _)| v1::KeyRef {
+                    name: k.name.clone(),
+                    part: k.part,
+                })
+                .collect(),
+            min_version,
+            timeout_ms: self.pull_timeout.as_millis() as u64,
+            chunk_bytes: self.chunk_bytes as u64,
+        };
+        let bytes: usize = keys.iter().map(|(_, b)| b).sum();
+        let protocol = |reason: String| ClientError::Protocol {
+            what: "Pull",
+            addr: server.addr.clone(),
+            reason,
+        };
+        if bytes <= self.unary_limit {
+            let response = server
+                .call(self.pull_retry(), "Pull", |mut c| {
+                    let request = request.clone();
+                    async move { c.pull(request).await }
+                })
+                .await?;
+            return response
+                .tensors
+                .iter()
+                .map(|p| decode_pulled(p).map_err(protocol))
+                .collect();
+        }
+        let chunks = server
+            .call(self.pull_retry(), "PullStream", |mut c| {
+                let request = request.clone();
+                async move {
+                    let response = c.pull_stream(request).await?;
+                    let (metadata, stream, extensions) = response.into_parts();
+                    let chunks: Vec<v1::PullChunk> = stream.collect::<Result<_, Status>>().await?;
+                    Ok(tonic::Response::from_parts(metadata, chunks, extensions))
+                }
+            })
+            .await?;
+        assemble_pulled(chunks).map_err(protocol)
+    }
+}
