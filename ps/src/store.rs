@@ -674,3 +674,7 @@ fn snapshot(entry: &Entry) -> Pulled {
         version,
     }
 }
+
+#[cfg(test)]
+#[path = "store_tests.rs"]
+mod tests;

@@ -106,7 +106,9 @@ mod tests {
     fn the_first_map_is_version_1() {
         let map = next_map(None, servers(2), &params(), group(&[0, 1])).expect("a map");
         assert_eq!((map.version, map.servers.len()), (1, 2));
-        assert_eq!(map.assignments.len(), 2);
+        let (first, second) = (map.owned_by(0).1, map.owned_by(1).1);
+        assert_eq!(first + second, 800_000, "every byte placed once");
+        assert_eq!(first, second, "balanced");
     }
 
     #[test]

@@ -1,0 +1,227 @@
+//! Unit tests of [`Store`] without sockets: admission under each consistency
+//! model, all-or-nothing requests, group shrink, and pulls that wait.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ps_proto::codec::{DType, TensorData};
+use ps_proto::key::ParamKey;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::consistency::Consistency;
+use crate::error::Error;
+use crate::optimizer::OptimizerSpec;
+use crate::param::{Group, ParamSpec};
+
+const SGD_1: OptimizerSpec = OptimizerSpec::Sgd {
+    lr: 1.0,
+    weight_decay: 0.0,
+};
+
+fn store(consistency: Consistency, workers: u32) -> Store {
+    let rules = StoreRules {
+        group: Group {
+            consistency,
+            workers,
+        },
+        reject_non_finite: true,
+        max_tensor_bytes: 1 << 20,
+    };
+    Store::new(rules, CancellationToken::new())
+}
+
+fn spec(name: &str, len: usize) -> ParamSpec {
+    ParamSpec {
+        key: ParamKey::new(name, 0),
+        dtype: DType::F32,
+        shape: vec![len],
+        whole_shape: Vec::new(),
+        optimizer: SGD_1,
+    }
+}
+
+fn tensor(values: &[f32]) -> TensorData {
+    TensorData::from_f32(DType::F32, vec![values.len()], values)
+}
+
+fn key(name: &str) -> ParamKey {
+    ParamKey::new(name, 0)
+}
+
+/// A store with keys `w` and `b` registered at `[1, 1]`.
+fn with_keys(consistency: Consistency, workers: u32) -> Store {
+    let store = store(consistency, workers);
+    let params = ["w", "b"]
+        .iter()
+        .map(|name| (spec(name, 2), Some(tensor(&[1.0, 1.0]))))
+        .collect();
+    store.register(params, 0).expect("register");
+    store
+}
+
+fn push(store: &Store, worker: u32, step: u64, grad: f32) -> Result<Vec<Pushed>> {
+    store.push(worker, step, vec![(key("w"), tensor(&[grad, grad]))])
+}
+
+async fn values(store: &Store, name: &str) -> (Vec<f32>, u64) {
+    let keys = [key(name)];
+    let pulled = store
+        .pull(&keys, 0, Duration::from_secs(1), 0)
+        .await
+        .expect("pull")
+        .remove(0);
+    let data = TensorData::new(pulled.dtype, pulled.shape, pulled.data).expect("decode");
+    (data.to_f32_vec(), pulled.version)
+}
+
+#[tokio::test]
+async fn bsp_applies_the_average_once_every_worker_pushed() {
+    let store = with_keys(Consistency::Bsp, 2);
+    push(&store, 0, 0, 2.0).unwrap();
+    assert_eq!(
+        values(&store, "w").await,
+        (vec![1.0, 1.0], 0),
+        "waits for worker 1"
+    );
+    push(&store, 1, 0, 4.0).unwrap();
+    assert_eq!(
+        values(&store, "w").await,
+        (vec![-2.0, -2.0], 1),
+        "1 - mean(2, 4)"
+    );
+}
+
+#[tokio::test]
+async fn a_repeated_push_is_acknowledged_and_not_applied_again() {
+    let store = with_keys(Consistency::Asp, 1);
+    assert!(push(&store, 0, 0, 1.0).unwrap()[0].accepted);
+    let again = push(&store, 0, 0, 1.0).unwrap();
+    assert!(!again[0].accepted);
+    assert_eq!(values(&store, "w").await, (vec![0.0, 0.0], 1));
+    assert_eq!(store.stats().duplicate_pushes, 1);
+}
+
+#[tokio::test]
+async fn admission_refuses_steps_the_model_does_not_allow() {
+    let bsp = with_keys(Consistency::Bsp, 1);
+    assert!(matches!(
+        push(&bsp, 0, 1, 1.0),
+        Err(Error::FutureStep { .. })
+    ));
+    push(&bsp, 0, 0, 1.0).unwrap();
+    push(&bsp, 0, 1, 1.0).unwrap();
+    let ssp = with_keys(Consistency::Ssp { staleness: 2 }, 2);
+    for step in 0..=2 {
+        push(&ssp, 0, step, 0.0).unwrap();
+    }
+    assert!(
+        matches!(push(&ssp, 0, 3, 0.0), Err(Error::FutureStep { .. })),
+        "worker 0 may run 2 steps ahead of worker 1, not 3"
+    );
+    assert!(matches!(
+        push(&bsp, 5, 2, 1.0),
+        Err(Error::WorkerOutsideGroup {
+            worker: 5,
+            group: 1
+        })
+    ));
+}
+
+#[tokio::test]
+async fn a_step_completed_without_a_worker_is_refused_as_stale() {
+    let store = with_keys(Consistency::Bsp, 2);
+    push(&store, 0, 0, 1.0).unwrap();
+    store.set_live_workers(BTreeSet::from([0]));
+    assert!(matches!(
+        push(&store, 1, 0, 1.0),
+        Err(Error::StaleStep { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_request_with_one_bad_key_changes_no_key() {
+    let store = with_keys(Consistency::Asp, 1);
+    let grads = vec![
+        (key("w"), tensor(&[1.0, 1.0])),
+        (key("b"), tensor(&[1.0, f32::NAN])),
+    ];
+    assert!(matches!(
+        store.push(0, 0, grads),
+        Err(Error::NonFinite { .. })
+    ));
+    let unknown = vec![(key("w"), tensor(&[1.0, 1.0])), (key("x"), tensor(&[1.0]))];
+    assert!(matches!(
+        store.push(0, 0, unknown),
+        Err(Error::UnknownKey { .. })
+    ));
+    let shape = vec![(key("w"), tensor(&[1.0, 1.0])), (key("b"), tensor(&[1.0]))];
+    assert!(matches!(
+        store.push(0, 0, shape),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert_eq!(values(&store, "w").await, (vec![1.0, 1.0], 0));
+    assert_eq!(values(&store, "b").await, (vec![1.0, 1.0], 0));
+    let conflict = vec![(spec("w", 2), None), (spec("b", 3), None)];
+    assert!(matches!(
+        store.register(conflict, 0),
+        Err(Error::SpecConflict { .. })
+    ));
+    let new_and_conflict = vec![(spec("c", 2), None), (spec("b", 3), None)];
+    assert!(store.register(new_and_conflict, 0).is_err());
+    assert_eq!(store.stats().keys.len(), 2, "c was not created");
+}
+
+#[tokio::test]
+async fn group_shrink_completes_a_step_waiting_only_for_the_dead_worker() {
+    let store = with_keys(Consistency::Bsp, 3);
+    push(&store, 0, 0, 3.0).unwrap();
+    push(&store, 1, 0, 6.0).unwrap();
+    assert_eq!(values(&store, "w").await.1, 0);
+    let advanced = store.set_group(3, BTreeSet::from([0, 1]));
+    assert_eq!(advanced, 1, "w advanced; b had no pushes to complete");
+    let (w, version) = values(&store, "w").await;
+    assert_eq!(version, 1);
+    assert_eq!(
+        w,
+        vec![1.0 - 4.5; 2],
+        "the mean of the two gradients that came"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pull_waits_for_its_version_and_times_out_naming_the_missing_workers() {
+    let store = Arc::new(with_keys(Consistency::Bsp, 2));
+    let keys = [key("w")];
+    let waiting = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move { store.pull(&[key("w")], 1, Duration::from_secs(5), 0).await })
+    };
+    tokio::task::yield_now().await;
+    push(&store, 0, 0, 1.0).unwrap();
+    push(&store, 1, 0, 1.0).unwrap();
+    let pulled = waiting.await.unwrap().expect("released by the step");
+    assert_eq!(pulled[0].version, 1);
+    push(&store, 0, 1, 1.0).unwrap();
+    let error = store
+        .pull(&keys, 2, Duration::from_secs(5), 0)
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("workers [1]"),
+        "names the missing worker: {error}"
+    );
+}
+
+#[tokio::test]
+async fn a_pull_ends_when_the_store_shuts_down() {
+    let shutdown = CancellationToken::new();
+    let rules = store(Consistency::Bsp, 1).rules();
+    let store = Store::new(rules, shutdown.clone());
+    store.register(vec![(spec("w", 2), None)], 0).unwrap();
+    let keys = [key("w")];
+    let pull = store.pull(&keys, 5, Duration::from_secs(60), 0);
+    shutdown.cancel();
+    assert!(matches!(pull.await, Err(Error::ShuttingDown)));
+}
