@@ -23,7 +23,6 @@ use ps_proto::key::ParamKey;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
-use crate::param::ParamSpec;
 
 /// Checkpoints kept per server; older ones are deleted after a successful write.
 pub const KEEP: usize = 2;
@@ -66,17 +65,6 @@ pub struct Layout {
     pub shape: Vec<usize>,
     /// The whole parameter's shape for a partition; empty for a whole parameter.
     pub whole_shape: Vec<usize>,
-}
-
-impl Layout {
-    /// The layout of a key with `spec`.
-    pub fn of(spec: &ParamSpec) -> Self {
-        Self {
-            dtype: spec.dtype,
-            shape: spec.shape.clone(),
-            whole_shape: spec.whole_shape.clone(),
-        }
-    }
 }
 
 /// Why a checkpoint could not be written or read.

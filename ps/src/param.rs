@@ -30,6 +30,15 @@ pub struct ParamSpec {
 }
 
 impl ParamSpec {
+    /// The layout a checkpoint records for this key.
+    pub fn layout(&self) -> Layout {
+        Layout {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            whole_shape: self.whole_shape.clone(),
+        }
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         element_count(&self.shape)
@@ -99,7 +108,7 @@ impl KeyState {
         KeyCheckpoint {
             key: spec.key.clone(),
             spec: spec.describe(),
-            layout: Some(Layout::of(spec)),
+            layout: Some(spec.layout()),
             values: self.values.clone(),
             first: first.to_vec(),
             second: second.to_vec(),

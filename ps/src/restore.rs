@@ -157,7 +157,7 @@ mod tests {
         let saved = KeyCheckpoint {
             key: spec.key.clone(),
             spec: spec.describe(),
-            layout: Some(checkpoint::Layout::of(spec)),
+            layout: Some(spec.layout()),
             values: vec![1.0, 2.0],
             first: vec![0.5, -0.5],
             second: Vec::new(),
