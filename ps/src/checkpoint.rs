@@ -23,7 +23,6 @@ use ps_proto::key::ParamKey;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
-
 /// Checkpoints kept per server; older ones are deleted after a successful write.
 pub const KEEP: usize = 2;
 
