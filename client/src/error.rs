@@ -79,6 +79,14 @@ pub enum Recovery {
     Fatal,
 }
 
+impl Recovery {
+    /// True when a placement repair can help: everything but a rejoin (only the
+    /// caller can load the group's step) and a fatal error.
+    pub fn is_repairable(self) -> bool {
+        !matches!(self, Recovery::Fatal | Recovery::Rejoin { .. })
+    }
+}
+
 impl ClientError {
     /// What a worker that pushed (or is about to push) `step` does about this error.
     pub fn recovery(&self, step: u64) -> Recovery {

@@ -77,8 +77,7 @@ impl PsClient {
     ) -> Result<(), ClientError> {
         loop {
             let recovery = error.recovery(step);
-            let repairable = !matches!(recovery, Recovery::Fatal | Recovery::Rejoin { .. });
-            if !repairable || !budget.spend() {
+            if !recovery.is_repairable() || !budget.spend() {
                 return Err(error);
             }
             match self.repair(recovery, &error, step, copy).await {

@@ -146,6 +146,18 @@ fn copy(values: &[f32], version: u64) -> LocalCopy {
     }
 }
 
+/// A client of `server` with `w` registered at ones; the copy it registered.
+async fn registered(server: &Loopback) -> (PsClient, LocalCopy) {
+    let client = client(server).await;
+    let initial = copy(&[1.0; 4], 0);
+    let created = client
+        .register(&initial.values, &initial.optimizer)
+        .await
+        .unwrap();
+    assert!(created, "a fresh server takes the values");
+    (client, initial)
+}
+
 async fn pull_w(client: &PsClient) -> (Vec<f32>, u64) {
     let pulled = client.pull(0).await.expect("pull").remove("w").unwrap();
     (pulled.values, pulled.version)
@@ -154,14 +166,7 @@ async fn pull_w(client: &PsClient) -> (Vec<f32>, u64) {
 #[tokio::test]
 async fn a_server_restarted_empty_gets_the_keys_back_from_the_workers_copy() {
     let server = Loopback::start();
-    let mut client = client(&server).await;
-    let initial = copy(&[1.0; 4], 0);
-    assert!(
-        client
-            .register(&initial.values, &initial.optimizer)
-            .await
-            .unwrap()
-    );
+    let (mut client, _) = registered(&server).await;
     client
         .push(0, 0, &[("w".into(), f32s(&[0.5; 4]))])
         .await
@@ -190,12 +195,7 @@ async fn a_server_restarted_empty_gets_the_keys_back_from_the_workers_copy() {
 #[tokio::test]
 async fn a_server_gone_for_good_ends_the_repair_within_its_budget() {
     let server = Loopback::start();
-    let mut client = client(&server).await;
-    let initial = copy(&[1.0; 4], 0);
-    client
-        .register(&initial.values, &initial.optimizer)
-        .await
-        .unwrap();
+    let (mut client, initial) = registered(&server).await;
     server.stop();
     let grads = [("w".into(), f32s(&[0.5; 4]))];
     let error = client.push(0, 0, &grads).await.unwrap_err();
@@ -218,12 +218,7 @@ async fn a_server_gone_for_good_ends_the_repair_within_its_budget() {
 #[tokio::test]
 async fn a_request_error_is_not_repaired() {
     let server = Loopback::start();
-    let mut client = client(&server).await;
-    let initial = copy(&[1.0; 4], 0);
-    client
-        .register(&initial.values, &initial.optimizer)
-        .await
-        .unwrap();
+    let (mut client, initial) = registered(&server).await;
     let wrong = [("w".into(), f32s(&[f32::NAN; 4]))];
     let error = client.push(0, 0, &wrong).await.unwrap_err();
     assert!(matches!(error, ClientError::Rpc { .. }));

@@ -49,11 +49,6 @@ mod tests {
     use super::*;
     use crate::membership::Membership;
 
-    fn live(membership: &Membership) -> Vec<u32> {
-        let workers = membership.workers().into_iter();
-        workers.filter(|w| w.alive).map(|w| w.id).collect()
-    }
-
     #[test]
     fn releases_when_every_live_worker_arrived() {
         let mut barriers = Barriers::default();
@@ -87,12 +82,12 @@ mod tests {
             .heartbeat(crate::membership::Node::Worker(0), 7, later)
             .unwrap();
         assert_eq!(
-            barriers.state("end", &live(&membership)),
+            barriers.state("end", &membership.live_workers()),
             BarrierState::Waiting(vec![1])
         );
         membership.tick(start + Duration::from_secs(6));
         assert_eq!(
-            barriers.state("end", &live(&membership)),
+            barriers.state("end", &membership.live_workers()),
             BarrierState::Released(vec![0])
         );
     }

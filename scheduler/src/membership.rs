@@ -431,6 +431,11 @@ impl Membership {
             .collect()
     }
 
+    /// Ranks of the live workers.
+    pub fn live_workers(&self) -> Vec<u32> {
+        Self::live(&self.workers).map(|(rank, _)| rank).collect()
+    }
+
     /// Every worker, by rank.
     pub fn workers(&self) -> Vec<MemberView> {
         self.workers.iter().map(|(&rank, m)| m.view(rank)).collect()

@@ -165,10 +165,7 @@ impl SchedulerState {
 
     /// Barrier `name` given the workers alive now.
     pub(crate) fn barrier(&self, name: &str) -> BarrierState {
-        let live: Vec<u32> = self.read(|m| {
-            let workers = m.workers().into_iter();
-            workers.filter(|w| w.alive).map(|w| w.id).collect()
-        });
+        let live = self.read(Membership::live_workers);
         let barriers = self.barriers.lock().unwrap_or_else(|p| p.into_inner());
         barriers.state(name, &live)
     }

@@ -235,7 +235,7 @@ impl PsTrainer {
         error: ClientError,
         budget: &mut RepairBudget,
     ) -> Result<(), TrainerError> {
-        if error.recovery(self.step) == Recovery::Fatal {
+        if !error.recovery(self.step).is_repairable() {
             return Err(error.into());
         }
         let copy = self.local_copy()?;
