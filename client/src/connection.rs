@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::try_join_all;
 use ps_common::rendezvous::{Peer, rendezvous};
+use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::v1;
 use tonic::transport::Channel;
 
@@ -116,12 +117,12 @@ impl PsClient {
     }
 
     /// The shard-map version this client routes with (0: no scheduler).
-    pub fn map_version(&self) -> u64 {
+    pub fn map_version(&self) -> MapVersion {
         self.shards.map_version
     }
 
     /// A newer shard-map version the scheduler announced than the one in use, if any.
-    pub fn newer_map(&self) -> Option<u64> {
+    pub fn newer_map(&self) -> Option<MapVersion> {
         match &self.directory {
             Directory::Scheduler(link) => link.newer_than(self.shards.map_version),
             Directory::Fixed => None,
@@ -187,7 +188,7 @@ impl PsClient {
         match &mut self.directory {
             Directory::Scheduler(link) => {
                 link.declare(retry, params).await?;
-                self.refresh(1).await
+                self.refresh(MapVersion(1)).await
             }
             Directory::Fixed => {
                 let (servers, bytes) = (self.shards.servers.len(), self.config.partition_bytes);
@@ -203,7 +204,7 @@ impl PsClient {
     /// # Errors
     /// [`ClientError`] when no such map comes within the pull timeout or a server in
     /// it cannot be reached.
-    pub async fn refresh(&mut self, min_version: u64) -> Result<(), ClientError> {
+    pub async fn refresh(&mut self, min_version: MapVersion) -> Result<(), ClientError> {
         self.refresh_within(min_version, self.config.pull_timeout)
             .await
     }
@@ -215,7 +216,7 @@ impl PsClient {
     /// such map came within `wait`.
     pub async fn refresh_within(
         &mut self,
-        min_version: u64,
+        min_version: MapVersion,
         wait: Duration,
     ) -> Result<(), ClientError> {
         let Directory::Scheduler(link) = &self.directory else {
@@ -254,7 +255,7 @@ impl PsClient {
             })?;
         self.shards.servers = servers;
         self.shards.placement = placement;
-        self.shards.map_version = map.version;
+        self.shards.map_version = MapVersion(map.version);
         tracing::info!(version = map.version, servers = ?self.servers(), "placement from the scheduler's shard map");
         Ok(())
     }
@@ -270,7 +271,7 @@ impl PsClient {
         values: &[(String, Bytes)],
         optimizer: &v1::Optimizer,
     ) -> Result<bool, ClientError> {
-        self.register_copy(values, optimizer, 0).await
+        self.register_copy(values, optimizer, Version(0)).await
     }
 
     /// Registers every placed parameter again with this worker's copy of its values
@@ -284,7 +285,7 @@ impl PsClient {
         &self,
         values: &[(String, Bytes)],
         optimizer: &v1::Optimizer,
-        version: u64,
+        version: Version,
     ) -> Result<bool, ClientError> {
         self.shards.register(values, optimizer, version).await
     }
@@ -296,8 +297,8 @@ impl PsClient {
     /// [`ClientError`] from any server.
     pub async fn push(
         &self,
-        worker: u32,
-        step: u64,
+        worker: Rank,
+        step: Step,
         grads: &[(String, Bytes)],
     ) -> Result<usize, ClientError> {
         if let Directory::Scheduler(link) = &self.directory {
@@ -313,7 +314,7 @@ impl PsClient {
     /// workers a BSP step still waits for.
     pub async fn pull(
         &self,
-        min_version: u64,
+        min_version: Version,
     ) -> Result<BTreeMap<String, PulledParam>, ClientError> {
         self.shards.pull(min_version).await
     }

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ps_proto::consistency::Consistency;
+use ps_proto::ids::{MapVersion, Rank, Step};
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
 use tokio::task::JoinHandle;
@@ -23,7 +24,7 @@ use crate::shards::Server;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupInfo {
     /// This worker's rank (its `worker_id`).
-    pub rank: u32,
+    pub rank: Rank,
     /// Workers in the group.
     pub workers: u32,
     /// How the servers combine pushes.
@@ -36,7 +37,7 @@ pub struct GroupInfo {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Expected {
     /// The rank the worker chose.
-    pub rank: Option<u32>,
+    pub rank: Option<Rank>,
     /// The group size the worker was started with.
     pub workers: Option<u32>,
     /// The consistency model the worker was started with.
@@ -116,7 +117,7 @@ pub(crate) async fn join_group(
         expected_consistency: expected
             .consistency
             .map_or_else(String::new, |c| c.to_string()),
-        rank: expected.rank,
+        rank: expected.rank.map(Rank::get),
     };
     let response = server
         .call(retry, "JoinGroup", |mut client| {
@@ -133,7 +134,7 @@ pub(crate) async fn join_group(
             reason,
         })?;
     let group = GroupInfo {
-        rank: response.rank,
+        rank: Rank(response.rank),
         workers: response.workers,
         consistency,
     };
@@ -219,20 +220,20 @@ impl SchedulerLink {
         self.heartbeat = Some(tokio::spawn(heartbeat(self.client.clone(), beat)));
         self.rank = Some(response.rank);
         Ok(GroupInfo {
-            rank: response.rank,
+            rank: Rank(response.rank),
             workers: response.workers,
             consistency,
         })
     }
 
     /// Records the step this worker pushes, for the heartbeats.
-    pub(crate) fn record_step(&self, step: u64) {
-        self.step.store(step, Ordering::Relaxed);
+    pub(crate) fn record_step(&self, step: Step) {
+        self.step.store(step.get(), Ordering::Relaxed);
     }
 
     /// A map version newer than `current` that the scheduler announced, if any.
-    pub(crate) fn newer_than(&self, current: u64) -> Option<u64> {
-        let latest = self.latest_map.load(Ordering::Relaxed);
+    pub(crate) fn newer_than(&self, current: MapVersion) -> Option<MapVersion> {
+        let latest = MapVersion(self.latest_map.load(Ordering::Relaxed));
         (latest > current).then_some(latest)
     }
 
@@ -267,11 +268,11 @@ impl SchedulerLink {
     pub(crate) async fn shard_map(
         &self,
         retry: RetryPolicy,
-        min_version: u64,
+        min_version: MapVersion,
         wait: Duration,
     ) -> Result<v1::ShardMap, ClientError> {
         let request = v1::GetShardMapRequest {
-            min_version: min_version.max(1),
+            min_version: min_version.get().max(1),
             timeout_ms: wait.as_millis() as u64,
         };
         retry

@@ -2,6 +2,7 @@
 //! classifier that says what a worker does about it.
 
 use ps_common::rendezvous::RendezvousError;
+use ps_proto::ids::{MapVersion, Step, Version};
 use ps_proto::metadata;
 use tonic::Status;
 
@@ -55,19 +56,19 @@ pub enum Recovery {
     /// this step and go on from there.
     Rejoin {
         /// The group's step.
-        step: u64,
+        step: Step,
     },
     /// A server routes by a newer shard map: fetch it, then register this
     /// worker's copy of the keys.
     StaleMap {
         /// The newer map's version.
-        version: u64,
+        version: MapVersion,
     },
     /// A server holds a key at an older version than this worker's copy (it
     /// restored it from an older copy): offer this worker's copy.
     KeyBehind {
         /// The key's version.
-        version: u64,
+        version: Version,
     },
     /// A server answered but lacks keys it was sent (it restarted empty at the
     /// same address, or just took them over): register them again.
@@ -89,10 +90,13 @@ impl Recovery {
 
 impl ClientError {
     /// What a worker that pushed (or is about to push) `step` does about this error.
-    pub fn recovery(&self, step: u64) -> Recovery {
+    pub fn recovery(&self, step: Step) -> Recovery {
         if let Some(key_version) = self.key_version() {
-            return if key_version > step {
-                Recovery::Rejoin { step: key_version }
+            return if key_version.get() > step.get() {
+                // Version v holds steps 0..v: the group is at step v.
+                Recovery::Rejoin {
+                    step: Step(key_version.get()),
+                }
             } else {
                 Recovery::KeyBehind {
                     version: key_version,
@@ -113,16 +117,16 @@ impl ClientError {
     }
 
     /// The newer shard-map version a server named when it refused this client's map.
-    pub fn stale_map(&self) -> Option<u64> {
-        self.status_version(metadata::MAP_VERSION)
+    pub fn stale_map(&self) -> Option<MapVersion> {
+        self.status_version(metadata::MAP_VERSION).map(MapVersion)
     }
 
     /// The version a key was at when a server refused this worker's push of a
     /// step the key cannot take: above the step when the group completed it
     /// without this worker, at or below it when the key is behind this worker
     /// (restored from an older copy).
-    pub fn key_version(&self) -> Option<u64> {
-        self.status_version(metadata::KEY_VERSION)
+    pub fn key_version(&self) -> Option<Version> {
+        self.status_version(metadata::KEY_VERSION).map(Version)
     }
 
     fn status_version(&self, key: &'static str) -> Option<u64> {
@@ -181,23 +185,29 @@ mod tests {
 
     #[test]
     fn every_error_has_one_recovery() {
-        let step = 10;
+        let step = Step(10);
         let cases = [
             (
                 rpc(Code::FailedPrecondition, &[(metadata::KEY_VERSION, 12)]),
-                Recovery::Rejoin { step: 12 },
+                Recovery::Rejoin { step: Step(12) },
             ),
             (
                 rpc(Code::FailedPrecondition, &[(metadata::KEY_VERSION, 10)]),
-                Recovery::KeyBehind { version: 10 },
+                Recovery::KeyBehind {
+                    version: Version(10),
+                },
             ),
             (
                 rpc(Code::FailedPrecondition, &[(metadata::KEY_VERSION, 3)]),
-                Recovery::KeyBehind { version: 3 },
+                Recovery::KeyBehind {
+                    version: Version(3),
+                },
             ),
             (
                 rpc(Code::FailedPrecondition, &[(metadata::MAP_VERSION, 4)]),
-                Recovery::StaleMap { version: 4 },
+                Recovery::StaleMap {
+                    version: MapVersion(4),
+                },
             ),
             (rpc(Code::NotFound, &[]), Recovery::KeysMissing),
             (rpc(Code::Unavailable, &[]), Recovery::ServerLost),
@@ -221,7 +231,7 @@ mod tests {
             Err(rpc(Code::Unavailable, &[])),
         ];
         let chosen = settled(outcomes).unwrap_err();
-        assert_eq!(chosen.recovery(7), Recovery::Rejoin { step: 9 });
+        assert_eq!(chosen.recovery(Step(7)), Recovery::Rejoin { step: Step(9) });
         assert_eq!(
             settled(vec![Ok::<_, ClientError>(1), Ok(2)]).unwrap(),
             vec![1, 2]

@@ -18,6 +18,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ps_proto::ids::{Step, Version};
 use ps_proto::v1;
 
 use crate::connection::PsClient;
@@ -34,7 +35,7 @@ pub struct LocalCopy {
     /// Every parameter's values, by name.
     pub values: Vec<(String, Bytes)>,
     /// The version of these values (0: initial values).
-    pub version: u64,
+    pub version: Version,
     /// The optimizer the keys are registered with.
     pub optimizer: v1::Optimizer,
 }
@@ -71,7 +72,7 @@ impl PsClient {
     pub async fn recover(
         &mut self,
         mut error: ClientError,
-        step: u64,
+        step: Step,
         budget: &mut RepairBudget,
         copy: &LocalCopy,
     ) -> Result<(), ClientError> {
@@ -92,31 +93,31 @@ impl PsClient {
         &mut self,
         recovery: Recovery,
         error: &ClientError,
-        step: u64,
+        step: Step,
         copy: &LocalCopy,
     ) -> Result<(), ClientError> {
         match recovery {
             Recovery::StaleMap { version } => {
                 tracing::info!(
-                    step,
-                    version,
+                    %step,
+                    %version,
                     "the shard map moved on; placing keys by the new one and registering this worker's copy"
                 );
                 self.refresh(version).await?;
             }
             Recovery::KeyBehind { version } => tracing::warn!(
-                step,
-                key_version = version,
-                loaded = copy.version,
+                %step,
+                key_version = %version,
+                loaded = %copy.version,
                 "a parameter server holds an older version of a key than this worker; offering this worker's copy"
             ),
             Recovery::KeysMissing => tracing::warn!(
-                step,
+                %step,
                 %error,
                 "a parameter server lacks keys (it restarted, or took them over); restoring them"
             ),
             Recovery::ServerLost => {
-                tracing::warn!(step, %error, "a parameter server looks lost; waiting for a new shard map or its return, then restoring its keys");
+                tracing::warn!(%step, %error, "a parameter server looks lost; waiting for a new shard map or its return, then restoring its keys");
                 return self.await_placement(copy).await;
             }
             Recovery::Rejoin { .. } | Recovery::Fatal => unreachable!("not repairable"),
@@ -156,7 +157,7 @@ impl PsClient {
         if !self.has_scheduler() {
             return self.offer(copy).await;
         }
-        let next = self.map_version() + 1;
+        let next = self.map_version().next();
         let deadline = Instant::now() + self.pull_timeout();
         loop {
             match self.refresh_within(next, PLACEMENT_PROBE).await {
@@ -180,7 +181,7 @@ impl PsClient {
 /// holding the keys).
 fn still_lost(error: &ClientError) -> bool {
     matches!(
-        error.recovery(0),
+        error.recovery(Step(0)),
         Recovery::ServerLost | Recovery::KeysMissing
     )
 }

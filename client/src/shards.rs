@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::try_join_all;
-use ps_proto::codec::TensorData;
+use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
@@ -22,8 +22,8 @@ use crate::error::{ClientError, settled};
 use crate::placement::{Placed, Placement};
 use crate::retry::RetryPolicy;
 use crate::wire::{
-    PartData, PulledKey, PulledParam, assemble_pulled, decode_pulled, reassemble, register_chunks,
-    spec_of, tensor_chunks, tensor_of,
+    MalformedReply, PartData, PulledKey, PulledParam, assemble_pulled, decode_pulled, reassemble,
+    register_chunks, spec_of, tensor_chunks, tensor_of,
 };
 
 /// One parameter server.
@@ -92,7 +92,7 @@ impl Server {
 pub(crate) struct Shards {
     pub(crate) servers: Vec<Server>,
     pub(crate) placement: Placement,
-    pub(crate) map_version: u64,
+    pub(crate) map_version: MapVersion,
     retry: RetryPolicy,
     chunk_bytes: usize,
     unary_limit: usize,
@@ -105,7 +105,7 @@ impl Shards {
         Self {
             servers,
             placement: Placement::default(),
-            map_version: 0,
+            map_version: MapVersion::UNROUTED,
             retry: config.retry,
             chunk_bytes: config.chunk_bytes,
             unary_limit: config.transport.payload_limit(),
@@ -167,7 +167,7 @@ impl Shards {
         &self,
         values: &[(String, Bytes)],
         optimizer: &v1::Optimizer,
-        restore_version: u64,
+        restore_version: Version,
     ) -> Result<bool, ClientError> {
         let by_server = self.parts_by_server(values)?;
         let calls = by_server
@@ -189,7 +189,7 @@ impl Shards {
         &self,
         server: &Server,
         inits: Vec<(v1::ParameterSpec, Bytes)>,
-        restore_version: u64,
+        restore_version: Version,
     ) -> Result<bool, ClientError> {
         let bytes: usize = inits.iter().map(|(_, data)| data.len()).sum();
         let response = if bytes <= self.unary_limit {
@@ -202,8 +202,8 @@ impl Shards {
                 .collect();
             let request = v1::RegisterRequest {
                 params,
-                map_version: self.map_version,
-                restore_version,
+                map_version: self.map_version.get(),
+                restore_version: restore_version.get(),
             };
             server
                 .call(self.retry, "Register", |mut c| {
@@ -231,8 +231,8 @@ impl Shards {
     /// keys took them (the rest were retries already taken).
     pub(crate) async fn push(
         &self,
-        worker: u32,
-        step: u64,
+        worker: Rank,
+        step: Step,
         grads: &[(String, Bytes)],
     ) -> Result<usize, ClientError> {
         let by_server = self.parts_by_server(grads)?;
@@ -257,16 +257,16 @@ impl Shards {
     async fn push_on(
         &self,
         server: &Server,
-        worker_id: u32,
-        step: u64,
+        worker: Rank,
+        step: Step,
         grads: Vec<v1::Tensor>,
     ) -> Result<usize, ClientError> {
         let bytes: usize = grads.iter().map(|t| t.data.len()).sum();
         let response = if bytes <= self.unary_limit {
             let request = v1::PushRequest {
-                map_version: self.map_version,
-                worker_id,
-                step,
+                map_version: self.map_version.get(),
+                worker_id: worker.get(),
+                step: step.get(),
                 grads,
             };
             server
@@ -280,9 +280,9 @@ impl Shards {
                 .iter()
                 .flat_map(|t| tensor_chunks(t, self.chunk_bytes))
                 .map(|chunk| v1::PushChunk {
-                    map_version: self.map_version,
-                    worker_id,
-                    step,
+                    map_version: self.map_version.get(),
+                    worker_id: worker.get(),
+                    step: step.get(),
                     chunk: Some(chunk),
                 })
                 .collect();
@@ -299,7 +299,7 @@ impl Shards {
     /// Pulls every placed parameter once each of its parts reaches `min_version`.
     pub(crate) async fn pull(
         &self,
-        min_version: u64,
+        min_version: Version,
     ) -> Result<BTreeMap<String, PulledParam>, ClientError> {
         let mut keys_by_server: Vec<Vec<(ParamKey, usize)>> = vec![Vec::new(); self.servers.len()];
         for placed in self.placement.params() {
@@ -314,8 +314,12 @@ impl Shards {
             .enumerate()
             .filter(|(_, keys)| !keys.is_empty())
             .map(|(s, keys)| self.pull_on(&self.servers[s], keys, min_version));
-        let pulled: BTreeMap<ParamKey, (TensorData, u64)> =
-            try_join_all(calls).await?.into_iter().flatten().collect();
+        let pulled: BTreeMap<ParamKey, PulledKey> = try_join_all(calls)
+            .await?
+            .into_iter()
+            .flatten()
+            .map(|pulled| (pulled.key.clone(), pulled))
+            .collect();
         self.placement
             .params()
             .map(|placed| Ok((placed.info.name.clone(), reassemble(placed, &pulled)?)))
@@ -326,10 +330,10 @@ impl Shards {
         &self,
         server: &Server,
         keys: &[(ParamKey, usize)],
-        min_version: u64,
+        min_version: Version,
     ) -> Result<Vec<PulledKey>, ClientError> {
         let request = v1::PullRequest {
-            map_version: self.map_version,
+            map_version: self.map_version.get(),
             keys: keys
                 .iter()
                 .map(|(k, _)| v1::KeyRef {
@@ -337,15 +341,15 @@ impl Shards {
                     part: k.part,
                 })
                 .collect(),
-            min_version,
+            min_version: min_version.get(),
             timeout_ms: self.pull_timeout.as_millis() as u64,
             chunk_bytes: self.chunk_bytes as u64,
         };
         let bytes: usize = keys.iter().map(|(_, b)| b).sum();
-        let protocol = |reason: String| ClientError::Protocol {
+        let protocol = |malformed: MalformedReply| ClientError::Protocol {
             what: "Pull",
             addr: server.addr.clone(),
-            reason,
+            reason: malformed.to_string(),
         };
         if bytes <= self.unary_limit {
             let response = server

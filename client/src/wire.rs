@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use ps_proto::chunk::{Assembler, ChunkHeader, to_wire_chunks};
-use ps_proto::codec::{TensorData, wire_shape};
+use ps_proto::chunk::{Assembler, ChunkError, ChunkHeader, to_wire_chunks};
+use ps_proto::codec::{CodecError, TensorData, wire_shape};
+use ps_proto::ids::{MapVersion, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
 
@@ -15,8 +16,30 @@ use crate::placement::{Part, Placed};
 /// A part of a parameter and the bytes it carries.
 pub(crate) type PartData<'a> = (&'a Placed, Part, Bytes);
 
+/// A reply that does not fit the protocol.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MalformedReply {
+    /// A required field is absent.
+    #[error("{0}")]
+    Missing(&'static str),
+    /// A tensor does not decode.
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    /// Chunks do not assemble.
+    #[error(transparent)]
+    Chunk(#[from] ChunkError),
+}
+
 /// One pulled key's values and their version.
-pub(crate) type PulledKey = (ParamKey, (TensorData, u64));
+#[derive(Debug)]
+pub(crate) struct PulledKey {
+    /// The key.
+    pub key: ParamKey,
+    /// Its values.
+    pub data: TensorData,
+    /// Their version.
+    pub version: Version,
+}
 
 /// A parameter's values as pulled, reassembled from its parts.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,7 +47,7 @@ pub struct PulledParam {
     /// All elements, row-major.
     pub values: Vec<f32>,
     /// The lowest version among its parts.
-    pub version: u64,
+    pub version: Version,
 }
 
 /// The spec a part is registered with: its own shape, and the whole shape when
@@ -75,14 +98,14 @@ pub(crate) fn register_chunks(
     spec: &v1::ParameterSpec,
     data: &Bytes,
     chunk_bytes: usize,
-    (map_version, restore_version): (u64, u64),
+    (map_version, restore_version): (MapVersion, Version),
 ) -> Vec<v1::RegisterChunk> {
     let header = header_of(&spec.name, spec.part, spec.dtype, &spec.shape);
     to_wire_chunks(&header, data, chunk_bytes)
         .into_iter()
         .map(|chunk| v1::RegisterChunk {
-            map_version,
-            restore_version,
+            map_version: map_version.get(),
+            restore_version: restore_version.get(),
             spec: Some(spec.clone()),
             offset: chunk.offset,
             data: chunk.data,
@@ -91,33 +114,37 @@ pub(crate) fn register_chunks(
 }
 
 /// A unary pull's tensor, checked.
-pub(crate) fn decode_pulled(pulled: &v1::PulledTensor) -> Result<PulledKey, String> {
+pub(crate) fn decode_pulled(pulled: &v1::PulledTensor) -> Result<PulledKey, MalformedReply> {
     let tensor = pulled
         .tensor
         .as_ref()
-        .ok_or("a PulledTensor without a tensor")?;
-    let data = TensorData::from_proto(tensor).map_err(|e| e.to_string())?;
-    Ok((
-        ParamKey::new(&tensor.name, tensor.part),
-        (data, pulled.version),
-    ))
+        .ok_or(MalformedReply::Missing("a PulledTensor without a tensor"))?;
+    Ok(PulledKey {
+        key: ParamKey::new(&tensor.name, tensor.part),
+        data: TensorData::from_proto(tensor)?,
+        version: Version(pulled.version),
+    })
 }
 
 /// A streamed pull's chunks, assembled and checked.
-pub(crate) fn assemble_pulled(chunks: Vec<v1::PullChunk>) -> Result<Vec<PulledKey>, String> {
+pub(crate) fn assemble_pulled(
+    chunks: Vec<v1::PullChunk>,
+) -> Result<Vec<PulledKey>, MalformedReply> {
     let mut assembler = Assembler::new();
     let mut versions = BTreeMap::new();
     for message in chunks {
-        let chunk = message.chunk.ok_or("a PullChunk without a chunk")?;
+        let chunk = message
+            .chunk
+            .ok_or(MalformedReply::Missing("a PullChunk without a chunk"))?;
         versions.insert(ParamKey::new(&chunk.name, chunk.part), message.version);
-        assembler.add_chunk(&chunk).map_err(|e| e.to_string())?;
+        assembler.add_chunk(&chunk)?;
     }
-    let tensors = assembler.finish().map_err(|e| e.to_string())?;
-    Ok(tensors
+    Ok(assembler
+        .finish()?
         .into_iter()
         .map(|(key, data)| {
-            let version = versions[&key];
-            (key, (data, version))
+            let version = Version(versions[&key]);
+            PulledKey { key, data, version }
         })
         .collect())
 }
@@ -125,13 +152,17 @@ pub(crate) fn assemble_pulled(chunks: Vec<v1::PullChunk>) -> Result<Vec<PulledKe
 /// A parameter put back together from its pulled parts.
 pub(crate) fn reassemble(
     placed: &Placed,
-    pulled: &BTreeMap<ParamKey, (TensorData, u64)>,
+    pulled: &BTreeMap<ParamKey, PulledKey>,
 ) -> Result<PulledParam, ClientError> {
     let mut values = vec![0f32; placed.info.len()];
-    let mut version = u64::MAX;
+    let mut version = Version(u64::MAX);
     for part in &placed.parts {
         let key = ParamKey::new(&placed.info.name, part.part);
-        let (data, part_version) = pulled
+        let PulledKey {
+            data,
+            version: part_version,
+            ..
+        } = pulled
             .get(&key)
             .ok_or_else(|| ClientError::Usage(format!("no values came back for {key}")))?;
         if data.len() != part.len {
@@ -149,6 +180,10 @@ pub(crate) fn reassemble(
     }
     Ok(PulledParam {
         values,
-        version: if version == u64::MAX { 0 } else { version },
+        version: if version == Version(u64::MAX) {
+            Version(0)
+        } else {
+            version
+        },
     })
 }

@@ -13,6 +13,7 @@ use ps_client::retry::RetryPolicy;
 use ps_client::{ClientConfig, ClientError, LocalCopy, PsClient, Recovery, RepairBudget, sgd};
 use ps_proto::codec::DType;
 use ps_proto::consistency::Consistency;
+use ps_proto::ids::{Rank, Step, Version};
 use ps_server::config::ServerConfig;
 use ps_server::service::ParameterService;
 use ps_server::store::Store;
@@ -141,7 +142,7 @@ async fn client(server: &Loopback) -> PsClient {
 fn copy(values: &[f32], version: u64) -> LocalCopy {
     LocalCopy {
         values: vec![("w".into(), f32s(values))],
-        version,
+        version: Version(version),
         optimizer: sgd(1.0),
     }
 }
@@ -159,8 +160,13 @@ async fn registered(server: &Loopback) -> (PsClient, LocalCopy) {
 }
 
 async fn pull_w(client: &PsClient) -> (Vec<f32>, u64) {
-    let pulled = client.pull(0).await.expect("pull").remove("w").unwrap();
-    (pulled.values, pulled.version)
+    let pulled = client
+        .pull(Version(0))
+        .await
+        .expect("pull")
+        .remove("w")
+        .unwrap();
+    (pulled.values, pulled.version.get())
 }
 
 #[tokio::test]
@@ -168,7 +174,7 @@ async fn a_server_restarted_empty_gets_the_keys_back_from_the_workers_copy() {
     let server = Loopback::start();
     let (mut client, _) = registered(&server).await;
     client
-        .push(0, 0, &[("w".into(), f32s(&[0.5; 4]))])
+        .push(Rank(0), Step(0), &[("w".into(), f32s(&[0.5; 4]))])
         .await
         .unwrap();
     let (values, version) = pull_w(&client).await;
@@ -176,15 +182,15 @@ async fn a_server_restarted_empty_gets_the_keys_back_from_the_workers_copy() {
 
     server.restart();
     let grads = [("w".into(), f32s(&[0.25; 4]))];
-    let error = client.push(0, 1, &grads).await.unwrap_err();
-    assert_eq!(error.recovery(1), Recovery::KeysMissing, "{error}");
+    let error = client.push(Rank(0), Step(1), &grads).await.unwrap_err();
+    assert_eq!(error.recovery(Step(1)), Recovery::KeysMissing, "{error}");
     let mut budget = RepairBudget::default();
     let held = copy(&values, version);
     client
-        .recover(error, 1, &mut budget, &held)
+        .recover(error, Step(1), &mut budget, &held)
         .await
         .expect("repaired");
-    assert_eq!(client.push(0, 1, &grads).await.unwrap(), 1);
+    assert_eq!(client.push(Rank(0), Step(1), &grads).await.unwrap(), 1);
     assert_eq!(
         pull_w(&client).await,
         (vec![0.25; 4], 2),
@@ -198,17 +204,17 @@ async fn a_server_gone_for_good_ends_the_repair_within_its_budget() {
     let (mut client, initial) = registered(&server).await;
     server.stop();
     let grads = [("w".into(), f32s(&[0.5; 4]))];
-    let error = client.push(0, 0, &grads).await.unwrap_err();
-    assert_eq!(error.recovery(0), Recovery::ServerLost, "{error}");
+    let error = client.push(Rank(0), Step(0), &grads).await.unwrap_err();
+    assert_eq!(error.recovery(Step(0)), Recovery::ServerLost, "{error}");
     let mut budget = RepairBudget::default();
     let gave_up = client
-        .recover(error, 0, &mut budget, &initial)
+        .recover(error, Step(0), &mut budget, &initial)
         .await
         .unwrap_err();
-    assert_eq!(gave_up.recovery(0), Recovery::ServerLost, "{gave_up}");
+    assert_eq!(gave_up.recovery(Step(0)), Recovery::ServerLost, "{gave_up}");
     assert!(
         client
-            .recover(gave_up, 0, &mut budget, &initial)
+            .recover(gave_up, Step(0), &mut budget, &initial)
             .await
             .is_err(),
         "budget spent"
@@ -220,14 +226,14 @@ async fn a_request_error_is_not_repaired() {
     let server = Loopback::start();
     let (mut client, initial) = registered(&server).await;
     let wrong = [("w".into(), f32s(&[f32::NAN; 4]))];
-    let error = client.push(0, 0, &wrong).await.unwrap_err();
+    let error = client.push(Rank(0), Step(0), &wrong).await.unwrap_err();
     assert!(matches!(error, ClientError::Rpc { .. }));
-    assert_eq!(error.recovery(0), Recovery::Fatal, "{error}");
+    assert_eq!(error.recovery(Step(0)), Recovery::Fatal, "{error}");
     let mut budget = RepairBudget::default();
     let returned = client
-        .recover(error, 0, &mut budget, &initial)
+        .recover(error, Step(0), &mut budget, &initial)
         .await
         .unwrap_err();
-    assert_eq!(returned.recovery(0), Recovery::Fatal);
+    assert_eq!(returned.recovery(Step(0)), Recovery::Fatal);
     assert_eq!(budget, RepairBudget::default(), "no repair was spent");
 }

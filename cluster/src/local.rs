@@ -7,6 +7,7 @@ use std::time::Instant;
 use ps_client::GroupInfo;
 use ps_client::{ClientConfig, PsClient};
 use ps_proto::consistency::Consistency;
+use ps_proto::ids::Rank;
 use ps_scheduler::SchedulerConfig;
 use ps_server::ServerConfig;
 use ps_server::checkpointer::{
@@ -133,16 +134,16 @@ pub async fn run_local(
             None => (
                 servers.client().await?,
                 GroupInfo {
-                    rank,
+                    rank: Rank(rank),
                     workers: spec.workers,
                     consistency: spec.consistency,
                 },
             ),
         };
         let config = TrainConfig {
-            progress: config.progress && group.rank == 0,
+            progress: config.progress && group.rank == Rank(0),
             // Every worker ends with the same parameters: one file is enough.
-            save: config.save.clone().filter(|_| group.rank == 0),
+            save: config.save.clone().filter(|_| group.rank == Rank(0)),
             ..config.clone()
         };
         let data = Arc::clone(&data);

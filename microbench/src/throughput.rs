@@ -13,6 +13,7 @@ use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, PsClient};
 use ps_common::processes::ServerProcess;
 use ps_proto::codec::{DType, encode_f32};
+use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::transport::{DEFAULT_MAX_MESSAGE_BYTES, TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
@@ -89,7 +90,7 @@ pub struct ThroughputPlan {
 
 struct Worker {
     client: PsClient,
-    rank: u32,
+    rank: Rank,
     grads: Vec<(String, Bytes)>,
 }
 
@@ -125,21 +126,21 @@ impl Worker {
             .collect();
         Ok(Self {
             client,
-            rank,
+            rank: Rank(rank),
             grads,
         })
     }
 
-    async fn step(&self, step: u64) -> anyhow::Result<()> {
+    async fn step(&self, step: Step) -> anyhow::Result<()> {
         self.client.push(self.rank, step, &self.grads).await?;
-        self.client.pull(step + 1).await?;
+        self.client.pull(Version::after(step)).await?;
         Ok(())
     }
 }
 
 async fn run_steps(workers: &[Worker], steps: std::ops::Range<u64>) -> anyhow::Result<()> {
     for step in steps {
-        try_join_all(workers.iter().map(|w| w.step(step))).await?;
+        try_join_all(workers.iter().map(|w| w.step(Step(step)))).await?;
     }
     Ok(())
 }

@@ -10,6 +10,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::ids::{Step, Version};
+
 /// How pushes from different workers are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Consistency {
@@ -34,11 +36,13 @@ impl Consistency {
     /// The version a worker that just pushed `step` must pull before computing the next
     /// step: BSP waits for the step, SSP(k) for the slowest worker to be within k steps,
     /// ASP for nothing.
-    pub fn version_after(self, step: u64) -> u64 {
+    pub fn version_after(self, step: Step) -> Version {
         match self {
-            Consistency::Bsp => step + 1,
-            Consistency::Ssp { staleness } => (step + 1).saturating_sub(staleness),
-            Consistency::Asp => 0,
+            Consistency::Bsp => Version::after(step),
+            Consistency::Ssp { staleness } => {
+                Version(Version::after(step).get().saturating_sub(staleness))
+            }
+            Consistency::Asp => Version(0),
         }
     }
 }
@@ -94,9 +98,10 @@ mod tests {
 
     #[test]
     fn version_to_pull_after_a_push() {
-        assert_eq!(Consistency::Bsp.version_after(4), 5);
-        assert_eq!(Consistency::Ssp { staleness: 2 }.version_after(4), 3);
-        assert_eq!(Consistency::Ssp { staleness: 9 }.version_after(4), 0);
-        assert_eq!(Consistency::Asp.version_after(4), 0);
+        let after_4 = |model: Consistency| model.version_after(Step(4)).get();
+        assert_eq!(after_4(Consistency::Bsp), 5);
+        assert_eq!(after_4(Consistency::Ssp { staleness: 2 }), 3);
+        assert_eq!(after_4(Consistency::Ssp { staleness: 9 }), 0);
+        assert_eq!(after_4(Consistency::Asp), 0);
     }
 }

@@ -6,12 +6,14 @@
 //! - [`metadata`]: the gRPC metadata keys on refusals a client acts on.
 //! - [`placement`]: the one placement planner, shared by the scheduler and workers.
 //! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
+//! - [`ids`]: named numbers — [`ids::Rank`], [`ids::Step`], [`ids::Version`], [`ids::MapVersion`], [`ids::ServerId`].
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
 //! - [`transport`]: one place for HTTP/2 windows, frame sizes, message limits and keep-alive.
 
 pub mod chunk;
 pub mod codec;
 pub mod consistency;
+pub mod ids;
 pub mod key;
 pub mod metadata;
 pub mod placement;

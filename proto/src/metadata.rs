@@ -15,9 +15,13 @@ pub const MAP_VERSION: &str = "ps-shard-map-version";
 pub const KEY_VERSION: &str = "ps-key-version";
 
 /// A `FAILED_PRECONDITION` status carrying `version` under `key`.
-pub fn failed_precondition_with(message: String, key: &'static str, version: u64) -> Status {
+pub fn failed_precondition_with(
+    message: String,
+    key: &'static str,
+    version: impl Into<u64>,
+) -> Status {
     let mut status = Status::new(Code::FailedPrecondition, message);
-    if let Ok(value) = version.to_string().parse() {
+    if let Ok(value) = version.into().to_string().parse() {
         status.metadata_mut().insert(key, value);
     }
     status
@@ -37,7 +41,7 @@ mod tests {
 
     #[test]
     fn a_version_written_is_read_back_under_its_own_key_only() {
-        let status = failed_precondition_with("stale".into(), KEY_VERSION, 318);
+        let status = failed_precondition_with("stale".into(), KEY_VERSION, 318_u64);
         assert_eq!(status.code(), Code::FailedPrecondition);
         assert_eq!(version_in(&status, KEY_VERSION), Some(318));
         assert_eq!(version_in(&status, MAP_VERSION), None);

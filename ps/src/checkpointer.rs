@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ps_proto::ids::Version;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -48,7 +49,7 @@ pub struct Written {
     /// Keys in it.
     pub keys: usize,
     /// The highest key version in it.
-    pub version: u64,
+    pub version: Version,
 }
 
 /// Writes a store's checkpoints.
@@ -58,7 +59,7 @@ pub struct Checkpointer {
     config: CheckpointConfig,
     /// The progress (highest version) and time of the last checkpoint; held while
     /// one is written, so two never interleave.
-    last: Mutex<(u64, Instant)>,
+    last: Mutex<(Version, Instant)>,
     /// Checkpoints written since the last INFO summary, and when that was.
     summary: Mutex<(usize, Option<Instant>)>,
 }
@@ -72,7 +73,7 @@ impl Checkpointer {
         Self {
             store,
             config,
-            last: Mutex::new((0, Instant::now())),
+            last: Mutex::new((Version(0), Instant::now())),
             summary: Mutex::new((0, None)),
         }
     }
@@ -94,7 +95,7 @@ impl Checkpointer {
                 source: std::io::Error::other(e),
             })??;
         *last = (version, Instant::now());
-        tracing::debug!(path = %path.display(), keys = count, version, "checkpoint written");
+        tracing::debug!(path = %path.display(), keys = count, %version, "checkpoint written");
         self.summarise(&path, version).await;
         Ok(Written {
             path,
@@ -106,7 +107,7 @@ impl Checkpointer {
     /// Says at INFO that checkpoints are being written: for the first one, then at
     /// most once every [`SUMMARY_EVERY`], with how many were written meanwhile
     /// (each one is logged at DEBUG).
-    async fn summarise(&self, path: &std::path::Path, version: u64) {
+    async fn summarise(&self, path: &std::path::Path, version: Version) {
         let mut summary = self.summary.lock().await;
         summary.0 += 1;
         if summary.1.is_some_and(|at| at.elapsed() < SUMMARY_EVERY) {
@@ -115,7 +116,7 @@ impl Checkpointer {
         let written = std::mem::take(&mut summary.0);
         let since = summary.1.map(|at| at.elapsed());
         summary.1 = Some(Instant::now());
-        tracing::info!(newest = %path.display(), version, written, ?since, "checkpoints written");
+        tracing::info!(newest = %path.display(), %version, written, ?since, "checkpoints written");
     }
 
     /// True when enough progress or time has passed since the last checkpoint.
@@ -123,7 +124,8 @@ impl Checkpointer {
         let (version, at) = *self.last.lock().await;
         let now = self.store.max_version();
         let progressed = now > version;
-        let by_steps = self.config.every_steps > 0 && now >= version + self.config.every_steps;
+        let by_steps = self.config.every_steps > 0
+            && now.get() >= version.get().saturating_add(self.config.every_steps);
         let by_time = !self.config.every.is_zero() && at.elapsed() >= self.config.every;
         progressed && (by_steps || by_time)
     }

@@ -11,6 +11,7 @@
 //! the key is a retry; it is acknowledged and not applied again.
 
 pub use ps_proto::consistency::Consistency;
+use ps_proto::ids::{Step, Version};
 
 /// What to do with one key's share of a push.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +23,7 @@ pub enum Admission {
     /// The step is further ahead of the key's version than the model allows.
     Future {
         /// Largest step that would be admitted now.
-        max_step: u64,
+        max_step: Step,
     },
     /// BSP only: the step was completed without this worker.
     Stale,
@@ -32,9 +33,9 @@ pub enum Admission {
 /// key is `last_step` is admitted, given the key's `version`.
 pub fn admit(
     consistency: Consistency,
-    version: u64,
-    last_step: Option<u64>,
-    step: u64,
+    version: Version,
+    last_step: Option<Step>,
+    step: Step,
 ) -> Admission {
     if last_step.is_some_and(|last| step <= last) {
         return Admission::Duplicate;
@@ -44,10 +45,10 @@ pub fn admit(
         Consistency::Bsp => 0,
         Consistency::Ssp { staleness } => staleness,
     };
-    let max_step = version.saturating_add(staleness);
+    let max_step = Step(version.get().saturating_add(staleness));
     if step > max_step {
         Admission::Future { max_step }
-    } else if consistency == Consistency::Bsp && step < version {
+    } else if consistency == Consistency::Bsp && step.get() < version.get() {
         Admission::Stale
     } else {
         Admission::Accept
@@ -71,10 +72,10 @@ mod tests {
             (bsp, 3, Some(2), 3, Accept),
             (bsp, 3, Some(3), 3, Duplicate),
             (bsp, 3, Some(2), 2, Duplicate),
-            (bsp, 3, Some(2), 4, Future { max_step: 3 }),
+            (bsp, 3, Some(2), 4, Future { max_step: Step(3) }),
             (bsp, 3, None, 1, Stale),
             (ssp2, 3, Some(4), 5, Accept),
-            (ssp2, 3, Some(5), 6, Future { max_step: 5 }),
+            (ssp2, 3, Some(5), 6, Future { max_step: Step(5) }),
             (ssp2, 3, Some(5), 5, Duplicate),
             (asp, 0, Some(10), 11, Accept),
             (asp, 0, Some(10), 10, Duplicate),
@@ -82,7 +83,7 @@ mod tests {
         ];
         for (model, version, last, step, expected) in cases {
             assert_eq!(
-                admit(model, version, last, step),
+                admit(model, Version(version), last.map(Step), Step(step)),
                 expected,
                 "{model} version {version} last {last:?} step {step}"
             );

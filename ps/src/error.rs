@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use ps_proto::chunk::ChunkError;
 use ps_proto::codec::{CodecError, DType};
+use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::metadata;
 use tonic::{Code, Status};
@@ -45,13 +46,13 @@ pub enum Error {
         /// Index of the offending message.
         index: usize,
         /// Worker of the first message.
-        worker: u32,
+        worker: Rank,
         /// Step of the first message.
-        step: u64,
+        step: Step,
         /// Worker of this message.
-        got_worker: u32,
+        got_worker: Rank,
         /// Step of this message.
-        got_step: u64,
+        got_step: Step,
     },
     /// The key is not registered here.
     #[error(
@@ -129,7 +130,7 @@ pub enum Error {
     )]
     WorkerOutsideGroup {
         /// The worker id.
-        worker: u32,
+        worker: Rank,
         /// Group size.
         group: u32,
     },
@@ -161,13 +162,13 @@ pub enum Error {
         /// The key.
         key: ParamKey,
         /// The worker.
-        worker: u32,
+        worker: Rank,
         /// The pushed step.
-        step: u64,
+        step: Step,
         /// The key's version.
-        version: u64,
+        version: Version,
         /// The largest step accepted now.
-        max_step: u64,
+        max_step: Step,
     },
     /// Under BSP, the step was completed without this worker.
     #[error(
@@ -177,11 +178,11 @@ pub enum Error {
         /// The key.
         key: ParamKey,
         /// The worker.
-        worker: u32,
+        worker: Rank,
         /// The pushed step.
-        step: u64,
+        step: Step,
         /// The key's version.
-        version: u64,
+        version: Version,
     },
     /// A parameter larger than the server accepts.
     #[error(
@@ -213,9 +214,9 @@ pub enum Error {
         /// The key.
         key: ParamKey,
         /// The version waited for.
-        wanted: u64,
+        wanted: Version,
         /// The version reached.
-        have: u64,
+        have: Version,
         /// How long the pull waited.
         waited: Duration,
         /// Who the step is waiting for, when known.
@@ -230,9 +231,9 @@ pub enum Error {
     )]
     StaleMap {
         /// The version the request carried.
-        requested: u64,
+        requested: MapVersion,
         /// The version this server knows.
-        current: u64,
+        current: MapVersion,
     },
     /// The request was routed with a newer shard map than this server has applied,
     /// and it could not fetch that map in time.
@@ -241,9 +242,9 @@ pub enum Error {
     )]
     MapAhead {
         /// The version the request carried.
-        requested: u64,
+        requested: MapVersion,
         /// The version this server has.
-        current: u64,
+        current: MapVersion,
     },
     /// The server is shutting down.
     #[error("the parameter server is shutting down; retry on another server or after it restarts")]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ps_common::rendezvous::{Peer, rendezvous};
+use ps_proto::ids::{MapVersion, Rank};
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
@@ -121,9 +122,9 @@ impl Follower {
             timeout_ms: 5_000,
         };
         let map = self.client.get_shard_map(request).await?.into_inner();
-        let live = map.workers.iter().copied().collect();
+        let live = map.workers.iter().copied().map(Rank).collect();
         let advanced = self.store.set_group(map.group_size, live);
-        self.store.map().set(map.version);
+        self.store.map().set(MapVersion(map.version));
         tracing::info!(
             version = map.version,
             group_size = map.group_size,

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::consistency::Consistency;
+use ps_proto::ids::Rank;
+
 use crate::error::{Error, Result};
 use crate::param::Group;
 
@@ -88,7 +90,7 @@ fn check_expectations(group: Group, request: &JoinRequest) -> Result<()> {
     }
     match request.rank {
         Some(rank) if has_group && rank >= group.workers => Err(Error::WorkerOutsideGroup {
-            worker: rank,
+            worker: Rank(rank),
             group: group.workers,
         }),
         _ => Ok(()),

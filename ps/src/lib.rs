@@ -21,6 +21,7 @@
 //! - [`server`]: [`server::run`], serving a shard with health and clean shutdown.
 //! - [`error`]: why a request is refused, as precise gRPC statuses.
 
+pub mod applied_map;
 pub mod checkpoint;
 pub mod checkpointer;
 pub mod config;
@@ -29,7 +30,6 @@ pub mod error;
 pub mod export;
 pub mod follower;
 pub mod group;
-pub mod map_version;
 pub mod optimizer;
 pub mod param;
 pub mod restore;

@@ -8,6 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use bytes::Bytes;
 use ps_proto::codec::{DType, TensorData, element_count, encode_f32};
+use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::key::ParamKey;
 
 use crate::checkpoint::{KeyCheckpoint, Layout};
@@ -74,7 +75,7 @@ pub struct Group {
 /// The BSP step being accumulated.
 #[derive(Debug, Default)]
 struct Pending {
-    workers: BTreeSet<u32>,
+    workers: BTreeSet<Rank>,
     sum: Vec<f32>,
 }
 
@@ -83,8 +84,8 @@ struct Pending {
 pub struct KeyState {
     values: Vec<f32>,
     optimizer: Optimizer,
-    version: u64,
-    last_step: HashMap<u32, u64>,
+    version: Version,
+    last_step: HashMap<Rank, Step>,
     pending: Pending,
     snapshot: Option<Bytes>,
 }
@@ -95,7 +96,7 @@ impl KeyState {
         Self {
             optimizer: Optimizer::new(spec.optimizer.clone(), values.len()),
             values,
-            version: 0,
+            version: Version(0),
             last_step: HashMap::new(),
             pending: Pending::default(),
             snapshot: None,
@@ -113,8 +114,12 @@ impl KeyState {
             first: first.to_vec(),
             second: second.to_vec(),
             updates,
-            version: self.version,
-            last_step: self.steps_in_values(),
+            version: self.version.get(),
+            last_step: self
+                .steps_in_values()
+                .into_iter()
+                .map(|(rank, step)| (rank.get(), step.get()))
+                .collect(),
         }
     }
 
@@ -123,10 +128,10 @@ impl KeyState {
     /// does not count, so that after a restore the worker's repeat of it is taken
     /// rather than acknowledged as a duplicate and lost (which left the step
     /// waiting for that worker for ever).
-    fn steps_in_values(&self) -> HashMap<u32, u64> {
+    fn steps_in_values(&self) -> HashMap<Rank, Step> {
         let mut steps = self.last_step.clone();
         for worker in &self.pending.workers {
-            match self.version.checked_sub(1) {
+            match self.version.last_step() {
                 Some(done) => steps.insert(*worker, done),
                 None => steps.remove(worker),
             };
@@ -149,8 +154,12 @@ impl KeyState {
         Some(Self {
             values: checkpoint.values.clone(),
             optimizer,
-            version: checkpoint.version,
-            last_step: checkpoint.last_step.clone(),
+            version: Version(checkpoint.version),
+            last_step: checkpoint
+                .last_step
+                .iter()
+                .map(|(&rank, &step)| (Rank(rank), Step(step)))
+                .collect(),
             pending: Pending::default(),
             snapshot: None,
         })
@@ -160,13 +169,13 @@ impl KeyState {
     /// server): every step before `version` counts as pushed by each of the group's
     /// `ranks`, so a retried push of such a step is a duplicate, and a step in
     /// progress is dropped (its pushes are repeated by the workers).
-    pub fn restore(&mut self, values: Vec<f32>, version: u64, ranks: u32) {
+    pub fn restore(&mut self, values: Vec<f32>, version: Version, ranks: u32) {
         self.values = values;
         self.version = version;
         self.pending = Pending::default();
         self.snapshot = None;
-        if let Some(done) = version.checked_sub(1) {
-            for rank in 0..ranks {
+        if let Some(done) = version.last_step() {
+            for rank in (0..ranks).map(Rank) {
                 let last = self.last_step.entry(rank).or_insert(done);
                 *last = (*last).max(done);
             }
@@ -174,7 +183,7 @@ impl KeyState {
     }
 
     /// Current version.
-    pub fn version(&self) -> u64 {
+    pub fn version(&self) -> Version {
         self.version
     }
 
@@ -185,7 +194,7 @@ impl KeyState {
     }
 
     /// Whether a push of `step` by `worker` would be taken now.
-    pub fn admit(&self, group: Group, worker: u32, step: u64) -> Admission {
+    pub fn admit(&self, group: Group, worker: Rank, step: Step) -> Admission {
         let last = self.last_step.get(&worker).copied();
         admit(group.consistency, self.version, last, step)
     }
@@ -195,9 +204,9 @@ impl KeyState {
     pub fn accept(
         &mut self,
         group: Group,
-        live: &BTreeSet<u32>,
-        worker: u32,
-        step: u64,
+        live: &BTreeSet<Rank>,
+        worker: Rank,
+        step: Step,
         grad: &TensorData,
     ) {
         self.last_step.insert(worker, step);
@@ -205,7 +214,7 @@ impl KeyState {
         match group.consistency {
             Consistency::Bsp if group.workers <= 1 => {
                 self.update(Gradient::Wire(grad), scale);
-                self.version = step + 1;
+                self.version = Version::after(step);
             }
             Consistency::Bsp => self.accumulate(live, worker, grad),
             Consistency::Ssp { .. } => {
@@ -214,12 +223,12 @@ impl KeyState {
             }
             Consistency::Asp => {
                 self.update(Gradient::Wire(grad), scale);
-                self.version += 1;
+                self.version = self.version.next();
             }
         }
     }
 
-    fn accumulate(&mut self, live: &BTreeSet<u32>, worker: u32, grad: &TensorData) {
+    fn accumulate(&mut self, live: &BTreeSet<Rank>, worker: Rank, grad: &TensorData) {
         if self.pending.workers.is_empty() {
             self.pending.sum.clear();
             self.pending.sum.resize(self.values.len(), 0.0);
@@ -232,7 +241,7 @@ impl KeyState {
     /// Under BSP, applies the step in progress once every worker in `live` has pushed
     /// it, averaging over the workers that did; returns whether it applied one. Called
     /// after each push and whenever the live set shrinks.
-    pub fn complete(&mut self, consistency: Consistency, live: &BTreeSet<u32>) -> bool {
+    pub fn complete(&mut self, consistency: Consistency, live: &BTreeSet<Rank>) -> bool {
         let ready = consistency == Consistency::Bsp
             && !self.pending.workers.is_empty()
             && live.iter().all(|w| self.pending.workers.contains(w));
@@ -244,7 +253,7 @@ impl KeyState {
             );
             self.pending.sum = sum;
             self.pending.workers.clear();
-            self.version += 1;
+            self.version = self.version.next();
         }
         ready
     }
@@ -255,16 +264,20 @@ impl KeyState {
     }
 
     /// The lowest `step + 1` pushed by any live worker (0 if one never pushed).
-    fn group_clock(&self, live: &BTreeSet<u32>) -> u64 {
+    fn group_clock(&self, live: &BTreeSet<Rank>) -> Version {
         live.iter()
-            .map(|w| self.last_step.get(w).map_or(0, |s| s + 1))
+            .map(|w| {
+                self.last_step
+                    .get(w)
+                    .map_or(Version(0), |s| Version::after(*s))
+            })
             .min()
-            .unwrap_or(0)
+            .unwrap_or(Version(0))
     }
 
     /// The values encoded in `dtype` and their version. Encoded once per version and
     /// shared by every pull of it.
-    pub fn snapshot(&mut self, dtype: DType) -> (Bytes, u64) {
+    pub fn snapshot(&mut self, dtype: DType) -> (Bytes, Version) {
         let values = &self.values;
         let bytes = self
             .snapshot
@@ -274,7 +287,7 @@ impl KeyState {
     }
 
     /// The workers of the group that have not yet pushed the step the key waits for.
-    pub fn missing_workers(&self, group: Group, live: &BTreeSet<u32>) -> Vec<u32> {
+    pub fn missing_workers(&self, group: Group, live: &BTreeSet<Rank>) -> Vec<Rank> {
         match group.consistency {
             Consistency::Bsp => live
                 .iter()
@@ -285,7 +298,12 @@ impl KeyState {
                 let clock = self.group_clock(live);
                 live.iter()
                     .copied()
-                    .filter(|w| self.last_step.get(w).map_or(0, |s| s + 1) == clock)
+                    .filter(|w| {
+                        self.last_step
+                            .get(w)
+                            .map_or(Version(0), |s| Version::after(*s))
+                            == clock
+                    })
                     .collect()
             }
             Consistency::Asp => Vec::new(),
@@ -314,8 +332,8 @@ mod tests {
         TensorData::from_f32(DType::F32, vec![values.len()], values)
     }
 
-    fn all(workers: u32) -> BTreeSet<u32> {
-        (0..workers).collect()
+    fn all(workers: u32) -> BTreeSet<Rank> {
+        (0..workers).map(Rank).collect()
     }
 
     #[test]
@@ -325,15 +343,15 @@ mod tests {
             consistency: Consistency::Bsp,
             workers: 3,
         };
-        state.accept(group, &all(3), 0, 0, &grad(&[3.0]));
-        state.accept(group, &all(3), 2, 0, &grad(&[1.0]));
+        state.accept(group, &all(3), Rank(0), Step(0), &grad(&[3.0]));
+        state.accept(group, &all(3), Rank(2), Step(0), &grad(&[1.0]));
         assert_eq!(
             (state.version(), state.missing_workers(group, &all(3))),
-            (0, vec![1])
+            (Version(0), vec![Rank(1)])
         );
-        let without_1: BTreeSet<u32> = [0, 2].into();
+        let without_1: BTreeSet<Rank> = [Rank(0), Rank(2)].into();
         assert!(state.complete(Consistency::Bsp, &without_1));
-        assert_eq!(state.version(), 1);
+        assert_eq!(state.version(), Version(1));
         assert_eq!(
             state.values,
             vec![-2.0],
@@ -343,11 +361,11 @@ mod tests {
             !state.complete(Consistency::Bsp, &without_1),
             "nothing pending any more"
         );
-        state.accept(group, &without_1, 0, 1, &grad(&[1.0]));
-        state.accept(group, &without_1, 2, 1, &grad(&[1.0]));
+        state.accept(group, &without_1, Rank(0), Step(1), &grad(&[1.0]));
+        state.accept(group, &without_1, Rank(2), Step(1), &grad(&[1.0]));
         assert_eq!(
             state.version(),
-            2,
+            Version(2),
             "later steps wait for the live workers only"
         );
     }
@@ -360,36 +378,39 @@ mod tests {
     #[test]
     fn bsp_applies_the_average_once_when_the_group_is_complete() {
         let mut state = KeyState::new(&spec(2), vec![0.0, 0.0]);
-        state.accept(BSP2, &all(2), 0, 0, &grad(&[2.0, 4.0]));
-        assert_eq!(state.version(), 0);
+        state.accept(BSP2, &all(2), Rank(0), Step(0), &grad(&[2.0, 4.0]));
+        assert_eq!(state.version(), Version(0));
         assert_eq!(state.values, vec![0.0, 0.0]);
-        assert_eq!(state.missing_workers(BSP2, &all(2)), vec![1]);
-        assert_eq!(state.admit(BSP2, 0, 0), Admission::Duplicate);
-        state.accept(BSP2, &all(2), 1, 0, &grad(&[4.0, 0.0]));
-        assert_eq!(state.version(), 1);
+        assert_eq!(state.missing_workers(BSP2, &all(2)), vec![Rank(1)]);
+        assert_eq!(state.admit(BSP2, Rank(0), Step(0)), Admission::Duplicate);
+        state.accept(BSP2, &all(2), Rank(1), Step(0), &grad(&[4.0, 0.0]));
+        assert_eq!(state.version(), Version(1));
         assert_eq!(state.values, vec![-3.0, -2.0]);
-        assert_eq!(state.admit(BSP2, 1, 0), Admission::Duplicate);
-        assert_eq!(state.admit(BSP2, 0, 2), Admission::Future { max_step: 1 });
+        assert_eq!(state.admit(BSP2, Rank(1), Step(0)), Admission::Duplicate);
+        assert_eq!(
+            state.admit(BSP2, Rank(0), Step(2)),
+            Admission::Future { max_step: Step(1) }
+        );
     }
 
     #[test]
     fn a_push_to_the_step_in_progress_is_taken_again_after_a_restore_from_a_checkpoint() {
         for version in [0, 5] {
             let mut state = KeyState::new(&spec(1), vec![0.0]);
-            state.restore(vec![0.0], version, 2);
-            state.accept(BSP2, &all(2), 0, version, &grad(&[2.0]));
+            state.restore(vec![0.0], Version(version), 2);
+            state.accept(BSP2, &all(2), Rank(0), Step(version), &grad(&[2.0]));
             let saved = state.checkpoint(&spec(1));
             let mut restored = KeyState::from_checkpoint(&spec(1), &saved).expect("same spec");
             assert_eq!(
-                restored.admit(BSP2, 0, version),
+                restored.admit(BSP2, Rank(0), Step(version)),
                 Admission::Accept,
                 "worker 0's push of step {version} is not in the saved values"
             );
-            restored.accept(BSP2, &all(2), 0, version, &grad(&[2.0]));
-            restored.accept(BSP2, &all(2), 1, version, &grad(&[4.0]));
+            restored.accept(BSP2, &all(2), Rank(0), Step(version), &grad(&[2.0]));
+            restored.accept(BSP2, &all(2), Rank(1), Step(version), &grad(&[4.0]));
             assert_eq!(
                 (restored.version(), restored.values.clone()),
-                (version + 1, vec![-3.0]),
+                (Version(version + 1), vec![-3.0]),
                 "the step completes with both pushes, each once"
             );
         }
@@ -402,14 +423,20 @@ mod tests {
             workers: 2,
         };
         let mut state = KeyState::new(&spec(1), vec![0.0]);
-        state.accept(group, &all(group.workers), 0, 0, &grad(&[1.0]));
-        assert_eq!(state.version(), 0, "worker 1 has not pushed");
-        assert_eq!(state.admit(group, 0, 1), Admission::Accept);
-        state.accept(group, &all(group.workers), 0, 1, &grad(&[1.0]));
-        assert_eq!(state.admit(group, 0, 2), Admission::Future { max_step: 1 });
-        assert_eq!(state.missing_workers(group, &all(group.workers)), vec![1]);
-        state.accept(group, &all(group.workers), 1, 0, &grad(&[1.0]));
-        assert_eq!(state.version(), 1);
+        state.accept(group, &all(group.workers), Rank(0), Step(0), &grad(&[1.0]));
+        assert_eq!(state.version(), Version(0), "worker 1 has not pushed");
+        assert_eq!(state.admit(group, Rank(0), Step(1)), Admission::Accept);
+        state.accept(group, &all(group.workers), Rank(0), Step(1), &grad(&[1.0]));
+        assert_eq!(
+            state.admit(group, Rank(0), Step(2)),
+            Admission::Future { max_step: Step(1) }
+        );
+        assert_eq!(
+            state.missing_workers(group, &all(group.workers)),
+            vec![Rank(1)]
+        );
+        state.accept(group, &all(group.workers), Rank(1), Step(0), &grad(&[1.0]));
+        assert_eq!(state.version(), Version(1));
         assert_eq!(state.values, vec![-1.5], "three pushes, each scaled by 1/2");
     }
 
@@ -420,10 +447,10 @@ mod tests {
             workers: 1,
         };
         let mut state = KeyState::new(&spec(1), vec![0.0]);
-        state.accept(group, &all(group.workers), 7, 0, &grad(&[1.0]));
-        state.accept(group, &all(group.workers), 3, 5, &grad(&[1.0]));
-        assert_eq!(state.version(), 2);
-        assert_eq!(state.admit(group, 3, 5), Admission::Duplicate);
+        state.accept(group, &all(group.workers), Rank(7), Step(0), &grad(&[1.0]));
+        state.accept(group, &all(group.workers), Rank(3), Step(5), &grad(&[1.0]));
+        assert_eq!(state.version(), Version(2));
+        assert_eq!(state.admit(group, Rank(3), Step(5)), Admission::Duplicate);
     }
 
     #[test]
@@ -434,9 +461,9 @@ mod tests {
         };
         let mut state = KeyState::new(&spec(1), vec![1.0]);
         let (before, v0) = state.snapshot(DType::F32);
-        state.accept(group, &all(group.workers), 0, 0, &grad(&[1.0]));
+        state.accept(group, &all(group.workers), Rank(0), Step(0), &grad(&[1.0]));
         let (after, v1) = state.snapshot(DType::F32);
-        assert_eq!((v0, v1), (0, 1));
+        assert_eq!((v0, v1), (Version(0), Version(1)));
         assert_eq!(before.as_ref(), 1.0f32.to_le_bytes());
         assert_eq!(after.as_ref(), 0.0f32.to_le_bytes());
     }

@@ -15,6 +15,7 @@
 //! The log says which, per key. A worker copy newer than a key the server holds
 //! replaces it too (the key came back to a server that had an old copy).
 
+use ps_proto::ids::Version;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -73,7 +74,7 @@ pub struct Offered<'a> {
     /// Its values (initial values, or its last pulled copy).
     pub values: Option<&'a [f32]>,
     /// The version of those values; 0 for initial values.
-    pub version: u64,
+    pub version: Version,
     /// Ranks of the worker group, for the steps a restored version implies.
     pub ranks: u32,
 }
@@ -85,7 +86,7 @@ pub fn new_key(spec: &ParamSpec, offered: Offered<'_>, archive: Option<&Archive>
             .values
             .map_or_else(|| vec![0.0; spec.len()], <[f32]>::to_vec)
     };
-    let saved = archive.and_then(|a| a.lookup(&spec.key, offered.version > 0));
+    let saved = archive.and_then(|a| a.lookup(&spec.key, offered.version > Version(0)));
     let resumed = saved.and_then(|(path, saved)| {
         let state = KeyState::from_checkpoint(spec, &saved);
         if state.is_none() {
@@ -95,19 +96,19 @@ pub fn new_key(spec: &ParamSpec, offered: Offered<'_>, archive: Option<&Archive>
     });
     match resumed {
         Some((path, state)) if state.version() >= offered.version => {
-            tracing::info!(key = %spec.key, version = state.version(), path = %path.display(), "restored from checkpoint: values and optimizer state");
+            tracing::info!(key = %spec.key, version = %state.version(), path = %path.display(), "restored from checkpoint: values and optimizer state");
             state
         }
         Some((path, mut state)) => {
-            let behind = offered.version - state.version();
-            tracing::warn!(key = %spec.key, version = offered.version, path = %path.display(), optimizer_steps_behind = behind, "restored values from a worker's copy; optimizer state from an older checkpoint");
+            let behind = offered.version.get() - state.version().get();
+            tracing::warn!(key = %spec.key, version = %offered.version, path = %path.display(), optimizer_steps_behind = behind, "restored values from a worker's copy; optimizer state from an older checkpoint");
             state.restore(values(), offered.version, offered.ranks);
             state
         }
         None => {
             let mut state = KeyState::new(spec, values());
-            if offered.version > 0 {
-                tracing::warn!(key = %spec.key, version = offered.version, "restored values from a worker's copy; no checkpoint holds this key, so its optimizer state is reset");
+            if offered.version > Version(0) {
+                tracing::warn!(key = %spec.key, version = %offered.version, "restored values from a worker's copy; no checkpoint holds this key, so its optimizer state is reset");
                 state.restore(values(), offered.version, offered.ranks);
             }
             state
@@ -121,7 +122,7 @@ pub fn refresh_key(spec: &ParamSpec, state: &mut KeyState, offered: Offered<'_>)
     let Some(values) = offered.values.filter(|_| offered.version > state.version()) else {
         return false;
     };
-    tracing::warn!(key = %spec.key, had = state.version(), version = offered.version, "a worker holds a newer copy of this key; taking its values (optimizer state kept)");
+    tracing::warn!(key = %spec.key, had = %state.version(), version = %offered.version, "a worker holds a newer copy of this key; taking its values (optimizer state kept)");
     state.restore(values.to_vec(), offered.version, offered.ranks);
     true
 }
@@ -173,7 +174,7 @@ mod tests {
     fn offered(values: &[f32], version: u64) -> Offered<'_> {
         Offered {
             values: Some(values),
-            version,
+            version: Version(version),
             ranks: 2,
         }
     }

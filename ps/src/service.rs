@@ -11,6 +11,7 @@ use std::collections::HashSet;
 
 use ps_proto::chunk::{Assembler, ChunkError, ChunkHeader};
 use ps_proto::codec::TensorData;
+use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_server::{ParameterServer, ParameterServerServer};
@@ -72,12 +73,16 @@ impl ParameterService {
     }
 
     async fn pull_values(&self, request: &v1::PullRequest) -> Result<Vec<Pulled>> {
-        self.store.map().admit(request.map_version).await?;
+        self.store
+            .map()
+            .admit(MapVersion(request.map_version))
+            .await?;
         let keys: Vec<_> = request.keys.iter().map(wire::key).collect();
         let timeout = self.config.pull_timeout(request.timeout_ms);
-        let routed_by = request.map_version;
+        let routed_by = MapVersion(request.map_version);
+        let min_version = Version(request.min_version);
         self.store
-            .pull(&keys, request.min_version, timeout, routed_by)
+            .pull(&keys, min_version, timeout, routed_by)
             .await
     }
 }
@@ -88,7 +93,7 @@ impl ParameterService {
 async fn read_register_stream(
     store: &Store,
     stream: &mut Streaming<v1::RegisterChunk>,
-) -> Result<(Vec<(ParamSpec, Option<TensorData>)>, u64)> {
+) -> Result<(Vec<(ParamSpec, Option<TensorData>)>, Version)> {
     let mut assembler = Assembler::new();
     let mut specs: Vec<ParamSpec> = Vec::new();
     let mut restore_version = 0;
@@ -97,7 +102,7 @@ async fn read_register_stream(
         let spec = message.spec.as_ref().ok_or(Error::EmptyRequest {
             what: "a RegisterChunk without a spec",
         })?;
-        store.map().admit(message.map_version).await?;
+        store.map().admit(MapVersion(message.map_version)).await?;
         let spec = wire::param_spec(spec)?;
         store.check_size(&spec)?;
         match specs.iter().find(|s| s.key == spec.key) {
@@ -121,7 +126,7 @@ async fn read_register_stream(
         .zip(tensors)
         .map(|(spec, (_, data))| (spec, Some(data)))
         .collect();
-    Ok((params, restore_version))
+    Ok((params, Version(restore_version)))
 }
 
 /// Reads a whole `PushStream`: `(worker, step, gradients)`. The first chunk of each
@@ -129,15 +134,16 @@ async fn read_register_stream(
 async fn read_push_stream(
     store: &Store,
     stream: &mut Streaming<v1::PushChunk>,
-) -> Result<(u32, u64, Vec<(ParamKey, TensorData)>)> {
+) -> Result<(Rank, Step, Vec<(ParamKey, TensorData)>)> {
     let mut assembler = Assembler::new();
     let mut checked = HashSet::new();
     let mut origin = None;
     let mut index = 0;
     while let Some(message) = stream.message().await? {
-        let (worker, step) = *origin.get_or_insert((message.worker_id, message.step));
-        if (message.worker_id, message.step) != (worker, step) {
-            let (got_worker, got_step) = (message.worker_id, message.step);
+        let sender = (Rank(message.worker_id), Step(message.step));
+        let (worker, step) = *origin.get_or_insert(sender);
+        if sender != (worker, step) {
+            let (got_worker, got_step) = sender;
             return Err(Error::MixedStream {
                 index,
                 worker,
@@ -149,7 +155,7 @@ async fn read_push_stream(
         let chunk = message.chunk.as_ref().ok_or(Error::EmptyRequest {
             what: "a PushChunk without a chunk",
         })?;
-        store.map().admit(message.map_version).await?;
+        store.map().admit(MapVersion(message.map_version)).await?;
         let header = ChunkHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
         if checked.insert(header.key.clone()) {
             store.check_gradient_header(&header)?;
@@ -185,7 +191,11 @@ impl ParameterServer for ParameterService {
         request: Request<v1::RegisterRequest>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
         let request = request.get_ref();
-        let admitted = self.store.map().admit(request.map_version).await;
+        let admitted = self
+            .store
+            .map()
+            .admit(MapVersion(request.map_version))
+            .await;
         let result = admitted
             .and_then(|()| {
                 request
@@ -194,7 +204,10 @@ impl ParameterServer for ParameterService {
                     .map(wire::param_init)
                     .collect::<Result<Vec<_>>>()
             })
-            .and_then(|params| self.store.register(params, request.restore_version));
+            .and_then(|params| {
+                let restore_version = Version(request.restore_version);
+                self.store.register(params, restore_version)
+            });
         self.answer(result.map(wire::register_response))
     }
 
@@ -212,7 +225,11 @@ impl ParameterServer for ParameterService {
         request: Request<v1::PushRequest>,
     ) -> Result<Response<v1::PushResponse>, Status> {
         let request = request.get_ref();
-        let admitted = self.store.map().admit(request.map_version).await;
+        let admitted = self
+            .store
+            .map()
+            .admit(MapVersion(request.map_version))
+            .await;
         let result = admitted
             .and_then(|()| {
                 request
@@ -221,7 +238,10 @@ impl ParameterServer for ParameterService {
                     .map(wire::tensor)
                     .collect::<Result<Vec<_>>>()
             })
-            .and_then(|grads| self.store.push(request.worker_id, request.step, grads));
+            .and_then(|grads| {
+                let (worker, step) = (Rank(request.worker_id), Step(request.step));
+                self.store.push(worker, step, grads)
+            });
         self.answer(result.map(wire::push_response))
     }
 
@@ -301,7 +321,7 @@ impl ParameterServer for ParameterService {
         Ok(Response::new(v1::CheckpointResponse {
             path: written.path.display().to_string(),
             keys: written.keys as u64,
-            version: written.version,
+            version: written.version.get(),
         }))
     }
 }

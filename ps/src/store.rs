@@ -13,14 +13,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use ps_proto::chunk::ChunkHeader;
 use ps_proto::codec::{DType, TensorData};
+use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::applied_map::AppliedMap;
 use crate::consistency::Admission;
 use crate::error::{Error, Result};
-use crate::map_version::MapVersion;
 use crate::param::{Group, KeyState, ParamSpec};
 use crate::restore::{Archive, Offered, new_key, refresh_key};
 
@@ -29,13 +30,13 @@ use crate::restore::{Archive, Offered, new_key, refresh_key};
 struct Entry {
     spec: ParamSpec,
     state: Mutex<KeyState>,
-    version: watch::Sender<u64>,
+    version: watch::Sender<Version>,
 }
 
 impl Entry {
     /// Tells waiting pulls about `version`; never lowers an announced version.
     /// Called with the key locked, so one key's announcements follow its updates.
-    fn announce(&self, version: u64) {
+    fn announce(&self, version: Version) {
         self.version.send_if_modified(|announced| {
             let newer = version > *announced;
             if newer {
@@ -62,7 +63,7 @@ pub struct Registered {
     /// True when this call created it.
     pub created: bool,
     /// Its version.
-    pub version: u64,
+    pub version: Version,
 }
 
 /// The outcome of pushing to one key.
@@ -73,7 +74,7 @@ pub struct Pushed {
     /// False when `(worker, step)` had been taken before.
     pub accepted: bool,
     /// The key's version afterwards.
-    pub version: u64,
+    pub version: Version,
 }
 
 /// One key's values as pulled.
@@ -88,7 +89,7 @@ pub struct Pulled {
     /// Encoded values, shared with every other pull of this version.
     pub data: Bytes,
     /// Version of the values.
-    pub version: u64,
+    pub version: Version,
 }
 
 /// Per-key figures for [`Stats`].
@@ -97,7 +98,7 @@ pub struct KeySummary {
     /// The key's spec.
     pub spec: ParamSpec,
     /// Its version.
-    pub version: u64,
+    pub version: Version,
     /// Bytes held for it.
     pub bytes: usize,
 }
@@ -141,9 +142,9 @@ struct Counters {
 pub struct Store {
     rules: StoreRules,
     keys: RwLock<HashMap<ParamKey, Arc<Entry>>>,
-    live: RwLock<BTreeSet<u32>>,
+    live: RwLock<BTreeSet<Rank>>,
     workers: AtomicU32,
-    map: MapVersion,
+    map: AppliedMap,
     archive: Option<Archive>,
     counters: Counters,
     shutdown: CancellationToken,
@@ -155,9 +156,9 @@ impl Store {
         Self {
             rules,
             keys: RwLock::new(HashMap::new()),
-            live: RwLock::new((0..rules.group.workers).collect()),
+            live: RwLock::new((0..rules.group.workers).map(Rank).collect()),
             workers: AtomicU32::new(rules.group.workers),
-            map: MapVersion::default(),
+            map: AppliedMap::default(),
             archive: None,
             counters: Counters::default(),
             shutdown,
@@ -165,7 +166,7 @@ impl Store {
     }
 
     /// The workers a BSP step waits for (all of the group until told otherwise).
-    pub fn live_workers(&self) -> BTreeSet<u32> {
+    pub fn live_workers(&self) -> BTreeSet<Rank> {
         self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
@@ -189,14 +190,17 @@ impl Store {
     }
 
     /// The highest version of any key (0 when empty): how far training has come.
-    pub fn max_version(&self) -> u64 {
+    pub fn max_version(&self) -> Version {
         let map = self.keys.read().unwrap_or_else(|p| p.into_inner());
-        map.values().map(|e| *e.version.borrow()).max().unwrap_or(0)
+        map.values()
+            .map(|e| *e.version.borrow())
+            .max()
+            .unwrap_or_default()
     }
 
     /// The shard-map version this server has applied, and the check of requests
     /// against it.
-    pub fn map(&self) -> &MapVersion {
+    pub fn map(&self) -> &AppliedMap {
         &self.map
     }
 
@@ -211,14 +215,14 @@ impl Store {
     /// Sets the group size and the workers a BSP step waits for (from the scheduler's
     /// shard map), and completes every step that was waiting only for workers no
     /// longer live. Returns how many keys advanced.
-    pub fn set_group(&self, workers: u32, live: BTreeSet<u32>) -> usize {
+    pub fn set_group(&self, workers: u32, live: BTreeSet<Rank>) -> usize {
         self.workers.store(workers.max(1), Ordering::Relaxed);
         self.set_live_workers(live)
     }
 
     /// Sets the workers a BSP step waits for and completes every step that was waiting
     /// only for workers no longer live. Returns how many keys advanced.
-    pub fn set_live_workers(&self, live: BTreeSet<u32>) -> usize {
+    pub fn set_live_workers(&self, live: BTreeSet<Rank>) -> usize {
         *self.live.write().unwrap_or_else(|p| p.into_inner()) = live.clone();
         let entries: Vec<Arc<Entry>> = self
             .keys
@@ -266,7 +270,7 @@ impl Store {
     pub fn register(
         &self,
         params: Vec<(ParamSpec, Option<TensorData>)>,
-        restore_version: u64,
+        restore_version: Version,
     ) -> Result<Vec<Registered>> {
         self.check_serving()?;
         if params.is_empty() {
@@ -392,8 +396,8 @@ impl Store {
     /// `ShapeMismatch`, `NonFinite`, `FutureStep`, `StaleStep`, `ShuttingDown`.
     pub fn push(
         &self,
-        worker: u32,
-        step: u64,
+        worker: Rank,
+        step: Step,
         grads: Vec<(ParamKey, TensorData)>,
     ) -> Result<Vec<Pushed>> {
         self.check_serving()?;
@@ -403,7 +407,7 @@ impl Store {
                 what: "no gradients to push",
             });
         }
-        if group.consistency.has_group() && worker >= group.workers {
+        if group.consistency.has_group() && worker.get() >= group.workers {
             return Err(Error::WorkerOutsideGroup {
                 worker,
                 group: group.workers,
@@ -437,9 +441,9 @@ impl Store {
     pub async fn pull(
         &self,
         keys: &[ParamKey],
-        min_version: u64,
+        min_version: Version,
         timeout: Duration,
-        routed_by: u64,
+        routed_by: MapVersion,
     ) -> Result<Vec<Pulled>> {
         self.check_serving()?;
         if keys.is_empty() {
@@ -467,7 +471,7 @@ impl Store {
     async fn wait_for_version(
         &self,
         entry: &Entry,
-        wanted: u64,
+        wanted: Version,
         deadline: Instant,
         timeout: Duration,
     ) -> Result<()> {
@@ -483,7 +487,7 @@ impl Store {
         }
     }
 
-    fn timeout_error(&self, entry: &Entry, wanted: u64, waited: Duration) -> Error {
+    fn timeout_error(&self, entry: &Entry, wanted: Version, waited: Duration) -> Error {
         let state = entry.lock();
         let group = self.group();
         let missing = state.missing_workers(group, &self.live_workers());
@@ -587,7 +591,7 @@ fn insert_or_refresh(
         spec,
         version: watch::Sender::new(version),
     };
-    tracing::debug!(%key, spec = %entry.spec.describe(), version, "registered");
+    tracing::debug!(%key, spec = %entry.spec.describe(), %version, "registered");
     keys.insert(key.clone(), Arc::new(entry));
     Registered {
         key,
@@ -602,9 +606,9 @@ fn apply_all(
     entries: &[Arc<Entry>],
     grads: &[(ParamKey, TensorData)],
     group: Group,
-    live: &BTreeSet<u32>,
-    worker: u32,
-    step: u64,
+    live: &BTreeSet<Rank>,
+    worker: Rank,
+    step: Step,
 ) -> Result<Vec<Pushed>> {
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by(|&a, &b| grads[a].0.cmp(&grads[b].0));

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ps_proto::codec::{DType, TensorData};
+use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use tokio_util::sync::CancellationToken;
 
@@ -46,6 +47,10 @@ fn tensor(values: &[f32]) -> TensorData {
     TensorData::from_f32(DType::F32, vec![values.len()], values)
 }
 
+fn ranks(ranks: &[u32]) -> BTreeSet<Rank> {
+    ranks.iter().copied().map(Rank).collect()
+}
+
 fn key(name: &str) -> ParamKey {
     ParamKey::new(name, 0)
 }
@@ -57,23 +62,27 @@ fn with_keys(consistency: Consistency, workers: u32) -> Store {
         .iter()
         .map(|name| (spec(name, 2), Some(tensor(&[1.0, 1.0]))))
         .collect();
-    store.register(params, 0).expect("register");
+    store.register(params, Version(0)).expect("register");
     store
 }
 
 fn push(store: &Store, worker: u32, step: u64, grad: f32) -> Result<Vec<Pushed>> {
-    store.push(worker, step, vec![(key("w"), tensor(&[grad, grad]))])
+    store.push(
+        Rank(worker),
+        Step(step),
+        vec![(key("w"), tensor(&[grad, grad]))],
+    )
 }
 
 async fn values(store: &Store, name: &str) -> (Vec<f32>, u64) {
     let keys = [key(name)];
     let pulled = store
-        .pull(&keys, 0, Duration::from_secs(1), 0)
+        .pull(&keys, Version(0), Duration::from_secs(1), MapVersion(0))
         .await
         .expect("pull")
         .remove(0);
     let data = TensorData::new(pulled.dtype, pulled.shape, pulled.data).expect("decode");
-    (data.to_f32_vec(), pulled.version)
+    (data.to_f32_vec(), pulled.version.get())
 }
 
 #[tokio::test]
@@ -123,7 +132,7 @@ async fn admission_refuses_steps_the_model_does_not_allow() {
     assert!(matches!(
         push(&bsp, 5, 2, 1.0),
         Err(Error::WorkerOutsideGroup {
-            worker: 5,
+            worker: Rank(5),
             group: 1
         })
     ));
@@ -133,7 +142,7 @@ async fn admission_refuses_steps_the_model_does_not_allow() {
 async fn a_step_completed_without_a_worker_is_refused_as_stale() {
     let store = with_keys(Consistency::Bsp, 2);
     push(&store, 0, 0, 1.0).unwrap();
-    store.set_live_workers(BTreeSet::from([0]));
+    store.set_live_workers(ranks(&[0]));
     assert!(matches!(
         push(&store, 1, 0, 1.0),
         Err(Error::StaleStep { .. })
@@ -148,28 +157,28 @@ async fn a_request_with_one_bad_key_changes_no_key() {
         (key("b"), tensor(&[1.0, f32::NAN])),
     ];
     assert!(matches!(
-        store.push(0, 0, grads),
+        store.push(Rank(0), Step(0), grads),
         Err(Error::NonFinite { .. })
     ));
     let unknown = vec![(key("w"), tensor(&[1.0, 1.0])), (key("x"), tensor(&[1.0]))];
     assert!(matches!(
-        store.push(0, 0, unknown),
+        store.push(Rank(0), Step(0), unknown),
         Err(Error::UnknownKey { .. })
     ));
     let shape = vec![(key("w"), tensor(&[1.0, 1.0])), (key("b"), tensor(&[1.0]))];
     assert!(matches!(
-        store.push(0, 0, shape),
+        store.push(Rank(0), Step(0), shape),
         Err(Error::ShapeMismatch { .. })
     ));
     assert_eq!(values(&store, "w").await, (vec![1.0, 1.0], 0));
     assert_eq!(values(&store, "b").await, (vec![1.0, 1.0], 0));
     let conflict = vec![(spec("w", 2), None), (spec("b", 3), None)];
     assert!(matches!(
-        store.register(conflict, 0),
+        store.register(conflict, Version(0)),
         Err(Error::SpecConflict { .. })
     ));
     let new_and_conflict = vec![(spec("c", 2), None), (spec("b", 3), None)];
-    assert!(store.register(new_and_conflict, 0).is_err());
+    assert!(store.register(new_and_conflict, Version(0)).is_err());
     assert_eq!(store.stats().keys.len(), 2, "c was not created");
 }
 
@@ -179,7 +188,7 @@ async fn group_shrink_completes_a_step_waiting_only_for_the_dead_worker() {
     push(&store, 0, 0, 3.0).unwrap();
     push(&store, 1, 0, 6.0).unwrap();
     assert_eq!(values(&store, "w").await.1, 0);
-    let advanced = store.set_group(3, BTreeSet::from([0, 1]));
+    let advanced = store.set_group(3, ranks(&[0, 1]));
     assert_eq!(advanced, 1, "w advanced; b had no pushes to complete");
     let (w, version) = values(&store, "w").await;
     assert_eq!(version, 1);
@@ -196,16 +205,25 @@ async fn a_pull_waits_for_its_version_and_times_out_naming_the_missing_workers()
     let keys = [key("w")];
     let waiting = {
         let store = Arc::clone(&store);
-        tokio::spawn(async move { store.pull(&[key("w")], 1, Duration::from_secs(5), 0).await })
+        tokio::spawn(async move {
+            store
+                .pull(
+                    &[key("w")],
+                    Version(1),
+                    Duration::from_secs(5),
+                    MapVersion(0),
+                )
+                .await
+        })
     };
     tokio::task::yield_now().await;
     push(&store, 0, 0, 1.0).unwrap();
     push(&store, 1, 0, 1.0).unwrap();
     let pulled = waiting.await.unwrap().expect("released by the step");
-    assert_eq!(pulled[0].version, 1);
+    assert_eq!(pulled[0].version, Version(1));
     push(&store, 0, 1, 1.0).unwrap();
     let error = store
-        .pull(&keys, 2, Duration::from_secs(5), 0)
+        .pull(&keys, Version(2), Duration::from_secs(5), MapVersion(0))
         .await
         .unwrap_err();
     assert!(
@@ -219,9 +237,11 @@ async fn a_pull_ends_when_the_store_shuts_down() {
     let shutdown = CancellationToken::new();
     let rules = store(Consistency::Bsp, 1).rules();
     let store = Store::new(rules, shutdown.clone());
-    store.register(vec![(spec("w", 2), None)], 0).unwrap();
+    store
+        .register(vec![(spec("w", 2), None)], Version(0))
+        .unwrap();
     let keys = [key("w")];
-    let pull = store.pull(&keys, 5, Duration::from_secs(60), 0);
+    let pull = store.pull(&keys, Version(5), Duration::from_secs(60), MapVersion(0));
     shutdown.cancel();
     assert!(matches!(pull.await, Err(Error::ShuttingDown)));
 }

@@ -137,7 +137,7 @@ pub fn register_response(registered: Vec<Registered>) -> v1::RegisterResponse {
             name: r.key.name,
             part: r.key.part,
             created: r.created,
-            version: r.version,
+            version: r.version.get(),
         })
         .collect();
     v1::RegisterResponse { keys }
@@ -151,7 +151,7 @@ pub fn push_response(pushed: Vec<Pushed>) -> v1::PushResponse {
             name: p.key.name,
             part: p.key.part,
             accepted: p.accepted,
-            version: p.version,
+            version: p.version.get(),
         })
         .collect();
     v1::PushResponse { keys }
@@ -168,7 +168,7 @@ pub fn pulled_tensor(pulled: Pulled) -> v1::PulledTensor {
     };
     v1::PulledTensor {
         tensor: Some(tensor),
-        version: pulled.version,
+        version: pulled.version.get(),
     }
 }
 
@@ -182,7 +182,7 @@ pub fn pull_chunks(
         dtype: pulled.dtype,
         shape: pulled.shape.clone(),
     };
-    let version = pulled.version;
+    let version = pulled.version.get();
     ps_proto::chunk::to_wire_chunks(&header, &pulled.data, chunk_bytes)
         .into_iter()
         .map(move |chunk| v1::PullChunk {
@@ -197,7 +197,7 @@ fn key_stats(summary: &KeySummary) -> v1::KeyStats {
         part: summary.spec.key.part,
         dtype: summary.spec.dtype.to_proto(),
         shape: wire_shape(&summary.spec.shape),
-        version: summary.version,
+        version: summary.version.get(),
         bytes: summary.bytes as u64,
     }
 }

@@ -5,24 +5,26 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use ps_proto::ids::Rank;
+
 /// Where a barrier stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BarrierState {
     /// Every live worker has arrived: the ranks that arrived.
-    Released(Vec<u32>),
+    Released(Vec<Rank>),
     /// Live workers that have not arrived yet.
-    Waiting(Vec<u32>),
+    Waiting(Vec<Rank>),
 }
 
 /// The workers that arrived at each named barrier.
 #[derive(Debug, Default)]
 pub struct Barriers {
-    arrived: BTreeMap<String, BTreeSet<u32>>,
+    arrived: BTreeMap<String, BTreeSet<Rank>>,
 }
 
 impl Barriers {
     /// Worker `rank` arrives at barrier `name`.
-    pub fn arrive(&mut self, name: &str, rank: u32) {
+    pub fn arrive(&mut self, name: &str, rank: Rank) {
         self.arrived
             .entry(name.to_string())
             .or_default()
@@ -30,10 +32,10 @@ impl Barriers {
     }
 
     /// Barrier `name` given the workers alive now.
-    pub fn state(&self, name: &str, live: &[u32]) -> BarrierState {
+    pub fn state(&self, name: &str, live: &[Rank]) -> BarrierState {
         let arrived = self.arrived.get(name);
-        let has = |rank: &u32| arrived.is_some_and(|a| a.contains(rank));
-        let waiting: Vec<u32> = live.iter().copied().filter(|r| !has(r)).collect();
+        let has = |rank: &Rank| arrived.is_some_and(|a| a.contains(rank));
+        let waiting: Vec<Rank> = live.iter().copied().filter(|r| !has(r)).collect();
         if waiting.is_empty() {
             BarrierState::Released(arrived.map_or_else(Vec::new, |a| a.iter().copied().collect()))
         } else {
@@ -47,24 +49,28 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+
+    fn ranks(ranks: &[u32]) -> Vec<Rank> {
+        ranks.iter().copied().map(Rank).collect()
+    }
     use crate::membership::Membership;
 
     #[test]
     fn releases_when_every_live_worker_arrived() {
         let mut barriers = Barriers::default();
-        barriers.arrive("epoch-1", 1);
+        barriers.arrive("epoch-1", Rank(1));
         assert_eq!(
-            barriers.state("epoch-1", &[0, 1]),
-            BarrierState::Waiting(vec![0])
+            barriers.state("epoch-1", &ranks(&[0, 1])),
+            BarrierState::Waiting(ranks(&[0]))
         );
-        barriers.arrive("epoch-1", 0);
+        barriers.arrive("epoch-1", Rank(0));
         assert_eq!(
-            barriers.state("epoch-1", &[0, 1]),
-            BarrierState::Released(vec![0, 1])
+            barriers.state("epoch-1", &ranks(&[0, 1])),
+            BarrierState::Released(ranks(&[0, 1]))
         );
         assert_eq!(
-            barriers.state("epoch-2", &[0, 1]),
-            BarrierState::Waiting(vec![0, 1])
+            barriers.state("epoch-2", &ranks(&[0, 1])),
+            BarrierState::Waiting(ranks(&[0, 1]))
         );
     }
 
@@ -76,19 +82,23 @@ mod tests {
         membership.register_worker("a", start).unwrap();
         membership.register_worker("b", start).unwrap();
         let mut barriers = Barriers::default();
-        barriers.arrive("end", 0);
+        barriers.arrive("end", Rank(0));
         let later = start + Duration::from_secs(3);
         membership
-            .heartbeat(crate::membership::Node::Worker(0), 7, later)
+            .heartbeat(
+                crate::membership::Node::Worker(Rank(0)),
+                ps_proto::ids::Step(7),
+                later,
+            )
             .unwrap();
         assert_eq!(
             barriers.state("end", &membership.live_workers()),
-            BarrierState::Waiting(vec![1])
+            BarrierState::Waiting(ranks(&[1]))
         );
         membership.tick(start + Duration::from_secs(6));
         assert_eq!(
             barriers.state("end", &membership.live_workers()),
-            BarrierState::Released(vec![0])
+            BarrierState::Released(ranks(&[0]))
         );
     }
 }

@@ -1,5 +1,6 @@
 //! `ps-scheduler`: membership, shard placement, shard maps and barriers for candle-ps.
 //!
+//! - [`roster`]: the members of one kind (servers, workers): alive, left, last heard.
 //! - [`membership`]: registrations, heartbeats, expiry and elastic groups; plain
 //!   state driven with the current time, tested with a fake clock.
 //! - [`shard_map`]: the published map, and the pure rule for the next one.
@@ -17,6 +18,7 @@ pub mod config;
 pub mod group;
 pub mod membership;
 pub mod placement;
+pub mod roster;
 pub mod server;
 pub mod service;
 pub mod shard_map;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ps_proto::codec::DType;
+use ps_proto::ids::{MapVersion, Rank, ServerId, Step};
 use ps_proto::placement::Param;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
@@ -47,8 +48,8 @@ fn membership_status(error: MembershipError) -> Status {
 
 fn node_of(request: &v1::HeartbeatRequest) -> Result<Node, Status> {
     match request.node {
-        Some(v1::heartbeat_request::Node::ServerId(id)) => Ok(Node::Server(id)),
-        Some(v1::heartbeat_request::Node::WorkerRank(rank)) => Ok(Node::Worker(rank)),
+        Some(v1::heartbeat_request::Node::ServerId(id)) => Ok(Node::Server(ServerId(id))),
+        Some(v1::heartbeat_request::Node::WorkerRank(rank)) => Ok(Node::Worker(Rank(rank))),
         None => Err(Status::invalid_argument(
             "set node.server_id or node.worker_rank",
         )),
@@ -58,12 +59,12 @@ fn node_of(request: &v1::HeartbeatRequest) -> Result<Node, Status> {
 /// The wire form of a shard map.
 pub fn map_to_proto(map: &ShardMap) -> v1::ShardMap {
     v1::ShardMap {
-        version: map.version,
+        version: map.version.get(),
         servers: map
             .servers
             .iter()
             .map(|(id, addr)| v1::MapServer {
-                id: *id,
+                id: id.get(),
                 addr: addr.clone(),
             })
             .collect(),
@@ -78,7 +79,7 @@ pub fn map_to_proto(map: &ShardMap) -> v1::ShardMap {
                 server: a.server as u32,
             })
             .collect(),
-        workers: map.workers.clone(),
+        workers: map.workers.iter().map(|r| r.get()).collect(),
         group_size: map.group_size,
     }
 }
@@ -102,9 +103,9 @@ impl Scheduler for SchedulerService {
         let server_id = self
             .state
             .update(|m| m.register_server(&addr, Instant::now()));
-        tracing::info!(server_id, addr, "server registered");
+        tracing::info!(%server_id, addr, "server registered");
         Ok(Response::new(v1::RegisterServerResponse {
-            server_id,
+            server_id: server_id.get(),
             heartbeat_interval_ms: interval_ms(&self.state.config),
         }))
     }
@@ -123,7 +124,7 @@ impl Scheduler for SchedulerService {
             .state
             .update(|m| m.register_worker(&client_id, Instant::now()))
             .map_err(membership_status)?;
-        tracing::info!(rank, client_id, "worker registered");
+        tracing::info!(%rank, client_id, "worker registered");
         let config = &self.state.config;
         let wait = config.default_wait;
         let workers = self
@@ -137,7 +138,7 @@ impl Scheduler for SchedulerService {
                 ))
             })?;
         Ok(Response::new(v1::RegisterWorkerResponse {
-            rank,
+            rank: rank.get(),
             workers,
             consistency: config.consistency.to_string(),
             heartbeat_interval_ms: interval_ms(config),
@@ -153,12 +154,12 @@ impl Scheduler for SchedulerService {
         // A heartbeat changes no map, so it wakes no waiter.
         let exit_when_done = self.state.config.exit_when_done;
         let (beat, job_done) = self.state.quietly(|membership| {
-            let beat = membership.heartbeat(node, request.step, Instant::now());
+            let beat = membership.heartbeat(node, Step(request.step), Instant::now());
             (beat, exit_when_done && membership.job_done())
         });
         let map_version = beat.map_err(membership_status)?;
         Ok(Response::new(v1::HeartbeatResponse {
-            map_version,
+            map_version: map_version.get(),
             job_done,
         }))
     }
@@ -168,9 +169,9 @@ impl Scheduler for SchedulerService {
         request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::LeaveResponse>, Status> {
         let node = node_of(request.get_ref())?;
-        let step = request.get_ref().step;
+        let step = Step(request.get_ref().step);
         self.state.update(|m| m.leave(node, step));
-        tracing::info!(%node, step, "left the cluster");
+        tracing::info!(%node, %step, "left the cluster");
         Ok(Response::new(v1::LeaveResponse {}))
     }
 
@@ -209,7 +210,7 @@ impl Scheduler for SchedulerService {
     ) -> Result<Response<v1::ShardMap>, Status> {
         let request = request.into_inner();
         let wait = self.state.wait_time(request.timeout_ms);
-        let wanted = request.min_version.max(1);
+        let wanted = MapVersion(request.min_version.max(1));
         let found = self
             .state
             .wait_for(wait, |s| {
@@ -242,7 +243,7 @@ impl Scheduler for SchedulerService {
         let wait = self.state.wait_time(request.timeout_ms);
         let name = request.name;
         self.state
-            .update_barriers(|b| b.arrive(&name, request.rank));
+            .update_barriers(|b| b.arrive(&name, Rank(request.rank)));
         let released = self
             .state
             .wait_for(wait, |s| match s.barrier(&name) {
@@ -251,7 +252,10 @@ impl Scheduler for SchedulerService {
             })
             .await;
         released
-            .map(|workers| Response::new(v1::BarrierResponse { workers }))
+            .map(|workers| {
+                let workers = workers.iter().map(|r| r.get()).collect();
+                Response::new(v1::BarrierResponse { workers })
+            })
             .ok_or_else(|| {
                 let waiting = match self.state.barrier(&name) {
                     BarrierState::Waiting(waiting) => waiting,
@@ -278,7 +282,7 @@ impl Scheduler for SchedulerService {
                         map.and_then(|map| map.servers.iter().position(|(id, _)| *id == server.id));
                     let (parts, bytes) = index.map_or((0, 0), owned);
                     v1::ServerStatus {
-                        id: server.id,
+                        id: server.id.get(),
                         addr: server.name,
                         alive: server.alive,
                         parts,
@@ -291,16 +295,16 @@ impl Scheduler for SchedulerService {
                 .workers()
                 .into_iter()
                 .map(|worker| v1::WorkerStatus {
-                    rank: worker.id,
+                    rank: worker.id.get(),
                     alive: worker.alive,
-                    last_step: worker.last_step,
+                    last_step: worker.last_step.get(),
                     left: worker.left,
                 })
                 .collect();
             v1::StatusResponse {
                 servers,
                 workers,
-                map_version: map.map_or(0, |m| m.version),
+                map_version: map.map_or(0, |m| m.version.get()),
                 waiting_for: m.missing(),
             }
         });

@@ -3,22 +3,23 @@
 //! next one. Membership calls it after every change; it decides nothing about
 //! who is alive.
 
+use ps_proto::ids::{MapVersion, Rank, ServerId};
 use ps_proto::placement::{Assignment, MAX_PART_BYTES, Param, plan};
 
 /// A published placement: servers, parts, live workers.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ShardMap {
     /// Increases with every change.
-    pub version: u64,
+    pub version: MapVersion,
     /// Live servers as `(id, address)`; assignments index into this list.
-    pub servers: Vec<(u32, String)>,
+    pub servers: Vec<(ServerId, String)>,
     /// The parameters placed.
     pub params: Vec<Param>,
     /// Where every part lives.
     pub assignments: Vec<Assignment>,
     /// Ranks the BSP group waits for: every rank except those declared dead or gone
     /// (a rank not registered yet is still expected).
-    pub workers: Vec<u32>,
+    pub workers: Vec<Rank>,
     /// Size of the worker group.
     pub group_size: u32,
 }
@@ -42,7 +43,7 @@ pub struct WorkerGroup {
     /// Size of the group.
     pub size: u32,
     /// Ranks still expected (not declared dead, not gone).
-    pub expected: Vec<u32>,
+    pub expected: Vec<Rank>,
 }
 
 /// The map that follows `previous` for these live `servers`, `params` and
@@ -51,7 +52,7 @@ pub struct WorkerGroup {
 /// places the parameters afresh.
 pub fn next_map(
     previous: Option<&ShardMap>,
-    servers: Vec<(u32, String)>,
+    servers: Vec<(ServerId, String)>,
     params: &[Param],
     group: WorkerGroup,
 ) -> Option<ShardMap> {
@@ -60,7 +61,7 @@ pub fn next_map(
         _ => plan(params, servers.len(), MAX_PART_BYTES),
     };
     let next = ShardMap {
-        version: previous.map_or(0, |m| m.version) + 1,
+        version: previous.map_or(MapVersion(0), |m| m.version).next(),
         servers,
         params: params.to_vec(),
         assignments,
@@ -91,21 +92,23 @@ mod tests {
             .collect()
     }
 
-    fn servers(n: u32) -> Vec<(u32, String)> {
-        (0..n).map(|id| (id, format!("s{id}:1"))).collect()
+    fn servers(n: u32) -> Vec<(ServerId, String)> {
+        (0..n)
+            .map(|id| (ServerId(id), format!("s{id}:1")))
+            .collect()
     }
 
     fn group(expected: &[u32]) -> WorkerGroup {
         WorkerGroup {
             size: 2,
-            expected: expected.to_vec(),
+            expected: expected.iter().copied().map(Rank).collect(),
         }
     }
 
     #[test]
     fn the_first_map_is_version_1() {
         let map = next_map(None, servers(2), &params(), group(&[0, 1])).expect("a map");
-        assert_eq!((map.version, map.servers.len()), (1, 2));
+        assert_eq!((map.version, map.servers.len()), (MapVersion(1), 2));
         let (first, second) = (map.owned_by(0).1, map.owned_by(1).1);
         assert_eq!(first + second, 800_000, "every byte placed once");
         assert_eq!(first, second, "balanced");
@@ -124,7 +127,10 @@ mod tests {
     fn a_dead_worker_keeps_the_parts_where_they_are() {
         let first = next_map(None, servers(2), &params(), group(&[0, 1])).unwrap();
         let next = next_map(Some(&first), servers(2), &params(), group(&[1])).unwrap();
-        assert_eq!((next.version, next.workers.clone()), (2, vec![1]));
+        assert_eq!(
+            (next.version, next.workers.clone()),
+            (MapVersion(2), vec![Rank(1)])
+        );
         assert_eq!(next.assignments, first.assignments);
     }
 
@@ -132,7 +138,7 @@ mod tests {
     fn a_lost_server_moves_its_parts_to_the_live_ones() {
         let first = next_map(None, servers(2), &params(), group(&[0, 1])).unwrap();
         let next = next_map(Some(&first), servers(1), &params(), group(&[0, 1])).unwrap();
-        assert_eq!(next.version, 2);
+        assert_eq!(next.version, MapVersion(2));
         assert!(next.assignments.iter().all(|a| a.server == 0));
         assert_eq!(next.owned_by(0), (2, 800_000));
     }

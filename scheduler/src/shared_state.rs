@@ -37,7 +37,7 @@ impl SchedulerState {
         let membership = match saved.clone() {
             Some(saved) => {
                 tracing::info!(
-                    map_version = saved.version,
+                    map_version = %saved.version,
                     servers = saved.servers.len(),
                     workers = saved.workers.len(),
                     "resumed from the state file: same shard map, ids and ranks"

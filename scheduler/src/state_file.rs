@@ -12,6 +12,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use ps_proto::ids::MapVersion;
 use ps_proto::placement::Param;
 
 use crate::shard_map::ShardMap;
@@ -47,7 +48,7 @@ pub struct SavedState {
     /// The current map.
     pub map: Option<ShardMap>,
     /// The last map version published.
-    pub version: u64,
+    pub version: MapVersion,
 }
 
 /// Why the state file could not be used.

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use ps_proto::ids::{Rank, Step};
 use ps_scheduler::SchedulerConfig;
 use ps_scheduler::membership::{Membership, Node};
 use ps_scheduler::service::SchedulerState;
@@ -16,7 +17,7 @@ fn saved_job(dir: &std::path::Path, worker_left: bool) -> std::path::PathBuf {
     membership.register_server("s0:7070", now);
     membership.register_worker("w", now).expect("a rank");
     if worker_left {
-        membership.leave(Node::Worker(0), 0);
+        membership.leave(Node::Worker(Rank(0)), Step(0));
     }
     let path = dir.join("jobs").join("scheduler.json");
     state::save(&path, &membership.saved()).expect("write the state file");

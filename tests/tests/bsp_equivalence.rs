@@ -9,6 +9,7 @@ use ps_client::GroupInfo;
 use ps_client::{ClientConfig, PsClient};
 use ps_cluster::test_cluster;
 use ps_proto::consistency::Consistency;
+use ps_proto::ids::Rank;
 use ps_proto::v1;
 use ps_worker::PsTrainer;
 use ps_worker::data::Split;
@@ -73,7 +74,7 @@ async fn train(
     let client = PsClient::connect(config).await.unwrap();
     let (varmap, model) = seeded_model();
     let group = GroupInfo {
-        rank,
+        rank: Rank(rank),
         workers,
         consistency: Consistency::Bsp,
     };

@@ -13,6 +13,7 @@ use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, PsClient, Recovery, optim};
 use ps_cluster::servers::LocalServers;
 use ps_proto::codec::DType;
+use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::v1;
 use ps_server::{Consistency, ServerConfig};
 use ps_tests::faults::{FaultPlan, FaultyProxy};
@@ -46,10 +47,10 @@ async fn client(addr: &str) -> PsClient {
 async fn push_until_acknowledged(client: &PsClient, worker: u32, step: u64) -> usize {
     let grads = ones();
     for _ in 0..20 {
-        match client.push(worker, step, &grads).await {
+        match client.push(Rank(worker), Step(step), &grads).await {
             Ok(accepted) => return accepted,
             Err(error) => assert_eq!(
-                error.recovery(step),
+                error.recovery(Step(step)),
                 Recovery::ServerLost,
                 "a non-transient failure: {error}"
             ),
@@ -105,9 +106,13 @@ async fn every_gradient_is_applied_exactly_once_through_cuts_delays_and_duplicat
     }
 
     let pushes = u64::from(WORKERS) * STEPS;
-    let pulled = direct.pull(0).await.expect("pull directly");
+    let pulled = direct.pull(Version(0)).await.expect("pull directly");
     let w = &pulled["w"];
-    assert_eq!(w.version, pushes, "ASP: one version per applied push");
+    assert_eq!(
+        w.version,
+        Version(pushes),
+        "ASP: one version per applied push"
+    );
     assert!(
         w.values.iter().all(|&v| v == -(pushes as f32)),
         "each of {pushes} pushes applied exactly once gives -{pushes}, got {:?}",

@@ -18,6 +18,7 @@ use ps_client::GroupInfo;
 use ps_client::optim::OptimizerChoice;
 use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, PsClient};
+use ps_proto::ids::{Rank, Step, Version};
 use ps_server::ServerConfig;
 use ps_server::service::ParameterService;
 use ps_server::store::Store;
@@ -95,7 +96,7 @@ async fn trainer(addr: &str, rank: u32) -> (PsTrainer, VarMap) {
         .await
         .expect("connect");
     let group = GroupInfo {
-        rank,
+        rank: Rank(rank),
         workers: 2,
         consistency: "bsp".parse().expect("bsp"),
     };
@@ -127,18 +128,18 @@ async fn a_worker_whose_step_completed_without_it_joins_at_the_current_step() {
 
     // Step 0 together.
     tokio::join!(step(&mut zero, &zero_vars), step(&mut one, &one_vars));
-    assert_eq!((zero.step(), one.step()), (1, 1));
+    assert_eq!((zero.step(), one.step()), (Step(1), Step(1)));
 
     // Worker 1 is declared dead; worker 0 runs steps 1 and 2 alone.
-    store.set_live_workers(BTreeSet::from([0]));
+    store.set_live_workers(BTreeSet::from([Rank(0)]));
     step(&mut zero, &zero_vars).await;
     step(&mut zero, &zero_vars).await;
-    assert_eq!(zero.step(), 3);
+    assert_eq!(zero.step(), Step(3));
 
     // Worker 1 is back and pushes its step 1, which the group completed without it.
-    store.set_live_workers(BTreeSet::from([0, 1]));
+    store.set_live_workers(BTreeSet::from([Rank(0), Rank(1)]));
     step(&mut one, &one_vars).await;
-    assert_eq!(one.step(), 3, "worker 1 joins at the group's step");
+    assert_eq!(one.step(), Step(3), "worker 1 joins at the group's step");
     assert_eq!(
         values(&one_vars),
         values(&zero_vars),
@@ -147,7 +148,7 @@ async fn a_worker_whose_step_completed_without_it_joins_at_the_current_step() {
 
     // From there on the two step together again, and agree.
     tokio::join!(step(&mut zero, &zero_vars), step(&mut one, &one_vars));
-    assert_eq!((zero.step(), one.step()), (4, 4));
+    assert_eq!((zero.step(), one.step()), (Step(4), Step(4)));
     assert_eq!(values(&one_vars), values(&zero_vars));
     // Four SGD steps of lr 0.5 on a gradient of 1, from 1: -1; the skipped
     // push of worker 1 was not applied.
@@ -183,31 +184,34 @@ async fn a_worker_ahead_of_a_restored_key_offers_its_newer_copy() {
 
     // Step 0 together: w = 1 - 0.5 = 0.5 at version 1, which worker 1 loads.
     let ones = f32_bytes(1.0);
-    let (pushed, ()) = tokio::join!(zero.push(0, 0, &ones), step(&mut one, &one_vars));
+    let (pushed, ()) = tokio::join!(
+        zero.push(Rank(0), Step(0), &ones),
+        step(&mut one, &one_vars)
+    );
     pushed.expect("worker 0 pushes step 0");
-    assert_eq!((one.step(), values(&one_vars)), (1, vec![0.5; 4]));
+    assert_eq!((one.step(), values(&one_vars)), (Step(1), vec![0.5; 4]));
 
     // The server restarts empty at its address; worker 0 restores the key from
     // its copy of version 0, older than worker 1's.
     server.kill().await;
     let server = Server::start_at(&addr).await;
     let sgd = OptimizerChoice::Sgd.with_lr(0.5);
-    zero.register_copy(&ones, &sgd, 0)
+    zero.register_copy(&ones, &sgd, Version(0))
         .await
         .expect("worker 0 restores its old copy");
 
     // Worker 1 pushes step 1 to a key at version 0: it offers its copy of
     // version 1, then the step completes with worker 0's push.
     let worker_zero = async {
-        zero.pull(1)
+        zero.pull(Version(1))
             .await
             .expect("the key reaches worker 1's version");
-        zero.push(0, 1, &f32_bytes(1.0))
+        zero.push(Rank(0), Step(1), &f32_bytes(1.0))
             .await
             .expect("worker 0 pushes step 1");
     };
     tokio::join!(worker_zero, step(&mut one, &one_vars));
-    assert_eq!(one.step(), 2);
+    assert_eq!(one.step(), Step(2));
     assert_eq!(
         values(&one_vars),
         vec![0.0; 4],

@@ -8,6 +8,7 @@ use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, PsClient};
 use ps_cluster::LocalServers;
 use ps_proto::codec::DType;
+use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::transport::http_uri;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
@@ -50,7 +51,7 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
     })
     .await
     .unwrap();
-    assert_eq!(client.join("worker-a").await.unwrap().rank, 0);
+    assert_eq!(client.join("worker-a").await.unwrap().rank, Rank(0));
     client
         .place(&[ParamInfo {
             name: "w".into(),
@@ -86,6 +87,7 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
         .unwrap()
         .into_inner()
         .version;
+    let current = MapVersion(current);
 
     // The worker hears of the new version through its heartbeats.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -103,7 +105,7 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut taken_before = 0;
     let stale = loop {
-        match client.push(0, 0, &grads).await {
+        match client.push(Rank(0), Step(0), &grads).await {
             Err(error) => break error,
             Ok(taken) => {
                 taken_before += taken;
@@ -119,13 +121,13 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
     assert!(stale.to_string().contains("stale shard map"), "{stale}");
 
     client.refresh(current).await.unwrap();
-    let taken_after = client.push(0, 0, &grads).await.unwrap();
+    let taken_after = client.push(Rank(0), Step(0), &grads).await.unwrap();
     assert_eq!(
         taken_before + taken_after,
         1,
         "the gradient is taken exactly once, before or after the refresh"
     );
-    let pulled = client.pull(1).await.unwrap();
+    let pulled = client.pull(Version(1)).await.unwrap();
     assert_eq!(
         pulled["w"].values,
         vec![0.5, 0.5],

@@ -14,6 +14,7 @@ use clap::{CommandFactory, Parser};
 use ps_client::Expected;
 use ps_client::{ClientConfig, PsClient};
 use ps_proto::consistency::Consistency;
+use ps_proto::ids::Rank;
 use ps_worker::cli::TrainArgs;
 use ps_worker::train::{TrainSummary, train};
 use ps_worker::trainer::client_token;
@@ -117,7 +118,7 @@ async fn main() -> anyhow::Result<()> {
     client_config.scheduler = cli.scheduler.clone();
     let mut client = PsClient::connect(client_config).await?;
     let expected = Expected {
-        rank: cli.rank,
+        rank: cli.rank.map(Rank),
         workers: cli.workers,
         consistency: cli.consistency,
     };
@@ -129,7 +130,7 @@ async fn main() -> anyhow::Result<()> {
         .scheduler
         .clone()
         .unwrap_or_else(|| cli.server.join(","));
-    tracing::info!(via, rank = group.rank, workers = group.workers, consistency = %group.consistency, "ps-worker starting");
+    tracing::info!(via, rank = %group.rank, workers = group.workers, consistency = %group.consistency, "ps-worker starting");
     let training = train(client, group, &data, &config);
     let summary = tokio::select! {
         summary = training => summary?,

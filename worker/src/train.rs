@@ -150,7 +150,7 @@ pub async fn train(
     data: &Dataset,
     config: &TrainConfig,
 ) -> Result<TrainSummary, TrainError> {
-    let (rank, workers) = (group.rank as usize, group.workers as usize);
+    let (rank, workers) = (group.rank.get() as usize, group.workers as usize);
     let per_epoch = steps_per_epoch(data.train.len(), workers, config.batch_size)?;
     let total_steps = per_epoch * config.epochs as u64;
     let shard = data.train.shard(rank, workers);
@@ -170,11 +170,14 @@ pub async fn train(
     tracing::info!(rank, workers, examples = shard.len(), steps = total_steps, dataset = %data.name, "training");
 
     let bar = progress_bar(config.progress, total_steps, rank);
-    bar.set_position(trainer.step().min(total_steps));
+    bar.set_position(trainer.step().get().min(total_steps));
     let started = Instant::now();
     let (mut epoch_losses, mut losses_of) = (Vec::new(), None);
-    while trainer.step() < total_steps {
-        let (epoch, index) = (trainer.step() / per_epoch, trainer.step() % per_epoch);
+    while trainer.step().get() < total_steps {
+        let (epoch, index) = (
+            trainer.step().get() / per_epoch,
+            trainer.step().get() % per_epoch,
+        );
         // A worker that joins at the group's step may skip into a new epoch.
         if losses_of != Some(epoch) {
             epoch_losses.clear();
@@ -186,7 +189,7 @@ pub async fn train(
         trainer.backward_step(&loss).await?;
         epoch_losses.push(loss.to_scalar::<f32>()? as f64);
         bar.inc(1);
-        let examples = (trainer.step() as f64) * config.batch_size as f64;
+        let examples = (trainer.step().get() as f64) * config.batch_size as f64;
         bar.set_message(format!(
             "loss {:.4}  {:.0} ex/s",
             epoch_losses.last().unwrap_or(&0.0),
@@ -202,7 +205,7 @@ pub async fn train(
     }
     let wall_seconds = started.elapsed().as_secs_f64();
     let train_loss = epoch_losses.iter().sum::<f64>() / epoch_losses.len().max(1) as f64;
-    let steps = trainer.step();
+    let steps = trainer.step().get();
     trainer.leave().await;
     Ok(TrainSummary {
         dataset: data.name.clone(),

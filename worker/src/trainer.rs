@@ -17,6 +17,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
 use candle_nn::VarMap;
 use ps_proto::codec;
+use ps_proto::ids::{Step, Version};
 use ps_proto::v1;
 
 use ps_client::placement::ParamInfo;
@@ -41,9 +42,9 @@ pub struct PsTrainer {
     vars: Vec<(String, Var)>,
     group: GroupInfo,
     optimizer: v1::Optimizer,
-    step: u64,
+    step: Step,
     /// The version of the values in the `Var`s (what this worker would restore).
-    loaded: u64,
+    loaded: Version,
     created: bool,
 }
 
@@ -97,20 +98,21 @@ impl PsTrainer {
             vars,
             group,
             optimizer,
-            step: 0,
-            loaded: 0,
+            step: Step(0),
+            loaded: Version(0),
             created: false,
         };
         trainer.created = trainer.register_initial().await?;
-        let version = trainer.load(0).await?;
+        let version = trainer.load(Version(0)).await?;
         if group.consistency.has_group() {
-            trainer.step = version;
+            // Version v holds steps 0..v: this worker's next step is v.
+            trainer.step = Step(version.get());
         }
         tracing::info!(
-            rank = group.rank,
+            rank = %group.rank,
             workers = group.workers,
             created = trainer.created,
-            step = trainer.step,
+            step = %trainer.step,
             "trainer ready"
         );
         Ok(trainer)
@@ -118,7 +120,7 @@ impl PsTrainer {
 
     /// This worker's rank.
     pub fn rank(&self) -> usize {
-        self.group.rank as usize
+        self.group.rank.get() as usize
     }
 
     /// Workers in the group.
@@ -127,7 +129,7 @@ impl PsTrainer {
     }
 
     /// The next step this worker will push.
-    pub fn step(&self) -> u64 {
+    pub fn step(&self) -> Step {
         self.step
     }
 
@@ -175,7 +177,7 @@ impl PsTrainer {
         loop {
             match self.push_and_load(&pushed, wait_for).await {
                 Ok(()) => {
-                    self.step += 1;
+                    self.step = self.step.next();
                     return Ok(());
                 }
                 Err(TrainerError::Client(error)) => match error.recovery(self.step) {
@@ -191,14 +193,14 @@ impl PsTrainer {
     /// dead while it stalled, or it rejoined as the step closed): drops this step's
     /// gradients, loads the values at `step` and carries on from there, as a
     /// worker that joins a running job does.
-    async fn join_at(&mut self, step: u64) -> Result<(), TrainerError> {
+    async fn join_at(&mut self, step: Step) -> Result<(), TrainerError> {
         tracing::info!(
-            rank = self.group.rank,
-            skipped = self.step,
-            step,
+            rank = %self.group.rank,
+            skipped = %self.step,
+            %step,
             "the group completed this step without this worker; loading the current values and joining at the group's step"
         );
-        self.load(step).await?;
+        self.load(Version(step.get())).await?;
         self.step = step;
         Ok(())
     }
@@ -208,7 +210,7 @@ impl PsTrainer {
     async fn push_and_load(
         &mut self,
         pushed: &[(String, Bytes)],
-        wait_for: u64,
+        wait_for: Version,
     ) -> Result<(), TrainerError> {
         if self.client.newer_map().is_some() {
             let copy = self.local_copy()?;
@@ -223,8 +225,8 @@ impl PsTrainer {
     ///
     /// # Errors
     /// [`TrainerError`] from candle or the servers.
-    pub async fn refresh(&mut self) -> Result<u64, TrainerError> {
-        self.load(0).await
+    pub async fn refresh(&mut self) -> Result<Version, TrainerError> {
+        self.load(Version(0)).await
     }
 
     /// After a failed attempt: has the client repair placement with this
@@ -277,7 +279,7 @@ impl PsTrainer {
 
     /// Pulls every variable at `min_version` or later into the `Var`s, repairing
     /// placement on the way when needed; returns the lowest version received.
-    async fn load(&mut self, min_version: u64) -> Result<u64, TrainerError> {
+    async fn load(&mut self, min_version: Version) -> Result<Version, TrainerError> {
         let mut budget = RepairBudget::default();
         loop {
             match self.load_once(min_version).await {
@@ -288,9 +290,9 @@ impl PsTrainer {
         }
     }
 
-    async fn load_once(&mut self, min_version: u64) -> Result<u64, TrainerError> {
+    async fn load_once(&mut self, min_version: Version) -> Result<Version, TrainerError> {
         let mut pulled = self.client.pull(min_version).await?;
-        let mut version = u64::MAX;
+        let mut version = Version(u64::MAX);
         for (name, var) in &self.vars {
             let PulledParam { values, version: v } = pulled
                 .remove(name)
@@ -300,7 +302,11 @@ impl PsTrainer {
             var.set(&tensor)?;
             version = version.min(v);
         }
-        self.loaded = if version == u64::MAX { 0 } else { version };
+        self.loaded = if version == Version(u64::MAX) {
+            Version(0)
+        } else {
+            version
+        };
         Ok(self.loaded)
     }
 }

@@ -1,4 +1,4 @@
-//! [`MapVersion`]: the shard-map version a server has applied, and what it does
+//! [`AppliedMap`]: the shard-map version a server has applied, and what it does
 //! with a request routed by another version. An older one is refused as stale
 //! (the worker refreshes and retries). A newer one means this server is behind the
 //! scheduler: it asks its follower to fetch the map now and waits briefly, so a
@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use ps_proto::ids::MapVersion;
 use tokio::sync::{Notify, watch};
 
 use crate::error::{Error, Result};
@@ -17,30 +18,30 @@ pub const CATCH_UP_WAIT: Duration = Duration::from_secs(5);
 
 /// The applied shard-map version of one server.
 #[derive(Debug)]
-pub struct MapVersion {
-    applied: watch::Sender<u64>,
+pub struct AppliedMap {
+    applied: watch::Sender<MapVersion>,
     wanted: Notify,
     following: AtomicBool,
 }
 
-impl Default for MapVersion {
+impl Default for AppliedMap {
     fn default() -> Self {
         Self {
-            applied: watch::Sender::new(0),
+            applied: watch::Sender::new(MapVersion::UNROUTED),
             wanted: Notify::new(),
             following: AtomicBool::new(false),
         }
     }
 }
 
-impl MapVersion {
+impl AppliedMap {
     /// The newest version applied (0: none).
-    pub fn current(&self) -> u64 {
+    pub fn current(&self) -> MapVersion {
         *self.applied.borrow()
     }
 
     /// Records that `version` is applied; versions only increase.
-    pub fn set(&self, version: u64) {
+    pub fn set(&self, version: MapVersion) {
         self.applied.send_if_modified(|applied| {
             let newer = version > *applied;
             if newer {
@@ -54,8 +55,8 @@ impl MapVersion {
     /// routed without a scheduler). A pull waiting for a version uses it to end
     /// early when placement changed under it, so the worker re-routes instead of
     /// waiting for pushes that now go elsewhere.
-    pub async fn moved_past(&self, version: u64) {
-        if version == 0 {
+    pub async fn moved_past(&self, version: MapVersion) {
+        if version == MapVersion::UNROUTED {
             return std::future::pending().await;
         }
         let mut applied = self.applied.subscribe();
@@ -80,9 +81,9 @@ impl MapVersion {
     /// # Errors
     /// [`Error::StaleMap`] for an older version; [`Error::MapAhead`] when this
     /// server could not apply a newer one within [`CATCH_UP_WAIT`].
-    pub async fn admit(&self, requested: u64) -> Result<()> {
+    pub async fn admit(&self, requested: MapVersion) -> Result<()> {
         let current = self.current();
-        if requested == 0 || requested == current {
+        if requested == MapVersion::UNROUTED || requested == current {
             return Ok(());
         }
         if requested < current {
@@ -115,43 +116,43 @@ mod tests {
 
     #[tokio::test]
     async fn older_maps_are_stale_and_equal_or_unversioned_ones_pass() {
-        let map = MapVersion::default();
-        map.set(3);
-        map.set(2);
-        assert_eq!(map.current(), 3, "versions never go back");
-        assert!(map.admit(0).await.is_ok());
-        assert!(map.admit(3).await.is_ok());
+        let map = AppliedMap::default();
+        map.set(MapVersion(3));
+        map.set(MapVersion(2));
+        assert_eq!(map.current(), MapVersion(3), "versions never go back");
+        assert!(map.admit(MapVersion(0)).await.is_ok());
+        assert!(map.admit(MapVersion(3)).await.is_ok());
         assert!(matches!(
-            map.admit(2).await,
+            map.admit(MapVersion(2)).await,
             Err(Error::StaleMap {
-                requested: 2,
-                current: 3
+                requested: MapVersion(2),
+                current: MapVersion(3)
             })
         ));
     }
 
     #[tokio::test]
     async fn a_newer_map_waits_for_the_follower_to_apply_it() {
-        let map = Arc::new(MapVersion::default());
+        let map = Arc::new(AppliedMap::default());
         map.follow();
-        map.set(1);
+        map.set(MapVersion(1));
         let follower = tokio::spawn({
             let map = Arc::clone(&map);
             async move {
                 map.wanted().await;
-                map.set(2);
+                map.set(MapVersion(2));
             }
         });
-        map.admit(2).await.unwrap();
+        map.admit(MapVersion(2)).await.unwrap();
         follower.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_newer_map_that_never_comes_is_unavailable_not_a_hang() {
-        let map = MapVersion::default();
+        let map = AppliedMap::default();
         map.follow();
-        map.set(1);
-        let error = map.admit(4).await.unwrap_err();
+        map.set(MapVersion(1));
+        let error = map.admit(MapVersion(4)).await.unwrap_err();
         assert_eq!(error.code(), tonic::Code::Unavailable);
         assert!(error.to_string().contains("version 4"), "{error}");
     }
