@@ -221,122 +221,114 @@ async fn bsp_pull_timeout_names_the_missing_worker() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn a_repeated_push_is_applied_once() {
-    let server = TestServer::default().await;
-    server.register(vec![param("w", &[1.0], sgd(1.0))]).await;
-    let request = push(0, 0, vec![tensor("w", &[0.5])]);
-    let first = server
-        .client
-        .clone()
-        .push(request.clone())
-        .await
-        .unwrap()
-        .into_inner();
-    let again = server
-        .client
-        .clone()
-        .push(request)
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(first.keys[0].accepted);
-    assert!(!again.keys[0].accepted);
-    assert_eq!(server.values("w").await, (vec![0.5], 1));
-    let stats = server.stats().await;
-    assert_eq!((stats.pushes, stats.duplicate_pushes), (2, 1));
-    server.stop().await;
+/// One push of a scenario: `(worker, step, gradient, refused with)`.
+type Push = (u32, u64, f32, Option<Code>);
+
+/// Pushes to `w` (one element, 0.0, SGD with lr 1) under one consistency model,
+/// and the values, version and counts they must leave.
+struct Scenario {
+    what: &'static str,
+    consistency: Consistency,
+    workers: u32,
+    pushes: &'static [Push],
+    values: f32,
+    version: u64,
+    /// `(pushes answered OK, gradients acknowledged as retries)`.
+    counts: (u64, u64),
 }
 
-#[tokio::test]
-async fn bsp_retry_within_a_step_is_not_counted_twice() {
-    let server = TestServer::start(bsp(2)).await;
-    server.register(vec![param("w", &[0.0], sgd(1.0))]).await;
-    for _ in 0..3 {
-        server
-            .client
-            .clone()
-            .push(push(0, 0, vec![tensor("w", &[2.0])]))
-            .await
-            .unwrap();
-    }
-    assert_eq!(
-        server.values("w").await,
-        (vec![0.0], 0),
-        "worker 1 has not pushed yet"
-    );
-    server
-        .client
-        .clone()
-        .push(push(1, 0, vec![tensor("w", &[0.0])]))
-        .await
-        .unwrap();
-    assert_eq!(
-        server.values("w").await,
-        (vec![-1.0], 1),
-        "average of 2 and 0, once"
-    );
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn asp_applies_every_push_at_once() {
-    let config = ServerConfig {
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        what: "a repeated push is acknowledged and applied once",
+        consistency: Consistency::Bsp,
+        workers: 1,
+        pushes: &[(0, 0, 0.5, None), (0, 0, 0.5, None)],
+        values: -0.5,
+        version: 1,
+        counts: (2, 1),
+    },
+    Scenario {
+        what: "BSP: retries within a step count once in the average",
+        consistency: Consistency::Bsp,
+        workers: 2,
+        pushes: &[
+            (0, 0, 2.0, None),
+            (0, 0, 2.0, None),
+            (0, 0, 2.0, None),
+            (1, 0, 0.0, None),
+        ],
+        values: -1.0,
+        version: 1,
+        counts: (4, 2),
+    },
+    Scenario {
+        what: "BSP: one of two workers pushed, nothing applied",
+        consistency: Consistency::Bsp,
+        workers: 2,
+        pushes: &[(0, 0, 2.0, None)],
+        values: 0.0,
+        version: 0,
+        counts: (1, 0),
+    },
+    Scenario {
+        what: "ASP: every push is applied at once, from any worker",
         consistency: Consistency::Asp,
-        ..ServerConfig::default()
-    };
-    let server = TestServer::start(config).await;
-    server.register(vec![param("w", &[0.0], sgd(1.0))]).await;
-    server
-        .client
-        .clone()
-        .push(push(5, 0, vec![tensor("w", &[1.0])]))
-        .await
-        .unwrap();
-    server
-        .client
-        .clone()
-        .push(push(9, 0, vec![tensor("w", &[2.0])]))
-        .await
-        .unwrap();
-    assert_eq!(server.values("w").await, (vec![-3.0], 2));
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn ssp_lets_a_worker_run_ahead_by_the_staleness_only() {
-    let config = ServerConfig {
+        workers: 1,
+        pushes: &[(5, 0, 1.0, None), (9, 0, 2.0, None)],
+        values: -3.0,
+        version: 2,
+        counts: (2, 0),
+    },
+    Scenario {
+        what: "SSP(1): a worker runs one step ahead, no further; pushes scaled by 1/2",
         consistency: Consistency::Ssp { staleness: 1 },
         workers: 2,
-        ..ServerConfig::default()
-    };
-    let server = TestServer::start(config).await;
-    server.register(vec![param("w", &[0.0], sgd(1.0))]).await;
-    server
-        .client
-        .clone()
-        .push(push(0, 0, vec![tensor("w", &[2.0])]))
-        .await
-        .unwrap();
-    server
-        .client
-        .clone()
-        .push(push(0, 1, vec![tensor("w", &[2.0])]))
-        .await
-        .unwrap();
-    let err = server
-        .client
-        .clone()
-        .push(push(0, 2, vec![tensor("w", &[2.0])]))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition);
-    assert_eq!(
-        server.values("w").await,
-        (vec![-2.0], 0),
-        "two pushes applied at once, scaled by 1/2"
-    );
-    server.stop().await;
+        pushes: &[
+            (0, 0, 2.0, None),
+            (0, 1, 2.0, None),
+            (0, 2, 2.0, Some(Code::FailedPrecondition)),
+        ],
+        values: -2.0,
+        version: 0,
+        counts: (2, 0),
+    },
+];
+
+#[tokio::test]
+async fn each_consistency_model_applies_pushes_as_it_promises() {
+    for scenario in SCENARIOS {
+        let config = ServerConfig {
+            consistency: scenario.consistency,
+            workers: scenario.workers,
+            ..ServerConfig::default()
+        };
+        let server = TestServer::start(config).await;
+        server.register(vec![param("w", &[0.0], sgd(1.0))]).await;
+        for &(worker, step, grad, refused) in scenario.pushes {
+            let request = push(worker, step, vec![tensor("w", &[grad])]);
+            let answer = server.client.clone().push(request).await;
+            assert_eq!(
+                answer.err().map(|status| status.code()),
+                refused,
+                "{}: worker {worker} step {step}",
+                scenario.what
+            );
+        }
+        assert_eq!(
+            server.values("w").await,
+            (vec![scenario.values], scenario.version),
+            "{}",
+            scenario.what
+        );
+        let stats = server.stats().await;
+        assert_eq!(
+            (stats.pushes, stats.duplicate_pushes),
+            scenario.counts,
+            "{}",
+            scenario.what
+        );
+        server.stop().await;
+    }
 }
 
 #[tokio::test]

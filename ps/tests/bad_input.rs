@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use ps_proto::v1;
-use ps_server::{Consistency, ServerConfig};
+use ps_server::ServerConfig;
 use tonic::{Code, Status};
 
 /// What a bad request must not change.
@@ -41,127 +41,281 @@ async fn server_with_keys(config: ServerConfig) -> TestServer {
     server
 }
 
-fn assert_status(result: Result<impl std::fmt::Debug, Status>, code: Code, needles: &[&str]) {
-    let status = result.expect_err("request must be refused");
-    assert_eq!(status.code(), code, "{}", status.message());
+fn assert_status(
+    result: Result<impl std::fmt::Debug, Status>,
+    code: Code,
+    needles: &[&str],
+    what: &str,
+) {
+    let status = result.expect_err(what);
+    assert_eq!(status.code(), code, "{what}: {}", status.message());
     for needle in needles {
         assert!(
             status.message().contains(needle),
-            "message {:?} lacks {needle:?}",
+            "{what}: message {:?} lacks {needle:?}",
             status.message()
         );
     }
 }
 
-async fn refused_push(server: &TestServer, request: v1::PushRequest, code: Code, needles: &[&str]) {
-    let before = snapshot(server).await;
-    assert_status(server.client.clone().push(request).await, code, needles);
-    assert_eq!(
-        snapshot(server).await,
-        before,
-        "a refused push changed the state"
-    );
+/// A request that must be refused, what it must be refused with, and what the
+/// message must say.
+struct Refusal<R> {
+    what: &'static str,
+    request: R,
+    code: Code,
+    needles: &'static [&'static str],
 }
 
-#[tokio::test]
-async fn unknown_key_is_not_found() {
-    let server = server_with_keys(ServerConfig::default()).await;
-    refused_push(
-        &server,
-        push(0, 0, vec![tensor("nope", &[1.0])]),
-        Code::NotFound,
-        &["`nope`", "register"],
-    )
-    .await;
-    assert_status(
-        server
-            .client
-            .clone()
-            .pull(pull_request(&["nope"], 0, 0))
-            .await,
-        Code::NotFound,
-        &["`nope`"],
-    );
-    server.stop().await;
+fn refusal<R>(
+    what: &'static str,
+    request: R,
+    code: Code,
+    needles: &'static [&'static str],
+) -> Refusal<R> {
+    Refusal {
+        what,
+        request,
+        code,
+        needles,
+    }
 }
 
-#[tokio::test]
-async fn wrong_dtype_is_invalid_argument() {
-    let server = server_with_keys(ServerConfig::default()).await;
+fn with_dtype(dtype: i32, data: Vec<u8>) -> v1::Tensor {
     let mut grad = tensor("w", &[0.0; 3]);
-    grad.dtype = v1::DType::DtypeF16 as i32;
-    grad.data = bytes::Bytes::from(vec![0u8; 6]);
-    refused_push(
-        &server,
-        push(0, 0, vec![grad]),
-        Code::InvalidArgument,
-        &["is f32", "gradient is f16"],
-    )
-    .await;
-    for dtype in [0, 17] {
-        let mut grad = tensor("w", &[0.0; 3]);
-        grad.dtype = dtype;
-        refused_push(
-            &server,
-            push(0, 0, vec![grad]),
+    grad.dtype = dtype;
+    grad.data = bytes::Bytes::from(data);
+    grad
+}
+
+fn with_shape(shape: Vec<u64>) -> v1::Tensor {
+    let mut grad = tensor("w", &[]);
+    grad.shape = shape;
+    grad
+}
+
+/// Pushes a server with `w` (3 elements) and `v` (2) in a group of 2 must refuse.
+fn bad_pushes() -> Vec<Refusal<v1::PushRequest>> {
+    let one_grad = |grad: v1::Tensor| push(0, 0, vec![grad]);
+    let mut short = tensor("w", &[1.0; 3]);
+    short.data = short.data.slice(0..10);
+    let mut cases = vec![
+        refusal(
+            "unknown key",
+            one_grad(tensor("nope", &[1.0])),
+            Code::NotFound,
+            &["`nope`", "register"],
+        ),
+        refusal(
+            "another dtype",
+            one_grad(with_dtype(v1::DType::DtypeF16 as i32, vec![0; 6])),
+            Code::InvalidArgument,
+            &["is f32", "gradient is f16"],
+        ),
+        refusal(
+            "no dtype",
+            one_grad(with_dtype(0, vec![0; 12])),
             Code::InvalidArgument,
             &["dtype"],
-        )
-        .await;
-    }
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn wrong_shape_is_invalid_argument() {
-    let server = server_with_keys(ServerConfig::default()).await;
-    refused_push(
-        &server,
-        push(0, 0, vec![tensor("w", &[1.0, 1.0])]),
-        Code::InvalidArgument,
-        &["[3]", "[2]"],
-    )
-    .await;
-    let mut overflow = tensor("w", &[]);
-    overflow.shape = vec![u64::MAX, u64::MAX];
-    refused_push(
-        &server,
-        push(0, 0, vec![overflow]),
-        Code::InvalidArgument,
-        &["too many elements"],
-    )
-    .await;
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn data_length_not_matching_shape_is_invalid_argument() {
-    let server = server_with_keys(ServerConfig::default()).await;
-    let mut grad = tensor("w", &[1.0, 1.0, 1.0]);
-    grad.data = grad.data.slice(0..10);
-    refused_push(
-        &server,
-        push(0, 0, vec![grad]),
-        Code::InvalidArgument,
-        &["10 bytes", "needs 12 bytes"],
-    )
-    .await;
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn non_finite_gradients_are_refused_by_default() {
-    let server = server_with_keys(ServerConfig::default()).await;
+        ),
+        refusal(
+            "an unknown dtype",
+            one_grad(with_dtype(17, vec![0; 12])),
+            Code::InvalidArgument,
+            &["dtype"],
+        ),
+        refusal(
+            "another shape",
+            one_grad(tensor("w", &[1.0, 1.0])),
+            Code::InvalidArgument,
+            &["[3]", "[2]"],
+        ),
+        refusal(
+            "a shape whose element count overflows",
+            one_grad(with_shape(vec![u64::MAX, u64::MAX])),
+            Code::InvalidArgument,
+            &["too many elements"],
+        ),
+        refusal(
+            "data shorter than the shape",
+            one_grad(short),
+            Code::InvalidArgument,
+            &["10 bytes", "needs 12 bytes"],
+        ),
+        refusal(
+            "a step from the future",
+            push(0, 3, vec![tensor("w", &[1.0; 3])]),
+            Code::FailedPrecondition,
+            &["step 3", "from the future", "version 0"],
+        ),
+        refusal(
+            "a worker outside the group",
+            push(2, 0, vec![tensor("w", &[1.0; 3])]),
+            Code::InvalidArgument,
+            &["worker 2", "group of 2"],
+        ),
+        refusal(
+            "a bad key beside a good one",
+            push(0, 0, vec![tensor("w", &[1.0; 3]), tensor("v", &[1.0; 5])]),
+            Code::InvalidArgument,
+            &["`v`"],
+        ),
+        refusal(
+            "a key twice",
+            push(0, 0, vec![tensor("w", &[1.0; 3]), tensor("w", &[1.0; 3])]),
+            Code::InvalidArgument,
+            &["more than once"],
+        ),
+        refusal(
+            "no gradients",
+            push(0, 0, vec![]),
+            Code::InvalidArgument,
+            &["empty request", "no gradients"],
+        ),
+    ];
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-        let request = push(0, 0, vec![tensor("w", &[0.0, bad, 0.0])]);
-        refused_push(
-            &server,
-            request,
+        cases.push(refusal(
+            "a non-finite gradient",
+            one_grad(tensor("w", &[0.0, bad, 0.0])),
             Code::InvalidArgument,
             &["non-finite", "element 1", "--allow-non-finite"],
-        )
-        .await;
+        ));
     }
+    cases
+}
+
+#[tokio::test]
+async fn every_bad_push_is_refused_precisely_and_changes_nothing() {
+    let config = ServerConfig {
+        workers: 2,
+        ..ServerConfig::default()
+    };
+    let server = server_with_keys(config).await;
+    for case in bad_pushes() {
+        let before = snapshot(&server).await;
+        let result = server.client.clone().push(case.request).await;
+        assert_status(result, case.code, case.needles, case.what);
+        assert_eq!(
+            snapshot(&server).await,
+            before,
+            "{} changed the state",
+            case.what
+        );
+    }
+    assert_eq!(server.stats().await.rejected, bad_pushes().len() as u64);
+    server.stop().await;
+}
+
+fn register(params: Vec<v1::ParameterInit>) -> v1::RegisterRequest {
+    v1::RegisterRequest {
+        map_version: 0,
+        restore_version: 0,
+        params,
+    }
+}
+
+/// Registrations an empty server must refuse.
+fn bad_registrations() -> Vec<Refusal<v1::RegisterRequest>> {
+    let without_optimizer = v1::ParameterSpec {
+        optimizer: None,
+        ..spec("w", &[1], sgd(0.1))
+    };
+    let init = |spec: v1::ParameterSpec| v1::ParameterInit {
+        spec: Some(spec),
+        initial: bytes::Bytes::new(),
+    };
+    vec![
+        refusal(
+            "a non-finite initial value",
+            register(vec![param("w", &[f32::NAN], sgd(0.1))]),
+            Code::InvalidArgument,
+            &["initial value", "non-finite"],
+        ),
+        refusal(
+            "no optimizer",
+            register(vec![init(without_optimizer)]),
+            Code::InvalidArgument,
+            &["no optimizer"],
+        ),
+        refusal(
+            "a negative learning rate",
+            register(vec![param("w", &[1.0], sgd(-1.0))]),
+            Code::InvalidArgument,
+            &["learning rate"],
+        ),
+        refusal(
+            "a NaN learning rate",
+            register(vec![param("w", &[1.0], sgd(f64::NAN))]),
+            Code::InvalidArgument,
+            &["learning rate"],
+        ),
+        refusal(
+            "a tensor over the size limit",
+            register(vec![init(spec("huge", &[1 << 40], sgd(0.1)))]),
+            Code::ResourceExhausted,
+            &["--max-tensor", "partition"],
+        ),
+        refusal(
+            "no parameters",
+            register(vec![]),
+            Code::InvalidArgument,
+            &["no parameters"],
+        ),
+        refusal(
+            "a parameter without a spec",
+            register(vec![v1::ParameterInit {
+                spec: None,
+                initial: bytes::Bytes::new(),
+            }]),
+            Code::InvalidArgument,
+            &["without a spec"],
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn every_bad_registration_is_refused_precisely_and_creates_nothing() {
+    let server = TestServer::default().await;
+    for case in bad_registrations() {
+        let result = server.client.clone().register(case.request).await;
+        assert_status(result, case.code, case.needles, case.what);
+        assert_eq!(server.stats().await.keys, 0, "{} created a key", case.what);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_pulls_are_refused_precisely() {
+    let server = server_with_keys(ServerConfig::default()).await;
+    let cases = [
+        refusal(
+            "an unknown key",
+            pull_request(&["nope"], 0, 0),
+            Code::NotFound,
+            &["`nope`"],
+        ),
+        refusal(
+            "no keys",
+            pull_request(&[], 0, 0),
+            Code::InvalidArgument,
+            &["no keys"],
+        ),
+    ];
+    for case in cases {
+        let result = server.client.clone().pull(case.request).await;
+        assert_status(result, case.code, case.needles, case.what);
+    }
+    let empty_stream = server
+        .client
+        .clone()
+        .push_stream(tokio_stream::iter(Vec::<v1::PushChunk>::new()))
+        .await;
+    assert_status(
+        empty_stream,
+        Code::InvalidArgument,
+        &["no chunks"],
+        "an empty stream",
+    );
     server.stop().await;
 }
 
@@ -181,67 +335,6 @@ async fn non_finite_gradients_are_taken_when_allowed() {
     let (values, version) = server.values("w").await;
     assert_eq!(version, 1);
     assert_eq!(values[1], f32::NEG_INFINITY);
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn non_finite_initial_values_are_refused() {
-    let server = TestServer::default().await;
-    let result = server
-        .client
-        .clone()
-        .register(v1::RegisterRequest {
-            map_version: 0,
-            restore_version: 0,
-            params: vec![param("w", &[f32::NAN], sgd(0.1))],
-        })
-        .await;
-    assert_status(
-        result,
-        Code::InvalidArgument,
-        &["initial value", "non-finite"],
-    );
-    assert_eq!(server.stats().await.keys, 0);
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn step_from_the_future_under_bsp_is_failed_precondition() {
-    let server = server_with_keys(ServerConfig::default()).await;
-    refused_push(
-        &server,
-        push(0, 3, vec![tensor("w", &[1.0; 3])]),
-        Code::FailedPrecondition,
-        &["step 3", "from the future", "version 0"],
-    )
-    .await;
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn worker_outside_the_group_is_invalid_argument() {
-    let config = ServerConfig {
-        workers: 2,
-        ..ServerConfig::default()
-    };
-    let server = server_with_keys(config).await;
-    refused_push(
-        &server,
-        push(2, 0, vec![tensor("w", &[1.0; 3])]),
-        Code::InvalidArgument,
-        &["worker 2", "group of 2"],
-    )
-    .await;
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn a_bad_key_in_a_push_leaves_the_good_keys_unchanged() {
-    let server = server_with_keys(ServerConfig::default()).await;
-    let request = push(0, 0, vec![tensor("w", &[1.0; 3]), tensor("v", &[1.0; 5])]);
-    refused_push(&server, request, Code::InvalidArgument, &["`v`"]).await;
-    let request = push(0, 0, vec![tensor("w", &[1.0; 3]), tensor("w", &[1.0; 3])]);
-    refused_push(&server, request, Code::InvalidArgument, &["more than once"]).await;
     server.stop().await;
 }
 
@@ -270,6 +363,7 @@ async fn message_over_the_size_limit_is_refused_before_it_is_read() {
         server.client.clone().push(request).await,
         Code::OutOfRange,
         &["too large", "limit"],
+        "an oversized message",
     );
     assert_eq!(snapshot(&server).await, before);
     server.stop().await;
@@ -291,125 +385,12 @@ async fn unary_pull_over_the_limit_points_to_pull_stream() {
         .clone()
         .pull(pull_request(&["p0", "p1", "p2"], 0, 0))
         .await;
-    assert_status(result, Code::ResourceExhausted, &["PullStream"]);
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn empty_requests_are_invalid_argument() {
-    let server = server_with_keys(ServerConfig::default()).await;
-    refused_push(
-        &server,
-        push(0, 0, vec![]),
-        Code::InvalidArgument,
-        &["empty request", "no gradients"],
-    )
-    .await;
-    let pull = server.client.clone().pull(pull_request(&[], 0, 0)).await;
-    assert_status(pull, Code::InvalidArgument, &["no keys"]);
-    let register = server
-        .client
-        .clone()
-        .register(v1::RegisterRequest {
-            map_version: 0,
-            restore_version: 0,
-            params: vec![],
-        })
-        .await;
-    assert_status(register, Code::InvalidArgument, &["no parameters"]);
-    let no_spec = v1::RegisterRequest {
-        map_version: 0,
-        restore_version: 0,
-        params: vec![v1::ParameterInit {
-            spec: None,
-            initial: bytes::Bytes::new(),
-        }],
-    };
-    assert_status(
-        server.client.clone().register(no_spec).await,
-        Code::InvalidArgument,
-        &["without a spec"],
-    );
-    let empty_stream = server
-        .client
-        .clone()
-        .push_stream(tokio_stream::iter(Vec::<v1::PushChunk>::new()))
-        .await;
-    assert_status(empty_stream, Code::InvalidArgument, &["no chunks"]);
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn bad_optimizers_are_invalid_argument() {
-    let server = TestServer::default().await;
-    let mut no_optimizer = spec("w", &[1], sgd(0.1));
-    no_optimizer.optimizer = None;
-    let cases = [
-        (
-            v1::ParameterInit {
-                spec: Some(no_optimizer),
-                initial: bytes::Bytes::new(),
-            },
-            "no optimizer",
-        ),
-        (param("w", &[1.0], sgd(-1.0)), "learning rate"),
-        (param("w", &[1.0], sgd(f64::NAN)), "learning rate"),
-    ];
-    for (init, needle) in cases {
-        let result = server
-            .client
-            .clone()
-            .register(v1::RegisterRequest {
-                map_version: 0,
-                restore_version: 0,
-                params: vec![init],
-            })
-            .await;
-        assert_status(result, Code::InvalidArgument, &[needle]);
-    }
-    assert_eq!(server.stats().await.keys, 0);
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn refusals_are_counted() {
-    let config = ServerConfig {
-        consistency: Consistency::Bsp,
-        ..ServerConfig::default()
-    };
-    let server = server_with_keys(config).await;
-    let _ = server
-        .client
-        .clone()
-        .push(push(0, 0, vec![tensor("nope", &[1.0])]))
-        .await;
-    let _ = server.client.clone().pull(pull_request(&[], 0, 0)).await;
-    assert_eq!(server.stats().await.rejected, 2);
-    server.stop().await;
-}
-
-#[tokio::test]
-async fn a_tensor_over_the_size_limit_is_resource_exhausted() {
-    let server = TestServer::default().await;
-    let huge = v1::ParameterInit {
-        spec: Some(spec("huge", &[1 << 40], sgd(0.1))),
-        initial: bytes::Bytes::new(),
-    };
-    let result = server
-        .client
-        .clone()
-        .register(v1::RegisterRequest {
-            map_version: 0,
-            restore_version: 0,
-            params: vec![huge],
-        })
-        .await;
     assert_status(
         result,
         Code::ResourceExhausted,
-        &["--max-tensor", "partition"],
+        &["PullStream"],
+        "a unary pull over the limit",
     );
-    assert_eq!(server.stats().await.keys, 0);
     server.stop().await;
 }
 
@@ -439,7 +420,12 @@ async fn a_push_stream_for_an_unknown_key_is_refused_at_its_first_chunk() {
     )
     .await
     .expect("the server waited for the rest of a stream it should refuse");
-    assert_status(answer, Code::NotFound, &["`nope`"]);
+    assert_status(
+        answer,
+        Code::NotFound,
+        &["`nope`"],
+        "a stream for an unknown key",
+    );
     drop(chunks);
     server.stop().await;
 }

@@ -190,81 +190,100 @@ async fn pull_stream_honours_the_requested_chunk_size() {
     server.stop().await;
 }
 
-async fn refused_stream(server: &TestServer, chunks: Vec<v1::PushChunk>, needles: &[&str]) {
+async fn refused_stream(
+    server: &TestServer,
+    chunks: Vec<v1::PushChunk>,
+    what: &str,
+    needles: &[&str],
+) {
     let before = server.values("w").await;
     let status = server
         .client
         .clone()
         .push_stream(tokio_stream::iter(chunks))
         .await
-        .unwrap_err();
-    assert_eq!(status.code(), Code::InvalidArgument, "{}", status.message());
+        .expect_err(what);
+    let message = status.message();
+    assert_eq!(status.code(), Code::InvalidArgument, "{what}: {message}");
     for needle in needles {
         assert!(
-            status.message().contains(needle),
-            "{:?} lacks {needle:?}",
-            status.message()
+            message.contains(needle),
+            "{what}: {message:?} lacks {needle:?}"
         );
     }
     assert_eq!(
         server.values("w").await,
         before,
-        "a refused stream changed `w`"
+        "a stream that {what} changed `w`"
     );
     assert_eq!(server.stats().await.pushes, 0);
 }
+
+/// A well-formed stream of `[1.0; 6]` to `w` in three 8-byte chunks, spoilt one way.
+type Spoil = fn(&mut Vec<v1::PushChunk>);
+
+fn chunk(chunks: &mut [v1::PushChunk], index: usize) -> &mut v1::TensorChunk {
+    chunks[index].chunk.as_mut().expect("a chunk")
+}
+
+const MALFORMED: &[(&str, Spoil, &[&str])] = &[
+    (
+        "ends early",
+        |c| c.truncate(2),
+        &["ended after 16 of 24 bytes", "nothing was applied"],
+    ),
+    ("overlaps", |c| chunk(c, 1).offset = 4, &["overlaps"]),
+    (
+        "leaves a gap",
+        |c| {
+            c.remove(1);
+        },
+        &["gap"],
+    ),
+    (
+        "runs past the end",
+        |c| {
+            c.push(c[2].clone());
+            chunk(c, 3).offset = 24;
+        },
+        &["runs past"],
+    ),
+    (
+        "changes the shape",
+        |c| chunk(c, 1).shape = vec![7],
+        &["first chunk said"],
+    ),
+    (
+        "changes the step",
+        |c| c[2].step = 1,
+        &["began as worker 0 step 0"],
+    ),
+    (
+        "splits an element",
+        |c| {
+            let data = chunk(c, 1).data.slice(0..6);
+            chunk(c, 1).data = data;
+        },
+        &["splits"],
+    ),
+    (
+        "carries a NaN",
+        |c| chunk(c, 1).data = f32_bytes(&[1.0, f32::NAN]),
+        &["non-finite", "element 3"],
+    ),
+];
 
 #[tokio::test]
 async fn malformed_chunk_streams_change_nothing() {
     let server = TestServer::default().await;
     server.register(vec![param("w", &[1.0; 6], sgd(1.0))]).await;
-    let grad = f32_bytes(&[1.0; 6]);
-    let full = push_chunks(0, 0, "w", &grad, 8);
+    let full = push_chunks(0, 0, "w", &f32_bytes(&[1.0; 6]), 8);
     assert_eq!(full.len(), 3);
-
-    let ends_early = full[..2].to_vec();
-    refused_stream(
-        &server,
-        ends_early,
-        &["ended after 16 of 24 bytes", "nothing was applied"],
-    )
-    .await;
-
-    let mut overlaps = full.clone();
-    overlaps[1].chunk.as_mut().unwrap().offset = 4;
-    refused_stream(&server, overlaps, &["overlaps"]).await;
-
-    let mut gap = full.clone();
-    gap.remove(1);
-    refused_stream(&server, gap, &["gap"]).await;
-
-    let mut overruns = full.clone();
-    overruns.push(overruns[2].clone());
-    overruns[3].chunk.as_mut().unwrap().offset = 24;
-    refused_stream(&server, overruns, &["runs past"]).await;
-
-    let mut reshaped = full.clone();
-    reshaped[1].chunk.as_mut().unwrap().shape = vec![7];
-    refused_stream(&server, reshaped, &["first chunk said"]).await;
-
-    let mut mixed = full.clone();
-    mixed[2].step = 1;
-    refused_stream(&server, mixed, &["began as worker 0 step 0"]).await;
-
-    let mut split_element = full.clone();
-    split_element[1].chunk.as_mut().unwrap().data = grad.slice(8..14);
-    refused_stream(&server, split_element, &["splits"]).await;
-
-    let mut nan = push_chunks(
-        0,
-        0,
-        "w",
-        &f32_bytes(&[1.0, 1.0, 1.0, f32::NAN, 1.0, 1.0]),
-        8,
-    );
-    nan.truncate(3);
-    refused_stream(&server, nan, &["non-finite", "element 3"]).await;
-
+    for (what, spoil, needles) in MALFORMED {
+        let mut chunks = full.clone();
+        spoil(&mut chunks);
+        refused_stream(&server, chunks, what, needles).await;
+    }
     let pushed = server
         .client
         .clone()

@@ -1,10 +1,13 @@
 //! `ps-tests`: helpers for the end-to-end tests in `tests/tests/`: running the
 //! workspace's binaries as real processes and reading what they print, and
 //! ([`compose`]) running the docker-compose cluster, and ([`faults`]) a proxy that
-//! injects network faults.
+//! injects network faults, and ([`loopback`]) a ps-server in this process over
+//! in-memory streams.
 
 pub mod compose;
 pub mod faults;
+pub mod loopback;
+pub mod sum_model;
 
 use std::path::PathBuf;
 use std::process::Stdio;

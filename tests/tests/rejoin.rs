@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use candle_core::{DType, Device, Tensor};
-use candle_nn::{Init, VarMap};
+use candle_nn::VarMap;
 use ps_client::GroupInfo;
 use ps_client::optim::OptimizerChoice;
 use ps_client::placement::ParamInfo;
@@ -22,6 +21,7 @@ use ps_proto::ids::{Rank, Step, Version};
 use ps_server::ServerConfig;
 use ps_server::service::ParameterService;
 use ps_server::store::Store;
+use ps_tests::sum_model::{self, step, values};
 use ps_worker::trainer::PsTrainer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -88,10 +88,6 @@ impl Server {
 
 /// A trainer of one 4-element variable `w` as `rank` of 2, and the variable.
 async fn trainer(addr: &str, rank: u32) -> (PsTrainer, VarMap) {
-    let varmap = VarMap::new();
-    varmap
-        .get(4, "w", Init::Const(1.0), DType::F32, &Device::Cpu)
-        .expect("a variable");
     let client = PsClient::connect(ClientConfig::new(vec![addr.to_string()]))
         .await
         .expect("connect");
@@ -100,23 +96,7 @@ async fn trainer(addr: &str, rank: u32) -> (PsTrainer, VarMap) {
         workers: 2,
         consistency: "bsp".parse().expect("bsp"),
     };
-    let sgd = OptimizerChoice::Sgd.with_lr(0.5);
-    let trainer = PsTrainer::new(client, group, &varmap, sgd)
-        .await
-        .expect("trainer");
-    (trainer, varmap)
-}
-
-/// One step with the loss `sum(w)`, whose gradient is 1 everywhere.
-async fn step(trainer: &mut PsTrainer, varmap: &VarMap) {
-    let w = varmap.all_vars().remove(0);
-    let loss = w.as_tensor().sum_all().expect("sum");
-    trainer.backward_step(&loss).await.expect("a step");
-}
-
-fn values(varmap: &VarMap) -> Vec<f32> {
-    let w: Tensor = varmap.all_vars().remove(0).as_tensor().clone();
-    w.to_vec1().expect("values")
+    sum_model::trainer(client, group).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

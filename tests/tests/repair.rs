@@ -3,11 +3,9 @@
 //! back; the client classifies the failure and restores the keys from the
 //! worker's copy, and a repair that cannot help ends within its budget.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use hyper_util::rt::TokioIo;
 use ps_client::placement::ParamInfo;
 use ps_client::retry::RetryPolicy;
 use ps_client::{ClientConfig, ClientError, LocalCopy, PsClient, Recovery, RepairBudget, sgd};
@@ -15,105 +13,14 @@ use ps_proto::codec::DType;
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::{Rank, Step, Version};
 use ps_server::config::ServerConfig;
-use ps_server::service::ParameterService;
-use ps_server::store::Store;
-use tokio::io::DuplexStream;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
-use tokio_util::sync::CancellationToken;
-use tonic::transport::{Endpoint, Server};
+use ps_tests::loopback::Loopback;
 
-/// A parameter server in this process. Each connection the client opens goes
-/// through a relay to the current incarnation; [`Loopback::restart`] kills it
-/// (its relays end, so its connections drop as a killed process's do) and
-/// starts an empty one, as a server restarted without checkpoints.
-#[derive(Clone)]
-struct Loopback {
-    current: Arc<Mutex<Incarnation>>,
-}
-
-struct Incarnation {
-    connections: Option<mpsc::UnboundedSender<Result<DuplexStream, std::io::Error>>>,
-    stop: CancellationToken,
-    relays: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Incarnation {
-    /// Ends this incarnation at once: open connections drop, new ones are refused.
-    fn kill(&mut self) {
-        self.stop.cancel();
-        self.connections.take();
-        for relay in self.relays.drain(..) {
-            relay.abort();
-        }
-    }
-}
-
-impl Loopback {
-    fn start() -> Self {
-        Self {
-            current: Arc::new(Mutex::new(Self::serve())),
-        }
-    }
-
-    fn serve() -> Incarnation {
-        let config = ServerConfig {
-            consistency: Consistency::Asp,
-            workers: 1,
-            ..ServerConfig::default()
-        };
-        let store = Arc::new(Store::new(config.store_rules(), CancellationToken::new()));
-        let service = ParameterService::new(store, config, None).into_server();
-        let (connections, incoming) = mpsc::unbounded_channel();
-        let stop = CancellationToken::new();
-        let stopped = stop.clone();
-        tokio::spawn(
-            Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(
-                    UnboundedReceiverStream::new(incoming),
-                    stopped.cancelled_owned(),
-                ),
-        );
-        Incarnation {
-            connections: Some(connections),
-            stop,
-            relays: Vec::new(),
-        }
-    }
-
-    fn restart(&self) {
-        let mut current = self.current.lock().unwrap();
-        current.kill();
-        *current = Self::serve();
-    }
-
-    /// Kills the server for good: new connections are refused.
-    fn stop(&self) {
-        self.current.lock().unwrap().kill();
-    }
-
-    fn connect(&self) -> std::io::Result<DuplexStream> {
-        let (client, mut client_side) = tokio::io::duplex(1 << 20);
-        let (mut server_side, server) = tokio::io::duplex(1 << 20);
-        let mut current = self.current.lock().unwrap();
-        let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "stopped");
-        let connections = current.connections.as_ref().ok_or_else(refused)?;
-        connections.send(Ok(server)).map_err(|_| refused())?;
-        current.relays.push(tokio::spawn(async move {
-            let _ = tokio::io::copy_bidirectional(&mut client_side, &mut server_side).await;
-        }));
-        Ok(client)
-    }
-
-    fn channel(&self) -> tonic::transport::Channel {
-        let server = self.clone();
-        Endpoint::from_static("http://loopback:1").connect_with_connector_lazy(tower::service_fn(
-            move |_| {
-                let server = server.clone();
-                async move { server.connect().map(TokioIo::new) }
-            },
-        ))
+/// A server that applies every push at once.
+fn asp() -> ServerConfig {
+    ServerConfig {
+        consistency: Consistency::Asp,
+        workers: 1,
+        ..ServerConfig::default()
     }
 }
 
@@ -171,7 +78,7 @@ async fn pull_w(client: &PsClient) -> (Vec<f32>, u64) {
 
 #[tokio::test]
 async fn a_server_restarted_empty_gets_the_keys_back_from_the_workers_copy() {
-    let server = Loopback::start();
+    let server = Loopback::start(asp());
     let (mut client, _) = registered(&server).await;
     client
         .push(Rank(0), Step(0), &[("w".into(), f32s(&[0.5; 4]))])
@@ -200,7 +107,7 @@ async fn a_server_restarted_empty_gets_the_keys_back_from_the_workers_copy() {
 
 #[tokio::test]
 async fn a_server_gone_for_good_ends_the_repair_within_its_budget() {
-    let server = Loopback::start();
+    let server = Loopback::start(asp());
     let (mut client, initial) = registered(&server).await;
     server.stop();
     let grads = [("w".into(), f32s(&[0.5; 4]))];
@@ -223,7 +130,7 @@ async fn a_server_gone_for_good_ends_the_repair_within_its_budget() {
 
 #[tokio::test]
 async fn a_request_error_is_not_repaired() {
-    let server = Loopback::start();
+    let server = Loopback::start(asp());
     let (mut client, initial) = registered(&server).await;
     let wrong = [("w".into(), f32s(&[f32::NAN; 4]))];
     let error = client.push(Rank(0), Step(0), &wrong).await.unwrap_err();
