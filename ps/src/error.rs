@@ -112,7 +112,7 @@ pub enum Error {
         /// The key.
         key: ParamKey,
         /// What is wrong.
-        reason: String,
+        reason: crate::optimizer::InvalidOptimizer,
     },
     /// A key exists with a different spec.
     #[error("{key} already exists as {existing}; this request registers it as {requested}")]

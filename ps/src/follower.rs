@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ps_common::rendezvous::{Peer, rendezvous};
+use ps_common::rendezvous::{Peer, RendezvousError, rendezvous};
 use ps_proto::ids::{MapVersion, Rank};
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
@@ -37,11 +37,12 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// connect timeout.
 ///
 /// # Errors
-/// A message naming an address that never came up, or that is not a scheduler.
+/// [`RendezvousError`] naming an address that never came up, or that is not a
+/// scheduler.
 pub async fn await_scheduler(
     link: &SchedulerLink,
     transport: &TransportConfig,
-) -> Result<(), String> {
+) -> Result<(), RendezvousError> {
     rendezvous(
         &link.scheduler,
         &[Peer::Scheduler],
@@ -50,7 +51,6 @@ pub async fn await_scheduler(
     )
     .await
     .map(drop)
-    .map_err(|error| format!("--scheduler: {error}"))
 }
 
 /// What the follower knows between heartbeats.

@@ -45,16 +45,36 @@ pub enum OptimizerSpec {
     },
 }
 
+/// Why an optimizer from the wire cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidOptimizer {
+    /// None was given.
+    #[error(
+        "no optimizer given; set exactly one of optimizer.sgd, optimizer.momentum, optimizer.adam"
+    )]
+    Missing,
+    /// A hyper-parameter outside its range.
+    #[error("{name} must be {range}, got {value}")]
+    OutOfRange {
+        /// The hyper-parameter.
+        name: &'static str,
+        /// What it must be.
+        range: &'static str,
+        /// What it was.
+        value: f64,
+    },
+}
+
 impl OptimizerSpec {
     /// Validates an optimizer from the wire, filling documented defaults.
     ///
     /// # Errors
-    /// A message naming the missing optimizer or the out-of-range hyper-parameter.
-    pub fn from_proto(optimizer: Option<&v1::Optimizer>) -> Result<Self, String> {
+    /// [`InvalidOptimizer`]: none given, or a hyper-parameter out of range.
+    pub fn from_proto(optimizer: Option<&v1::Optimizer>) -> Result<Self, InvalidOptimizer> {
         use v1::optimizer::Kind;
-        let kind = optimizer.and_then(|o| o.kind.as_ref()).ok_or(
-            "no optimizer given; set exactly one of optimizer.sgd, optimizer.momentum, optimizer.adam",
-        )?;
+        let kind = optimizer
+            .and_then(|o| o.kind.as_ref())
+            .ok_or(InvalidOptimizer::Missing)?;
         let spec = match kind {
             Kind::Sgd(s) => OptimizerSpec::Sgd {
                 lr: s.lr,
@@ -111,7 +131,7 @@ impl OptimizerSpec {
         v1::Optimizer { kind: Some(kind) }
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), InvalidOptimizer> {
         let (lr, weight_decay) = match *self {
             OptimizerSpec::Sgd { lr, weight_decay } => (lr, weight_decay),
             OptimizerSpec::Momentum {
@@ -132,21 +152,22 @@ impl OptimizerSpec {
             } => {
                 check_unit_interval("beta1", beta1)?;
                 check_unit_interval("beta2", beta2)?;
-                if !(eps.is_finite() && eps > 0.0) {
-                    return Err(format!("eps must be finite and > 0, got {eps}"));
-                }
+                check("eps", "finite and > 0", eps, eps.is_finite() && eps > 0.0)?;
                 (lr, weight_decay)
             }
         };
-        if !(lr.is_finite() && lr > 0.0) {
-            return Err(format!("learning rate must be finite and > 0, got {lr}"));
-        }
-        if !(weight_decay.is_finite() && weight_decay >= 0.0) {
-            return Err(format!(
-                "weight_decay must be finite and >= 0, got {weight_decay}"
-            ));
-        }
-        Ok(())
+        check(
+            "learning rate",
+            "finite and > 0",
+            lr,
+            lr.is_finite() && lr > 0.0,
+        )?;
+        check(
+            "weight_decay",
+            "finite and >= 0",
+            weight_decay,
+            weight_decay.is_finite() && weight_decay >= 0.0,
+        )
     }
 
     /// `f32` state values kept per parameter element.
@@ -163,11 +184,20 @@ fn default_if_zero(value: f64, default: f64) -> f64 {
     if value == 0.0 { default } else { value }
 }
 
-fn check_unit_interval(name: &str, value: f64) -> Result<(), String> {
-    if (0.0..1.0).contains(&value) {
+fn check_unit_interval(name: &'static str, value: f64) -> Result<(), InvalidOptimizer> {
+    check(name, "in [0, 1)", value, (0.0..1.0).contains(&value))
+}
+
+fn check(
+    name: &'static str,
+    range: &'static str,
+    value: f64,
+    ok: bool,
+) -> Result<(), InvalidOptimizer> {
+    if ok {
         Ok(())
     } else {
-        Err(format!("{name} must be in [0, 1), got {value}"))
+        Err(InvalidOptimizer::OutOfRange { name, range, value })
     }
 }
 
@@ -562,10 +592,9 @@ mod tests {
                 "{kind:?} accepted"
             );
         }
-        assert!(
-            OptimizerSpec::from_proto(None)
-                .unwrap_err()
-                .contains("no optimizer")
+        assert_eq!(
+            OptimizerSpec::from_proto(None),
+            Err(InvalidOptimizer::Missing)
         );
     }
 

@@ -34,7 +34,7 @@ pub async fn run(
     if let Some(link) = &config.scheduler {
         await_scheduler(link, &config.transport)
             .await
-            .map_err(ServeError::Config)?;
+            .map_err(|error| ServeError::Config(format!("--scheduler: {error}")))?;
     }
     let addr = listener.local_addr()?;
     let stop_waits = CancellationToken::new();
