@@ -154,9 +154,13 @@ pub(crate) fn reassemble(
     placed: &Placed,
     pulled: &BTreeMap<ParamKey, PulledKey>,
 ) -> Result<PulledParam, ClientError> {
-    let mut values = vec![0f32; placed.info.len()];
+    // Parts in order of their first element, appended one after the other: the
+    // destination is written once, never zero-filled first.
+    let mut parts: Vec<&Part> = placed.parts.iter().collect();
+    parts.sort_by_key(|part| part.start);
+    let mut values = Vec::with_capacity(placed.info.len());
     let mut version = Version(u64::MAX);
-    for part in &placed.parts {
+    for part in parts {
         let key = ParamKey::new(&placed.info.name, part.part);
         let PulledKey {
             data,
@@ -172,11 +176,23 @@ pub(crate) fn reassemble(
                 part.len
             )));
         }
-        let target = &mut values[part.start..part.start + part.len];
-        data.for_each_f32_block(|start, block| {
-            target[start..start + block.len()].copy_from_slice(block)
-        });
+        if part.start != values.len() {
+            return Err(ClientError::Usage(format!(
+                "{key} starts at element {}, but the parts before it end at {}",
+                part.start,
+                values.len()
+            )));
+        }
+        data.for_each_f32_block(|_, block| values.extend_from_slice(block));
         version = version.min(*part_version);
+    }
+    if values.len() != placed.info.len() {
+        return Err(ClientError::Usage(format!(
+            "the parts of `{}` hold {} of its {} elements",
+            placed.info.name,
+            values.len(),
+            placed.info.len()
+        )));
     }
     Ok(PulledParam {
         values,

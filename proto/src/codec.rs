@@ -4,16 +4,18 @@
 //! A [`TensorData`] is a validated tensor whose bytes may live in several
 //! [`Bytes`] segments (the chunks of a stream, sliced straight out of receive
 //! buffers). Reading it as `f32` never copies when a segment is `f32` and
-//! 4-byte aligned; otherwise elements are decoded through a small stack buffer,
-//! so unaligned payloads are read correctly and still without heap allocation.
+//! 4-byte aligned. An unaligned `f32` segment is copied in bulk (one `memcpy` per
+//! block) into an aligned stack buffer, never decoded element by element; half
+//! precision is widened in a tight loop per block. No path allocates.
 
 use bytes::Bytes;
 use half::{bf16, f16};
 
 use crate::v1;
 
-/// Elements decoded at a time on the slow (unaligned or half-precision) path.
-const DECODE_BLOCK: usize = 1024;
+/// Elements copied or widened at a time on the unaligned and half-precision
+/// paths: 16 KiB of `f32`, well inside L1 and L2 alongside what it is applied to.
+const DECODE_BLOCK: usize = 4096;
 
 /// Errors found while validating a tensor received from the wire.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -283,7 +285,7 @@ impl TensorData {
     pub fn first_non_finite(&self) -> Option<(usize, f32)> {
         let mut found = None;
         self.for_each_f32_block(|start, values| {
-            if found.is_none() && !values.iter().all(|v| v.is_finite()) {
+            if found.is_none() && !all_finite(values) {
                 found = values
                     .iter()
                     .position(|v| !v.is_finite())
@@ -312,29 +314,55 @@ pub fn encode_f32(dtype: DType, values: &[f32]) -> Bytes {
     }
 }
 
+/// True when no element is NaN or infinite. Branch-free over each run of 64 so
+/// the compiler vectorises it; stops at the first run holding one.
+fn all_finite(values: &[f32]) -> bool {
+    const EXPONENT: u32 = 0x7f80_0000;
+    values.chunks(64).all(|run| {
+        run.iter().fold(0u32, |bad, v| {
+            bad | u32::from(v.to_bits() & EXPONENT == EXPONENT)
+        }) == 0
+    })
+}
+
 fn for_each_segment_block(dtype: DType, bytes: &[u8], mut f: impl FnMut(&[f32])) {
-    if dtype == DType::F32 && cfg!(target_endian = "little") {
-        if let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(bytes) {
-            f(values);
-            return;
-        }
-    }
-    let size = dtype.size();
     let mut buffer = [0f32; DECODE_BLOCK];
-    for block in bytes.chunks(DECODE_BLOCK * size) {
-        let n = block.len() / size;
-        for (out, element) in buffer.iter_mut().zip(block.chunks_exact(size)) {
-            *out = decode_element(dtype, element);
+    match dtype {
+        DType::F32 if cfg!(target_endian = "little") => {
+            if let Ok(values) = bytemuck::try_cast_slice::<u8, f32>(bytes) {
+                return f(values);
+            }
+            for block in bytes.chunks(DECODE_BLOCK * 4) {
+                let n = block.len() / 4;
+                bytemuck::cast_slice_mut::<f32, u8>(&mut buffer[..n]).copy_from_slice(block);
+                f(&buffer[..n]);
+            }
         }
-        f(&buffer[..n]);
+        DType::F32 => widen_blocks(bytes, &mut buffer, f, |e: &[u8; 4]| f32::from_le_bytes(*e)),
+        DType::F16 => widen_blocks(bytes, &mut buffer, f, |e: &[u8; 2]| {
+            f16::from_le_bytes(*e).to_f32()
+        }),
+        DType::BF16 => widen_blocks(bytes, &mut buffer, f, |e: &[u8; 2]| {
+            bf16::from_le_bytes(*e).to_f32()
+        }),
     }
 }
 
-fn decode_element(dtype: DType, element: &[u8]) -> f32 {
-    match dtype {
-        DType::F32 => f32::from_le_bytes([element[0], element[1], element[2], element[3]]),
-        DType::F16 => f16::from_le_bytes([element[0], element[1]]).to_f32(),
-        DType::BF16 => bf16::from_le_bytes([element[0], element[1]]).to_f32(),
+/// Converts `bytes` block by block through `buffer` with `widen`, one element of
+/// `N` bytes at a time, in a loop the dtype is already chosen for.
+fn widen_blocks<const N: usize>(
+    bytes: &[u8],
+    buffer: &mut [f32; DECODE_BLOCK],
+    mut f: impl FnMut(&[f32]),
+    widen: impl Fn(&[u8; N]) -> f32,
+) {
+    for block in bytes.chunks(DECODE_BLOCK * N) {
+        let n = block.len() / N;
+        for (out, element) in buffer.iter_mut().zip(block.chunks_exact(N)) {
+            // `chunks_exact(N)` makes every element N bytes: the fallback never runs.
+            *out = widen(&element.try_into().unwrap_or([0; N]));
+        }
+        f(&buffer[..n]);
     }
 }
 
@@ -443,6 +471,40 @@ mod tests {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             assert_eq!(DType::from_proto(dtype.to_proto()), Ok(dtype));
         }
+    }
+
+    #[test]
+    fn unaligned_segments_are_read_in_order_across_block_boundaries() {
+        let n = 3 * DECODE_BLOCK + 5;
+        let values: Vec<f32> = (0..n).map(|i| i as f32 - 1000.25).collect();
+        let mut raw = vec![0u8; 3];
+        raw.extend(f32_bytes(&values));
+        let bytes = Bytes::from(raw).slice(3..);
+        let split = 4 * (DECODE_BLOCK + 1);
+        let segments = vec![bytes.slice(..split), bytes.slice(split..)];
+        let tensor = TensorData::from_segments(DType::F32, vec![n], segments).unwrap();
+        let mut blocks = Vec::new();
+        tensor.for_each_f32_block(|start, block| {
+            assert_eq!(start, blocks.len(), "blocks in order");
+            blocks.extend_from_slice(block);
+        });
+        assert_eq!(blocks, values);
+        assert_eq!(tensor.to_f32_vec(), values);
+    }
+
+    #[test]
+    fn a_non_finite_element_is_found_wherever_it_sits() {
+        for index in [0, 63, 64, 4095, 4096, 9999] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut values = vec![-3.5f32; 10_000];
+                values[index] = bad;
+                let tensor = TensorData::from_f32(DType::F32, vec![10_000], &values);
+                let found = tensor.first_non_finite().map(|(i, _)| i);
+                assert_eq!(found, Some(index), "{bad} at {index}");
+            }
+        }
+        let big = TensorData::from_f32(DType::F32, vec![2], &[f32::MAX, f32::MIN]);
+        assert_eq!(big.first_non_finite(), None, "the largest finite values");
     }
 
     #[test]
