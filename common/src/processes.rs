@@ -81,6 +81,11 @@ impl ServerProcess {
         Self::start_named("ps-server", args).await
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Starts `ps-server --listen LISTEN ARGS` (to restart one at the address an
     /// earlier one was given).
     ///

@@ -3,7 +3,8 @@
 //!
 //! - [`server`]: the `ps.v1.Bench` service and the TCP baseline, served together.
 //! - [`peer`]: the server under test, remote or a local child process.
-//! - [`latency`], [`bandwidth`], [`throughput`]: the three benchmarks.
+//! - [`latency`], [`bandwidth`], [`throughput`]: the transport and model benchmarks;
+//!   [`kv`]: one key per size pushed and pulled by worker processes.
 //! - [`payload`]: TF-gRPC-Bench payload schemes and the two encodings.
 //! - [`tcp`]: the raw TCP baseline protocol; [`plain`] and [`tcp_check`]: the
 //!   plainest send-and-ack loop it is checked against (`tcp-check`).
@@ -14,6 +15,7 @@
 
 pub mod bandwidth;
 pub mod cpu;
+pub mod kv;
 pub mod latency;
 pub mod payload;
 pub mod peer;

@@ -6,6 +6,7 @@
 //! ps-microbench bandwidth --sizes 1MiB,16MiB --json
 //! ps-microbench bandwidth --scheme skew --encoding bytes,floats --out results/
 //! ps-microbench ps-throughput --servers 2 --workers 2 --model resnet50
+//! ps-microbench kv --servers 2 --workers 2 --sizes 4KiB,1MiB,16MiB --window 8
 //! ps-microbench tcp-check --sizes 64B,1MiB,16MiB
 //! ps-microbench serve --listen 0.0.0.0:7080 --tcp-listen 0.0.0.0:7081
 //! ```
@@ -18,6 +19,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use ps_common::size::parse_size;
 use ps_microbench::bandwidth::{self, BandwidthPlan, Mode};
+use ps_microbench::kv::{self, KvPlan, Op};
 use ps_microbench::latency::{self, LatencyPlan};
 use ps_microbench::payload::{CategorySizes, Encoding, Scheme};
 use ps_microbench::peer::{Peer, READY_PREFIX};
@@ -44,6 +46,11 @@ enum Command {
     Bandwidth(BandwidthArgs),
     /// M ps-server processes x N workers pushing and pulling a model's tensors.
     PsThroughput(ThroughputArgs),
+    /// One key per size pushed and pulled by worker processes against M ps-servers.
+    Kv(KvArgs),
+    /// One worker process of `kv` (started by it; prints one JSON report).
+    #[command(hide = true)]
+    KvWorker(KvWorkerArgs),
     /// The TCP baseline against the plainest send-and-ack loop, in the same run.
     TcpCheck(TcpCheckArgs),
     /// Exit 0 when the benchmark server at --server serves (a container health check).
@@ -184,6 +191,53 @@ struct BandwidthArgs {
     output: OutputArgs,
     #[command(flatten)]
     tuning: Tuning,
+}
+
+#[derive(Debug, Args)]
+struct KvArgs {
+    /// ps-server processes (each key is split evenly over them).
+    #[arg(long, default_value_t = 1)]
+    servers: usize,
+    /// Worker processes.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Key sizes, comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, default_value = "4KiB,1MiB,16MiB")]
+    sizes: Vec<usize>,
+    /// Operations in flight per worker in the throughput phase.
+    #[arg(long, default_value_t = 8)]
+    window: usize,
+    /// Seconds each phase (latency, throughput) runs per size and operation.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Print one JSON object per result line instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Write the results (kv.csv) into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct KvWorkerArgs {
+    /// The ps-server addresses, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    servers: Vec<String>,
+    /// The key's size.
+    #[arg(long, value_parser = parse_size)]
+    size: usize,
+    /// What to do.
+    #[arg(long)]
+    op: Op,
+    /// Operations in flight in the throughput phase.
+    #[arg(long)]
+    window: usize,
+    /// Seconds each phase runs.
+    #[arg(long)]
+    seconds: f64,
+    /// This worker's index.
+    #[arg(long)]
+    index: u32,
 }
 
 #[derive(Debug, Args)]
@@ -368,6 +422,44 @@ async fn run_throughput(args: ThroughputArgs) -> anyhow::Result<()> {
     emit(&[row], args.json, args.out.as_ref())
 }
 
+async fn run_kv(args: KvArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.servers >= 1 && args.workers >= 1 && args.window >= 1 && args.seconds > 0.0,
+        "--servers, --workers and --window must be at least 1, and --seconds above 0"
+    );
+    let plan = KvPlan {
+        servers: args.servers,
+        workers: args.workers,
+        sizes: args.sizes,
+        window: args.window,
+        seconds: args.seconds,
+    };
+    let rows = kv::run(&plan).await?;
+    if args.json {
+        return emit(&rows, true, args.out.as_ref());
+    }
+    print!("{}", kv::table(&rows));
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_csv(&rows, &dir.join("kv.csv"))?;
+    }
+    Ok(())
+}
+
+async fn run_kv_worker(args: KvWorkerArgs) -> anyhow::Result<()> {
+    let report = kv::run_worker(
+        &args.servers,
+        args.size,
+        args.op,
+        args.window,
+        args.seconds,
+        args.index,
+    )
+    .await?;
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
+}
+
 async fn run_tcp_check(args: TcpCheckArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.reps >= 1, "--reps must be at least 1");
     let plan = tcp_check::CheckPlan {
@@ -407,6 +499,8 @@ async fn main() -> anyhow::Result<()> {
         Command::Latency(args) => run_latency(args).await,
         Command::Bandwidth(args) => run_bandwidth(args).await,
         Command::PsThroughput(args) => run_throughput(args).await,
+        Command::Kv(args) => run_kv(args).await,
+        Command::KvWorker(args) => run_kv_worker(args).await,
         Command::TcpCheck(args) => run_tcp_check(args).await,
         Command::Health { server } => std::process::exit(ps_common::health::report(&server).await),
     }

@@ -231,3 +231,70 @@ fn a_bandwidth_run_says_what_it_measures_as_it_goes() {
         assert!(stderr.contains(line), "{line:?} in {stderr}");
     }
 }
+
+#[test]
+fn kv_measures_push_and_pull_by_worker_processes_against_real_servers() {
+    let rows = microbench(&[
+        "kv",
+        "--servers",
+        "2",
+        "--workers",
+        "2",
+        "--sizes",
+        "4KiB,256KiB",
+        "--window",
+        "2",
+        "--seconds",
+        "0.3",
+        "--json",
+    ]);
+    let ops: Vec<(u64, &str)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["size_bytes"].as_u64().unwrap(),
+                r["mode"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            (4096, "push"),
+            (4096, "pull"),
+            (262_144, "push"),
+            (262_144, "pull")
+        ]
+    );
+    for row in &rows {
+        let payload = row["payload"].as_str().unwrap();
+        let parts: usize = payload
+            .rsplit_once('(')
+            .and_then(|(_, p)| p.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{payload} names its parts"));
+        assert!(parts >= 2, "{payload}: the key is split over both servers");
+        for field in FIELDS.iter().chain(&["rpcs_per_sec"]) {
+            if *field != "p90_us" {
+                assert!(
+                    row[field].is_number() || row[field].is_string(),
+                    "{field} in {row}"
+                );
+            }
+        }
+        assert!(
+            row["throughput_bytes_per_sec"].as_f64().unwrap() > 0.0,
+            "{row}"
+        );
+        assert!(row["p50_us"].as_f64().unwrap() > 0.0, "{row}");
+        let servers = row["servers"]["servers"].as_array().unwrap();
+        assert_eq!(servers.len(), 2, "{row}");
+        assert!(
+            servers
+                .iter()
+                .all(|s| s["peak_rss_bytes"].as_u64().unwrap() > 0),
+            "{row}"
+        );
+        assert_eq!(row["servers"]["workers"].as_array().unwrap().len(), 2);
+    }
+}

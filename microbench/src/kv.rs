@@ -1,0 +1,486 @@
+//! `kv`: the parameter server's own work, key by key, against raw TCP in the
+//! same run. For each size, one `f32` key split evenly over `--servers` real
+//! `ps-server` processes (ASP, SGD applied on arrival) is pushed, then pulled, by
+//! `--workers` worker **processes** (`ps-microbench kv-worker`). Each worker
+//! measures p50/p99 with one operation in flight, then operations per second
+//! with `--window` in flight. Every server's CPU (cores used) and peak RSS are
+//! read from `/proc` (Linux).
+
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use futures::future::join_all;
+use hdrhistogram::Histogram;
+use ps_client::placement::ParamInfo;
+use ps_client::{ClientConfig, PsClient, sgd};
+use ps_common::processes::ServerProcess;
+use ps_common::size::format_size;
+use ps_proto::codec::{DType, encode_f32};
+use ps_proto::ids::{Rank, Step, Version};
+use serde::{Deserialize, Serialize};
+
+use crate::cpu::process_cpu_seconds;
+use crate::report::ResultRow;
+use crate::tcp::{BaselineServer, TcpPeer};
+
+/// Push or pull.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+pub enum Op {
+    /// Push a gradient of the whole key.
+    Push,
+    /// Pull the whole key.
+    Pull,
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::Push => "push",
+            Op::Pull => "pull",
+        })
+    }
+}
+
+/// The shape of a run.
+#[derive(Debug, Clone)]
+pub struct KvPlan {
+    /// ps-server processes.
+    pub servers: usize,
+    /// Worker processes.
+    pub workers: usize,
+    /// Key sizes in bytes.
+    pub sizes: Vec<usize>,
+    /// Operations in flight per worker in the throughput phase.
+    pub window: usize,
+    /// Seconds each phase runs.
+    pub seconds: f64,
+}
+
+/// What one worker process measured, printed as one JSON line.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// Median latency with one operation in flight, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile with one operation in flight, microseconds.
+    pub p99_us: f64,
+    /// Operations completed in the throughput phase.
+    pub ops: u64,
+    /// Seconds the throughput phase ran.
+    pub seconds: f64,
+    /// CPU seconds this process used in both phases.
+    pub cpu_seconds: f64,
+    /// Seconds both phases ran.
+    pub wall_seconds: f64,
+}
+
+/// The key a run of `size` bytes uses.
+fn key_name(size: usize) -> String {
+    format!("kv-{size}")
+}
+
+fn key_info(size: usize) -> ParamInfo {
+    ParamInfo {
+        name: key_name(size),
+        shape: vec![(size / 4).max(1)],
+        dtype: DType::F32,
+    }
+}
+
+/// A client whose placement splits the key evenly over `servers`.
+async fn placed_client(servers: &[String], size: usize) -> anyhow::Result<PsClient> {
+    let mut config = ClientConfig::new(servers.to_vec());
+    config.partition_bytes = size.div_ceil(servers.len()).max(4);
+    let mut client = PsClient::connect(config).await?;
+    client.place(&[key_info(size)]).await?;
+    Ok(client)
+}
+
+/// One worker process's part: latency with one operation in flight, then
+/// throughput with `window` in flight. Worker `index` pushes as ranks of its own,
+/// one per operation slot, so concurrent pushes are never taken for retries.
+///
+/// # Errors
+/// When a server cannot be reached or refuses an operation.
+pub async fn run_worker(
+    servers: &[String],
+    size: usize,
+    op: Op,
+    window: usize,
+    seconds: f64,
+    index: u32,
+) -> anyhow::Result<WorkerReport> {
+    let client = placed_client(servers, size).await?;
+    let grad = vec![(key_name(size), gradient(size))];
+    let first_rank = index * (window as u32 + 1);
+    let (start, cpu) = (Instant::now(), process_cpu_seconds());
+    let phase = Duration::from_secs_f64(seconds);
+
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut slot = Slot::new(Rank(first_rank));
+    let latency_end = Instant::now() + phase;
+    while Instant::now() < latency_end {
+        let began = Instant::now();
+        slot.run(&client, op, &grad).await?;
+        latency.record(began.elapsed().as_micros().max(1) as u64)?;
+    }
+
+    let throughput_start = Instant::now();
+    let end = throughput_start + phase;
+    let slots = (1..=window as u32).map(|s| {
+        let (client, grad) = (&client, &grad);
+        async move {
+            let mut slot = Slot::new(Rank(first_rank + s));
+            let mut ops = 0u64;
+            while Instant::now() < end {
+                slot.run(client, op, grad).await?;
+                ops += 1;
+            }
+            anyhow::Ok(ops)
+        }
+    });
+    let mut ops = 0;
+    for done in join_all(slots).await {
+        ops += done?;
+    }
+    Ok(WorkerReport {
+        p50_us: latency.value_at_quantile(0.5) as f64,
+        p99_us: latency.value_at_quantile(0.99) as f64,
+        ops,
+        seconds: throughput_start.elapsed().as_secs_f64(),
+        cpu_seconds: process_cpu_seconds() - cpu,
+        wall_seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// One operation slot: its own rank and next step.
+struct Slot {
+    rank: Rank,
+    step: Step,
+}
+
+impl Slot {
+    fn new(rank: Rank) -> Self {
+        Self {
+            rank,
+            step: Step(0),
+        }
+    }
+
+    async fn run(
+        &mut self,
+        client: &PsClient,
+        op: Op,
+        grad: &[(String, Bytes)],
+    ) -> anyhow::Result<()> {
+        match op {
+            Op::Push => {
+                let taken = client.push(self.rank, self.step, grad).await?;
+                if taken == 0 {
+                    bail!("{} step {} was taken for a retry", self.rank, self.step);
+                }
+                self.step = self.step.next();
+            }
+            Op::Pull => {
+                client.pull(Version(0)).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A small finite gradient, so SGD really changes the values.
+fn gradient(size: usize) -> Bytes {
+    let values: Vec<f32> = (0..(size / 4).max(1))
+        .map(|i| ((i % 97) as f32 - 48.0) * 1e-6)
+        .collect();
+    encode_f32(DType::F32, &values)
+}
+
+/// Runs the plan: one push row and one pull row per size.
+///
+/// # Errors
+/// When a server or a worker process fails.
+pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
+    let largest = plan.sizes.iter().copied().max().unwrap_or(1 << 20);
+    let args = [
+        "--consistency".to_string(),
+        "asp".to_string(),
+        format!("--max-tensor={}", largest.max(1 << 20)),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut servers = Vec::new();
+    for _ in 0..plan.servers {
+        servers.push(ServerProcess::start(&args).await);
+    }
+    let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let pids: Vec<u32> = servers.iter().filter_map(ServerProcess::pid).collect();
+    let mut rows = Vec::new();
+    for &size in &plan.sizes {
+        let client = placed_client(&addrs, size).await?;
+        let initial = vec![(
+            key_name(size),
+            encode_f32(DType::F32, &vec![0.5; (size / 4).max(1)]),
+        )];
+        client.register(&initial, &sgd(0.01)).await?;
+        let parts = client
+            .placement()
+            .params()
+            .map(|p| p.parts.len())
+            .sum::<usize>();
+        let tcp = tcp_baseline(size, plan.window, plan.seconds).await?;
+        for op in [Op::Push, Op::Pull] {
+            let before: Vec<f64> = pids.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
+            let wall = Instant::now();
+            let reports = spawn_workers(plan, &addrs, size, op)?;
+            let wall = wall.elapsed().as_secs_f64();
+            let servers_used: Vec<serde_json::Value> = pids
+                .iter()
+                .zip(&before)
+                .map(|(&pid, before)| {
+                    serde_json::json!({
+                        "cores": (proc_cpu_seconds(pid) - before) / wall,
+                        "peak_rss_bytes": proc_peak_rss(pid),
+                    })
+                })
+                .collect();
+            rows.push(row(plan, size, op, parts, &reports, &tcp, servers_used));
+        }
+    }
+    for server in servers {
+        server.stop().await;
+    }
+    Ok(rows)
+}
+
+fn row(
+    plan: &KvPlan,
+    size: usize,
+    op: Op,
+    parts: usize,
+    reports: &[WorkerReport],
+    tcp: &TcpFigures,
+    servers: Vec<serde_json::Value>,
+) -> ResultRow {
+    let ops: u64 = reports.iter().map(|r| r.ops).sum();
+    let seconds = reports.iter().map(|r| r.seconds).fold(0.0, f64::max);
+    let throughput = (ops as f64 * size as f64) / seconds.max(1e-9);
+    let mut p50: Vec<f64> = reports.iter().map(|r| r.p50_us).collect();
+    let mut p99: Vec<f64> = reports.iter().map(|r| r.p99_us).collect();
+    let workers: Vec<serde_json::Value> = reports
+        .iter()
+        .map(|r| serde_json::json!({ "cores": r.cpu_seconds / r.wall_seconds.max(1e-9) }))
+        .collect();
+    ResultRow {
+        bench: "kv".into(),
+        mode: Some(op.to_string()),
+        encoding: "f32".into(),
+        payload: format!(
+            "{} {}x{} W={} ({parts} parts)",
+            format_size(size),
+            plan.servers,
+            plan.workers,
+            plan.window
+        ),
+        size_bytes: size as u64,
+        messages: ops,
+        throughput_bytes_per_sec: Some(throughput),
+        tcp_throughput_bytes_per_sec: Some(tcp.bytes_per_sec),
+        ratio_vs_tcp: Some(throughput / tcp.bytes_per_sec.max(1e-9)),
+        rpcs_per_sec: Some(ops as f64 / seconds.max(1e-9)),
+        p50_us: crate::report::median(&mut p50),
+        p99_us: crate::report::median(&mut p99),
+        tcp_p50_us: Some(tcp.p50_us),
+        reps: 1,
+        servers: Some(serde_json::json!({ "servers": servers, "workers": workers })),
+        ..ResultRow::default()
+    }
+}
+
+/// Starts the worker processes of one phase and reads each one's report.
+fn spawn_workers(
+    plan: &KvPlan,
+    addrs: &[String],
+    size: usize,
+    op: Op,
+) -> anyhow::Result<Vec<WorkerReport>> {
+    let exe = std::env::current_exe().context("the benchmark's own path")?;
+    let children = (0..plan.workers)
+        .map(|index| {
+            Command::new(&exe)
+                .args(["kv-worker", "--servers", &addrs.join(",")])
+                .args(["--size", &size.to_string(), "--op", &op.to_string()])
+                .args(["--window", &plan.window.to_string()])
+                .args(["--seconds", &plan.seconds.to_string()])
+                .args(["--index", &index.to_string()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .context("starting a kv-worker process")
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    children
+        .into_iter()
+        .map(|mut child| {
+            let stdout = child.stdout.take().context("the worker's stdout")?;
+            let line = std::io::BufReader::new(stdout)
+                .lines()
+                .next()
+                .context("a kv-worker exited without a report")??;
+            let status = child.wait()?;
+            if !status.success() {
+                bail!("a kv-worker failed ({status})");
+            }
+            Ok(serde_json::from_str(&line)?)
+        })
+        .collect()
+}
+
+/// Raw TCP in the same run: `window` connections sending `size`-byte messages and
+/// waiting for each acknowledgement, and the median of one at a time.
+struct TcpFigures {
+    bytes_per_sec: f64,
+    p50_us: f64,
+}
+
+async fn tcp_baseline(size: usize, window: usize, seconds: f64) -> anyhow::Result<TcpFigures> {
+    let server = BaselineServer::start(std::net::TcpListener::bind("127.0.0.1:0")?)?;
+    let addr = server.addr().to_string();
+    let mut peers = Vec::new();
+    for _ in 0..window.max(1) {
+        peers.push(TcpPeer::connect(&addr).await?);
+    }
+    let phase = Duration::from_secs_f64(seconds);
+    let figures = tokio::task::spawn_blocking(move || -> anyhow::Result<TcpFigures> {
+        let data = vec![0x5au8; size];
+        let mut latencies = Vec::new();
+        let end = Instant::now() + phase;
+        while Instant::now() < end {
+            let began = Instant::now();
+            peers[0].sink(&data)?;
+            latencies.push(began.elapsed().as_secs_f64() * 1e6);
+        }
+        let start = Instant::now();
+        let end = start + phase;
+        let bytes: u64 = std::thread::scope(|scope| {
+            let threads: Vec<_> = peers
+                .iter_mut()
+                .map(|peer| {
+                    let data = &data;
+                    scope.spawn(move || -> std::io::Result<u64> {
+                        let mut sent = 0;
+                        while Instant::now() < end {
+                            peer.sink(data)?;
+                            sent += data.len() as u64;
+                        }
+                        Ok(sent)
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("a TCP thread").unwrap_or(0))
+                .sum()
+        });
+        Ok(TcpFigures {
+            bytes_per_sec: bytes as f64 / start.elapsed().as_secs_f64(),
+            p50_us: crate::report::median(&mut latencies).unwrap_or(0.0),
+        })
+    })
+    .await??;
+    drop(server);
+    Ok(figures)
+}
+
+/// CPU seconds (user + system) process `pid` has used, from `/proc/PID/stat`.
+fn proc_cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Peak resident set of process `pid` in bytes, from `/proc/PID/status`.
+fn proc_peak_rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The rows as a table with the figures `kv` is for: latency at one in flight,
+/// throughput at the window, raw TCP beside them, and what each process used.
+pub fn table(rows: &[ResultRow]) -> String {
+    let mut out = format!(
+        "{:<28} {:>4} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>9} {:>13} {:>18}\n",
+        "key",
+        "op",
+        "p50 µs",
+        "p99 µs",
+        "GB/s",
+        "ops/s",
+        "TCP GB/s",
+        "ratio",
+        "TCP p50",
+        "worker cores",
+        "server cores / RSS"
+    );
+    for row in rows {
+        let figures = row.servers.clone().unwrap_or_default();
+        let servers: Vec<String> = figures["servers"]
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .map(|s| {
+                        format!(
+                            "{:.2}/{}",
+                            s["cores"].as_f64().unwrap_or(0.0),
+                            format_size(s["peak_rss_bytes"].as_u64().unwrap_or(0) as usize)
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let workers: Vec<String> = figures["workers"]
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .map(|w| format!("{:.2}", w["cores"].as_f64().unwrap_or(0.0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let gb = |v: Option<f64>| v.map_or(0.0, |v| v / 1e9);
+        out += &format!(
+            "{:<28} {:>4} {:>9.0} {:>9.0} {:>10.3} {:>9.0} {:>10.3} {:>6.2} {:>9.0} {:>13} {:>18}\n",
+            row.payload,
+            row.mode.as_deref().unwrap_or(""),
+            row.p50_us.unwrap_or(0.0),
+            row.p99_us.unwrap_or(0.0),
+            gb(row.throughput_bytes_per_sec),
+            row.rpcs_per_sec.unwrap_or(0.0),
+            gb(row.tcp_throughput_bytes_per_sec),
+            row.ratio_vs_tcp.unwrap_or(0.0),
+            row.tcp_p50_us.unwrap_or(0.0),
+            workers.join(","),
+            servers.join(","),
+        );
+    }
+    out
+}
