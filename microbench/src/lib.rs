@@ -5,6 +5,7 @@
 //! - [`peer`]: the server under test, remote or a local child process.
 //! - [`latency`], [`bandwidth`], [`throughput`]: the transport and model benchmarks;
 //!   [`kv`]: one key per size pushed and pulled by worker processes.
+//! - [`apply`]: the server's optimizer arithmetic against a memcpy.
 //! - [`payload`]: TF-gRPC-Bench payload schemes and the two encodings.
 //! - [`tcp`]: the raw TCP baseline protocol; [`plain`] and [`tcp_check`]: the
 //!   plainest send-and-ack loop it is checked against (`tcp-check`).
@@ -13,6 +14,7 @@
 //! - [`cpu`]: process CPU time.
 //! - [`progress`]: a progress bar for long runs.
 
+pub mod apply;
 pub mod bandwidth;
 pub mod cpu;
 pub mod kv;

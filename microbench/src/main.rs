@@ -7,6 +7,7 @@
 //! ps-microbench bandwidth --scheme skew --encoding bytes,floats --out results/
 //! ps-microbench ps-throughput --servers 2 --workers 2 --model resnet50
 //! ps-microbench kv --servers 2 --workers 2 --sizes 4KiB,1MiB,16MiB --window 8
+//! ps-microbench apply --size 64MiB
 //! ps-microbench tcp-check --sizes 64B,1MiB,16MiB
 //! ps-microbench serve --listen 0.0.0.0:7080 --tcp-listen 0.0.0.0:7081
 //! ```
@@ -18,6 +19,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use ps_common::size::parse_size;
+use ps_microbench::apply::{self, ApplyPlan};
 use ps_microbench::bandwidth::{self, BandwidthPlan, Mode};
 use ps_microbench::kv::{self, KvPlan, Op};
 use ps_microbench::latency::{self, LatencyPlan};
@@ -51,6 +53,8 @@ enum Command {
     /// One worker process of `kv` (started by it; prints one JSON report).
     #[command(hide = true)]
     KvWorker(KvWorkerArgs),
+    /// The server's optimizer apply over one key, against a memcpy of it.
+    Apply(ApplyArgs),
     /// The TCP baseline against the plainest send-and-ack loop, in the same run.
     TcpCheck(TcpCheckArgs),
     /// Exit 0 when the benchmark server at --server serves (a container health check).
@@ -216,6 +220,19 @@ struct KvArgs {
     /// Write the results (kv.csv) into this directory.
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct ApplyArgs {
+    /// Bytes of the key.
+    #[arg(long, value_parser = parse_size, default_value = "64MiB")]
+    size: usize,
+    /// Timed repetitions of each pass (the median is reported).
+    #[arg(long, default_value_t = 9)]
+    reps: usize,
+    /// Print one JSON object per pass instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -460,6 +477,26 @@ async fn run_kv_worker(args: KvWorkerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run_apply(args: ApplyArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.size >= 4 && args.reps >= 1,
+        "--size must be at least 4B (one f32) and --reps at least 1"
+    );
+    let plan = ApplyPlan {
+        size: args.size,
+        reps: args.reps,
+    };
+    let rows = tokio::task::spawn_blocking(move || apply::run(&plan)).await?;
+    if args.json {
+        for row in &rows {
+            println!("{}", serde_json::to_string(row)?);
+        }
+    } else {
+        print!("{}", apply::table(&rows));
+    }
+    Ok(())
+}
+
 async fn run_tcp_check(args: TcpCheckArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.reps >= 1, "--reps must be at least 1");
     let plan = tcp_check::CheckPlan {
@@ -501,6 +538,7 @@ async fn main() -> anyhow::Result<()> {
         Command::PsThroughput(args) => run_throughput(args).await,
         Command::Kv(args) => run_kv(args).await,
         Command::KvWorker(args) => run_kv_worker(args).await,
+        Command::Apply(args) => run_apply(args).await,
         Command::TcpCheck(args) => run_tcp_check(args).await,
         Command::Health { server } => std::process::exit(ps_common::health::report(&server).await),
     }

@@ -298,3 +298,24 @@ fn kv_measures_push_and_pull_by_worker_processes_against_real_servers() {
         assert_eq!(row["servers"]["workers"].as_array().unwrap().len(), 2);
     }
 }
+
+#[test]
+fn apply_measures_every_optimizer_against_a_memcpy_of_the_same_key() {
+    let rows = microbench(&["apply", "--size", "1MiB", "--reps", "3", "--json"]);
+    let passes: Vec<&str> = rows.iter().map(|r| r["pass"].as_str().unwrap()).collect();
+    assert_eq!(passes, ["memcpy", "sgd", "momentum", "adam"]);
+    for row in &rows {
+        assert_eq!(row["size_bytes"], 1 << 20, "{row}");
+        let seconds = row["seconds"].as_f64().unwrap();
+        let key_rate = row["key_bytes_per_sec"].as_f64().unwrap();
+        assert!(seconds > 0.0 && key_rate > 0.0, "{row}");
+        assert!((key_rate * seconds / f64::from(1 << 20) - 1.0).abs() < 1e-6, "{row}");
+        assert!(row["memory_bytes_per_sec"].as_f64().unwrap() > key_rate, "{row}");
+    }
+    assert_eq!(rows[0]["ratio_to_memcpy"], 1.0);
+    let memcpy = rows[0]["memory_bytes_per_sec"].as_f64().unwrap();
+    let adam = &rows[3];
+    let ratio = adam["ratio_to_memcpy"].as_f64().unwrap();
+    let expected = adam["memory_bytes_per_sec"].as_f64().unwrap() / memcpy;
+    assert!((ratio - expected).abs() < 1e-9, "{adam}");
+}

@@ -10,8 +10,9 @@
 //! - [`export`]: checkpoints put back together as one model file.
 //! - [`consistency`]: BSP, ASP, SSP(k) and the rule that admits a push exactly once.
 //! - [`optimizer`]: SGD, momentum, Adam(W).
+//! - `kernels`: the optimizers' vectorised arithmetic over one block.
 //! - [`follower`]: following the scheduler (registration, heartbeats, live workers).
-//! - [`map_version`]: the applied shard-map version; stale and newer maps.
+//! - [`applied_map`]: the applied shard-map version; stale and newer maps.
 //! - [`group`]: worker ranks handed out by `JoinGroup`.
 //! - [`param`]: one key's state.
 //! - [`restore`]: a key's state from checkpoints or a worker's copy.
@@ -30,6 +31,7 @@ pub mod error;
 pub mod export;
 pub mod follower;
 pub mod group;
+mod kernels;
 pub mod optimizer;
 pub mod param;
 pub mod restore;

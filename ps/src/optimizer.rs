@@ -9,6 +9,8 @@ use std::fmt;
 use ps_proto::codec::TensorData;
 use ps_proto::v1;
 
+use crate::kernels;
+
 /// An optimizer and its hyper-parameters, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub enum OptimizerSpec {
@@ -250,9 +252,7 @@ impl Gradient<'_> {
     /// Adds `scale * gradient` into `sum`.
     pub fn add_scaled_into(self, sum: &mut [f32], scale: f32) {
         self.for_each_block(|start, g| {
-            for (s, &g) in sum[start..start + g.len()].iter_mut().zip(g) {
-                *s += scale * g;
-            }
+            kernels::add_scaled(&mut sum[start..start + g.len()], g, scale);
         });
     }
 }
@@ -328,14 +328,15 @@ impl Optimizer {
     /// result is the exact update rounded once, not a chain of `f32` roundings.
     pub fn apply(&mut self, values: &mut [f32], grad: Gradient<'_>, scale: f32) {
         self.updates += 1;
-        let scale = f64::from(scale);
         match self.spec {
             OptimizerSpec::Sgd { lr, weight_decay } => {
+                let k = kernels::Sgd {
+                    lr,
+                    weight_decay,
+                    scale: f64::from(scale),
+                };
                 grad.for_each_block(|start, g| {
-                    for (w, &g) in values[start..start + g.len()].iter_mut().zip(g) {
-                        let w64 = f64::from(*w);
-                        *w = (w64 - lr * (scale * f64::from(g) + weight_decay * w64)) as f32;
-                    }
+                    kernels::sgd(&mut values[start..start + g.len()], g, k);
                 });
             }
             OptimizerSpec::Momentum {
@@ -344,18 +345,17 @@ impl Optimizer {
                 weight_decay,
                 nesterov,
             } => {
+                let k = kernels::Momentum {
+                    lr,
+                    momentum,
+                    weight_decay,
+                    nesterov,
+                    scale: f64::from(scale),
+                };
                 let buffer = &mut self.first;
                 grad.for_each_block(|start, g| {
                     let range = start..start + g.len();
-                    let params = values[range.clone()].iter_mut().zip(&mut buffer[range]);
-                    for ((w, b), &g) in params.zip(g) {
-                        let w64 = f64::from(*w);
-                        let g = scale * f64::from(g) + weight_decay * w64;
-                        let b64 = momentum * f64::from(*b) + g;
-                        let step = if nesterov { g + momentum * b64 } else { b64 };
-                        *b = b64 as f32;
-                        *w = (w64 - lr * step) as f32;
-                    }
+                    kernels::momentum(&mut values[range.clone()], &mut buffer[range], g, k);
                 });
             }
             OptimizerSpec::Adam {
@@ -366,21 +366,12 @@ impl Optimizer {
                 weight_decay,
             } => {
                 let t = i32::try_from(self.updates).unwrap_or(i32::MAX);
-                let m_scale = 1.0 / (1.0 - beta1.powi(t));
-                let v_scale = 1.0 / (1.0 - beta2.powi(t));
-                let decay = 1.0 - lr * weight_decay;
+                let k = kernels::Adam::new((lr, beta1, beta2, eps, weight_decay), t, scale);
                 let (m, v) = (&mut self.first, &mut self.second);
                 grad.for_each_block(|start, g| {
                     let range = start..start + g.len();
-                    let state = m[range.clone()].iter_mut().zip(&mut v[range.clone()]);
-                    for ((w, (m, v)), &g) in values[range].iter_mut().zip(state).zip(g) {
-                        let g = scale * f64::from(g);
-                        let m64 = beta1 * f64::from(*m) + (1.0 - beta1) * g;
-                        let v64 = beta2 * f64::from(*v) + (1.0 - beta2) * g * g;
-                        let step = (m64 * m_scale) / ((v64 * v_scale).sqrt() + eps);
-                        *w = (f64::from(*w) * decay - lr * step) as f32;
-                        (*m, *v) = (m64 as f32, v64 as f32);
-                    }
+                    let (m, v) = (&mut m[range.clone()], &mut v[range.clone()]);
+                    kernels::adam(&mut values[range], m, v, g, k);
                 });
             }
         }
