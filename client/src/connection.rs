@@ -316,6 +316,22 @@ impl PsClient {
         &self,
         min_version: Version,
     ) -> Result<BTreeMap<String, PulledParam>, ClientError> {
-        self.shards.pull(min_version).await
+        let mut pulled = BTreeMap::new();
+        self.shards.pull_into(min_version, &mut pulled).await?;
+        Ok(pulled)
+    }
+
+    /// [`PsClient::pull`] into `into`, reusing its buffers: a training loop that
+    /// keeps one map pulls every step without allocating. Afterwards `into` holds
+    /// exactly the placed parameters.
+    ///
+    /// # Errors
+    /// As [`PsClient::pull`]; `into` then holds partly written values.
+    pub async fn pull_into(
+        &self,
+        min_version: Version,
+        into: &mut BTreeMap<String, PulledParam>,
+    ) -> Result<(), ClientError> {
+        self.shards.pull_into(min_version, into).await
     }
 }

@@ -13,7 +13,6 @@ use ps_proto::key::ParamKey;
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
-use tokio_stream::StreamExt;
 use tonic::Status;
 use tonic::transport::Channel;
 
@@ -22,8 +21,8 @@ use crate::error::{ClientError, settled};
 use crate::placement::{Placed, Placement};
 use crate::retry::RetryPolicy;
 use crate::wire::{
-    MalformedReply, PartData, PulledKey, PulledParam, assemble_pulled, decode_pulled, reassemble,
-    register_chunks, spec_of, tensor_chunks, tensor_of,
+    MalformedReply, PartData, PartSink, PulledParam, cut_into_parts, register_chunks, spec_of,
+    tensor_chunks, tensor_of, write_pull_chunk, write_pulled,
 };
 
 /// One parameter server.
@@ -296,58 +295,61 @@ impl Shards {
         Ok(response.keys.iter().filter(|k| k.accepted).count())
     }
 
-    /// Pulls every placed parameter once each of its parts reaches `min_version`.
-    pub(crate) async fn pull(
+    /// Pulls every placed parameter once each of its parts reaches `min_version`,
+    /// into `into`: one entry per placed parameter, whose buffer is reused when
+    /// it is already there. Each server's reply is written into the buffers
+    /// chunk by chunk as it arrives.
+    pub(crate) async fn pull_into(
         &self,
         min_version: Version,
-    ) -> Result<BTreeMap<String, PulledParam>, ClientError> {
-        let mut keys_by_server: Vec<Vec<(ParamKey, usize)>> = vec![Vec::new(); self.servers.len()];
-        for placed in self.placement.params() {
-            for part in &placed.parts {
-                let bytes = part.len * placed.info.dtype.size();
-                keys_by_server[part.server]
-                    .push((ParamKey::new(&placed.info.name, part.part), bytes));
+        into: &mut BTreeMap<String, PulledParam>,
+    ) -> Result<(), ClientError> {
+        let mut by_server: Vec<Vec<PartSink<'_>>> =
+            self.servers.iter().map(|_| Vec::new()).collect();
+        for (server, sink) in cut_into_parts(self.placement.params(), into)? {
+            by_server[server].push(sink);
+        }
+        let calls = by_server
+            .into_iter()
+            .enumerate()
+            .filter(|(_, sinks)| !sinks.is_empty())
+            .map(|(s, sinks)| self.pull_on(&self.servers[s], sinks, min_version));
+        let versions = try_join_all(calls).await?;
+        for param in into.values_mut() {
+            param.version = Version(u64::MAX);
+        }
+        for (key, version) in versions.into_iter().flatten() {
+            if let Some(param) = into.get_mut(&key.name) {
+                param.version = param.version.min(version);
             }
         }
-        let calls = keys_by_server
-            .iter()
-            .enumerate()
-            .filter(|(_, keys)| !keys.is_empty())
-            .map(|(s, keys)| self.pull_on(&self.servers[s], keys, min_version));
-        let pulled: BTreeMap<ParamKey, PulledKey> = try_join_all(calls)
-            .await?
-            .into_iter()
-            .flatten()
-            .map(|pulled| (pulled.key.clone(), pulled))
-            .collect();
-        self.placement
-            .params()
-            .map(|placed| Ok((placed.info.name.clone(), reassemble(placed, &pulled)?)))
-            .collect()
+        Ok(())
     }
 
+    /// Pulls the parts `sinks` stand for from `server`, writing each into its
+    /// sink; the version of each part.
     async fn pull_on(
         &self,
         server: &Server,
-        keys: &[(ParamKey, usize)],
+        mut sinks: Vec<PartSink<'_>>,
         min_version: Version,
-    ) -> Result<Vec<PulledKey>, ClientError> {
+    ) -> Result<Vec<(ParamKey, Version)>, ClientError> {
         let request = v1::PullRequest {
             map_version: self.map_version.get(),
-            keys: keys
+            keys: sinks
                 .iter()
-                .map(|(k, _)| v1::KeyRef {
-                    name: k.name.clone(),
-                    part: k.part,
+                .map(|sink| v1::KeyRef {
+                    name: sink.key().name.clone(),
+                    part: sink.key().part,
                 })
                 .collect(),
             min_version: min_version.get(),
             timeout_ms: self.pull_timeout.as_millis() as u64,
             chunk_bytes: self.chunk_bytes as u64,
         };
-        let bytes: usize = keys.iter().map(|(_, b)| b).sum();
-        let protocol = |malformed: MalformedReply| ClientError::Protocol {
-            what: "Pull",
+        let bytes: usize = sinks.iter().map(PartSink::byte_len).sum();
+        let protocol = |what, malformed: MalformedReply| ClientError::Protocol {
+            what,
             addr: server.addr.clone(),
             reason: malformed.to_string(),
         };
@@ -358,23 +360,29 @@ impl Shards {
                     async move { c.pull(request).await }
                 })
                 .await?;
-            return response
-                .tensors
-                .iter()
-                .map(|p| decode_pulled(p).map_err(protocol))
-                .collect();
+            write_pulled(&mut sinks, response.tensors).map_err(|e| protocol("Pull", e))?;
+        } else {
+            let mut stream = server
+                .call(self.pull_retry(), "PullStream", |mut c| {
+                    let request = request.clone();
+                    async move { c.pull_stream(request).await }
+                })
+                .await?;
+            let broken = |status| ClientError::Rpc {
+                what: "PullStream",
+                addr: server.addr.clone(),
+                status,
+            };
+            while let Some(message) = stream.message().await.map_err(broken)? {
+                write_pull_chunk(&mut sinks, message).map_err(|e| protocol("PullStream", e))?;
+            }
         }
-        let chunks = server
-            .call(self.pull_retry(), "PullStream", |mut c| {
-                let request = request.clone();
-                async move {
-                    let response = c.pull_stream(request).await?;
-                    let (metadata, stream, extensions) = response.into_parts();
-                    let chunks: Vec<v1::PullChunk> = stream.collect::<Result<_, Status>>().await?;
-                    Ok(tonic::Response::from_parts(metadata, chunks, extensions))
-                }
+        sinks
+            .iter()
+            .map(|sink| {
+                let version = sink.finish().map_err(|e| protocol("Pull", e))?;
+                Ok((sink.key().clone(), version))
             })
-            .await?;
-        assemble_pulled(chunks).map_err(protocol)
+            .collect()
     }
 }

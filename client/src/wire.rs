@@ -4,13 +4,15 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use ps_proto::chunk::{Assembler, ChunkError, ChunkHeader, to_wire_chunks};
+use ps_proto::chunk::{ChunkCursor, ChunkError, ChunkHeader, to_wire_chunks};
 use ps_proto::codec::{CodecError, TensorData, wire_shape};
 use ps_proto::ids::{MapVersion, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
 
 use crate::error::ClientError;
+#[cfg(test)]
+use crate::placement::ParamInfo;
 use crate::placement::{Part, Placed};
 
 /// A part of a parameter and the bytes it carries.
@@ -28,21 +30,13 @@ pub(crate) enum MalformedReply {
     /// Chunks do not assemble.
     #[error(transparent)]
     Chunk(#[from] ChunkError),
-}
-
-/// One pulled key's values and their version.
-#[derive(Debug)]
-pub(crate) struct PulledKey {
-    /// The key.
-    pub key: ParamKey,
-    /// Its values.
-    pub data: TensorData,
-    /// Their version.
-    pub version: Version,
+    /// A tensor that was not asked for.
+    #[error("{0} came back, but it was not asked for")]
+    Unasked(ParamKey),
 }
 
 /// A parameter's values as pulled, reassembled from its parts.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PulledParam {
     /// All elements, row-major.
     pub values: Vec<f32>,
@@ -113,93 +107,276 @@ pub(crate) fn register_chunks(
         .collect()
 }
 
-/// A unary pull's tensor, checked.
-pub(crate) fn decode_pulled(pulled: &v1::PulledTensor) -> Result<PulledKey, MalformedReply> {
-    let tensor = pulled
-        .tensor
-        .as_ref()
-        .ok_or(MalformedReply::Missing("a PulledTensor without a tensor"))?;
-    Ok(PulledKey {
-        key: ParamKey::new(&tensor.name, tensor.part),
-        data: TensorData::from_proto(tensor)?,
-        version: Version(pulled.version),
-    })
+/// One part of a parameter being pulled: its slice of the parameter's buffer,
+/// written chunk by chunk as the chunks arrive, in order, with no copy between.
+pub(crate) struct PartSink<'a> {
+    cursor: ChunkCursor,
+    values: &'a mut [f32],
+    version: Option<Version>,
 }
 
-/// A streamed pull's chunks, assembled and checked.
-pub(crate) fn assemble_pulled(
-    chunks: Vec<v1::PullChunk>,
-) -> Result<Vec<PulledKey>, MalformedReply> {
-    let mut assembler = Assembler::new();
-    let mut versions = BTreeMap::new();
-    for message in chunks {
-        let chunk = message
-            .chunk
-            .ok_or(MalformedReply::Missing("a PullChunk without a chunk"))?;
-        versions.insert(ParamKey::new(&chunk.name, chunk.part), message.version);
-        assembler.add_chunk(&chunk)?;
+impl<'a> PartSink<'a> {
+    /// A sink for the part `header` describes, writing into `values` (its length).
+    pub(crate) fn new(header: ChunkHeader, values: &'a mut [f32]) -> Self {
+        Self {
+            cursor: ChunkCursor::new(header),
+            values,
+            version: None,
+        }
     }
-    Ok(assembler
-        .finish()?
-        .into_iter()
-        .map(|(key, data)| {
-            let version = Version(versions[&key]);
-            PulledKey { key, data, version }
-        })
-        .collect())
+
+    /// The part's key.
+    pub(crate) fn key(&self) -> &ParamKey {
+        &self.cursor.header().key
+    }
+
+    /// The part's size on the wire.
+    pub(crate) fn byte_len(&self) -> usize {
+        self.values.len() * self.cursor.header().dtype.size()
+    }
+
+    /// Writes the next chunk, `data` at byte `offset` of a tensor sent as
+    /// `header`, at `version`.
+    pub(crate) fn write(
+        &mut self,
+        header: &ChunkHeader,
+        offset: u64,
+        data: Bytes,
+        version: Version,
+    ) -> Result<(), MalformedReply> {
+        self.cursor.advance(header, offset, data.len())?;
+        let dtype = header.dtype;
+        let first = offset as usize / dtype.size();
+        let chunk = TensorData::new(dtype, vec![data.len() / dtype.size()], data)?;
+        let values = &mut self.values[first..first + chunk.len()];
+        chunk.for_each_f32_block(|start, block| {
+            values[start..start + block.len()].copy_from_slice(block);
+        });
+        self.version = Some(self.version.map_or(version, |v| v.min(version)));
+        Ok(())
+    }
+
+    /// The version of the values written, once every byte arrived.
+    pub(crate) fn finish(&self) -> Result<Version, MalformedReply> {
+        self.cursor.finish()?;
+        Ok(self.version.unwrap_or(Version(0)))
+    }
 }
 
-/// A parameter put back together from its pulled parts.
-pub(crate) fn reassemble(
-    placed: &Placed,
-    pulled: &BTreeMap<ParamKey, PulledKey>,
-) -> Result<PulledParam, ClientError> {
-    // Parts in order of their first element, appended one after the other: the
-    // destination is written once, never zero-filled first.
-    let mut parts: Vec<&Part> = placed.parts.iter().collect();
-    parts.sort_by_key(|part| part.start);
-    let mut values = Vec::with_capacity(placed.info.len());
-    let mut version = Version(u64::MAX);
-    for part in parts {
-        let key = ParamKey::new(&placed.info.name, part.part);
-        let PulledKey {
-            data,
-            version: part_version,
-            ..
-        } = pulled
-            .get(&key)
-            .ok_or_else(|| ClientError::Usage(format!("no values came back for {key}")))?;
-        if data.len() != part.len {
+/// Writes a unary pull's tensors into `sinks` (found by key).
+pub(crate) fn write_pulled(
+    sinks: &mut [PartSink<'_>],
+    tensors: Vec<v1::PulledTensor>,
+) -> Result<(), MalformedReply> {
+    for pulled in tensors {
+        let tensor = pulled
+            .tensor
+            .ok_or(MalformedReply::Missing("a PulledTensor without a tensor"))?;
+        let header =
+            ChunkHeader::from_wire(&tensor.name, tensor.part, tensor.dtype, &tensor.shape)?;
+        sink_for(sinks, &header.key)?.write(&header, 0, tensor.data, Version(pulled.version))?;
+    }
+    Ok(())
+}
+
+/// Writes one streamed pull chunk into `sinks` (found by key).
+pub(crate) fn write_pull_chunk(
+    sinks: &mut [PartSink<'_>],
+    message: v1::PullChunk,
+) -> Result<(), MalformedReply> {
+    let chunk = message
+        .chunk
+        .ok_or(MalformedReply::Missing("a PullChunk without a chunk"))?;
+    let header = ChunkHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
+    let version = Version(message.version);
+    sink_for(sinks, &header.key)?.write(&header, chunk.offset, chunk.data, version)
+}
+
+fn sink_for<'s, 'a>(
+    sinks: &'s mut [PartSink<'a>],
+    key: &ParamKey,
+) -> Result<&'s mut PartSink<'a>, MalformedReply> {
+    sinks
+        .iter_mut()
+        .find(|sink| sink.key() == key)
+        .ok_or_else(|| MalformedReply::Unasked(key.clone()))
+}
+
+/// Each parameter's buffer cut into its parts' slices, in placement order:
+/// `(server, header, slice)` per part. The buffers are resized to the
+/// parameters' lengths (kept as they are when they fit, so a caller's buffers are
+/// reused from one pull to the next).
+pub(crate) fn cut_into_parts<'a>(
+    placed: impl Iterator<Item = &'a Placed>,
+    into: &'a mut BTreeMap<String, PulledParam>,
+) -> Result<Vec<(usize, PartSink<'a>)>, ClientError> {
+    let mut sinks = Vec::new();
+    let mut placed: BTreeMap<&str, &Placed> = placed.map(|p| (p.info.name.as_str(), p)).collect();
+    into.retain(|name, _| placed.contains_key(name.as_str()));
+    for name in placed.keys() {
+        if !into.contains_key(*name) {
+            into.insert((*name).to_string(), PulledParam::default());
+        }
+    }
+    for (name, param) in into.iter_mut() {
+        let placed = placed
+            .remove(name.as_str())
+            .expect("kept only placed names");
+        param.values.resize(placed.info.len(), 0.0);
+        let mut parts: Vec<&Part> = placed.parts.iter().collect();
+        parts.sort_by_key(|part| part.start);
+        let mut rest: &mut [f32] = &mut param.values;
+        let mut covered = 0;
+        for part in parts {
+            let key = ParamKey::new(&placed.info.name, part.part);
+            if part.start != covered || part.len > rest.len() {
+                return Err(ClientError::Usage(format!(
+                    "{key} covers elements {}..{}, but the parts before it end at {covered} of {}",
+                    part.start,
+                    part.start + part.len,
+                    placed.info.len()
+                )));
+            }
+            let (slice, tail) = std::mem::take(&mut rest).split_at_mut(part.len);
+            rest = tail;
+            covered += part.len;
+            let header = ChunkHeader {
+                key,
+                dtype: placed.info.dtype,
+                shape: placed.part_shape(part),
+            };
+            sinks.push((part.server, PartSink::new(header, slice)));
+        }
+        if !rest.is_empty() {
             return Err(ClientError::Usage(format!(
-                "{key} came back with {} elements, expected {}",
-                data.len(),
-                part.len
+                "the parts of `{name}` hold {covered} of its {} elements",
+                placed.info.len()
             )));
         }
-        if part.start != values.len() {
-            return Err(ClientError::Usage(format!(
-                "{key} starts at element {}, but the parts before it end at {}",
-                part.start,
-                values.len()
-            )));
+    }
+    Ok(sinks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ps_proto::codec::{DType, encode_f32};
+
+    /// `w`: 6 elements in two parts, the second (elements 3..6) listed first and
+    /// on server 1; `b`: 2 elements whole on server 0.
+    fn placed() -> Vec<Placed> {
+        let info = |name: &str, shape: Vec<usize>| ParamInfo {
+            name: name.into(),
+            shape,
+            dtype: DType::F32,
+        };
+        let part = |part, server, start, len| Part {
+            part,
+            server,
+            start,
+            len,
+        };
+        vec![
+            Placed {
+                info: info("w", vec![2, 3]),
+                parts: vec![part(1, 1, 3, 3), part(0, 0, 0, 3)],
+            },
+            Placed {
+                info: info("b", vec![2]),
+                parts: vec![part(0, 0, 0, 2)],
+            },
+        ]
+    }
+
+    fn chunk(name: &str, part: u32, shape: u64, offset: u64, values: &[f32]) -> v1::PullChunk {
+        v1::PullChunk {
+            version: 4 + u64::from(part),
+            chunk: Some(v1::TensorChunk {
+                name: name.into(),
+                part,
+                dtype: DType::F32.to_proto(),
+                shape: vec![shape],
+                offset,
+                data: encode_f32(DType::F32, values),
+            }),
         }
-        data.for_each_f32_block(|_, block| values.extend_from_slice(block));
-        version = version.min(*part_version);
     }
-    if values.len() != placed.info.len() {
-        return Err(ClientError::Usage(format!(
-            "the parts of `{}` hold {} of its {} elements",
-            placed.info.name,
-            values.len(),
-            placed.info.len()
-        )));
+
+    #[test]
+    fn chunks_are_written_into_each_parts_slice_of_a_reused_buffer() {
+        let placed = placed();
+        let mut into = BTreeMap::new();
+        into.insert("gone".to_string(), PulledParam::default());
+        for round in 0..2 {
+            let before = into.get("w").map(|p: &PulledParam| p.values.as_ptr());
+            let sinks = cut_into_parts(placed.iter(), &mut into).unwrap();
+            assert_eq!(sinks.len(), 3);
+            let servers: Vec<usize> = sinks.iter().map(|(server, _)| *server).collect();
+            let mut sinks: Vec<PartSink<'_>> = sinks.into_iter().map(|(_, sink)| sink).collect();
+            let w1 = sinks.iter().position(|s| s.key().part == 1).unwrap();
+            assert_eq!(servers[w1], 1, "part 1 of w lives on server 1");
+            let r = round as f32;
+            // Part 1 of `w` arrives in two chunks, at byte offsets 0 and 8.
+            let parts = [
+                chunk("w", 1, 3, 0, &[r + 4.0, r + 5.0]),
+                chunk("w", 1, 3, 8, &[r + 6.0]),
+                chunk("w", 0, 3, 0, &[r + 1.0, r + 2.0, r + 3.0]),
+                chunk("b", 0, 2, 0, &[r, -r]),
+            ];
+            for message in parts {
+                write_pull_chunk(&mut sinks, message).unwrap();
+            }
+            let versions: Vec<Version> = sinks.iter().map(|s| s.finish().unwrap()).collect();
+            assert!(versions.contains(&Version(4)) && versions.contains(&Version(5)));
+            drop(sinks);
+            assert_eq!(
+                into.keys().collect::<Vec<_>>(),
+                ["b", "w"],
+                "only placed names stay"
+            );
+            assert_eq!(
+                into["w"].values,
+                [1.0, 2.0, 3.0, 4.0, 5.0, 6.0].map(|v| v + r)
+            );
+            assert_eq!(into["b"].values, [r, -r]);
+            if let Some(before) = before {
+                assert_eq!(into["w"].values.as_ptr(), before, "the buffer is reused");
+            }
+        }
     }
-    Ok(PulledParam {
-        values,
-        version: if version == Version(u64::MAX) {
-            Version(0)
-        } else {
-            version
-        },
-    })
+
+    #[test]
+    fn a_malformed_reply_is_refused_by_name() {
+        let placed = placed();
+        let mut into = BTreeMap::new();
+        let mut sinks: Vec<PartSink<'_>> = cut_into_parts(placed.iter(), &mut into)
+            .unwrap()
+            .into_iter()
+            .map(|(_, sink)| sink)
+            .collect();
+        let refusal = |sinks: &mut [PartSink<'_>], message| {
+            write_pull_chunk(sinks, message).unwrap_err().to_string()
+        };
+        let unasked = refusal(&mut sinks, chunk("v", 0, 3, 0, &[1.0]));
+        assert!(unasked.contains("not asked for"), "{unasked}");
+        let gap = refusal(&mut sinks, chunk("w", 1, 3, 4, &[1.0]));
+        assert!(gap.contains("`w`#1 at byte 4 leaves a gap"), "{gap}");
+        let reshaped = refusal(&mut sinks, chunk("w", 1, 4, 0, &[1.0]));
+        assert!(reshaped.contains("f32 [4]"), "{reshaped}");
+        let overrun = refusal(&mut sinks, chunk("w", 1, 3, 0, &[1.0, 2.0, 3.0, 4.0]));
+        assert!(overrun.contains("`w`#1"), "{overrun}");
+        let missing = v1::PullChunk {
+            version: 1,
+            chunk: None,
+        };
+        assert!(refusal(&mut sinks, missing).contains("without a chunk"));
+
+        write_pull_chunk(&mut sinks, chunk("w", 1, 3, 0, &[1.0])).unwrap();
+        let short = sinks
+            .iter()
+            .find(|s| s.key().part == 1 && s.key().name == "w")
+            .unwrap();
+        let incomplete = short.finish().unwrap_err().to_string();
+        assert!(incomplete.contains("`w`#1"), "{incomplete}");
+    }
 }

@@ -48,7 +48,9 @@ fn built(relative: &str, selector: &[&str]) -> PathBuf {
     if !path.is_file() {
         if let Some(cargo) = std::env::var_os("CARGO") {
             let mut build = std::process::Command::new(cargo);
-            build.args(["build", "--quiet"]).args(selector);
+            build
+                .args(["build", "--quiet", "--workspace"])
+                .args(selector);
             if profile_dir.ends_with("release") {
                 build.arg("--release");
             }

@@ -6,6 +6,7 @@
 //! with `--window` in flight. Every server's CPU (cores used) and peak RSS are
 //! read from `/proc` (Linux).
 
+use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use bytes::Bytes;
 use futures::future::join_all;
 use hdrhistogram::Histogram;
 use ps_client::placement::ParamInfo;
-use ps_client::{ClientConfig, PsClient, sgd};
+use ps_client::{ClientConfig, PsClient, PulledParam, sgd};
 use ps_common::processes::ServerProcess;
 use ps_common::size::format_size;
 use ps_proto::codec::{DType, encode_f32};
@@ -155,10 +156,11 @@ pub async fn run_worker(
     })
 }
 
-/// One operation slot: its own rank and next step.
+/// One operation slot: its own rank and next step, and the buffers it pulls into.
 struct Slot {
     rank: Rank,
     step: Step,
+    pulled: BTreeMap<String, PulledParam>,
 }
 
 impl Slot {
@@ -166,6 +168,7 @@ impl Slot {
         Self {
             rank,
             step: Step(0),
+            pulled: BTreeMap::new(),
         }
     }
 
@@ -184,7 +187,7 @@ impl Slot {
                 self.step = self.step.next();
             }
             Op::Pull => {
-                client.pull(Version(0)).await?;
+                client.pull_into(Version(0), &mut self.pulled).await?;
             }
         }
         Ok(())

@@ -309,8 +309,14 @@ fn apply_measures_every_optimizer_against_a_memcpy_of_the_same_key() {
         let seconds = row["seconds"].as_f64().unwrap();
         let key_rate = row["key_bytes_per_sec"].as_f64().unwrap();
         assert!(seconds > 0.0 && key_rate > 0.0, "{row}");
-        assert!((key_rate * seconds / f64::from(1 << 20) - 1.0).abs() < 1e-6, "{row}");
-        assert!(row["memory_bytes_per_sec"].as_f64().unwrap() > key_rate, "{row}");
+        assert!(
+            (key_rate * seconds / f64::from(1 << 20) - 1.0).abs() < 1e-6,
+            "{row}"
+        );
+        assert!(
+            row["memory_bytes_per_sec"].as_f64().unwrap() > key_rate,
+            "{row}"
+        );
     }
     assert_eq!(rows[0]["ratio_to_memcpy"], 1.0);
     let memcpy = rows[0]["memory_bytes_per_sec"].as_f64().unwrap();

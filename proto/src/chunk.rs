@@ -136,9 +136,68 @@ impl ChunkHeader {
     }
 }
 
-struct Partial {
+/// Where a stream is in one tensor: checks that each chunk repeats the header and
+/// continues exactly where the previous one ended, within the tensor.
+#[derive(Debug, Clone)]
+pub struct ChunkCursor {
     header: ChunkHeader,
     received: usize,
+}
+
+impl ChunkCursor {
+    /// A cursor at the start of the tensor `header` describes.
+    pub fn new(header: ChunkHeader) -> Self {
+        Self {
+            header,
+            received: 0,
+        }
+    }
+
+    /// The tensor's header.
+    pub fn header(&self) -> &ChunkHeader {
+        &self.header
+    }
+
+    /// Bytes received so far.
+    pub fn received(&self) -> usize {
+        self.received
+    }
+
+    /// Takes the next chunk: `len` bytes at byte `offset`, under `header`.
+    ///
+    /// # Errors
+    /// `HeaderChanged`, `Misaligned`, `Overlap`, `Gap` or `Overrun`.
+    pub fn advance(
+        &mut self,
+        header: &ChunkHeader,
+        offset: u64,
+        len: usize,
+    ) -> Result<(), ChunkError> {
+        check_chunk(&self.header, self.received, header, offset, len)?;
+        self.received += len;
+        Ok(())
+    }
+
+    /// Checks that every byte arrived.
+    ///
+    /// # Errors
+    /// [`ChunkError::Incomplete`] when bytes are missing at the end.
+    pub fn finish(&self) -> Result<(), ChunkError> {
+        let total = self.header.byte_len();
+        if self.received == total {
+            Ok(())
+        } else {
+            Err(ChunkError::Incomplete {
+                key: self.header.key.clone(),
+                received: self.received,
+                total,
+            })
+        }
+    }
+}
+
+struct Partial {
+    cursor: ChunkCursor,
     segments: Vec<Bytes>,
 }
 
@@ -174,22 +233,20 @@ impl Assembler {
             None => {
                 self.order.push(header.key.clone());
                 let partial = Partial {
-                    header: header.clone(),
-                    received: 0,
+                    cursor: ChunkCursor::new(header.clone()),
                     segments: Vec::new(),
                 };
                 self.partials.entry(header.key.clone()).or_insert(partial)
             }
         };
-        check_chunk(partial, &header, offset, data.len())?;
-        partial.received += data.len();
+        partial.cursor.advance(&header, offset, data.len())?;
         partial.segments.push(data);
         Ok(())
     }
 
     /// Bytes received so far, over all tensors.
     pub fn received_bytes(&self) -> usize {
-        self.partials.values().map(|p| p.received).sum()
+        self.partials.values().map(|p| p.cursor.received()).sum()
     }
 
     /// The tensors, in the order their first chunks arrived.
@@ -207,19 +264,9 @@ impl Assembler {
                 .partials
                 .remove(&key)
                 .expect("every ordered key has a partial");
-            let Partial {
-                header,
-                received,
-                segments,
-            } = partial;
-            let total = header.byte_len();
-            if received != total {
-                return Err(ChunkError::Incomplete {
-                    key,
-                    received,
-                    total,
-                });
-            }
+            let Partial { cursor, segments } = partial;
+            cursor.finish()?;
+            let header = cursor.header;
             let tensor = TensorData::from_segments(header.dtype, header.shape, segments).map_err(
                 |source| ChunkError::Codec {
                     key: key.clone(),
@@ -233,16 +280,17 @@ impl Assembler {
 }
 
 fn check_chunk(
-    partial: &Partial,
+    first: &ChunkHeader,
+    received: usize,
     header: &ChunkHeader,
     offset: u64,
     len: usize,
 ) -> Result<(), ChunkError> {
     let key = || header.key.clone();
-    if partial.header != *header {
+    if first != header {
         return Err(ChunkError::HeaderChanged {
             key: key(),
-            first: partial.header.describe(),
+            first: first.describe(),
             now: header.describe(),
         });
     }
@@ -255,7 +303,7 @@ fn check_chunk(
             elem_size,
         });
     }
-    let expected = partial.received as u64;
+    let expected = received as u64;
     if offset < expected {
         return Err(ChunkError::Overlap {
             key: key(),
@@ -271,7 +319,7 @@ fn check_chunk(
         });
     }
     let total = header.byte_len();
-    if partial.received + len > total {
+    if received + len > total {
         return Err(ChunkError::Overrun {
             key: key(),
             offset,

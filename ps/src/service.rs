@@ -22,8 +22,11 @@ use crate::config::ServerConfig;
 use crate::error::{Error, Result};
 use crate::group::Ranks;
 use crate::param::ParamSpec;
-use crate::store::{Pulled, Store};
+use crate::store::{Pulled, Pushed, Store};
 use crate::wire;
+
+/// Pushes carrying at least this many bytes are applied off the async threads.
+const BLOCKING_APPLY_BYTES: usize = 256 << 10;
 
 /// The `ps.v1.ParameterServer` service over one [`Store`].
 #[derive(Debug, Clone)]
@@ -69,6 +72,28 @@ impl ParameterService {
             Ok(0) => self.config.chunk_bytes,
             Ok(n) => n.min(cap),
             Err(_) => cap,
+        }
+    }
+
+    /// Applies a push. Pushes of [`BLOCKING_APPLY_BYTES`] or more run on a blocking
+    /// thread, so the async threads go on reading every connection's data while
+    /// the arithmetic runs (and while it waits for a key another push holds);
+    /// smaller ones run inline, where a hand-off would cost more than the work.
+    async fn apply_push(
+        &self,
+        worker: Rank,
+        step: Step,
+        grads: Vec<(ParamKey, TensorData)>,
+    ) -> Result<Vec<Pushed>> {
+        let bytes: usize = grads.iter().map(|(_, grad)| grad.byte_len()).sum();
+        if bytes < BLOCKING_APPLY_BYTES {
+            return self.store.push(worker, step, grads);
+        }
+        let store = Arc::clone(&self.store);
+        match tokio::task::spawn_blocking(move || store.push(worker, step, grads)).await {
+            Ok(pushed) => pushed,
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Err(_) => Err(Error::ShuttingDown),
         }
     }
 
@@ -230,18 +255,20 @@ impl ParameterServer for ParameterService {
             .map()
             .admit(MapVersion(request.map_version))
             .await;
-        let result = admitted
-            .and_then(|()| {
-                request
-                    .grads
-                    .iter()
-                    .map(wire::tensor)
-                    .collect::<Result<Vec<_>>>()
-            })
-            .and_then(|grads| {
+        let grads = admitted.and_then(|()| {
+            request
+                .grads
+                .iter()
+                .map(wire::tensor)
+                .collect::<Result<Vec<_>>>()
+        });
+        let result = match grads {
+            Ok(grads) => {
                 let (worker, step) = (Rank(request.worker_id), Step(request.step));
-                self.store.push(worker, step, grads)
-            });
+                self.apply_push(worker, step, grads).await
+            }
+            Err(e) => Err(e),
+        };
         self.answer(result.map(wire::push_response))
     }
 
@@ -249,8 +276,10 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<Streaming<v1::PushChunk>>,
     ) -> Result<Response<v1::PushResponse>, Status> {
-        let pushed = read_push_stream(&self.store, &mut request.into_inner()).await;
-        let result = pushed.and_then(|(worker, step, grads)| self.store.push(worker, step, grads));
+        let result = match read_push_stream(&self.store, &mut request.into_inner()).await {
+            Ok((worker, step, grads)) => self.apply_push(worker, step, grads).await,
+            Err(e) => Err(e),
+        };
         self.answer(result.map(wire::push_response))
     }
 
