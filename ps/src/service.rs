@@ -26,7 +26,7 @@ use crate::store::{Pulled, Pushed, Store};
 use crate::wire;
 
 /// Pushes carrying at least this many bytes are applied off the async threads.
-const BLOCKING_APPLY_BYTES: usize = 256 << 10;
+const BLOCKING_APPLY_BYTES: usize = 4 << 20;
 
 /// The `ps.v1.ParameterServer` service over one [`Store`].
 #[derive(Debug, Clone)]
