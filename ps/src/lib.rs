@@ -16,6 +16,7 @@
 //! - [`group`]: worker ranks handed out by `JoinGroup`.
 //! - [`param`]: one key's state.
 //! - [`restore`]: a key's state from checkpoints or a worker's copy.
+//! - [`entry`]: one stored key; a push applied to its keys, all or nothing.
 //! - [`store`]: all keys; all-or-nothing register and push, waiting pulls.
 //! - [`wire`]: `ps.v1` messages to and from the domain types.
 //! - [`service`]: the gRPC handlers.
@@ -27,6 +28,7 @@ pub mod checkpoint;
 pub mod checkpointer;
 pub mod config;
 pub mod consistency;
+pub mod entry;
 pub mod error;
 pub mod export;
 pub mod follower;

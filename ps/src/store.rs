@@ -7,10 +7,9 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
 use ps_proto::chunk::ChunkHeader;
 use ps_proto::codec::{DType, TensorData};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
@@ -20,40 +19,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::applied_map::AppliedMap;
-use crate::consistency::Admission;
+use crate::entry::{Entry, apply_all, snapshot};
+pub use crate::entry::{Pulled, Pushed};
 use crate::error::{Error, Result};
-use crate::param::{Group, KeyState, ParamSpec};
+use crate::param::{Group, ParamSpec};
 use crate::restore::{Archive, Offered, new_key, refresh_key};
-
-/// One stored key: its immutable spec, its state, and a channel announcing versions.
-#[derive(Debug)]
-struct Entry {
-    spec: ParamSpec,
-    state: Mutex<KeyState>,
-    version: watch::Sender<Version>,
-}
-
-impl Entry {
-    /// Tells waiting pulls about `version`; never lowers an announced version.
-    /// Called with the key locked, so one key's announcements follow its updates.
-    fn announce(&self, version: Version) {
-        self.version.send_if_modified(|announced| {
-            let newer = version > *announced;
-            if newer {
-                *announced = version;
-            }
-            newer
-        });
-    }
-
-    fn lock(&self) -> MutexGuard<'_, KeyState> {
-        // A panic under the lock cannot leave a half-applied update visible to the
-        // next request any more than it already is; keep serving.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
 
 /// The outcome of registering one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,32 +33,6 @@ pub struct Registered {
     /// True when this call created it.
     pub created: bool,
     /// Its version.
-    pub version: Version,
-}
-
-/// The outcome of pushing to one key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pushed {
-    /// The key.
-    pub key: ParamKey,
-    /// False when `(worker, step)` had been taken before.
-    pub accepted: bool,
-    /// The key's version afterwards.
-    pub version: Version,
-}
-
-/// One key's values as pulled.
-#[derive(Debug, Clone)]
-pub struct Pulled {
-    /// The key.
-    pub key: ParamKey,
-    /// Wire dtype.
-    pub dtype: DType,
-    /// Shape.
-    pub shape: Vec<usize>,
-    /// Encoded values, shared with every other pull of this version.
-    pub data: Bytes,
-    /// Version of the values.
     pub version: Version,
 }
 
@@ -597,84 +541,6 @@ fn insert_or_refresh(
         key,
         // Resumed from a checkpoint: the worker's values were not the ones taken.
         created: version == offered.version,
-        version,
-    }
-}
-
-/// Locks every entry in key order, checks every admission, then applies: all or nothing.
-fn apply_all(
-    entries: &[Arc<Entry>],
-    grads: &[(ParamKey, TensorData)],
-    group: Group,
-    live: &BTreeSet<Rank>,
-    worker: Rank,
-    step: Step,
-) -> Result<Vec<Pushed>> {
-    let mut order: Vec<usize> = (0..entries.len()).collect();
-    order.sort_by(|&a, &b| grads[a].0.cmp(&grads[b].0));
-    let mut guards: Vec<Option<MutexGuard<'_, KeyState>>> =
-        (0..entries.len()).map(|_| None).collect();
-    for &i in &order {
-        guards[i] = Some(entries[i].lock());
-    }
-    let mut guards: Vec<MutexGuard<'_, KeyState>> = guards.into_iter().flatten().collect();
-    let mut admissions = Vec::with_capacity(entries.len());
-    for (state, (key, _)) in guards.iter().zip(grads) {
-        let admission = state.admit(group, worker, step);
-        let version = state.version();
-        match admission {
-            Admission::Future { max_step } => {
-                return Err(Error::FutureStep {
-                    key: key.clone(),
-                    worker,
-                    step,
-                    version,
-                    max_step,
-                });
-            }
-            Admission::Stale => {
-                return Err(Error::StaleStep {
-                    key: key.clone(),
-                    worker,
-                    step,
-                    version,
-                });
-            }
-            Admission::Accept | Admission::Duplicate => admissions.push(admission),
-        }
-    }
-    let outcomes = guards
-        .iter_mut()
-        .zip(grads)
-        .zip(admissions)
-        .map(|((state, (key, grad)), admission)| {
-            let accepted = admission == Admission::Accept;
-            if accepted {
-                state.accept(group, live, worker, step, grad);
-            }
-            Pushed {
-                key: key.clone(),
-                accepted,
-                version: state.version(),
-            }
-        })
-        .collect::<Vec<Pushed>>();
-    // Announce new versions while the keys are still locked, so announcements of one
-    // key happen in the order of its updates; and never lower an announced version.
-    for (entry, outcome) in entries.iter().zip(&outcomes) {
-        entry.announce(outcome.version);
-    }
-    drop(guards);
-    Ok(outcomes)
-}
-
-fn snapshot(entry: &Entry) -> Pulled {
-    let (data, version) = entry.lock().snapshot(entry.spec.dtype);
-    Pulled {
-        key: entry.spec.key.clone(),
-        dtype: entry.spec.dtype,
-        shape: entry.spec.shape.clone(),
-        data,
         version,
     }
 }

@@ -1,0 +1,152 @@
+//! [`Entry`]: one stored key (its spec, its state behind its own lock, and the
+//! channel that announces its versions), and what a request does to a set of
+//! entries: [`apply_all`] applies one push to its keys, all or nothing, and
+//! [`snapshot`] reads a key's values.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use ps_proto::codec::{DType, TensorData};
+use ps_proto::ids::{Rank, Step, Version};
+use ps_proto::key::ParamKey;
+use tokio::sync::watch;
+
+use crate::consistency::Admission;
+use crate::error::{Error, Result};
+use crate::param::{Group, KeyState, ParamSpec};
+
+/// One stored key: its immutable spec, its state, and a channel announcing versions.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) spec: ParamSpec,
+    pub(crate) state: Mutex<KeyState>,
+    pub(crate) version: watch::Sender<Version>,
+}
+
+impl Entry {
+    /// Tells waiting pulls about `version`; never lowers an announced version.
+    /// Called with the key locked, so one key's announcements follow its updates.
+    pub(crate) fn announce(&self, version: Version) {
+        self.version.send_if_modified(|announced| {
+            let newer = version > *announced;
+            if newer {
+                *announced = version;
+            }
+            newer
+        });
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, KeyState> {
+        // A panic under the lock cannot leave a half-applied update visible to the
+        // next request any more than it already is; keep serving.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The outcome of pushing to one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pushed {
+    /// The key.
+    pub key: ParamKey,
+    /// False when `(worker, step)` had been taken before.
+    pub accepted: bool,
+    /// The key's version afterwards.
+    pub version: Version,
+}
+
+/// One key's values as pulled.
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    /// The key.
+    pub key: ParamKey,
+    /// Wire dtype.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Encoded values, shared with every other pull of this version.
+    pub data: Bytes,
+    /// Version of the values.
+    pub version: Version,
+}
+
+/// Locks every entry in key order, checks every admission, then applies: all or nothing.
+pub(crate) fn apply_all(
+    entries: &[Arc<Entry>],
+    grads: &[(ParamKey, TensorData)],
+    group: Group,
+    live: &BTreeSet<Rank>,
+    worker: Rank,
+    step: Step,
+) -> Result<Vec<Pushed>> {
+    let mut order: Vec<usize> = (0..entries.len()).collect();
+    order.sort_by(|&a, &b| grads[a].0.cmp(&grads[b].0));
+    let mut guards: Vec<Option<MutexGuard<'_, KeyState>>> =
+        (0..entries.len()).map(|_| None).collect();
+    for &i in &order {
+        guards[i] = Some(entries[i].lock());
+    }
+    let mut guards: Vec<MutexGuard<'_, KeyState>> = guards.into_iter().flatten().collect();
+    let mut admissions = Vec::with_capacity(entries.len());
+    for (state, (key, _)) in guards.iter().zip(grads) {
+        let admission = state.admit(group, worker, step);
+        let version = state.version();
+        match admission {
+            Admission::Future { max_step } => {
+                return Err(Error::FutureStep {
+                    key: key.clone(),
+                    worker,
+                    step,
+                    version,
+                    max_step,
+                });
+            }
+            Admission::Stale => {
+                return Err(Error::StaleStep {
+                    key: key.clone(),
+                    worker,
+                    step,
+                    version,
+                });
+            }
+            Admission::Accept | Admission::Duplicate => admissions.push(admission),
+        }
+    }
+    let outcomes = guards
+        .iter_mut()
+        .zip(grads)
+        .zip(admissions)
+        .map(|((state, (key, grad)), admission)| {
+            let accepted = admission == Admission::Accept;
+            if accepted {
+                state.accept(group, live, worker, step, grad);
+            }
+            Pushed {
+                key: key.clone(),
+                accepted,
+                version: state.version(),
+            }
+        })
+        .collect::<Vec<Pushed>>();
+    // Announce new versions while the keys are still locked, so announcements of one
+    // key happen in the order of its updates; and never lower an announced version.
+    for (entry, outcome) in entries.iter().zip(&outcomes) {
+        entry.announce(outcome.version);
+    }
+    drop(guards);
+    Ok(outcomes)
+}
+
+/// The key's values at its current version, encoded once per version.
+pub(crate) fn snapshot(entry: &Entry) -> Pulled {
+    let (data, version) = entry.lock().snapshot(entry.spec.dtype);
+    Pulled {
+        key: entry.spec.key.clone(),
+        dtype: entry.spec.dtype,
+        shape: entry.spec.shape.clone(),
+        data,
+        version,
+    }
+}
