@@ -1,7 +1,7 @@
 //! [`Roster`]: the registered members of one kind — servers by [`ServerId`],
 //! workers by [`Rank`] — with who is alive, who left on purpose and when each was
-//! last heard from. [`Membership`](crate::membership::Membership) holds one of
-//! each and decides what their changes mean for the shard map.
+//! last heard from. `Membership` holds one of each and decides what their
+//! changes mean for the shard map.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ impl std::fmt::Display for Node {
     }
 }
 
-/// What [`Membership::tick`](crate::membership::Membership::tick) found.
+/// What `Membership::tick` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// An elastic group formed with this many workers.
