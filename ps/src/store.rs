@@ -381,7 +381,7 @@ impl Store {
     /// (the request's; 0 for none) is applied meanwhile.
     ///
     /// # Errors
-    /// `EmptyRequest`, `UnknownKey`, `PullTimeout`, `ShuttingDown`.
+    /// `EmptyRequest`, `RepeatedKey`, `UnknownKey`, `PullTimeout`, `ShuttingDown`.
     pub async fn pull(
         &self,
         keys: &[ParamKey],
@@ -395,6 +395,7 @@ impl Store {
                 what: "no keys to pull",
             });
         }
+        check_unique(keys.iter())?;
         let entries = self.entries(keys.iter())?;
         let deadline = Instant::now() + timeout;
         for entry in &entries {

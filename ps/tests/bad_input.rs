@@ -300,6 +300,12 @@ async fn bad_pulls_are_refused_precisely() {
             Code::InvalidArgument,
             &["no keys"],
         ),
+        refusal(
+            "a key twice",
+            pull_request(&["w", "v", "w"], 0, 0),
+            Code::InvalidArgument,
+            &["`w`", "more than once"],
+        ),
     ];
     for case in cases {
         let result = server.client.clone().pull(case.request).await;
