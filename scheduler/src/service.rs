@@ -18,6 +18,12 @@ use crate::barrier::BarrierState;
 use crate::config::SchedulerConfig;
 use crate::membership::{Membership, MembershipError, Node};
 use crate::shard_map::ShardMap;
+
+/// The most parameter bytes one `DeclareParams` may declare (1 TiB): far past
+/// any model a cluster of parameter servers holds, and small enough that the
+/// byte counts and the shard map built from them stay bounded (at most 4 MiB
+/// per part: 262,144 parts).
+const MAX_DECLARED_BYTES: u64 = 1 << 40;
 pub use crate::shared_state::SchedulerState;
 
 /// The `ps.v1.Scheduler` service.
@@ -186,9 +192,19 @@ impl Scheduler for SchedulerService {
             ));
         }
         let mut params = Vec::with_capacity(declared.len());
+        let mut total: u64 = 0;
         for p in declared {
             let dtype = DType::from_proto(p.dtype)
                 .map_err(|e| Status::invalid_argument(format!("parameter {}: {e}", p.name)))?;
+            let bytes = p.elements.checked_mul(dtype.size() as u64);
+            total = bytes.and_then(|b| total.checked_add(b)).unwrap_or(u64::MAX);
+            if total > MAX_DECLARED_BYTES {
+                return Err(Status::invalid_argument(format!(
+                    "parameter {} declares {} elements of {dtype}, which brings the model past \
+                     the 1 TiB a scheduler places; check the declared shapes",
+                    p.name, p.elements,
+                )));
+            }
             let elements = usize::try_from(p.elements).map_err(|_| {
                 Status::invalid_argument(format!("parameter {} is too large", p.name))
             })?;
