@@ -21,7 +21,10 @@ async fn scheduler() -> SchedulerClient<Channel> {
     SchedulerClient::connect(http_uri(&addr)).await.unwrap()
 }
 
-fn declare(params: &[(&str, u64, DType)]) -> v1::DeclareParamsRequest {
+/// A parameter as declared: name, elements, dtype.
+type Declared = (&'static str, u64, DType);
+
+fn declare(params: &[Declared]) -> v1::DeclareParamsRequest {
     v1::DeclareParamsRequest {
         params: params
             .iter()
@@ -37,7 +40,7 @@ fn declare(params: &[(&str, u64, DType)]) -> v1::DeclareParamsRequest {
 #[tokio::test]
 async fn declarations_past_the_bound_are_refused_by_name() {
     let client = scheduler().await;
-    let cases: [(&str, &[(&str, u64, DType)], &str); 3] = [
+    let cases: [(&str, &[Declared], &str); 3] = [
         (
             "elements that overflow",
             &[("huge", u64::MAX, DType::F32)],
