@@ -15,6 +15,9 @@ use crate::store::StoreRules;
 /// Default largest parameter: 4 GiB of values (Adam keeps two more copies).
 pub const DEFAULT_MAX_TENSOR_BYTES: usize = 4 << 30;
 
+/// How long a push or register stream may send nothing, by default.
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Settings of one parameter-server shard.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -34,6 +37,9 @@ pub struct ServerConfig {
     pub chunk_bytes: usize,
     /// How long shutdown waits for requests in flight before closing connections.
     pub shutdown_grace: Duration,
+    /// A push or register stream that sends nothing for this long is ended with
+    /// `DEADLINE_EXCEEDED`, and nothing of it is applied.
+    pub stream_idle_timeout: Duration,
     /// The scheduler to follow, if any.
     pub scheduler: Option<SchedulerLink>,
     /// Checkpoints, when set.
@@ -51,6 +57,7 @@ impl Default for ServerConfig {
             max_tensor_bytes: DEFAULT_MAX_TENSOR_BYTES,
             default_pull_timeout: Duration::from_secs(60),
             max_pull_timeout: Duration::from_secs(600),
+            stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             shutdown_grace: Duration::from_secs(5),
             scheduler: None,

@@ -249,6 +249,14 @@ pub enum Error {
     /// The server is shutting down.
     #[error("the parameter server is shutting down; retry on another server or after it restarts")]
     ShuttingDown,
+    /// A stream sent nothing for the idle timeout.
+    #[error(
+        "the stream sent nothing for {idle:?}, so it was ended and nothing of it applied; send its chunks without pausing, or raise the server's --stream-idle-timeout"
+    )]
+    StreamIdle {
+        /// The server's idle timeout.
+        idle: Duration,
+    },
 }
 
 impl Error {
@@ -264,7 +272,7 @@ impl Error {
             Error::ResponseTooLarge { .. }
             | Error::TensorTooLarge { .. }
             | Error::GroupFull { .. } => Code::ResourceExhausted,
-            Error::PullTimeout { .. } => Code::DeadlineExceeded,
+            Error::PullTimeout { .. } | Error::StreamIdle { .. } => Code::DeadlineExceeded,
             Error::ShuttingDown | Error::MapAhead { .. } => Code::Unavailable,
             Error::Stream(status) => status.code(),
             Error::EmptyRequest { .. }

@@ -75,6 +75,10 @@ struct Args {
     /// Seconds shutdown waits for requests in flight before closing connections.
     #[arg(long, env = "PS_SHUTDOWN_GRACE_SECS", default_value_t = 5)]
     shutdown_grace_secs: u64,
+    /// End a push or register stream that sends nothing for this long (for
+    /// example 30s or 2m), applying nothing of it.
+    #[arg(long, default_value = "30s", env = "PS_STREAM_IDLE_TIMEOUT", value_parser = humantime::parse_duration)]
+    stream_idle_timeout: Duration,
     /// How long to wait at start for --scheduler to come up, for example 60s or 2m.
     #[arg(long, default_value = "60s", env = "PS_CONNECT_TIMEOUT", value_parser = humantime::parse_duration)]
     connect_timeout: Duration,
@@ -166,6 +170,7 @@ impl Args {
             max_pull_timeout: Duration::from_secs(self.max_pull_timeout_secs),
             chunk_bytes: self.chunk,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            stream_idle_timeout: self.stream_idle_timeout,
             scheduler: None,
             checkpoint: None,
             transport,

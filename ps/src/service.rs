@@ -4,6 +4,7 @@
 //! call it without a socket.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::stream;
 use prost::Message;
@@ -112,17 +113,29 @@ impl ParameterService {
     }
 }
 
+/// The stream's next message, or `StreamIdle` when none comes within `idle`.
+async fn next_message<T: prost::Message + Default>(
+    stream: &mut Streaming<T>,
+    idle: Duration,
+) -> Result<Option<T>> {
+    match tokio::time::timeout(idle, stream.message()).await {
+        Ok(message) => Ok(message?),
+        Err(_) => Err(Error::StreamIdle { idle }),
+    }
+}
+
 /// Reads a whole `RegisterStream`, checking that every chunk of a key repeats its spec
 /// and that the spec is within the server's size limit. Returns the parameters and
 /// the stream's restore version.
 async fn read_register_stream(
     store: &Store,
     stream: &mut Streaming<v1::RegisterChunk>,
+    idle: Duration,
 ) -> Result<(Vec<(ParamSpec, Option<TensorData>)>, Version)> {
     let mut assembler = Assembler::new();
     let mut specs: Vec<ParamSpec> = Vec::new();
     let mut restore_version = 0;
-    while let Some(message) = stream.message().await? {
+    while let Some(message) = next_message(stream, idle).await? {
         restore_version = restore_version.max(message.restore_version);
         let spec = message.spec.as_ref().ok_or(Error::EmptyRequest {
             what: "a RegisterChunk without a spec",
@@ -159,12 +172,13 @@ async fn read_register_stream(
 async fn read_push_stream(
     store: &Store,
     stream: &mut Streaming<v1::PushChunk>,
+    idle: Duration,
 ) -> Result<(Rank, Step, Vec<(ParamKey, TensorData)>)> {
     let mut assembler = Assembler::new();
     let mut checked = HashSet::new();
     let mut origin = None;
     let mut index = 0;
-    while let Some(message) = stream.message().await? {
+    while let Some(message) = next_message(stream, idle).await? {
         let sender = (Rank(message.worker_id), Step(message.step));
         let (worker, step) = *origin.get_or_insert(sender);
         if sender != (worker, step) {
@@ -240,7 +254,8 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<Streaming<v1::RegisterChunk>>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
-        let params = read_register_stream(&self.store, &mut request.into_inner()).await;
+        let idle = self.config.stream_idle_timeout;
+        let params = read_register_stream(&self.store, &mut request.into_inner(), idle).await;
         let result = params.and_then(|(params, restore)| self.store.register(params, restore));
         self.answer(result.map(wire::register_response))
     }
@@ -276,7 +291,8 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<Streaming<v1::PushChunk>>,
     ) -> Result<Response<v1::PushResponse>, Status> {
-        let result = match read_push_stream(&self.store, &mut request.into_inner()).await {
+        let idle = self.config.stream_idle_timeout;
+        let result = match read_push_stream(&self.store, &mut request.into_inner(), idle).await {
             Ok((worker, step, grads)) => self.apply_push(worker, step, grads).await,
             Err(e) => Err(e),
         };

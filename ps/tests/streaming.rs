@@ -343,3 +343,50 @@ async fn oversized_chunk_in_a_stream_is_refused() {
     assert_eq!((stats.key_stats[0].version, stats.pushes), (0, 0));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_stream_that_stalls_is_ended_and_nothing_of_it_is_applied() {
+    let idle = std::time::Duration::from_millis(300);
+    let server = TestServer::start(ServerConfig {
+        stream_idle_timeout: idle,
+        ..ServerConfig::default()
+    })
+    .await;
+    let stalled = |result: Result<(), tonic::Status>, what: &str| {
+        let status = result.expect_err(what);
+        assert_eq!(status.code(), Code::DeadlineExceeded, "{what}: {status:?}");
+        assert!(
+            status.message().contains("sent nothing for 300ms")
+                && status.message().contains("--stream-idle-timeout"),
+            "{what}: {}",
+            status.message()
+        );
+    };
+
+    // A registration that stops after the first of its two chunks.
+    let values = pattern(MIB);
+    let mut chunks = register_chunks("w", &values, sgd(0.1));
+    assert_eq!(chunks.len(), 2, "4 MiB goes in two 2 MiB chunks");
+    let first = tokio_stream::iter(vec![chunks.remove(0)]).chain(tokio_stream::pending());
+    let result = server.client.clone().register_stream(first).await;
+    stalled(result.map(drop), "a stalled RegisterStream");
+    assert_eq!(server.stats().await.keys, 0, "nothing was registered");
+
+    // A push that stops after its first chunk, to a key registered in full.
+    let chunks = register_chunks("w", &values, sgd(0.1));
+    server
+        .client
+        .clone()
+        .register_stream(tokio_stream::iter(chunks))
+        .await
+        .unwrap();
+    let grad = pattern(MIB);
+    let first = push_chunks(0, 0, "w", &grad, MIB).remove(0);
+    let push = tokio_stream::iter(vec![first]).chain(tokio_stream::pending());
+    let result = server.client.clone().push_stream(push).await;
+    stalled(result.map(drop), "a stalled PushStream");
+    let (after, version) = pull_stream(&server, "w", 0).await;
+    assert_eq!(version, 0, "nothing of the stalled push was applied");
+    assert_eq!(after, values);
+    server.stop().await;
+}
