@@ -40,6 +40,17 @@ fn cluster(t0: Instant) -> Membership {
     m
 }
 
+/// [`cluster`] with the parameters declared and `workers` registered at `t0`,
+/// ranked in order.
+fn declared(t0: Instant, workers: &[&str]) -> Membership {
+    let mut m = cluster(t0);
+    m.declare_params(params()).unwrap();
+    for worker in workers {
+        m.register_worker(worker, t0).unwrap();
+    }
+    m
+}
+
 #[test]
 fn no_map_until_params_and_servers_are_there() {
     let t0 = Instant::now();
@@ -95,9 +106,7 @@ fn ranks_are_stable_for_a_client_and_reused_after_death() {
 #[test]
 fn expiry_follows_the_clock_exactly() {
     let t0 = Instant::now();
-    let mut m = cluster(t0);
-    m.declare_params(params()).unwrap();
-    m.register_worker("a", t0).unwrap();
+    let mut m = declared(t0, &["a"]);
     // (time since start, heartbeat from worker 0?, expect worker dead after tick?)
     let steps = [
         (4, true, false),
@@ -137,10 +146,7 @@ fn expiry_follows_the_clock_exactly() {
 #[test]
 fn a_dead_worker_leaves_the_map_and_bumps_the_version() {
     let t0 = Instant::now();
-    let mut m = cluster(t0);
-    m.declare_params(params()).unwrap();
-    m.register_worker("a", t0).unwrap();
-    m.register_worker("b", t0).unwrap();
+    let mut m = declared(t0, &["a", "b"]);
     let before = m.map().unwrap().clone();
     assert_eq!(before.workers, ranks(&[0, 1]));
     let later = t0 + TIMEOUT + Duration::from_secs(1);
@@ -191,9 +197,7 @@ fn params_conflicts_are_refused_and_identical_declarations_accepted() {
 #[test]
 fn ranks_not_registered_yet_are_still_waited_for() {
     let t0 = Instant::now();
-    let mut m = cluster(t0);
-    m.declare_params(params()).unwrap();
-    m.register_worker("a", t0).unwrap();
+    let m = declared(t0, &["a"]);
     assert_eq!(
         m.map().unwrap().workers,
         ranks(&[0, 1]),
@@ -204,10 +208,7 @@ fn ranks_not_registered_yet_are_still_waited_for() {
 #[test]
 fn a_clean_leave_is_immediate() {
     let t0 = Instant::now();
-    let mut m = cluster(t0);
-    m.declare_params(params()).unwrap();
-    m.register_worker("a", t0).unwrap();
-    m.register_worker("b", t0).unwrap();
+    let mut m = declared(t0, &["a", "b"]);
     m.leave(Node::Worker(Rank(1)), Step(0));
     assert_eq!(m.map().unwrap().workers, ranks(&[0]));
     assert_eq!(
@@ -339,10 +340,7 @@ fn members_that_leave_are_shown_as_left_at_the_step_they_left_with() {
 #[test]
 fn a_saved_membership_resumes_with_the_same_map_ids_and_ranks() {
     let t0 = Instant::now();
-    let mut m = cluster(t0);
-    m.declare_params(params()).unwrap();
-    m.register_worker("a", t0).unwrap();
-    m.register_worker("b", t0).unwrap();
+    let mut m = declared(t0, &["a", "b"]);
     m.leave(Node::Worker(Rank(1)), Step(0));
     let before = m.map().unwrap().clone();
     let later = t0 + Duration::from_secs(100);
