@@ -98,14 +98,26 @@ impl ParameterService {
         }
     }
 
-    async fn pull_values(&self, request: &v1::PullRequest) -> Result<Vec<Pulled>> {
+    /// A unary push's gradients, admitted by map version, decoded and applied.
+    async fn push_grads(&self, request: &v1::PushRequest) -> Result<Vec<Pushed>> {
         self.store
             .map()
             .admit(MapVersion(request.map_version))
             .await?;
+        let grads = request
+            .grads
+            .iter()
+            .map(wire::tensor)
+            .collect::<Result<Vec<_>>>()?;
+        let (worker, step) = (Rank(request.worker_id), Step(request.step));
+        self.apply_push(worker, step, grads).await
+    }
+
+    async fn pull_values(&self, request: &v1::PullRequest) -> Result<Vec<Pulled>> {
+        let routed_by = MapVersion(request.map_version);
+        self.store.map().admit(routed_by).await?;
         let keys: Vec<_> = request.keys.iter().map(wire::key).collect();
         let timeout = self.config.pull_timeout(request.timeout_ms);
-        let routed_by = MapVersion(request.map_version);
         let min_version = Version(request.min_version);
         self.store
             .pull(&keys, min_version, timeout, routed_by)
@@ -264,26 +276,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<v1::PushRequest>,
     ) -> Result<Response<v1::PushResponse>, Status> {
-        let request = request.get_ref();
-        let admitted = self
-            .store
-            .map()
-            .admit(MapVersion(request.map_version))
-            .await;
-        let grads = admitted.and_then(|()| {
-            request
-                .grads
-                .iter()
-                .map(wire::tensor)
-                .collect::<Result<Vec<_>>>()
-        });
-        let result = match grads {
-            Ok(grads) => {
-                let (worker, step) = (Rank(request.worker_id), Step(request.step));
-                self.apply_push(worker, step, grads).await
-            }
-            Err(e) => Err(e),
-        };
+        let result = self.push_grads(request.get_ref()).await;
         self.answer(result.map(wire::push_response))
     }
 
@@ -292,10 +285,12 @@ impl ParameterServer for ParameterService {
         request: Request<Streaming<v1::PushChunk>>,
     ) -> Result<Response<v1::PushResponse>, Status> {
         let idle = self.config.stream_idle_timeout;
-        let result = match read_push_stream(&self.store, &mut request.into_inner(), idle).await {
-            Ok((worker, step, grads)) => self.apply_push(worker, step, grads).await,
-            Err(e) => Err(e),
-        };
+        let result = async {
+            let (worker, step, grads) =
+                read_push_stream(&self.store, &mut request.into_inner(), idle).await?;
+            self.apply_push(worker, step, grads).await
+        }
+        .await;
         self.answer(result.map(wire::push_response))
     }
 
