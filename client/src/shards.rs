@@ -306,7 +306,7 @@ impl Shards {
     ) -> Result<(), ClientError> {
         let mut by_server: Vec<Vec<PartSink<'_>>> =
             self.servers.iter().map(|_| Vec::new()).collect();
-        for (server, sink) in cut_into_parts(self.placement.params(), into)? {
+        for (server, sink) in cut_into_parts(&self.placement, into) {
             by_server[server].push(sink);
         }
         let calls = by_server

@@ -10,10 +10,9 @@ use ps_proto::ids::{MapVersion, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
 
-use crate::error::ClientError;
 #[cfg(test)]
 use crate::placement::ParamInfo;
-use crate::placement::{Part, Placed};
+use crate::placement::{Part, Placed, Placement};
 
 /// A part of a parameter and the bytes it carries.
 pub(crate) type PartData<'a> = (&'a Placed, Part, Bytes);
@@ -202,59 +201,39 @@ fn sink_for<'s, 'a>(
         .ok_or_else(|| MalformedReply::Unasked(key.clone()))
 }
 
-/// Each parameter's buffer cut into its parts' slices, in placement order:
-/// `(server, header, slice)` per part. The buffers are resized to the
-/// parameters' lengths (kept as they are when they fit, so a caller's buffers are
-/// reused from one pull to the next).
+/// Each placed parameter's buffer in `into` cut into its parts' slices, as
+/// `(server, sink)` per part. Afterwards `into` holds exactly the placed
+/// parameters, each buffer resized to its parameter's length (kept as it is
+/// when it fits, so a caller's buffers are reused from one pull to the next).
 pub(crate) fn cut_into_parts<'a>(
-    placed: impl Iterator<Item = &'a Placed>,
+    placement: &'a Placement,
     into: &'a mut BTreeMap<String, PulledParam>,
-) -> Result<Vec<(usize, PartSink<'a>)>, ClientError> {
-    let mut sinks = Vec::new();
-    let mut placed: BTreeMap<&str, &Placed> = placed.map(|p| (p.info.name.as_str(), p)).collect();
-    into.retain(|name, _| placed.contains_key(name.as_str()));
-    for name in placed.keys() {
-        if !into.contains_key(*name) {
-            into.insert((*name).to_string(), PulledParam::default());
+) -> Vec<(usize, PartSink<'a>)> {
+    into.retain(|name, _| placement.get(name).is_some());
+    for placed in placement.params() {
+        if !into.contains_key(&placed.info.name) {
+            into.insert(placed.info.name.clone(), PulledParam::default());
         }
     }
+    let mut sinks = Vec::new();
     for (name, param) in into.iter_mut() {
-        let placed = placed
-            .remove(name.as_str())
-            .expect("kept only placed names");
+        let placed = placement.get(name).expect("`into` holds only placed names");
         param.values.resize(placed.info.len(), 0.0);
-        let mut parts: Vec<&Part> = placed.parts.iter().collect();
-        parts.sort_by_key(|part| part.start);
+        // A placement's parts are in element order and cover the parameter
+        // exactly (`Placement::from_map` checks), so they cut the buffer in turn.
         let mut rest: &mut [f32] = &mut param.values;
-        let mut covered = 0;
-        for part in parts {
-            let key = ParamKey::new(&placed.info.name, part.part);
-            if part.start != covered || part.len > rest.len() {
-                return Err(ClientError::Usage(format!(
-                    "{key} covers elements {}..{}, but the parts before it end at {covered} of {}",
-                    part.start,
-                    part.start + part.len,
-                    placed.info.len()
-                )));
-            }
+        for part in &placed.parts {
             let (slice, tail) = std::mem::take(&mut rest).split_at_mut(part.len);
             rest = tail;
-            covered += part.len;
             let header = ChunkHeader {
-                key,
+                key: ParamKey::new(name, part.part),
                 dtype: placed.info.dtype,
                 shape: placed.part_shape(part),
             };
             sinks.push((part.server, PartSink::new(header, slice)));
         }
-        if !rest.is_empty() {
-            return Err(ClientError::Usage(format!(
-                "the parts of `{name}` hold {covered} of its {} elements",
-                placed.info.len()
-            )));
-        }
     }
-    Ok(sinks)
+    sinks
 }
 
 #[cfg(test)]
@@ -264,28 +243,28 @@ mod tests {
 
     /// `w`: 6 elements in two parts, the second (elements 3..6) listed first and
     /// on server 1; `b`: 2 elements whole on server 0.
-    fn placed() -> Vec<Placed> {
+    fn placement() -> Placement {
         let info = |name: &str, shape: Vec<usize>| ParamInfo {
             name: name.into(),
             shape,
             dtype: DType::F32,
         };
-        let part = |part, server, start, len| Part {
-            part,
-            server,
-            start,
-            len,
+        let part = |name: &str, part, server, start, len| {
+            let part = Part {
+                part,
+                server,
+                start,
+                len,
+            };
+            (name.to_string(), part)
         };
-        vec![
-            Placed {
-                info: info("w", vec![2, 3]),
-                parts: vec![part(1, 1, 3, 3), part(0, 0, 0, 3)],
-            },
-            Placed {
-                info: info("b", vec![2]),
-                parts: vec![part(0, 0, 0, 2)],
-            },
-        ]
+        let params = [info("w", vec![2, 3]), info("b", vec![2])];
+        let parts = [
+            part("w", 1, 1, 3, 3),
+            part("w", 0, 0, 0, 3),
+            part("b", 0, 0, 0, 2),
+        ];
+        Placement::from_map(&params, &parts, 2).unwrap()
     }
 
     fn chunk(name: &str, part: u32, shape: u64, offset: u64, values: &[f32]) -> v1::PullChunk {
@@ -304,12 +283,12 @@ mod tests {
 
     #[test]
     fn chunks_are_written_into_each_parts_slice_of_a_reused_buffer() {
-        let placed = placed();
+        let placement = placement();
         let mut into = BTreeMap::new();
         into.insert("gone".to_string(), PulledParam::default());
         for round in 0..2 {
             let before = into.get("w").map(|p: &PulledParam| p.values.as_ptr());
-            let sinks = cut_into_parts(placed.iter(), &mut into).unwrap();
+            let sinks = cut_into_parts(&placement, &mut into);
             assert_eq!(sinks.len(), 3);
             let servers: Vec<usize> = sinks.iter().map(|(server, _)| *server).collect();
             let mut sinks: Vec<PartSink<'_>> = sinks.into_iter().map(|(_, sink)| sink).collect();
@@ -347,10 +326,9 @@ mod tests {
 
     #[test]
     fn a_malformed_reply_is_refused_by_name() {
-        let placed = placed();
+        let placement = placement();
         let mut into = BTreeMap::new();
-        let mut sinks: Vec<PartSink<'_>> = cut_into_parts(placed.iter(), &mut into)
-            .unwrap()
+        let mut sinks: Vec<PartSink<'_>> = cut_into_parts(&placement, &mut into)
             .into_iter()
             .map(|(_, sink)| sink)
             .collect();
