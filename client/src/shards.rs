@@ -314,14 +314,16 @@ impl Shards {
             .enumerate()
             .filter(|(_, sinks)| !sinks.is_empty())
             .map(|(s, sinks)| self.pull_on(&self.servers[s], sinks, min_version));
-        let versions = try_join_all(calls).await?;
-        for param in into.values_mut() {
-            param.version = Version(u64::MAX);
+        let mut lowest: BTreeMap<String, Version> = BTreeMap::new();
+        for (key, version) in try_join_all(calls).await?.into_iter().flatten() {
+            lowest
+                .entry(key.name)
+                .and_modify(|v| *v = (*v).min(version))
+                .or_insert(version);
         }
-        for (key, version) in versions.into_iter().flatten() {
-            if let Some(param) = into.get_mut(&key.name) {
-                param.version = param.version.min(version);
-            }
+        // A parameter's version is its lowest part's (0 for one with no parts).
+        for (name, param) in into.iter_mut() {
+            param.version = lowest.get(name).copied().unwrap_or(Version(0));
         }
         Ok(())
     }
