@@ -173,7 +173,7 @@ impl ChunkCursor {
         offset: u64,
         len: usize,
     ) -> Result<(), ChunkError> {
-        check_chunk(&self.header, self.received, header, offset, len)?;
+        self.check(header, offset, len)?;
         self.received += len;
         Ok(())
     }
@@ -193,6 +193,53 @@ impl ChunkCursor {
                 total,
             })
         }
+    }
+
+    /// Why `len` bytes at `offset` under `header` cannot be the next chunk, if
+    /// they cannot.
+    fn check(&self, header: &ChunkHeader, offset: u64, len: usize) -> Result<(), ChunkError> {
+        let key = || header.key.clone();
+        if self.header != *header {
+            return Err(ChunkError::HeaderChanged {
+                key: key(),
+                first: self.header.describe(),
+                now: header.describe(),
+            });
+        }
+        let elem_size = header.dtype.size();
+        if offset % elem_size as u64 != 0 || len % elem_size != 0 {
+            return Err(ChunkError::Misaligned {
+                key: key(),
+                offset,
+                len,
+                elem_size,
+            });
+        }
+        let expected = self.received as u64;
+        if offset < expected {
+            return Err(ChunkError::Overlap {
+                key: key(),
+                offset,
+                expected,
+            });
+        }
+        if offset > expected {
+            return Err(ChunkError::Gap {
+                key: key(),
+                offset,
+                expected,
+            });
+        }
+        let total = header.byte_len();
+        if self.received + len > total {
+            return Err(ChunkError::Overrun {
+                key: key(),
+                offset,
+                len,
+                total,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -277,57 +324,6 @@ impl Assembler {
         }
         Ok(tensors)
     }
-}
-
-fn check_chunk(
-    first: &ChunkHeader,
-    received: usize,
-    header: &ChunkHeader,
-    offset: u64,
-    len: usize,
-) -> Result<(), ChunkError> {
-    let key = || header.key.clone();
-    if first != header {
-        return Err(ChunkError::HeaderChanged {
-            key: key(),
-            first: first.describe(),
-            now: header.describe(),
-        });
-    }
-    let elem_size = header.dtype.size();
-    if offset % elem_size as u64 != 0 || len % elem_size != 0 {
-        return Err(ChunkError::Misaligned {
-            key: key(),
-            offset,
-            len,
-            elem_size,
-        });
-    }
-    let expected = received as u64;
-    if offset < expected {
-        return Err(ChunkError::Overlap {
-            key: key(),
-            offset,
-            expected,
-        });
-    }
-    if offset > expected {
-        return Err(ChunkError::Gap {
-            key: key(),
-            offset,
-            expected,
-        });
-    }
-    let total = header.byte_len();
-    if received + len > total {
-        return Err(ChunkError::Overrun {
-            key: key(),
-            offset,
-            len,
-            total,
-        });
-    }
-    Ok(())
 }
 
 /// Cuts `data` (the bytes of the tensor `header`) into `(offset, bytes)` pieces of at
