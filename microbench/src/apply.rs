@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use ps_proto::codec::{DType, TensorData};
+use ps_proto::v1;
 use ps_server::optimizer::{Gradient, Optimizer, OptimizerSpec};
 use serde::Serialize;
 
@@ -45,39 +46,15 @@ pub struct ApplyRow {
     pub ratio_to_memcpy: f64,
 }
 
-/// The passes measured, with the times each touches the key's bytes.
-fn passes() -> [(&'static str, Option<OptimizerSpec>, u32); 4] {
+/// The passes measured, with the times each touches the key's bytes; each
+/// optimizer as a worker declares it (`ps_client`'s defaults) and the server
+/// reads it.
+fn passes() -> [(&'static str, Option<v1::Optimizer>, u32); 4] {
     [
         ("memcpy", None, 2),
-        (
-            "sgd",
-            Some(OptimizerSpec::Sgd {
-                lr: 0.01,
-                weight_decay: 0.0,
-            }),
-            3,
-        ),
-        (
-            "momentum",
-            Some(OptimizerSpec::Momentum {
-                lr: 0.01,
-                momentum: 0.9,
-                weight_decay: 0.0,
-                nesterov: false,
-            }),
-            5,
-        ),
-        (
-            "adam",
-            Some(OptimizerSpec::Adam {
-                lr: 0.001,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.0,
-            }),
-            7,
-        ),
+        ("sgd", Some(ps_client::sgd(0.01)), 3),
+        ("momentum", Some(ps_client::momentum(0.01)), 5),
+        ("adam", Some(ps_client::adam(0.001)), 7),
     ]
 }
 
@@ -116,13 +93,15 @@ pub fn run(plan: &ApplyPlan) -> Vec<ApplyRow> {
     let mut memcpy_bandwidth = 0.0;
     passes()
         .into_iter()
-        .map(|(name, spec, touches)| {
-            let seconds = match spec.clone() {
+        .map(|(name, optimizer, touches)| {
+            let seconds = match optimizer {
                 None => time(plan.reps, || {
                     copy.copy_from_slice(black_box(&values));
                     black_box(&mut copy);
                 }),
-                Some(spec) => {
+                Some(optimizer) => {
+                    let spec = OptimizerSpec::from_proto(Some(&optimizer))
+                        .expect("the client's optimizers are valid");
                     let mut optimizer = Optimizer::new(spec, len);
                     time(plan.reps, || {
                         optimizer.apply(black_box(&mut values), Gradient::Wire(&gradient), 0.5);
