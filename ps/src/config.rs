@@ -6,6 +6,7 @@ use std::time::Duration;
 use ps_proto::chunk::DEFAULT_CHUNK_BYTES;
 use ps_proto::transport::TransportConfig;
 
+use crate::budget::default_budget;
 use crate::checkpointer::CheckpointConfig;
 use crate::consistency::Consistency;
 use crate::follower::SchedulerLink;
@@ -29,6 +30,9 @@ pub struct ServerConfig {
     pub reject_non_finite: bool,
     /// Largest parameter (or partition) a client may register, in bytes of values.
     pub max_tensor_bytes: usize,
+    /// Bytes this server may hold: keys (charged when registered), buffered
+    /// stream data and pulls in flight.
+    pub memory_budget: usize,
     /// How long a pull waits for its version when the request names no timeout.
     pub default_pull_timeout: Duration,
     /// The longest wait a pull may ask for.
@@ -55,6 +59,7 @@ impl Default for ServerConfig {
             workers: 1,
             reject_non_finite: true,
             max_tensor_bytes: DEFAULT_MAX_TENSOR_BYTES,
+            memory_budget: default_budget(),
             default_pull_timeout: Duration::from_secs(60),
             max_pull_timeout: Duration::from_secs(600),
             stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
@@ -100,6 +105,7 @@ impl ServerConfig {
             },
             reject_non_finite: self.reject_non_finite,
             max_tensor_bytes: self.max_tensor_bytes,
+            memory_budget: self.memory_budget,
         }
     }
 

@@ -12,6 +12,7 @@ use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use tokio::sync::watch;
 
+use crate::budget::Charge;
 use crate::consistency::Admission;
 use crate::error::{Error, Result};
 use crate::param::{Group, KeyState, ParamSpec};
@@ -22,6 +23,8 @@ pub(crate) struct Entry {
     pub(crate) spec: ParamSpec,
     pub(crate) state: Mutex<KeyState>,
     pub(crate) version: watch::Sender<Version>,
+    /// The key's share of the memory budget, held for as long as the key.
+    pub(crate) _charge: Charge,
 }
 
 impl Entry {

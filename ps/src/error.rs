@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use ps_common::size::format_size;
 use ps_proto::chunk::ChunkError;
 use ps_proto::codec::{CodecError, DType};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
@@ -196,6 +197,21 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
+    /// Holding what a request needs would pass the server's memory budget.
+    #[error(
+        "{what} needs {}, but this server already holds {} of its {} memory budget; free memory by spreading the keys over more servers, or raise --memory-budget",
+        format_size(*bytes), format_size(*held), format_size(*limit)
+    )]
+    OverBudget {
+        /// What needed the memory, for example "registering 3 keys".
+        what: String,
+        /// Bytes it needed.
+        bytes: usize,
+        /// Bytes held when it asked.
+        held: usize,
+        /// The budget.
+        limit: usize,
+    },
     /// A unary response would exceed the message limit.
     #[error(
         "the response would be {bytes} bytes, over the {limit}-byte message limit; use PullStream for large tensors or pull fewer keys at once"
@@ -270,6 +286,7 @@ impl Error {
             | Error::StaleMap { .. }
             | Error::GroupMismatch { .. } => Code::FailedPrecondition,
             Error::ResponseTooLarge { .. }
+            | Error::OverBudget { .. }
             | Error::TensorTooLarge { .. }
             | Error::GroupFull { .. } => Code::ResourceExhausted,
             Error::PullTimeout { .. } | Error::StreamIdle { .. } => Code::DeadlineExceeded,

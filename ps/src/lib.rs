@@ -24,6 +24,7 @@
 //! - [`error`]: why a request is refused, as precise gRPC statuses.
 
 pub mod applied_map;
+pub mod budget;
 pub mod checkpoint;
 pub mod checkpointer;
 pub mod config;

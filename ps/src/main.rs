@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ps_common::size::{parse_size, parse_size_u32};
 use ps_proto::transport::TransportConfig;
+use ps_server::budget::default_budget;
 use ps_server::checkpointer::CheckpointConfig;
 use ps_server::follower::SchedulerLink;
 use ps_server::{Consistency, ServerConfig};
@@ -49,6 +50,12 @@ struct Args {
     /// Largest parameter (or partition) that may be registered, for example 4GiB.
     #[arg(long, alias = "max-tensor-bytes", env = "PS_MAX_TENSOR", value_parser = parse_size, default_value = "4GiB")]
     max_tensor: usize,
+    /// Bytes this server may hold, for example 8GiB: keys (values, optimizer
+    /// state, BSP accumulator and pull snapshot, charged when registered),
+    /// buffered stream data and pulls in flight. Requests past it get
+    /// RESOURCE_EXHAUSTED. Default: three quarters of physical memory.
+    #[arg(long, env = "PS_MEMORY_BUDGET", value_parser = parse_size)]
+    memory_budget: Option<usize>,
     /// Seconds a pull waits for its version when the request names no timeout.
     #[arg(long, env = "PS_PULL_TIMEOUT_SECS", default_value_t = 60)]
     pull_timeout_secs: u64,
@@ -166,6 +173,7 @@ impl Args {
             workers: self.workers,
             reject_non_finite: !self.allow_non_finite,
             max_tensor_bytes: self.max_tensor,
+            memory_budget: self.memory_budget.unwrap_or_else(default_budget),
             default_pull_timeout: Duration::from_secs(self.pull_timeout_secs),
             max_pull_timeout: Duration::from_secs(self.max_pull_timeout_secs),
             chunk_bytes: self.chunk,

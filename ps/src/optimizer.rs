@@ -173,7 +173,7 @@ impl OptimizerSpec {
     }
 
     /// `f32` state values kept per parameter element.
-    fn state_per_element(&self) -> usize {
+    pub fn state_per_element(&self) -> usize {
         match self {
             OptimizerSpec::Sgd { .. } => 0,
             OptimizerSpec::Momentum { .. } => 1,

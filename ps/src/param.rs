@@ -45,6 +45,17 @@ impl ParamSpec {
         element_count(&self.shape)
     }
 
+    /// The most bytes a key of this spec holds, charged to the memory budget when
+    /// it is registered: its `f32` values, optimizer state, a BSP accumulator
+    /// (whenever the consistency model is BSP, whose group may grow) and one
+    /// pull snapshot encoded in the wire dtype.
+    pub fn footprint(&self, consistency: Consistency) -> usize {
+        let accumulator = usize::from(consistency == Consistency::Bsp);
+        let f32_copies = 1 + self.optimizer.state_per_element() + accumulator;
+        let per_element = f32_copies * std::mem::size_of::<f32>() + self.dtype.size();
+        self.len().saturating_mul(per_element)
+    }
+
     /// True when the parameter has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -187,10 +198,11 @@ impl KeyState {
         self.version
     }
 
-    /// Bytes held: values, optimizer state and accumulator.
+    /// Bytes held: values, optimizer state, accumulator and pull snapshot.
     pub fn bytes(&self) -> usize {
         (self.values.len() + self.pending.sum.capacity()) * std::mem::size_of::<f32>()
             + self.optimizer.state_bytes()
+            + self.snapshot.as_ref().map_or(0, Bytes::len)
     }
 
     /// Whether a push of `step` by `worker` would be taken now.

@@ -70,6 +70,7 @@ pub async fn run(
         consistency = %config.consistency,
         %workers,
         max_message_bytes = config.transport.max_message_bytes,
+        memory_budget = %ps_common::size::format_size(config.memory_budget),
         "ps-server listening"
     );
     let router = config

@@ -18,6 +18,7 @@ use ps_proto::v1;
 use ps_proto::v1::parameter_server_server::{ParameterServer, ParameterServerServer};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::budget::{Charge, Charged};
 use crate::checkpointer::Checkpointer;
 use crate::config::ServerConfig;
 use crate::error::{Error, Result};
@@ -110,18 +111,44 @@ impl ParameterService {
             .map(wire::tensor)
             .collect::<Result<Vec<_>>>()?;
         let (worker, step) = (Rank(request.worker_id), Step(request.step));
+        let bytes = grads.iter().map(|(_, grad)| grad.byte_len()).sum();
+        let _held = self.store.budget().charge(bytes, || {
+            format!("a push of {} gradients", grads.len())
+        })?;
         self.apply_push(worker, step, grads).await
     }
 
-    async fn pull_values(&self, request: &v1::PullRequest) -> Result<Vec<Pulled>> {
+    /// A pull's values, and their share of the memory budget. `largest` is the
+    /// most value bytes the answer may carry (a unary answer's message limit):
+    /// a pull past it is refused before any value is read.
+    async fn pull_values(
+        &self,
+        request: &v1::PullRequest,
+        largest: usize,
+    ) -> Result<(Vec<Pulled>, Charge)> {
         let routed_by = MapVersion(request.map_version);
         self.store.map().admit(routed_by).await?;
         let keys: Vec<_> = request.keys.iter().map(wire::key).collect();
+        let bytes = self.store.pull_bytes(&keys)?;
+        if bytes > largest {
+            return Err(Error::ResponseTooLarge {
+                bytes,
+                limit: largest,
+            });
+        }
+        let charge = self.store.budget().charge(bytes, || {
+            match keys.len() {
+                1 => "pulling 1 key".to_string(),
+                n => format!("pulling {n} keys"),
+            }
+        })?;
         let timeout = self.config.pull_timeout(request.timeout_ms);
         let min_version = Version(request.min_version);
-        self.store
+        let pulled = self
+            .store
             .pull(&keys, min_version, timeout, routed_by)
-            .await
+            .await?;
+        Ok((pulled, charge))
     }
 }
 
@@ -143,6 +170,7 @@ async fn read_register_stream(
     store: &Store,
     stream: &mut Streaming<v1::RegisterChunk>,
     idle: Duration,
+    buffered: &mut Charge,
 ) -> Result<(Vec<(ParamSpec, Option<TensorData>)>, Version)> {
     let mut assembler = Assembler::new();
     let mut specs: Vec<ParamSpec> = Vec::new();
@@ -168,6 +196,9 @@ async fn read_register_stream(
             Some(_) => {}
             None => specs.push(spec.clone()),
         }
+        buffered.grow(message.data.len(), || {
+            format!("buffering a register stream of {}", spec.key)
+        })?;
         assembler.add(wire::chunk_header(&spec), message.offset, message.data)?;
     }
     let tensors = assembler.finish()?;
@@ -185,6 +216,7 @@ async fn read_push_stream(
     store: &Store,
     stream: &mut Streaming<v1::PushChunk>,
     idle: Duration,
+    buffered: &mut Charge,
 ) -> Result<(Rank, Step, Vec<(ParamKey, TensorData)>)> {
     let mut assembler = Assembler::new();
     let mut checked = HashSet::new();
@@ -211,6 +243,9 @@ async fn read_push_stream(
         if checked.insert(header.key.clone()) {
             store.check_gradient_header(&header)?;
         }
+        buffered.grow(chunk.data.len(), || {
+            format!("buffering a push stream from worker {worker} for step {step}")
+        })?;
         assembler.add(header, chunk.offset, chunk.data.clone())?;
         index += 1;
     }
@@ -256,6 +291,13 @@ impl ParameterServer for ParameterService {
                     .collect::<Result<Vec<_>>>()
             })
             .and_then(|params| {
+                let bytes = params
+                    .iter()
+                    .filter_map(|(_, initial)| initial.as_ref().map(TensorData::byte_len))
+                    .sum();
+                let _held = self.store.budget().charge(bytes, || {
+                    format!("the initial values of {} keys", params.len())
+                })?;
                 let restore_version = Version(request.restore_version);
                 self.store.register(params, restore_version)
             });
@@ -267,7 +309,9 @@ impl ParameterServer for ParameterService {
         request: Request<Streaming<v1::RegisterChunk>>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
         let idle = self.config.stream_idle_timeout;
-        let params = read_register_stream(&self.store, &mut request.into_inner(), idle).await;
+        let mut buffered = self.store.budget().charge(0, String::new)?;
+        let stream = &mut request.into_inner();
+        let params = read_register_stream(&self.store, stream, idle, &mut buffered).await;
         let result = params.and_then(|(params, restore)| self.store.register(params, restore));
         self.answer(result.map(wire::register_response))
     }
@@ -286,8 +330,10 @@ impl ParameterServer for ParameterService {
     ) -> Result<Response<v1::PushResponse>, Status> {
         let idle = self.config.stream_idle_timeout;
         let result = async {
+            let mut buffered = self.store.budget().charge(0, String::new)?;
+            let stream = &mut request.into_inner();
             let (worker, step, grads) =
-                read_push_stream(&self.store, &mut request.into_inner(), idle).await?;
+                read_push_stream(&self.store, stream, idle, &mut buffered).await?;
             self.apply_push(worker, step, grads).await
         }
         .await;
@@ -300,9 +346,9 @@ impl ParameterServer for ParameterService {
     ) -> Result<Response<v1::PullResponse>, Status> {
         let limit = self.config.transport.max_message_bytes;
         let result = self
-            .pull_values(request.get_ref())
+            .pull_values(request.get_ref(), limit)
             .await
-            .and_then(|pulled| {
+            .and_then(|(pulled, _held)| {
                 let tensors = pulled.into_iter().map(wire::pulled_tensor).collect();
                 let response = v1::PullResponse { tensors };
                 let bytes = response.encoded_len();
@@ -314,20 +360,22 @@ impl ParameterServer for ParameterService {
         self.answer(result)
     }
 
-    type PullStreamStream = stream::Iter<std::vec::IntoIter<Result<v1::PullChunk, Status>>>;
+    type PullStreamStream =
+        Charged<stream::Iter<std::vec::IntoIter<Result<v1::PullChunk, Status>>>>;
 
     async fn pull_stream(
         &self,
         request: Request<v1::PullRequest>,
     ) -> Result<Response<Self::PullStreamStream>, Status> {
         let chunk_bytes = self.stream_chunk_bytes(request.get_ref().chunk_bytes);
-        let result = self.pull_values(request.get_ref()).await.map(|pulled| {
+        let pulled = self.pull_values(request.get_ref(), usize::MAX).await;
+        let result = pulled.map(|(pulled, charge)| {
             let chunks: Vec<_> = pulled
                 .iter()
                 .flat_map(|p| wire::pull_chunks(p, chunk_bytes))
                 .map(Ok)
                 .collect();
-            stream::iter(chunks)
+            Charged::new(stream::iter(chunks), charge)
         });
         self.answer(result)
     }

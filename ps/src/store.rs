@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::applied_map::AppliedMap;
+use crate::budget::{Charge, MemoryBudget};
 use crate::entry::{Entry, apply_all, snapshot};
 pub use crate::entry::{Pulled, Pushed};
 use crate::error::{Error, Result};
@@ -60,6 +61,10 @@ pub struct Stats {
     pub duplicate_pushes: u64,
     /// Requests refused.
     pub rejected: u64,
+    /// Bytes charged to the memory budget.
+    pub memory_held: usize,
+    /// The memory budget.
+    pub memory_budget: usize,
 }
 
 /// Rules the store enforces.
@@ -71,6 +76,8 @@ pub struct StoreRules {
     pub reject_non_finite: bool,
     /// Largest parameter that may be registered, in bytes of values.
     pub max_tensor_bytes: usize,
+    /// Bytes the store may hold (see [`MemoryBudget`]).
+    pub memory_budget: usize,
 }
 
 #[derive(Debug, Default)]
@@ -90,6 +97,7 @@ pub struct Store {
     workers: AtomicU32,
     map: AppliedMap,
     archive: Option<Archive>,
+    budget: Arc<MemoryBudget>,
     counters: Counters,
     shutdown: CancellationToken,
 }
@@ -104,9 +112,15 @@ impl Store {
             workers: AtomicU32::new(rules.group.workers),
             map: AppliedMap::default(),
             archive: None,
+            budget: MemoryBudget::new(rules.memory_budget),
             counters: Counters::default(),
             shutdown,
         }
+    }
+
+    /// The memory budget every allocation a request causes is charged to.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
     }
 
     /// The workers a BSP step waits for (all of the group until told otherwise).
@@ -243,19 +257,43 @@ impl Store {
         } else {
             0
         };
+        let mut charge = self.charge_new_keys(&keys, &params)?;
         let registered = params
             .into_iter()
             .map(|(spec, initial)| {
+                let footprint = spec.footprint(group.consistency);
+                let share = charge.split_off(if keys.contains_key(&spec.key) { 0 } else { footprint });
                 let values = initial.map(|t| t.to_f32_vec());
                 let offered = Offered {
                     values: values.as_deref(),
                     version: restore_version,
                     ranks,
                 };
-                insert_or_refresh(&mut keys, spec, offered, self.archive.as_ref())
+                insert_or_refresh(&mut keys, spec, offered, share, self.archive.as_ref())
             })
             .collect();
         Ok(registered)
+    }
+
+    /// Charges the footprint of every key of `params` that `keys` lacks, all at once.
+    fn charge_new_keys(
+        &self,
+        keys: &HashMap<ParamKey, Arc<Entry>>,
+        params: &[(ParamSpec, Option<TensorData>)],
+    ) -> Result<Charge> {
+        let consistency = self.group().consistency;
+        let new: Vec<&ParamSpec> = params
+            .iter()
+            .map(|(spec, _)| spec)
+            .filter(|spec| !keys.contains_key(&spec.key))
+            .collect();
+        let bytes = new
+            .iter()
+            .fold(0usize, |sum, spec| sum.saturating_add(spec.footprint(consistency)));
+        self.budget.charge(bytes, || match new.as_slice() {
+            [one] => format!("registering {} ({})", one.key, one.describe()),
+            many => format!("registering {} new keys", many.len()),
+        })
     }
 
     /// Refuses a parameter larger than the configured limit.
@@ -330,6 +368,17 @@ impl Store {
             })
         })
         .collect()
+    }
+
+    /// The bytes of `keys`' values in their wire dtype: what a pull of them carries.
+    ///
+    /// # Errors
+    /// `UnknownKey`.
+    pub fn pull_bytes(&self, keys: &[ParamKey]) -> Result<usize> {
+        let entries = self.entries(keys.iter())?;
+        Ok(entries.iter().fold(0usize, |sum, entry| {
+            sum.saturating_add(entry.spec.len().saturating_mul(entry.spec.dtype.size()))
+        }))
     }
 
     /// Pushes `worker`'s gradients of `step`. All or nothing; a gradient whose
@@ -477,6 +526,8 @@ impl Store {
             pulls: self.counters.pulls.load(Ordering::Relaxed),
             duplicate_pushes: self.counters.duplicate_pushes.load(Ordering::Relaxed),
             rejected: self.counters.rejected.load(Ordering::Relaxed),
+            memory_held: self.budget.held(),
+            memory_budget: self.budget.limit(),
         }
     }
 }
@@ -515,6 +566,7 @@ fn insert_or_refresh(
     keys: &mut HashMap<ParamKey, Arc<Entry>>,
     spec: ParamSpec,
     offered: Offered<'_>,
+    charge: Charge,
     archive: Option<&Archive>,
 ) -> Registered {
     if let Some(existing) = keys.get(&spec.key) {
@@ -535,6 +587,7 @@ fn insert_or_refresh(
         state: Mutex::new(state),
         spec,
         version: watch::Sender::new(version),
+        _charge: charge,
     };
     tracing::debug!(%key, spec = %entry.spec.describe(), %version, "registered");
     keys.insert(key.clone(), Arc::new(entry));

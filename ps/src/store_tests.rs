@@ -29,6 +29,7 @@ fn store(consistency: Consistency, workers: u32) -> Store {
         },
         reject_non_finite: true,
         max_tensor_bytes: 1 << 20,
+        memory_budget: 1 << 30,
     };
     Store::new(rules, CancellationToken::new())
 }

@@ -214,5 +214,7 @@ pub fn stats_response(stats: &Stats, consistency: String, workers: u32) -> v1::S
         consistency,
         workers,
         key_stats: stats.keys.iter().map(key_stats).collect(),
+        memory_held_bytes: stats.memory_held as u64,
+        memory_budget_bytes: stats.memory_budget as u64,
     }
 }

@@ -6,74 +6,12 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use prost::Message;
-use ps_proto::chunk::{Assembler, ChunkHeader, to_wire_chunks};
-use ps_proto::codec::DType;
-use ps_proto::key::ParamKey;
+use ps_proto::chunk::Assembler;
 use ps_proto::transport::DEFAULT_MAX_MESSAGE_BYTES;
 use ps_proto::v1;
 use ps_server::ServerConfig;
 use tokio_stream::StreamExt;
 use tonic::Code;
-
-const MIB: usize = 1 << 20;
-
-fn header(name: &str, elements: usize) -> ChunkHeader {
-    ChunkHeader {
-        key: ParamKey::new(name, 0),
-        dtype: DType::F32,
-        shape: vec![elements],
-    }
-}
-
-/// Finite, distinct-looking f32 values with varied bit patterns.
-fn pattern(elements: usize) -> Bytes {
-    let mut data = Vec::with_capacity(elements * 4);
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    for _ in 0..elements {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let value = (state >> 40) as f32 / 1024.0 - 8192.0;
-        data.extend_from_slice(&value.to_le_bytes());
-    }
-    Bytes::from(data)
-}
-
-fn register_chunks(name: &str, data: &Bytes, optimizer: v1::Optimizer) -> Vec<v1::RegisterChunk> {
-    let elements = data.len() / 4;
-    to_wire_chunks(
-        &header(name, elements),
-        data,
-        ps_proto::chunk::DEFAULT_CHUNK_BYTES,
-    )
-    .into_iter()
-    .map(|chunk| v1::RegisterChunk {
-        map_version: 0,
-        restore_version: 0,
-        spec: Some(spec(name, &[elements as u64], optimizer)),
-        offset: chunk.offset,
-        data: chunk.data,
-    })
-    .collect()
-}
-
-fn push_chunks(
-    worker_id: u32,
-    step: u64,
-    name: &str,
-    data: &Bytes,
-    chunk_bytes: usize,
-) -> Vec<v1::PushChunk> {
-    to_wire_chunks(&header(name, data.len() / 4), data, chunk_bytes)
-        .into_iter()
-        .map(|chunk| v1::PushChunk {
-            map_version: 0,
-            worker_id,
-            step,
-            chunk: Some(chunk),
-        })
-        .collect()
-}
 
 /// Pulls one key by PullStream, checking every message against the 4 MiB default.
 async fn pull_stream(server: &TestServer, name: &str, min_version: u64) -> (Bytes, u64) {
