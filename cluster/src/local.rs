@@ -8,6 +8,8 @@ use ps_client::GroupInfo;
 use ps_client::{ClientConfig, PsClient};
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::Rank;
+use ps_proto::tls::TlsConfig;
+use ps_proto::transport::TransportConfig;
 use ps_scheduler::SchedulerConfig;
 use ps_server::ServerConfig;
 use ps_server::checkpointer::{
@@ -33,6 +35,18 @@ pub struct LocalSpec {
     /// The servers' checkpoint root (each writes a folder in it, and a last
     /// checkpoint when the job ends); none by default.
     pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// TLS on every server and channel of the cluster; plain TCP when `None`.
+    pub tls: Option<TlsConfig>,
+}
+
+impl LocalSpec {
+    /// The transport every part of the cluster uses.
+    fn transport(&self) -> TransportConfig {
+        TransportConfig {
+            tls: self.tls.clone(),
+            ..TransportConfig::default()
+        }
+    }
 }
 
 /// A scheduler running in this process on a loopback port.
@@ -50,6 +64,7 @@ impl LocalScheduler {
             workers: spec.workers.into(),
             min_servers: spec.servers,
             consistency: spec.consistency,
+            transport: spec.transport(),
             ..SchedulerConfig::default()
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -113,6 +128,7 @@ pub async fn run_local(
             every_steps: DEFAULT_CHECKPOINT_EVERY_STEPS,
             every: DEFAULT_CHECKPOINT_EVERY,
         }),
+        transport: spec.transport(),
         ..ServerConfig::default()
     };
     let servers =
@@ -125,6 +141,7 @@ pub async fn run_local(
             Some(addr) => {
                 let mut client = PsClient::connect(ClientConfig {
                     scheduler: Some(addr.clone()),
+                    transport: spec.transport(),
                     ..ClientConfig::new(Vec::new())
                 })
                 .await?;

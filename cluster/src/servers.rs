@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 
 use ps_client::ClientError;
 use ps_client::{ClientConfig, PsClient};
+use ps_proto::transport::TransportConfig;
 use ps_server::ServerConfig;
 use ps_server::checkpointer::CheckpointConfig;
 use ps_server::follower::SchedulerLink;
@@ -23,6 +24,7 @@ struct Running {
 /// Parameter servers running in this process.
 pub struct LocalServers {
     servers: Vec<Running>,
+    transport: TransportConfig,
 }
 
 impl LocalServers {
@@ -70,7 +72,10 @@ impl LocalServers {
             let task = tokio::spawn(ps_server::run(listener, config, shutdown));
             servers.push(Running { addr, stop, task });
         }
-        Ok(Self { servers })
+        Ok(Self {
+            servers,
+            transport: config.transport,
+        })
     }
 
     /// The servers' addresses, in order.
@@ -78,12 +83,16 @@ impl LocalServers {
         self.servers.iter().map(|s| s.addr.to_string()).collect()
     }
 
-    /// A client connected to every server.
+    /// A client connected to every server, with the servers' transport (and TLS).
     ///
     /// # Errors
     /// [`ClientError::Connect`] if a server is gone.
     pub async fn client(&self) -> Result<PsClient, ClientError> {
-        PsClient::connect(ClientConfig::new(self.addrs())).await
+        PsClient::connect(ClientConfig {
+            transport: self.transport.clone(),
+            ..ClientConfig::new(self.addrs())
+        })
+        .await
     }
 
     /// Stops every server and waits for each to finish.

@@ -29,6 +29,28 @@ fn ps_local_with_defaults_reaches_95_percent_and_prints_json_last() {
 }
 
 #[test]
+fn ps_local_trains_over_mutual_tls() {
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-local"))
+        .args(["--tls", "--epochs", "10", "--json"])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run ps-local");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "ps-local --tls failed:\n{stderr}");
+    for part in ["ps-scheduler listening", "ps-server listening"] {
+        let line = stderr.lines().find(|l| l.contains(part)).expect(part);
+        assert!(line.contains("tls=true"), "{line}");
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let summary: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a summary")).expect("JSON");
+    assert!(
+        summary["test_accuracy"].as_f64().unwrap() >= 0.95,
+        "{summary}"
+    );
+}
+
+#[test]
 fn zero_workers_is_refused() {
     let output = Command::new(env!("CARGO_BIN_EXE_ps-local"))
         .args(["--workers", "0"])

@@ -10,6 +10,8 @@ use tonic_health::pb::health_client::HealthClient;
 
 use ps_proto::transport::{TransportConfig, http_uri};
 
+use crate::rendezvous::error_chain;
+
 /// Why a process is not healthy.
 #[derive(Debug, thiserror::Error)]
 pub enum HealthError {
@@ -52,9 +54,14 @@ pub enum HealthError {
 ///
 /// # Errors
 /// A [`HealthError`] saying what failed.
-pub async fn check(addr: &str, service: &str, timeout: Duration) -> Result<(), HealthError> {
+pub async fn check(
+    addr: &str,
+    service: &str,
+    transport: &TransportConfig,
+    timeout: Duration,
+) -> Result<(), HealthError> {
     let ask = async {
-        let endpoint = TransportConfig::default()
+        let endpoint = transport
             .endpoint(http_uri(addr))
             .map_err(|e| HealthError::Address {
                 addr: addr.into(),
@@ -67,7 +74,7 @@ pub async fn check(addr: &str, service: &str, timeout: Duration) -> Result<(), H
         let channel = endpoint
             .connect()
             .await
-            .map_err(|e| unreachable(e.to_string()))?;
+            .map_err(|e| unreachable(error_chain(&e)))?;
         let request = HealthCheckRequest {
             service: service.into(),
         };
@@ -91,11 +98,12 @@ pub async fn check(addr: &str, service: &str, timeout: Duration) -> Result<(), H
         })?
 }
 
-/// What a binary's `health` subcommand does: checks `addr` within 3 seconds,
-/// prints `healthy: ...` to stdout or `unhealthy: <why>` to stderr, and returns
-/// the exit code for the process (0 healthy, 1 not).
-pub async fn report(addr: &str) -> i32 {
-    match check(addr, "", Duration::from_secs(3)).await {
+/// What a binary's `health` subcommand does: checks `addr` (over `transport`,
+/// so with TLS when the process was given it) within 3 seconds, prints
+/// `healthy: ...` to stdout or `unhealthy: <why>` to stderr, and returns the
+/// exit code for the process (0 healthy, 1 not).
+pub async fn report(addr: &str, transport: &TransportConfig) -> i32 {
+    match check(addr, "", transport, Duration::from_secs(3)).await {
         Ok(()) => {
             println!("healthy: {addr} is serving");
             0

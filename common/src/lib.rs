@@ -8,7 +8,10 @@
 //! - [`processes`]: real `ps-server` and `ps-scheduler` processes on loopback ports.
 //! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
 //! - [`rng`]: a small deterministic random generator for data and payloads.
+//! - [`certs`]: a cluster's CA and node certificate, for `ps-scheduler certs` and `ps-local --tls`.
+//! - [`tls_args`]: the `--tls-*` flags every program takes, read into a `TlsConfig`.
 
+pub mod certs;
 pub mod fixtures;
 pub mod health;
 pub mod process;
@@ -16,3 +19,4 @@ pub mod processes;
 pub mod rendezvous;
 pub mod rng;
 pub mod size;
+pub mod tls_args;

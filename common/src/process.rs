@@ -1,6 +1,8 @@
 //! What every candle-ps server does the same way: logging set-up, the shutdown
 //! signal (SIGTERM or Ctrl-C), and the error a server's `run` fails with.
 
+use ps_proto::transport::TransportConfig;
+
 /// Sets up `tracing` to stderr, filtered by `RUST_LOG` (default `info`), with colours
 /// only on a terminal (container logs stay plain text).
 pub fn init_tracing() {
@@ -12,6 +14,17 @@ pub fn init_tracing() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// Says at WARN level when `who` serves plain TCP on `addr` other than loopback,
+/// where anyone who can reach it can read its traffic and send it requests.
+pub fn warn_if_plain(who: &str, addr: std::net::SocketAddr, transport: &TransportConfig) {
+    if !transport.is_tls() && !addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            "{who} serves plain TCP on an address other than loopback: its traffic is unencrypted; give it --tls-ca, --tls-cert and --tls-key (see `ps-scheduler certs`)"
+        );
+    }
 }
 
 /// Resolves on the first SIGTERM or Ctrl-C (SIGINT).
@@ -55,4 +68,7 @@ pub enum ServeError {
     /// The gRPC server failed.
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// TLS could not be set up.
+    #[error(transparent)]
+    Tls(#[from] ps_proto::tls::TlsError),
 }

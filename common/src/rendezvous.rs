@@ -75,6 +75,16 @@ pub enum RendezvousError {
         /// The last failure.
         last: String,
     },
+    /// The TLS handshake failed in a way that waiting cannot mend.
+    #[error("TLS with {addr} failed: {reason}; {hint}")]
+    Tls {
+        /// The address.
+        addr: String,
+        /// What the handshake said.
+        reason: String,
+        /// What to check.
+        hint: &'static str,
+    },
     /// Something answered that is not what was asked for.
     #[error("{addr} answers, but it is {found}, not {wanted}; check the address")]
     WrongPeer {
@@ -122,7 +132,17 @@ pub async fn rendezvous(
     let mut said_waiting = false;
     loop {
         let last = match endpoint.connect().await {
-            Err(error) => error_chain(&error),
+            Err(error) => {
+                let reason = error_chain(&error);
+                if let Some(hint) = tls_mismatch(&reason) {
+                    return Err(RendezvousError::Tls {
+                        addr: addr.into(),
+                        reason,
+                        hint,
+                    });
+                }
+                reason
+            }
             Ok(channel) => match probe(addr, channel.clone(), wanted).await {
                 Probe::Ready(peer) => {
                     if said_waiting {
@@ -155,6 +175,20 @@ pub async fn rendezvous(
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// What to check when a connection failed for a TLS reason that retrying will not
+/// change; `None` for any other failure.
+pub fn tls_mismatch(reason: &str) -> Option<&'static str> {
+    if reason.contains("invalid peer certificate") {
+        Some(
+            "its certificate is not signed by the CA given as --tls-ca, has expired, or lacks the name --tls-server-name",
+        )
+    } else if reason.contains("corrupt message") {
+        Some("it does not speak TLS: start it with --tls-* too, or connect without --tls-ca")
+    } else {
+        None
     }
 }
 

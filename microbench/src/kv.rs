@@ -4,7 +4,8 @@
 //! `--workers` worker **processes** (`ps-microbench kv-worker`). Each worker
 //! measures p50/p99 with one operation in flight, then operations per second
 //! with `--window` in flight. Every server's CPU (cores used) and peak RSS are
-//! read from `/proc` (Linux).
+//! read from `/proc` (Linux). With `--tls`, every server and worker talks TLS,
+//! with a CA and certificate made for the run.
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -17,10 +18,12 @@ use futures::future::join_all;
 use hdrhistogram::Histogram;
 use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, PsClient, PulledParam, sgd};
+use ps_common::certs::{CA_CERT_FILE, ClusterCerts, NODE_CERT_FILE, NODE_KEY_FILE};
 use ps_common::processes::ServerProcess;
 use ps_common::size::format_size;
 use ps_proto::codec::{DType, encode_f32};
 use ps_proto::ids::{Rank, Step, Version};
+use ps_proto::tls::TlsConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::cpu::process_cpu_seconds;
@@ -58,6 +61,43 @@ pub struct KvPlan {
     pub window: usize,
     /// Seconds each phase runs.
     pub seconds: f64,
+    /// Run the servers and workers over TLS.
+    pub tls: bool,
+}
+
+/// The certificates of a `--tls` run, in a folder that lives as long as the run.
+struct TlsFiles {
+    dir: tempfile::TempDir,
+    config: TlsConfig,
+}
+
+impl TlsFiles {
+    fn new() -> anyhow::Result<Self> {
+        let certs = ClusterCerts::generate(&[], 1)?;
+        let dir = tempfile::tempdir()?;
+        certs.write(dir.path())?;
+        Ok(Self {
+            dir,
+            config: certs.tls_config(false),
+        })
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.dir.path().join(file).display().to_string()
+    }
+
+    /// What a process that only connects needs.
+    fn client_args(&self) -> Vec<String> {
+        vec!["--tls-ca".into(), self.path(CA_CERT_FILE)]
+    }
+
+    /// What a server needs.
+    fn server_args(&self) -> Vec<String> {
+        let mut args = self.client_args();
+        args.extend(["--tls-cert".into(), self.path(NODE_CERT_FILE)]);
+        args.extend(["--tls-key".into(), self.path(NODE_KEY_FILE)]);
+        args
+    }
 }
 
 /// What one worker process measured, printed as one JSON line.
@@ -91,8 +131,13 @@ fn key_info(size: usize) -> ParamInfo {
 }
 
 /// A client whose placement splits the key evenly over `servers`.
-async fn placed_client(servers: &[String], size: usize) -> anyhow::Result<PsClient> {
+async fn placed_client(
+    servers: &[String],
+    size: usize,
+    tls: Option<TlsConfig>,
+) -> anyhow::Result<PsClient> {
     let mut config = ClientConfig::new(servers.to_vec());
+    config.transport.tls = tls;
     config.partition_bytes = size.div_ceil(servers.len()).max(4);
     let mut client = PsClient::connect(config).await?;
     client.place(&[key_info(size)]).await?;
@@ -112,8 +157,9 @@ pub async fn run_worker(
     window: usize,
     seconds: f64,
     index: u32,
+    tls: Option<TlsConfig>,
 ) -> anyhow::Result<WorkerReport> {
-    let client = placed_client(servers, size).await?;
+    let client = placed_client(servers, size, tls).await?;
     let grad = vec![(key_name(size), gradient(size))];
     let first_rank = index * (window as u32 + 1);
     let (start, cpu) = (Instant::now(), process_cpu_seconds());
@@ -208,11 +254,13 @@ fn gradient(size: usize) -> Bytes {
 /// When a server or a worker process fails.
 pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
     let largest = plan.sizes.iter().copied().max().unwrap_or(1 << 20);
-    let args = [
+    let tls = plan.tls.then(TlsFiles::new).transpose()?;
+    let mut args = vec![
         "--consistency".to_string(),
         "asp".to_string(),
         format!("--max-tensor={}", largest.max(1 << 20)),
     ];
+    args.extend(tls.iter().flat_map(TlsFiles::server_args));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut servers = Vec::new();
     for _ in 0..plan.servers {
@@ -222,7 +270,7 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
     let pids: Vec<u32> = servers.iter().filter_map(ServerProcess::pid).collect();
     let mut rows = Vec::new();
     for &size in &plan.sizes {
-        let client = placed_client(&addrs, size).await?;
+        let client = placed_client(&addrs, size, tls.as_ref().map(|t| t.config.clone())).await?;
         let initial = vec![(
             key_name(size),
             encode_f32(DType::F32, &vec![0.5; (size / 4).max(1)]),
@@ -237,7 +285,11 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
         for op in [Op::Push, Op::Pull] {
             let before: Vec<f64> = pids.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
             let wall = Instant::now();
-            let reports = spawn_workers(plan, &addrs, size, op)?;
+            let tls_args = tls
+                .iter()
+                .flat_map(TlsFiles::client_args)
+                .collect::<Vec<_>>();
+            let reports = spawn_workers(plan, &addrs, size, op, &tls_args)?;
             let wall = wall.elapsed().as_secs_f64();
             let servers_used: Vec<serde_json::Value> = pids
                 .iter()
@@ -279,7 +331,7 @@ fn row(
     ResultRow {
         bench: "kv".into(),
         mode: Some(op.to_string()),
-        encoding: "f32".into(),
+        encoding: if plan.tls { "f32 tls" } else { "f32" }.into(),
         payload: format!(
             "{} {}x{} W={} ({parts} parts)",
             format_size(size),
@@ -308,6 +360,7 @@ fn spawn_workers(
     addrs: &[String],
     size: usize,
     op: Op,
+    tls_args: &[String],
 ) -> anyhow::Result<Vec<WorkerReport>> {
     let exe = std::env::current_exe().context("the benchmark's own path")?;
     let children = (0..plan.workers)
@@ -318,6 +371,7 @@ fn spawn_workers(
                 .args(["--window", &plan.window.to_string()])
                 .args(["--seconds", &plan.seconds.to_string()])
                 .args(["--index", &index.to_string()])
+                .args(tls_args)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .spawn()

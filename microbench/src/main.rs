@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use ps_common::size::parse_size;
+use ps_common::tls_args::TlsArgs;
 use ps_microbench::apply::{self, ApplyPlan};
 use ps_microbench::bandwidth::{self, BandwidthPlan, Mode};
 use ps_microbench::kv::{self, KvPlan, Op};
@@ -220,6 +221,10 @@ struct KvArgs {
     /// Write the results (kv.csv) into this directory.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Run the servers and workers over TLS, with a CA and certificate made for
+    /// the run (compare with a run without it).
+    #[arg(long)]
+    tls: bool,
 }
 
 #[derive(Debug, Args)]
@@ -255,6 +260,8 @@ struct KvWorkerArgs {
     /// This worker's index.
     #[arg(long)]
     index: u32,
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -450,6 +457,7 @@ async fn run_kv(args: KvArgs) -> anyhow::Result<()> {
         sizes: args.sizes,
         window: args.window,
         seconds: args.seconds,
+        tls: args.tls,
     };
     let rows = kv::run(&plan).await?;
     if args.json {
@@ -471,6 +479,7 @@ async fn run_kv_worker(args: KvWorkerArgs) -> anyhow::Result<()> {
         args.window,
         args.seconds,
         args.index,
+        args.tls.load()?,
     )
     .await?;
     println!("{}", serde_json::to_string(&report)?);
@@ -540,6 +549,8 @@ async fn main() -> anyhow::Result<()> {
         Command::KvWorker(args) => run_kv_worker(args).await,
         Command::Apply(args) => run_apply(args).await,
         Command::TcpCheck(args) => run_tcp_check(args).await,
-        Command::Health { server } => std::process::exit(ps_common::health::report(&server).await),
+        Command::Health { server } => {
+            std::process::exit(ps_common::health::report(&server, &Default::default()).await)
+        }
     }
 }

@@ -126,7 +126,7 @@ pub async fn serve(
     health.set_serving::<BenchServer<BenchService>>().await;
     let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
     transport
-        .server()
+        .server()?
         .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -17,6 +17,7 @@ pub mod ids;
 pub mod key;
 pub mod metadata;
 pub mod placement;
+pub mod tls;
 pub mod transport;
 
 /// Generated code for package `ps.v1`.

@@ -1,5 +1,5 @@
 //! One place for the HTTP/2 and gRPC settings of every candle-ps server and
-//! channel: flow-control windows, frame size, message limits, keep-alive.
+//! channel: flow-control windows, frame size, message limits, keep-alive, TLS.
 //!
 //! The defaults come from measurements on 2-core machines over loopback: 64 MiB
 //! stream and connection windows with 1 MiB frames move large tensors about 1.7x
@@ -8,6 +8,8 @@
 use std::time::Duration;
 
 use tonic::transport::{Endpoint, Server};
+
+use crate::tls::{TlsConfig, TlsError};
 
 /// The default limit for one decoded gRPC message, as in every gRPC implementation.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
@@ -39,6 +41,8 @@ pub struct TransportConfig {
     pub keepalive_timeout: Duration,
     /// How long a client waits for a TCP connection.
     pub connect_timeout: Duration,
+    /// TLS on every server and channel; plain TCP when `None`.
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for TransportConfig {
@@ -52,6 +56,7 @@ impl Default for TransportConfig {
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(20),
             connect_timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
@@ -98,23 +103,44 @@ impl TransportConfig {
     }
 
     /// A server builder with these settings.
-    pub fn server(&self) -> Server {
-        Server::builder()
+    ///
+    /// # Errors
+    /// With TLS, when there is no certificate to serve or tonic refuses it.
+    pub fn server(&self) -> Result<Server, TlsError> {
+        let mut builder = Server::builder();
+        if let Some(tls) = &self.tls {
+            builder = builder.tls_config(tls.server()?)?;
+        }
+        Ok(builder
             .initial_stream_window_size(self.stream_window_bytes)
             .initial_connection_window_size(self.connection_window_bytes)
             .max_frame_size(self.max_frame_bytes)
             .http2_adaptive_window(Some(self.adaptive_window))
             .http2_keepalive_interval(Some(self.keepalive_interval))
             .http2_keepalive_timeout(Some(self.keepalive_timeout))
-            .tcp_nodelay(true)
+            .tcp_nodelay(true))
     }
 
-    /// A client endpoint for `uri` with these settings.
+    /// Whether servers and channels use TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// A client endpoint for `uri` with these settings; with TLS, an `http://`
+    /// URI is dialled as `https://`.
     ///
     /// # Errors
     /// When `uri` is not a valid URI.
     pub fn endpoint(&self, uri: impl Into<String>) -> Result<Endpoint, tonic::transport::Error> {
-        Ok(Endpoint::from_shared(uri.into())?
+        let mut uri = uri.into();
+        if let (Some(_), Some(rest)) = (&self.tls, uri.strip_prefix("http://")) {
+            uri = format!("https://{rest}");
+        }
+        let mut endpoint = Endpoint::from_shared(uri)?;
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.client())?;
+        }
+        Ok(endpoint
             .initial_stream_window_size(self.stream_window_bytes)
             .initial_connection_window_size(self.connection_window_bytes)
             .max_frame_size(self.max_frame_bytes)

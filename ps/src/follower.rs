@@ -159,11 +159,12 @@ impl Follower {
 /// retried for as long as the shard runs.
 pub async fn follow(
     link: SchedulerLink,
+    transport: TransportConfig,
     store: Arc<Store>,
     stop: CancellationToken,
     job_done: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
-    let channel = TransportConfig::default()
+    let channel = transport
         .endpoint(http_uri(&link.scheduler))?
         .connect_lazy();
     store.map().follow();

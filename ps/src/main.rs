@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ps_common::size::{parse_size, parse_size_u32};
+use ps_common::tls_args::TlsArgs;
 use ps_proto::transport::TransportConfig;
 use ps_server::budget::default_budget;
 use ps_server::checkpointer::CheckpointConfig;
@@ -101,6 +102,8 @@ struct Args {
     /// Let HTTP/2 size its windows adaptively (overrides the windows).
     #[arg(long, env = "PS_ADAPTIVE_WINDOW")]
     adaptive_window: bool,
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -159,8 +162,9 @@ fn export(
 }
 
 impl Args {
-    fn config(&self) -> ServerConfig {
+    fn config(&self) -> anyhow::Result<ServerConfig> {
         let transport = TransportConfig {
+            tls: self.tls.load()?,
             max_message_bytes: self.max_message,
             stream_window_bytes: self.stream_window,
             connection_window_bytes: self.connection_window,
@@ -168,7 +172,7 @@ impl Args {
             adaptive_window: self.adaptive_window,
             ..TransportConfig::default()
         };
-        ServerConfig {
+        Ok(ServerConfig {
             consistency: self.consistency,
             workers: self.workers,
             reject_non_finite: !self.allow_non_finite,
@@ -182,7 +186,7 @@ impl Args {
             scheduler: None,
             checkpoint: None,
             transport,
-        }
+        })
     }
 }
 
@@ -210,9 +214,10 @@ fn advertised(args: &Args, local: std::net::SocketAddr) -> anyhow::Result<String
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ps_common::process::init_tracing();
+    let config = args.config().context("ps-server")?;
     match &args.command {
         Some(Command::Health { server }) => {
-            std::process::exit(ps_common::health::report(server).await)
+            std::process::exit(ps_common::health::report(server, &config.transport).await)
         }
         Some(Command::Export {
             checkpoint_dir,
@@ -221,7 +226,6 @@ async fn main() -> anyhow::Result<()> {
         }) => return export(checkpoint_dir, out, *optimizer_state),
         None => {}
     }
-    let config = args.config();
     config
         .validate()
         .map_err(anyhow::Error::msg)
@@ -256,7 +260,7 @@ mod tests {
 
     #[test]
     fn size_flags_default_to_the_library_defaults() {
-        let config = Args::parse_from(["ps-server"]).config();
+        let config = Args::parse_from(["ps-server"]).config().unwrap();
         assert_eq!(
             config.max_tensor_bytes,
             ps_server::config::DEFAULT_MAX_TENSOR_BYTES
@@ -276,7 +280,8 @@ mod tests {
             "--max-frame",
             "32KiB",
         ])
-        .config();
+        .config()
+        .unwrap();
         assert_eq!(config.max_tensor_bytes, 64 << 20);
         assert_eq!(config.transport.stream_window_bytes, 1 << 20);
         assert_eq!(config.transport.max_frame_bytes, 32 << 10);

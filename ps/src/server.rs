@@ -54,7 +54,8 @@ pub async fn run(
     let job_done = CancellationToken::new();
     let follower = config.scheduler.clone().map(|link| {
         let (store, stop) = (Arc::clone(&store), stop_waits.clone());
-        tokio::spawn(follow(link, store, stop, job_done.clone()))
+        let transport = config.transport.clone();
+        tokio::spawn(follow(link, transport, store, stop, job_done.clone()))
     });
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -71,11 +72,13 @@ pub async fn run(
         %workers,
         max_message_bytes = config.transport.max_message_bytes,
         memory_budget = %ps_common::size::format_size(config.memory_budget),
+        tls = config.transport.is_tls(),
         "ps-server listening"
     );
+    ps_common::process::warn_if_plain(&format!("ps-server at {addr}"), addr, &config.transport);
     let router = config
         .transport
-        .server()
+        .server()?
         .add_service(health_service)
         .add_service(ParameterService::new(store, config.clone(), checkpointer).into_server());
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));

@@ -112,9 +112,10 @@ impl ParameterService {
             .collect::<Result<Vec<_>>>()?;
         let (worker, step) = (Rank(request.worker_id), Step(request.step));
         let bytes = grads.iter().map(|(_, grad)| grad.byte_len()).sum();
-        let _held = self.store.budget().charge(bytes, || {
-            format!("a push of {} gradients", grads.len())
-        })?;
+        let _held = self
+            .store
+            .budget()
+            .charge(bytes, || format!("a push of {} gradients", grads.len()))?;
         self.apply_push(worker, step, grads).await
     }
 
@@ -136,11 +137,9 @@ impl ParameterService {
                 limit: largest,
             });
         }
-        let charge = self.store.budget().charge(bytes, || {
-            match keys.len() {
-                1 => "pulling 1 key".to_string(),
-                n => format!("pulling {n} keys"),
-            }
+        let charge = self.store.budget().charge(bytes, || match keys.len() {
+            1 => "pulling 1 key".to_string(),
+            n => format!("pulling {n} keys"),
         })?;
         let timeout = self.config.pull_timeout(request.timeout_ms);
         let min_version = Version(request.min_version);
@@ -345,18 +344,18 @@ impl ParameterServer for ParameterService {
         request: Request<v1::PullRequest>,
     ) -> Result<Response<v1::PullResponse>, Status> {
         let limit = self.config.transport.max_message_bytes;
-        let result = self
-            .pull_values(request.get_ref(), limit)
-            .await
-            .and_then(|(pulled, _held)| {
-                let tensors = pulled.into_iter().map(wire::pulled_tensor).collect();
-                let response = v1::PullResponse { tensors };
-                let bytes = response.encoded_len();
-                if bytes > limit {
-                    return Err(Error::ResponseTooLarge { bytes, limit });
-                }
-                Ok(response)
-            });
+        let result =
+            self.pull_values(request.get_ref(), limit)
+                .await
+                .and_then(|(pulled, _held)| {
+                    let tensors = pulled.into_iter().map(wire::pulled_tensor).collect();
+                    let response = v1::PullResponse { tensors };
+                    let bytes = response.encoded_len();
+                    if bytes > limit {
+                        return Err(Error::ResponseTooLarge { bytes, limit });
+                    }
+                    Ok(response)
+                });
         self.answer(result)
     }
 

@@ -262,7 +262,11 @@ impl Store {
             .into_iter()
             .map(|(spec, initial)| {
                 let footprint = spec.footprint(group.consistency);
-                let share = charge.split_off(if keys.contains_key(&spec.key) { 0 } else { footprint });
+                let share = charge.split_off(if keys.contains_key(&spec.key) {
+                    0
+                } else {
+                    footprint
+                });
                 let values = initial.map(|t| t.to_f32_vec());
                 let offered = Offered {
                     values: values.as_deref(),
@@ -287,9 +291,9 @@ impl Store {
             .map(|(spec, _)| spec)
             .filter(|spec| !keys.contains_key(&spec.key))
             .collect();
-        let bytes = new
-            .iter()
-            .fold(0usize, |sum, spec| sum.saturating_add(spec.footprint(consistency)));
+        let bytes = new.iter().fold(0usize, |sum, spec| {
+            sum.saturating_add(spec.footprint(consistency))
+        });
         self.budget.charge(bytes, || match new.as_slice() {
             [one] => format!("registering {} ({})", one.key, one.describe()),
             many => format!("registering {} new keys", many.len()),

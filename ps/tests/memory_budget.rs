@@ -68,7 +68,11 @@ async fn keys_are_charged_when_registered_until_the_budget_is_full() {
         server.client.clone().register(key(name)).await.unwrap();
     }
     let held = server.stats().await.memory_held_bytes;
-    assert_eq!(held, 3 * 32 * MIB as u64, "16 MiB of values and 16 of snapshot each");
+    assert_eq!(
+        held,
+        3 * 32 * MIB as u64,
+        "16 MiB of values and 16 of snapshot each"
+    );
     let result = server.client.clone().register(key("k3")).await;
     assert_over_budget(result, "a fourth key", "registering `k3`#0");
     server.client.clone().register(key("k0")).await.unwrap();
@@ -115,7 +119,11 @@ async fn a_unary_pull_past_the_message_limit_is_refused_before_it_is_read() {
         .into_inner();
     while stream.message().await.unwrap().is_some() {}
     let read = server.stats().await;
-    assert_eq!(read.bytes, before.bytes + 8 * MIB as u64, "a streamed pull does");
+    assert_eq!(
+        read.bytes,
+        before.bytes + 8 * MIB as u64,
+        "a streamed pull does"
+    );
     server.stop().await;
 }
 
@@ -161,6 +169,10 @@ async fn a_push_stream_past_the_budget_is_refused_and_gives_back_what_it_buffere
         .clone()
         .pull_stream(pull_request(&["w"], 0, 0))
         .await;
-    assert_over_budget(result, "a pull with no room for its answer", "pulling 1 key");
+    assert_over_budget(
+        result,
+        "a pull with no room for its answer",
+        "pulling 1 key",
+    );
     server.stop().await;
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use ps_proto::consistency::Consistency;
+use ps_proto::transport::TransportConfig;
 
 use crate::group::GroupSize;
 
@@ -31,6 +32,8 @@ pub struct SchedulerConfig {
     pub exit_when_done: bool,
     /// Where to keep the state that carries the scheduler across a restart.
     pub state_file: Option<std::path::PathBuf>,
+    /// HTTP/2 settings and TLS of the scheduler's server.
+    pub transport: TransportConfig,
 }
 
 impl Default for SchedulerConfig {
@@ -46,6 +49,7 @@ impl Default for SchedulerConfig {
             max_wait: Duration::from_secs(600),
             exit_when_done: false,
             state_file: None,
+            transport: TransportConfig::default(),
         }
     }
 }

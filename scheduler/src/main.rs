@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use ps_common::certs::ClusterCerts;
 use ps_common::rendezvous::{Peer, rendezvous};
+use ps_common::tls_args::TlsArgs;
 use ps_proto::consistency::Consistency;
 use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
@@ -53,6 +55,8 @@ struct Cli {
     /// Exit once every worker has finished; following servers exit with it.
     #[arg(long, env = "PS_EXIT_WHEN_DONE")]
     exit_when_done: bool,
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -77,6 +81,38 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:7000")]
         server: String,
     },
+    /// Write a new CA and a node certificate for a cluster into --out: ca.pem
+    /// (for --tls-ca and --tls-client-ca), node.pem and node-key.pem (for
+    /// --tls-cert/--tls-key and --tls-client-cert/--tls-client-key), and
+    /// ca-key.pem (keep it off the cluster's machines).
+    Certs {
+        /// The folder to write the four files to.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// More names the node certificate carries (host names or IP addresses),
+        /// besides candle-ps, localhost and 127.0.0.1.
+        #[arg(long = "name", value_name = "NAME")]
+        names: Vec<String>,
+        /// Days the certificates are valid.
+        #[arg(long, default_value_t = 365)]
+        days: u32,
+    },
+}
+
+/// Runs `ps-scheduler certs` and says what it wrote.
+fn write_certs(out: &std::path::Path, names: &[String], days: u32) -> anyhow::Result<()> {
+    let certs = ClusterCerts::generate(names, days).context("cannot make the certificates")?;
+    let written = certs
+        .write(out)
+        .with_context(|| format!("cannot write the certificates to {}", out.display()))?;
+    for path in written {
+        println!("wrote {}", path.display());
+    }
+    println!(
+        "valid for {days} days; start every process with --tls-ca {0}/ca.pem --tls-cert {0}/node.pem --tls-key {0}/node-key.pem",
+        out.display()
+    );
+    Ok(())
 }
 
 fn print_status(status: &v1::StatusResponse) {
@@ -131,9 +167,12 @@ fn alive_word(alive: bool, left: bool) -> &'static str {
     }
 }
 
-async fn status(scheduler: &str, wait: Duration) -> anyhow::Result<()> {
-    let transport = TransportConfig::default();
-    let (_, channel) = rendezvous(scheduler, &[Peer::Scheduler], &transport, wait).await?;
+async fn status(
+    scheduler: &str,
+    transport: &TransportConfig,
+    wait: Duration,
+) -> anyhow::Result<()> {
+    let (_, channel) = rendezvous(scheduler, &[Peer::Scheduler], transport, wait).await?;
     let status = SchedulerClient::new(channel)
         .status(v1::StatusRequest {})
         .await
@@ -153,14 +192,19 @@ async fn status(scheduler: &str, wait: Duration) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     ps_common::process::init_tracing();
+    let transport = TransportConfig {
+        tls: cli.tls.load()?,
+        ..TransportConfig::default()
+    };
     match &cli.command {
         Some(Command::Status {
             scheduler,
             connect_timeout,
-        }) => return status(scheduler, *connect_timeout).await,
+        }) => return status(scheduler, &transport, *connect_timeout).await,
         Some(Command::Health { server }) => {
-            std::process::exit(ps_common::health::report(server).await);
+            std::process::exit(ps_common::health::report(server, &transport).await);
         }
+        Some(Command::Certs { out, names, days }) => return write_certs(out, names, *days),
         None => {}
     }
     let config = SchedulerConfig {
@@ -172,6 +216,7 @@ async fn main() -> anyhow::Result<()> {
         consistency: cli.consistency,
         heartbeat_interval: Duration::from_millis(cli.heartbeat_ms),
         heartbeat_timeout: Duration::from_millis(cli.heartbeat_timeout_ms),
+        transport,
         ..SchedulerConfig::default()
     };
     config.validate().map_err(anyhow::Error::msg)?;

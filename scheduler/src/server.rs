@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use ps_proto::transport::TransportConfig;
 use ps_proto::v1::scheduler_server::SchedulerServer;
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
@@ -58,10 +57,12 @@ pub async fn run(
     health
         .set_serving::<SchedulerServer<SchedulerService>>()
         .await;
-    tracing::info!(%addr, workers = %config.workers, min_servers = config.min_servers, timeout = ?config.heartbeat_timeout, "ps-scheduler listening");
+    tracing::info!(%addr, workers = %config.workers, min_servers = config.min_servers, timeout = ?config.heartbeat_timeout, tls = config.transport.is_tls(), "ps-scheduler listening");
+    ps_common::process::warn_if_plain(&format!("ps-scheduler at {addr}"), addr, &config.transport);
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let served = TransportConfig::default()
-        .server()
+    let served = config
+        .transport
+        .server()?
         .add_service(health_service)
         .add_service(SchedulerService::new(Arc::clone(&state)).into_server())
         .serve_with_incoming_shutdown(incoming, async {

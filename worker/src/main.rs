@@ -13,6 +13,7 @@ use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use ps_client::Expected;
 use ps_client::{ClientConfig, PsClient};
+use ps_common::tls_args::TlsArgs;
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::Rank;
 use ps_worker::cli::TrainArgs;
@@ -60,6 +61,8 @@ struct Cli {
     json: bool,
     #[command(flatten)]
     train: TrainArgs,
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 impl Cli {
@@ -116,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
     client_config.pull_timeout = Duration::from_secs(cli.pull_timeout_secs);
     client_config.connect_timeout = cli.connect_timeout;
     client_config.scheduler = cli.scheduler.clone();
+    client_config.transport.tls = cli.tls.load()?;
     let mut client = PsClient::connect(client_config).await?;
     let expected = Expected {
         rank: cli.rank.map(Rank),

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use ps_cluster::local::{LocalSpec, LocalSummary, run_local};
+use ps_common::certs::ClusterCerts;
 use ps_proto::consistency::Consistency;
 use ps_worker::cli::TrainArgs;
 
@@ -37,6 +38,10 @@ struct Cli {
     /// when training ends (`ps-server export` turns them into one model file).
     #[arg(long, env = "PS_CHECKPOINT_DIR")]
     checkpoint_dir: Option<std::path::PathBuf>,
+    /// Run every server and channel over TLS, with a CA and certificate made
+    /// for this run (and mutual TLS: every client presents one too).
+    #[arg(long, env = "PS_TLS")]
+    tls: bool,
     /// Print one JSON summary as the last line of stdout.
     #[arg(long, env = "PS_JSON")]
     json: bool,
@@ -83,6 +88,10 @@ async fn main() -> anyhow::Result<()> {
         consistency: cli.consistency,
         scheduler: !cli.no_scheduler,
         checkpoint_dir: cli.checkpoint_dir,
+        tls: match cli.tls {
+            true => Some(ClusterCerts::generate(&[], 1)?.tls_config(true)),
+            false => None,
+        },
     };
     let summary = tokio::select! {
         summary = run_local(&spec, data, &config) => summary?,

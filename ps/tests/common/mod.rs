@@ -229,7 +229,11 @@ pub fn pattern(elements: usize) -> Bytes {
     Bytes::from(data)
 }
 
-pub fn register_chunks(name: &str, data: &Bytes, optimizer: v1::Optimizer) -> Vec<v1::RegisterChunk> {
+pub fn register_chunks(
+    name: &str,
+    data: &Bytes,
+    optimizer: v1::Optimizer,
+) -> Vec<v1::RegisterChunk> {
     let elements = data.len() / 4;
     to_wire_chunks(
         &header(name, elements),
