@@ -42,7 +42,8 @@ impl PsClient {
         match (&config.scheduler, config.servers.as_slice()) {
             (Some(addr), _) => {
                 let (_, channel) = rendezvous(addr, &[Peer::Scheduler], &transport, wait).await?;
-                directory = Directory::Scheduler(Box::new(SchedulerLink::new(addr, channel)));
+                directory =
+                    Directory::Scheduler(Box::new(SchedulerLink::new(addr, channel, &transport)));
             }
             (None, []) => {
                 return Err(ClientError::Usage(
@@ -57,8 +58,9 @@ impl PsClient {
                             addr,
                             "the address is a scheduler; taking rank and shard map from it"
                         );
-                        directory =
-                            Directory::Scheduler(Box::new(SchedulerLink::new(addr, channel)));
+                        directory = Directory::Scheduler(Box::new(SchedulerLink::new(
+                            addr, channel, &transport,
+                        )));
                         config.scheduler = Some(addr.clone());
                     }
                     (_, channel) => servers.push(Server::new(addr, channel, &transport)),

@@ -8,8 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use ps_proto::auth::AuthChannel;
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::{MapVersion, Rank, Step};
+use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
 use tokio::task::JoinHandle;
@@ -85,7 +87,7 @@ pub(crate) enum Directory {
 /// A worker's link to the scheduler.
 pub(crate) struct SchedulerLink {
     pub(crate) addr: String,
-    client: SchedulerClient<Channel>,
+    client: SchedulerClient<AuthChannel>,
     /// The step this worker last pushed, reported by the heartbeats.
     step: Arc<AtomicU64>,
     /// The newest map version the scheduler answered a heartbeat with.
@@ -144,11 +146,12 @@ pub(crate) async fn join_group(
 }
 
 impl SchedulerLink {
-    /// A link to the scheduler at `addr` over `channel`; nothing registered yet.
-    pub(crate) fn new(addr: &str, channel: Channel) -> Self {
+    /// A link to the scheduler at `addr` over `channel` (carrying `transport`'s
+    /// token); nothing registered yet.
+    pub(crate) fn new(addr: &str, channel: Channel, transport: &TransportConfig) -> Self {
         Self {
             addr: addr.to_string(),
-            client: SchedulerClient::new(channel),
+            client: SchedulerClient::new(transport.authed(channel)),
             step: Arc::default(),
             latest_map: Arc::default(),
             heartbeat: None,
@@ -320,7 +323,7 @@ struct Heartbeat {
 
 /// Tells the scheduler every interval that this worker lives, with its step, and
 /// records the map version it answers with.
-async fn heartbeat(mut scheduler: SchedulerClient<Channel>, beat: Heartbeat) {
+async fn heartbeat(mut scheduler: SchedulerClient<AuthChannel>, beat: Heartbeat) {
     let (rank, mut reachable) = (beat.rank, true);
     loop {
         tokio::time::sleep(beat.interval).await;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::try_join_all;
+use ps_proto::auth::AuthChannel;
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::transport::{TransportConfig, http_uri};
@@ -29,14 +30,14 @@ use crate::wire::{
 #[derive(Clone)]
 pub(crate) struct Server {
     pub(crate) addr: String,
-    client: ParameterServerClient<Channel>,
+    client: ParameterServerClient<AuthChannel>,
 }
 
 impl Server {
     /// The parameter server at `addr` over `channel`, with the configured message limits.
     pub(crate) fn new(addr: &str, channel: Channel, transport: &TransportConfig) -> Self {
         let limit = transport.max_message_bytes;
-        let client = ParameterServerClient::new(channel)
+        let client = ParameterServerClient::new(transport.authed(channel))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
         Server {
@@ -72,7 +73,7 @@ impl Server {
         call: F,
     ) -> Result<T, ClientError>
     where
-        F: Fn(ParameterServerClient<Channel>) -> Fut,
+        F: Fn(ParameterServerClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         retry

@@ -9,7 +9,7 @@
 //! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
 //! - [`rng`]: a small deterministic random generator for data and payloads.
 //! - [`certs`]: a cluster's CA and node certificate, for `ps-scheduler certs` and `ps-local --tls`.
-//! - [`tls_args`]: the `--tls-*` flags every program takes, read into a `TlsConfig`.
+//! - [`security_args`]: the `--tls-*` flags and cluster token every program takes.
 
 pub mod certs;
 pub mod fixtures;
@@ -18,5 +18,5 @@ pub mod process;
 pub mod processes;
 pub mod rendezvous;
 pub mod rng;
+pub mod security_args;
 pub mod size;
-pub mod tls_args;

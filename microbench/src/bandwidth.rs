@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::try_join_all;
+use ps_proto::auth::AuthChannel;
 use ps_proto::v1;
 use ps_proto::v1::bench_client::BenchClient;
-use tonic::transport::Channel;
 
 use crate::cpu::process_cpu_seconds;
 use crate::payload::{Encoding, build, payload_bytes};
@@ -83,7 +83,7 @@ fn stream_messages(sizes: &[usize], encoding: Encoding, chunk: usize) -> Vec<v1:
 }
 
 async fn unary_loop(
-    mut client: BenchClient<Channel>,
+    mut client: BenchClient<AuthChannel>,
     payload: v1::BenchPayload,
     until: Instant,
 ) -> anyhow::Result<(u64, u64)> {
@@ -96,7 +96,7 @@ async fn unary_loop(
 }
 
 async fn stream_loop(
-    mut client: BenchClient<Channel>,
+    mut client: BenchClient<AuthChannel>,
     messages: Vec<v1::BenchPayload>,
     until: Instant,
 ) -> anyhow::Result<(u64, u64)> {

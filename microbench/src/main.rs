@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use ps_common::security_args::SecurityArgs;
 use ps_common::size::parse_size;
-use ps_common::tls_args::TlsArgs;
 use ps_microbench::apply::{self, ApplyPlan};
 use ps_microbench::bandwidth::{self, BandwidthPlan, Mode};
 use ps_microbench::kv::{self, KvPlan, Op};
@@ -261,7 +261,7 @@ struct KvWorkerArgs {
     #[arg(long)]
     index: u32,
     #[command(flatten)]
-    tls: TlsArgs,
+    security: SecurityArgs,
 }
 
 #[derive(Debug, Args)]
@@ -479,7 +479,7 @@ async fn run_kv_worker(args: KvWorkerArgs) -> anyhow::Result<()> {
         args.window,
         args.seconds,
         args.index,
-        args.tls.load()?,
+        args.security.tls()?,
     )
     .await?;
     println!("{}", serde_json::to_string(&report)?);

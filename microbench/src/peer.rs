@@ -5,12 +5,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Context;
+use ps_proto::auth::AuthChannel;
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::bench_client::BenchClient;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use tonic::transport::Channel;
 
 use crate::tcp::TcpPeer;
 use crate::tuning::Tuning;
@@ -24,7 +24,7 @@ pub struct Peer {
     pub grpc_addr: String,
     /// Its TCP baseline address.
     pub tcp_addr: String,
-    channels: Vec<BenchClient<Channel>>,
+    channels: Vec<BenchClient<AuthChannel>>,
     child: Option<Child>,
 }
 
@@ -70,7 +70,7 @@ impl Peer {
     }
 
     /// The gRPC clients, one per connection.
-    pub fn clients(&self) -> Vec<BenchClient<Channel>> {
+    pub fn clients(&self) -> Vec<BenchClient<AuthChannel>> {
         self.channels.clone()
     }
 
@@ -122,14 +122,17 @@ impl Peer {
     }
 }
 
-async fn connect(transport: &TransportConfig, addr: &str) -> anyhow::Result<BenchClient<Channel>> {
+async fn connect(
+    transport: &TransportConfig,
+    addr: &str,
+) -> anyhow::Result<BenchClient<AuthChannel>> {
     let channel = transport
         .endpoint(http_uri(addr))?
         .connect()
         .await
         .with_context(|| format!("connecting to the benchmark server at {addr}"))?;
     let limit = transport.max_message_bytes;
-    Ok(BenchClient::new(channel)
+    Ok(BenchClient::new(transport.authed(channel))
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit))
 }

@@ -128,7 +128,7 @@ pub async fn serve(
     transport
         .server()?
         .add_service(health_service)
-        .add_service(service)
+        .add_service(transport.guarded(service))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())

@@ -10,6 +10,7 @@
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
 //! - [`transport`]: one place for HTTP/2 windows, frame sizes, message limits and keep-alive.
 
+pub mod auth;
 pub mod chunk;
 pub mod codec;
 pub mod consistency;

@@ -7,8 +7,10 @@
 
 use std::time::Duration;
 
-use tonic::transport::{Endpoint, Server};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint, Server};
 
+use crate::auth::{AttachToken, AuthChannel, ClusterToken, RequireToken};
 use crate::tls::{TlsConfig, TlsError};
 
 /// The default limit for one decoded gRPC message, as in every gRPC implementation.
@@ -43,6 +45,8 @@ pub struct TransportConfig {
     pub connect_timeout: Duration,
     /// TLS on every server and channel; plain TCP when `None`.
     pub tls: Option<TlsConfig>,
+    /// The cluster token channels send and servers require; none when `None`.
+    pub token: Option<ClusterToken>,
 }
 
 impl Default for TransportConfig {
@@ -57,6 +61,7 @@ impl Default for TransportConfig {
             keepalive_timeout: Duration::from_secs(20),
             connect_timeout: Duration::from_secs(5),
             tls: None,
+            token: None,
         }
     }
 }
@@ -119,6 +124,17 @@ impl TransportConfig {
             .http2_keepalive_interval(Some(self.keepalive_interval))
             .http2_keepalive_timeout(Some(self.keepalive_timeout))
             .tcp_nodelay(true))
+    }
+
+    /// `channel`, sending the cluster token with every request.
+    pub fn authed(&self, channel: Channel) -> AuthChannel {
+        InterceptedService::new(channel, AttachToken::new(self.token.clone()))
+    }
+
+    /// `service`, refusing requests without the cluster token with
+    /// `UNAUTHENTICATED` (the health service is served without it).
+    pub fn guarded<S>(&self, service: S) -> InterceptedService<S, RequireToken> {
+        InterceptedService::new(service, RequireToken::new(self.token.clone()))
     }
 
     /// Whether servers and channels use TLS.

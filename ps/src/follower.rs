@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ps_common::rendezvous::{Peer, RendezvousError, rendezvous};
+use ps_proto::auth::AuthChannel;
 use ps_proto::ids::{MapVersion, Rank};
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
-use tonic::transport::Channel;
 
 use crate::store::Store;
 
@@ -55,7 +55,7 @@ pub async fn await_scheduler(
 
 /// What the follower knows between heartbeats.
 struct Follower {
-    client: SchedulerClient<Channel>,
+    client: SchedulerClient<AuthChannel>,
     link: SchedulerLink,
     store: Arc<Store>,
     server_id: Option<u32>,
@@ -169,7 +169,7 @@ pub async fn follow(
         .connect_lazy();
     store.map().follow();
     let mut follower = Follower {
-        client: SchedulerClient::new(channel),
+        client: SchedulerClient::new(transport.authed(channel)),
         link,
         store,
         server_id: None,

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use ps_common::security_args::SecurityArgs;
 use ps_common::size::{parse_size, parse_size_u32};
-use ps_common::tls_args::TlsArgs;
 use ps_proto::transport::TransportConfig;
 use ps_server::budget::default_budget;
 use ps_server::checkpointer::CheckpointConfig;
@@ -103,7 +103,7 @@ struct Args {
     #[arg(long, env = "PS_ADAPTIVE_WINDOW")]
     adaptive_window: bool,
     #[command(flatten)]
-    tls: TlsArgs,
+    security: SecurityArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -163,8 +163,7 @@ fn export(
 
 impl Args {
     fn config(&self) -> anyhow::Result<ServerConfig> {
-        let transport = TransportConfig {
-            tls: self.tls.load()?,
+        let mut transport = TransportConfig {
             max_message_bytes: self.max_message,
             stream_window_bytes: self.stream_window,
             connection_window_bytes: self.connection_window,
@@ -172,6 +171,7 @@ impl Args {
             adaptive_window: self.adaptive_window,
             ..TransportConfig::default()
         };
+        self.security.apply(&mut transport)?;
         Ok(ServerConfig {
             consistency: self.consistency,
             workers: self.workers,

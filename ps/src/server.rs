@@ -80,7 +80,11 @@ pub async fn run(
         .transport
         .server()?
         .add_service(health_service)
-        .add_service(ParameterService::new(store, config.clone(), checkpointer).into_server());
+        .add_service(
+            config
+                .transport
+                .guarded(ParameterService::new(store, config.clone(), checkpointer).into_server()),
+        );
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let stop_on_signal = stop_waits.clone();
     let on_shutdown = async move {

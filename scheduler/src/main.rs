@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ps_common::certs::ClusterCerts;
 use ps_common::rendezvous::{Peer, rendezvous};
-use ps_common::tls_args::TlsArgs;
+use ps_common::security_args::SecurityArgs;
 use ps_proto::consistency::Consistency;
 use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
@@ -56,7 +56,7 @@ struct Cli {
     #[arg(long, env = "PS_EXIT_WHEN_DONE")]
     exit_when_done: bool,
     #[command(flatten)]
-    tls: TlsArgs,
+    security: SecurityArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -173,7 +173,7 @@ async fn status(
     wait: Duration,
 ) -> anyhow::Result<()> {
     let (_, channel) = rendezvous(scheduler, &[Peer::Scheduler], transport, wait).await?;
-    let status = SchedulerClient::new(channel)
+    let status = SchedulerClient::new(transport.authed(channel))
         .status(v1::StatusRequest {})
         .await
         .map_err(|s| {
@@ -192,10 +192,8 @@ async fn status(
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     ps_common::process::init_tracing();
-    let transport = TransportConfig {
-        tls: cli.tls.load()?,
-        ..TransportConfig::default()
-    };
+    let mut transport = TransportConfig::default();
+    cli.security.apply(&mut transport)?;
     match &cli.command {
         Some(Command::Status {
             scheduler,

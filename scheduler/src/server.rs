@@ -64,7 +64,11 @@ pub async fn run(
         .transport
         .server()?
         .add_service(health_service)
-        .add_service(SchedulerService::new(Arc::clone(&state)).into_server())
+        .add_service(
+            config
+                .transport
+                .guarded(SchedulerService::new(Arc::clone(&state)).into_server()),
+        )
         .serve_with_incoming_shutdown(incoming, async {
             tokio::select! {
                 () = shutdown => tracing::info!(%addr, "ps-scheduler shutting down"),

@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use ps_client::Expected;
 use ps_client::{ClientConfig, PsClient};
-use ps_common::tls_args::TlsArgs;
+use ps_common::security_args::SecurityArgs;
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::Rank;
 use ps_worker::cli::TrainArgs;
@@ -62,7 +62,7 @@ struct Cli {
     #[command(flatten)]
     train: TrainArgs,
     #[command(flatten)]
-    tls: TlsArgs,
+    security: SecurityArgs,
 }
 
 impl Cli {
@@ -119,7 +119,7 @@ async fn main() -> anyhow::Result<()> {
     client_config.pull_timeout = Duration::from_secs(cli.pull_timeout_secs);
     client_config.connect_timeout = cli.connect_timeout;
     client_config.scheduler = cli.scheduler.clone();
-    client_config.transport.tls = cli.tls.load()?;
+    cli.security.apply(&mut client_config.transport)?;
     let mut client = PsClient::connect(client_config).await?;
     let expected = Expected {
         rank: cli.rank.map(Rank),

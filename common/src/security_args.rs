@@ -1,5 +1,10 @@
-//! [`TlsArgs`]: the `--tls-*` flags (and `PS_TLS_*` variables) every candle-ps
-//! program takes, and [`TlsArgs::load`], which reads the files they name.
+//! [`SecurityArgs`]: the `--tls-*` flags (and `PS_TLS_*` variables) and the
+//! cluster token every candle-ps program takes, and [`SecurityArgs::apply`],
+//! which reads what they name into a `TransportConfig`.
+//!
+//! The token comes from `--token-file` (`PS_TOKEN_FILE`) or the `PS_TOKEN`
+//! variable, never from a command-line argument, which `ps` would show to every
+//! user of the machine.
 //!
 //! TLS is on when `--tls-ca` is given: every process connects to something (a
 //! server to its scheduler, a worker to its servers, `health` to its target), so
@@ -9,11 +14,20 @@
 
 use std::path::{Path, PathBuf};
 
+use ps_proto::auth::ClusterToken;
 use ps_proto::tls::{DEFAULT_SERVER_NAME, PemIdentity, TlsConfig};
+use ps_proto::transport::TransportConfig;
 
-/// TLS flags, flattened into each program's arguments.
+/// The variable a token may be given in.
+pub const TOKEN_VARIABLE: &str = "PS_TOKEN";
+
+/// TLS and token flags, flattened into each program's arguments.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct TlsArgs {
+pub struct SecurityArgs {
+    /// A file holding the cluster token every request must carry (or set
+    /// PS_TOKEN); without either, requests need none.
+    #[arg(long, env = "PS_TOKEN_FILE", global = true)]
+    pub token_file: Option<PathBuf>,
     /// CA certificate (PEM) that signed the servers this process connects to;
     /// turns TLS on for every server and channel of the process.
     #[arg(long, env = "PS_TLS_CA", global = true)]
@@ -49,9 +63,9 @@ pub struct TlsArgs {
     pub tls_server_name: String,
 }
 
-/// Why the TLS flags could not be used.
+/// Why the TLS or token flags could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsArgsError {
+pub enum SecurityArgsError {
     /// A file named by a flag could not be read.
     #[error("cannot read {flag} {path}: {source}")]
     Read {
@@ -62,6 +76,14 @@ pub enum TlsArgsError {
         /// Why.
         source: std::io::Error,
     },
+    /// The token is unusable.
+    #[error("{source_name}: {reason}")]
+    Token {
+        /// Where it came from.
+        source_name: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A TLS flag other than `--tls-ca` was given without it.
     #[error("{flag} was given without --tls-ca: TLS needs the CA that signed this process's peers")]
     NoCa {
@@ -70,16 +92,52 @@ pub enum TlsArgsError {
     },
 }
 
-impl TlsArgs {
+impl SecurityArgs {
+    /// Sets `transport`'s TLS and token from the flags and `PS_TOKEN`.
+    ///
+    /// # Errors
+    /// As [`SecurityArgs::tls`] and [`SecurityArgs::token`].
+    pub fn apply(&self, transport: &mut TransportConfig) -> Result<(), SecurityArgsError> {
+        transport.tls = self.tls()?;
+        transport.token = self.token(std::env::var(TOKEN_VARIABLE).ok())?;
+        Ok(())
+    }
+
+    /// The cluster token: `--token-file`'s contents, else `variable` (the value
+    /// of `PS_TOKEN`), else none.
+    ///
+    /// # Errors
+    /// An unreadable file, or an empty or malformed token.
+    pub fn token(
+        &self,
+        variable: Option<String>,
+    ) -> Result<Option<ClusterToken>, SecurityArgsError> {
+        let (text, source_name) = match (&self.token_file, variable) {
+            (Some(path), _) => {
+                let bytes = read("--token-file", path)?;
+                let text = String::from_utf8(bytes).unwrap_or_default();
+                (text, format!("--token-file {}", path.display()))
+            }
+            (None, Some(text)) => (text, TOKEN_VARIABLE.to_string()),
+            (None, None) => return Ok(None),
+        };
+        ClusterToken::new(&text)
+            .map(Some)
+            .map_err(|reason| SecurityArgsError::Token {
+                source_name,
+                reason,
+            })
+    }
+
     /// The TLS settings the flags describe: `None` (plain TCP) when no flag is
     /// given.
     ///
     /// # Errors
     /// An unreadable file, or a TLS flag without `--tls-ca`.
-    pub fn load(&self) -> Result<Option<TlsConfig>, TlsArgsError> {
+    pub fn tls(&self) -> Result<Option<TlsConfig>, SecurityArgsError> {
         let Some(ca) = &self.tls_ca else {
             return match self.first_flag_given() {
-                Some(flag) => Err(TlsArgsError::NoCa { flag }),
+                Some(flag) => Err(SecurityArgsError::NoCa { flag }),
                 None => Ok(None),
             };
         };
@@ -115,7 +173,7 @@ impl TlsArgs {
 fn pair(
     (cert_flag, cert): (&'static str, &Option<PathBuf>),
     (key_flag, key): (&'static str, &Option<PathBuf>),
-) -> Result<Option<PemIdentity>, TlsArgsError> {
+) -> Result<Option<PemIdentity>, SecurityArgsError> {
     match (cert, key) {
         (Some(cert), Some(key)) => Ok(Some(PemIdentity {
             cert: read(cert_flag, cert)?,
@@ -125,8 +183,8 @@ fn pair(
     }
 }
 
-fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsArgsError> {
-    std::fs::read(path).map_err(|source| TlsArgsError::Read {
+fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, SecurityArgsError> {
+    std::fs::read(path).map_err(|source| SecurityArgsError::Read {
         flag,
         path: path.to_path_buf(),
         source,
@@ -140,7 +198,7 @@ mod tests {
 
     #[test]
     fn no_flags_mean_plain_tcp() {
-        assert_eq!(TlsArgs::default().load().unwrap(), None);
+        assert_eq!(SecurityArgs::default().tls().unwrap(), None);
     }
 
     #[test]
@@ -150,26 +208,26 @@ mod tests {
             .unwrap()
             .write(dir.path())
             .unwrap();
-        let args = TlsArgs {
+        let args = SecurityArgs {
             tls_ca: Some(dir.path().join(CA_CERT_FILE)),
             tls_cert: Some(dir.path().join(NODE_CERT_FILE)),
             tls_key: Some(dir.path().join(NODE_KEY_FILE)),
             tls_server_name: DEFAULT_SERVER_NAME.into(),
-            ..TlsArgs::default()
+            ..SecurityArgs::default()
         };
-        let tls = args.load().unwrap().unwrap();
+        let tls = args.tls().unwrap().unwrap();
         assert!(tls.identity.is_some() && tls.client_identity.is_none());
         assert!(tls.server().is_ok());
     }
 
     #[test]
     fn a_certificate_without_a_ca_is_refused() {
-        let args = TlsArgs {
+        let args = SecurityArgs {
             tls_cert: Some("node.pem".into()),
             tls_key: Some("node-key.pem".into()),
-            ..TlsArgs::default()
+            ..SecurityArgs::default()
         };
-        let error = args.load().unwrap_err().to_string();
+        let error = args.tls().unwrap_err().to_string();
         assert!(
             error.contains("--tls-cert") && error.contains("--tls-ca"),
             "{error}"
@@ -177,12 +235,37 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_file_is_named() {
-        let args = TlsArgs {
-            tls_ca: Some("/nonexistent/ca.pem".into()),
-            ..TlsArgs::default()
+    fn the_token_comes_from_its_file_before_the_variable() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let args = SecurityArgs {
+            token_file: Some(file),
+            ..SecurityArgs::default()
         };
-        let error = args.load().unwrap_err().to_string();
+        let expected = ClusterToken::new("from-file").unwrap();
+        assert_eq!(args.token(Some("from-env".into())).unwrap(), Some(expected));
+        let without_file = SecurityArgs::default();
+        let from_env = without_file.token(Some("from-env".into())).unwrap();
+        assert_eq!(from_env, Some(ClusterToken::new("from-env").unwrap()));
+        assert_eq!(without_file.token(None).unwrap(), None);
+        let empty = without_file
+            .token(Some(" ".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            empty.contains("PS_TOKEN") && empty.contains("empty"),
+            "{empty}"
+        );
+    }
+
+    #[test]
+    fn a_missing_file_is_named() {
+        let args = SecurityArgs {
+            tls_ca: Some("/nonexistent/ca.pem".into()),
+            ..SecurityArgs::default()
+        };
+        let error = args.tls().unwrap_err().to_string();
         assert!(error.contains("--tls-ca /nonexistent/ca.pem"), "{error}");
     }
 }
