@@ -23,6 +23,30 @@ pub const CA_KEY_FILE: &str = "ca-key.pem";
 pub const NODE_CERT_FILE: &str = "node.pem";
 /// The node key, for `--tls-key` and `--tls-client-key`.
 pub const NODE_KEY_FILE: &str = "node-key.pem";
+/// A cluster token, for `--token-file`, when one is asked for.
+pub const TOKEN_FILE: &str = "token";
+
+/// A new random cluster token: 32 bytes from the system's random source, in hex.
+///
+/// # Errors
+/// When the random source cannot be read.
+pub fn random_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Writes `token` to `dir/token`, readable by its owner only.
+///
+/// # Errors
+/// Any I/O error.
+pub fn write_token(dir: &Path, token: &str) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(TOKEN_FILE);
+    write_file(&path, format!("{token}\n").as_bytes(), true)?;
+    Ok(path)
+}
 
 /// A CA and a node certificate signed by it, all PEM.
 #[derive(Clone)]
@@ -175,6 +199,22 @@ mod tests {
             };
             assert_eq!(mode(NODE_KEY_FILE), 0o600);
             assert_eq!(mode(CA_KEY_FILE), 0o600);
+        }
+    }
+
+    #[test]
+    fn tokens_are_random_and_written_for_the_owner_only() {
+        let (a, b) = (random_token().unwrap(), random_token().unwrap());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 64);
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_token(dir.path(), &a).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), a);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
         }
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use ps_common::certs::ClusterCerts;
+use ps_common::certs::{self, ClusterCerts};
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_common::security_args::SecurityArgs;
 use ps_proto::consistency::Consistency;
@@ -96,15 +96,46 @@ enum Command {
         /// Days the certificates are valid.
         #[arg(long, default_value_t = 365)]
         days: u32,
+        /// Also write a random cluster token into --out/token (for --token-file).
+        #[arg(long)]
+        token: bool,
+        /// Leave the folder as it is when it already holds a CA (a restarted
+        /// cluster keeps the certificates its running processes trust).
+        #[arg(long)]
+        keep: bool,
     },
 }
 
+/// What `ps-scheduler certs` was asked for.
+struct CertsRequest<'a> {
+    out: &'a std::path::Path,
+    names: &'a [String],
+    days: u32,
+    token: bool,
+    keep: bool,
+}
+
 /// Runs `ps-scheduler certs` and says what it wrote.
-fn write_certs(out: &std::path::Path, names: &[String], days: u32) -> anyhow::Result<()> {
-    let certs = ClusterCerts::generate(names, days).context("cannot make the certificates")?;
-    let written = certs
+fn write_certs(request: CertsRequest<'_>) -> anyhow::Result<()> {
+    let CertsRequest {
+        out,
+        names,
+        days,
+        token,
+        keep,
+    } = request;
+    if keep && out.join(certs::CA_CERT_FILE).exists() {
+        println!("kept the certificates in {}", out.display());
+        return Ok(());
+    }
+    let cluster = ClusterCerts::generate(names, days).context("cannot make the certificates")?;
+    let mut written = cluster
         .write(out)
         .with_context(|| format!("cannot write the certificates to {}", out.display()))?;
+    if token {
+        let secret = certs::random_token().context("cannot read the system's random source")?;
+        written.push(certs::write_token(out, &secret).context("cannot write the token")?);
+    }
     for path in written {
         println!("wrote {}", path.display());
     }
@@ -202,7 +233,21 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Health { server }) => {
             std::process::exit(ps_common::health::report(server, &transport).await);
         }
-        Some(Command::Certs { out, names, days }) => return write_certs(out, names, *days),
+        Some(Command::Certs {
+            out,
+            names,
+            days,
+            token,
+            keep,
+        }) => {
+            return write_certs(CertsRequest {
+                out,
+                names,
+                days: *days,
+                token: *token,
+                keep: *keep,
+            });
+        }
         None => {}
     }
     let config = SchedulerConfig {

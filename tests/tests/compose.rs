@@ -1,5 +1,7 @@
 //! The docker-compose cluster end to end: images built from the project's static
-//! binaries, `up` with the default two workers and scaled to three, every worker
+//! binaries, `up` with the default two workers and scaled to three, over TLS with a
+//! cluster token (both made by the project's own `ps-scheduler certs` into a
+//! volume; the scheduler and servers must log `tls=true`), every worker
 //! reaching the accuracy target, every container exiting 0 on its own once the job
 //! is done, and the project removed with its volumes even when a check fails.
 //! Then chaos in containers, one fault per run, each landing mid-run: a server
@@ -52,6 +54,17 @@ fn trained(cluster: &Compose, workers: usize) -> f64 {
             container.name,
             container.code,
             cluster.logs(&[])
+        );
+    }
+    for (service, listening) in [
+        ("scheduler", "ps-scheduler listening"),
+        ("server", "ps-server listening"),
+    ] {
+        let logs = cluster.logs(&[service]);
+        let line = logs.lines().find(|l| l.contains(listening));
+        assert!(
+            line.is_some_and(|l| l.contains("tls=true")),
+            "{service} did not serve over TLS:\n{logs}"
         );
     }
     let summaries = cluster.json_lines("worker");
