@@ -25,6 +25,11 @@ use crate::roster::{Member, Roster};
 use crate::shard_map::{ShardMap, WorkerGroup, next_map};
 use crate::state_file::SavedState;
 
+/// The most server addresses one scheduler keeps: a bound on what registrations
+/// can make it hold (each stays in the roster, dead or alive, so that a server
+/// restarted at its address gets its id back).
+pub const MAX_SERVERS: usize = 1024;
+
 /// Why a membership call was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MembershipError {
@@ -35,6 +40,14 @@ pub enum MembershipError {
     GroupFull {
         /// Group size.
         workers: u32,
+    },
+    /// Registering one more server address would pass [`MAX_SERVERS`].
+    #[error(
+        "the scheduler already knows {limit} server addresses, its limit; a cluster this large needs more than one job, and a flood of registrations needs the cluster token (PS_TOKEN)"
+    )]
+    TooManyServers {
+        /// The limit.
+        limit: usize,
     },
     /// A heartbeat from a node the scheduler does not know (or declared dead).
     #[error("{node} is not a live member (declared dead or never registered); register again")]
@@ -106,11 +119,24 @@ impl Membership {
     }
 
     /// Registers a server at `addr` (again, after a restart: same id).
-    pub fn register_server(&mut self, addr: &str, now: Instant) -> ServerId {
-        let id = (self.servers.id_of(addr)).unwrap_or(ServerId(self.servers.len() as u32));
+    ///
+    /// # Errors
+    /// [`MembershipError::TooManyServers`] for a new address past [`MAX_SERVERS`].
+    pub fn register_server(
+        &mut self,
+        addr: &str,
+        now: Instant,
+    ) -> Result<ServerId, MembershipError> {
+        let id = match self.servers.id_of(addr) {
+            Some(id) => id,
+            None if self.servers.len() >= MAX_SERVERS => {
+                return Err(MembershipError::TooManyServers { limit: MAX_SERVERS });
+            }
+            None => ServerId(self.servers.len() as u32),
+        };
         self.servers.insert(id, addr, now);
         self.republish();
-        id
+        Ok(id)
     }
 
     /// Gives `client_id` a rank: its old one, else the lowest rank that is free or

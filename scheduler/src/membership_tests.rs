@@ -35,8 +35,8 @@ fn ranks(ranks: &[u32]) -> Vec<Rank> {
 
 fn cluster(t0: Instant) -> Membership {
     let mut m = Membership::new(TIMEOUT, 2, 2);
-    m.register_server("s0:1", t0);
-    m.register_server("s1:1", t0);
+    m.register_server("s0:1", t0).unwrap();
+    m.register_server("s1:1", t0).unwrap();
     m
 }
 
@@ -56,12 +56,12 @@ fn no_map_until_params_and_servers_are_there() {
     let t0 = Instant::now();
     let mut m = Membership::new(TIMEOUT, 2, 2);
     assert!(m.map().is_none());
-    m.register_server("s0:1", t0);
+    m.register_server("s0:1", t0).unwrap();
     assert!(m.missing().contains("1 of 2 servers"), "{}", m.missing());
     assert!(m.missing().contains("declared the parameters"));
     m.declare_params(params()).unwrap();
     assert!(m.map().is_none());
-    m.register_server("s1:1", t0);
+    m.register_server("s1:1", t0).unwrap();
     let map = m.map().unwrap();
     assert_eq!((map.version, map.servers.len()), (MapVersion(1), 2));
     assert_eq!(m.missing(), "");
@@ -221,7 +221,7 @@ fn a_clean_leave_is_immediate() {
 fn elastic(t0: Instant) -> Membership {
     let group: GroupSize = "2:3".parse().unwrap();
     let mut m = Membership::new(TIMEOUT, group, 1).with_join_window(Duration::from_secs(2));
-    m.register_server("s0:1", t0);
+    m.register_server("s0:1", t0).unwrap();
     m.declare_params(params()).unwrap();
     m
 }
@@ -348,7 +348,7 @@ fn a_saved_membership_resumes_with_the_same_map_ids_and_ranks() {
     assert_eq!(resumed.map(), Some(&before), "same version and placement");
     assert_eq!(
         resumed.register_server("s1:1", later),
-        ServerId(1),
+        Ok(ServerId(1)),
         "same server id"
     );
     assert_eq!(
@@ -379,4 +379,18 @@ fn a_saved_membership_resumes_with_the_same_map_ids_and_ranks() {
         ),
         "nodes not heard from after the restart are declared dead as usual: {events:?}"
     );
+}
+
+#[test]
+fn server_addresses_are_bounded_and_a_known_one_is_always_taken_again() {
+    let t0 = Instant::now();
+    let mut m = Membership::new(TIMEOUT, 1, 1);
+    for i in 0..MAX_SERVERS {
+        m.register_server(&format!("s{i}:1"), t0).unwrap();
+    }
+    assert_eq!(
+        m.register_server("one-more:1", t0),
+        Err(MembershipError::TooManyServers { limit: MAX_SERVERS })
+    );
+    assert_eq!(m.register_server("s7:1", t0), Ok(ServerId(7)));
 }

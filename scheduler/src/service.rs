@@ -44,9 +44,14 @@ impl SchedulerService {
     }
 }
 
+/// The longest server address taken: a DNS name (253 bytes) and a port.
+const MAX_ADDRESS_BYTES: usize = 260;
+
 fn membership_status(error: MembershipError) -> Status {
     match error {
-        MembershipError::GroupFull { .. } => Status::resource_exhausted(error.to_string()),
+        MembershipError::GroupFull { .. } | MembershipError::TooManyServers { .. } => {
+            Status::resource_exhausted(error.to_string())
+        }
         MembershipError::UnknownNode { .. } => Status::not_found(error.to_string()),
         MembershipError::ParamsConflict { .. } => Status::failed_precondition(error.to_string()),
     }
@@ -101,14 +106,16 @@ impl Scheduler for SchedulerService {
         request: Request<v1::RegisterServerRequest>,
     ) -> Result<Response<v1::RegisterServerResponse>, Status> {
         let addr = request.into_inner().addr;
-        if addr.is_empty() {
-            return Err(Status::invalid_argument(
-                "RegisterServer needs the address workers reach the server at",
-            ));
+        if addr.is_empty() || addr.len() > MAX_ADDRESS_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "RegisterServer needs the address workers reach the server at, host:port of at most {MAX_ADDRESS_BYTES} bytes (got {} bytes)",
+                addr.len()
+            )));
         }
         let server_id = self
             .state
-            .update(|m| m.register_server(&addr, Instant::now()));
+            .update(|m| m.register_server(&addr, Instant::now()))
+            .map_err(membership_status)?;
         tracing::info!(%server_id, addr, "server registered");
         Ok(Response::new(v1::RegisterServerResponse {
             server_id: server_id.get(),

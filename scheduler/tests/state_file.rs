@@ -14,7 +14,7 @@ use ps_scheduler::state_file::{self as state, StateError};
 fn saved_job(dir: &std::path::Path, worker_left: bool) -> std::path::PathBuf {
     let now = Instant::now();
     let mut membership = Membership::new(Duration::from_secs(3), 1, 1);
-    membership.register_server("s0:7070", now);
+    membership.register_server("s0:7070", now).unwrap();
     membership.register_worker("w", now).expect("a rank");
     if worker_left {
         membership.leave(Node::Worker(Rank(0)), Step(0));
