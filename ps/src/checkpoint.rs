@@ -4,10 +4,12 @@
 //! One checkpoint is one file `checkpoint-<seq>.safetensors` in the server's own
 //! folder. Each key contributes `<name>/<part>/values` and, when its optimizer
 //! keeps state, `<name>/<part>/first` and `<name>/<part>/second` (all `F32`). The
-//! safetensors metadata holds `format` (`candle-ps-checkpoint-v1`), `keys` (JSON:
+//! safetensors metadata holds `format` (`candle-ps-checkpoint-v2`), `keys` (JSON:
 //! each key's spec, version, optimizer update count and the last step each worker
-//! pushed) and `crc32` of the tensor data, so a truncated or altered file is
-//! refused as a whole rather than half-loaded.
+//! pushed) and a `crc32` of the key list and of every tensor's name, dtype, shape
+//! and data, so a truncated or altered file is refused as a whole rather than
+//! half-loaded or misread. (`v1` files, whose checksum covered the tensor data
+//! only, are still read.)
 //!
 //! Writing goes to `.tmp`, is fsynced, renamed over nothing (a new sequence
 //! number) and the folder fsynced; a crash at any point leaves the previous
@@ -26,7 +28,9 @@ use serde::{Deserialize, Serialize};
 /// Checkpoints kept per server; older ones are deleted after a successful write.
 pub const KEEP: usize = 2;
 
-const FORMAT: &str = "candle-ps-checkpoint-v1";
+const FORMAT: &str = "candle-ps-checkpoint-v2";
+/// The first format, whose checksum covered the tensor data only; still read.
+const FORMAT_V1: &str = "candle-ps-checkpoint-v1";
 const PREFIX: &str = "checkpoint-";
 const SUFFIX: &str = ".safetensors";
 
@@ -158,20 +162,15 @@ fn encode(keys: &[KeyCheckpoint]) -> Result<Vec<u8>, String> {
             }
         })
         .collect();
-    let data_crc = {
-        let mut hasher = crc32fast::Hasher::new();
-        for (_, view) in &tensors {
-            hasher.update(view.data());
-        }
-        hasher.finalize()
-    };
+    let keys_json = serde_json::to_string(&metas).map_err(|e| e.to_string())?;
+    let crc = checksum(
+        &keys_json,
+        tensors.iter().map(|(name, view)| (name.as_str(), view)),
+    );
     let metadata = HashMap::from([
         ("format".to_string(), FORMAT.to_string()),
-        (
-            "keys".to_string(),
-            serde_json::to_string(&metas).map_err(|e| e.to_string())?,
-        ),
-        ("crc32".to_string(), data_crc.to_string()),
+        ("keys".to_string(), keys_json),
+        ("crc32".to_string(), crc.to_string()),
     ]);
     safetensors::serialize(tensors, Some(metadata)).map_err(|e| e.to_string())
 }
@@ -182,30 +181,61 @@ fn dtype_named(name: &str) -> Option<DType> {
         .find(|d| d.to_string() == name)
 }
 
+/// The checksum of a checkpoint: the key list, then each tensor's name, dtype,
+/// shape and data in name order, so that no byte of what is restored (values,
+/// versions, the steps each worker pushed) can change unnoticed.
+fn checksum<'a>(
+    keys_json: &str,
+    tensors: impl Iterator<Item = (&'a str, &'a TensorView<'a>)>,
+) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(keys_json.as_bytes());
+    for (name, view) in tensors {
+        hasher.update(name.as_bytes());
+        hasher.update(format!("{:?}{:?}", view.dtype(), view.shape()).as_bytes());
+        hasher.update(view.data());
+    }
+    hasher.finalize()
+}
+
+/// The checksum of a first-format checkpoint: the tensor data only.
+fn checksum_v1<'a>(tensors: impl Iterator<Item = &'a TensorView<'a>>) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    for view in tensors {
+        hasher.update(view.data());
+    }
+    hasher.finalize()
+}
+
 /// Parses and verifies one checkpoint buffer.
 fn decode(buffer: &[u8]) -> Result<Vec<KeyCheckpoint>, String> {
     let tensors = SafeTensors::deserialize(buffer).map_err(|e| format!("safetensors: {e}"))?;
     let (_, header) = SafeTensors::read_metadata(buffer).map_err(|e| e.to_string())?;
     let meta = header.metadata().as_ref().ok_or("no candle-ps metadata")?;
-    if meta.get("format").map(String::as_str) != Some(FORMAT) {
-        return Err(format!("format is {:?}, not {FORMAT}", meta.get("format")));
+    let format = meta.get("format").map(String::as_str);
+    if format != Some(FORMAT) && format != Some(FORMAT_V1) {
+        return Err(format!("format is {format:?}, not {FORMAT}"));
     }
+    let keys_json = meta.get("keys").ok_or("no key list in the metadata")?;
     let mut names = tensors.names();
     names.sort_unstable();
-    let mut hasher = crc32fast::Hasher::new();
-    for name in &names {
-        hasher.update(tensors.tensor(name).map_err(|e| e.to_string())?.data());
-    }
+    let views = names
+        .iter()
+        .map(|name| tensors.tensor(name).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let crc = match format {
+        Some(FORMAT_V1) => checksum_v1(views.iter()),
+        _ => checksum(keys_json, names.iter().copied().zip(&views)),
+    };
     let expected: u32 = meta
         .get("crc32")
         .and_then(|c| c.parse().ok())
         .ok_or("no crc32 in the metadata")?;
-    if hasher.finalize() != expected {
-        return Err("the tensor data does not match its crc32 (altered or torn write)".into());
+    if crc != expected {
+        return Err("the checkpoint does not match its crc32 (altered or torn write)".into());
     }
     let metas: Vec<KeyMeta> =
-        serde_json::from_str(meta.get("keys").ok_or("no key list in the metadata")?)
-            .map_err(|e| format!("key list: {e}"))?;
+        serde_json::from_str(keys_json).map_err(|e| format!("key list: {e}"))?;
     let read = |key: &ParamKey, what: &str| -> Result<Vec<f32>, String> {
         match tensors.tensor(&tensor_name(key, what)) {
             Ok(view) if view.dtype() == Dtype::F32 => Ok(view
@@ -473,5 +503,46 @@ mod tests {
     fn folder_names_are_plain() {
         assert_eq!(folder_name("10.0.0.2:7070"), "10.0.0.2_7070");
         assert_eq!(folder_name("[::1]:7070"), "___1__7070");
+    }
+
+    #[test]
+    fn a_first_format_checkpoint_is_still_read() {
+        let keys = vec![key("w", 3)];
+        let v2 = encode(&keys).unwrap();
+        let (_, header) = SafeTensors::read_metadata(&v2).unwrap();
+        let mut meta = header.metadata().clone().unwrap();
+        let parsed = SafeTensors::deserialize(&v2).unwrap();
+        let mut tensors: Vec<_> = parsed.tensors();
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        let crc = checksum_v1(tensors.iter().map(|(_, view)| view));
+        meta.insert("format".into(), FORMAT_V1.into());
+        meta.insert("crc32".into(), crc.to_string());
+        let v1 = safetensors::serialize(tensors, Some(meta)).unwrap();
+        assert_eq!(decode(&v1).unwrap(), keys);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Any bytes: the reader refuses them or reads keys, never panics.
+        #[test]
+        fn any_bytes_are_read_or_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = decode(&bytes);
+        }
+
+        /// A real checkpoint with one byte changed or cut short anywhere is
+        /// refused (the checksum covers every byte), never misread.
+        #[test]
+        fn a_damaged_checkpoint_is_refused(at in proptest::prelude::any::<proptest::sample::Index>(), flip in 1u8..=255, cut: bool) {
+            let keys = vec![key("w", 3), key("b", 4)];
+            let mut bytes = encode(&keys).unwrap();
+            let at = at.index(bytes.len());
+            if cut {
+                bytes.truncate(at);
+            } else {
+                bytes[at] ^= flip;
+            }
+            proptest::prop_assert!(decode(&bytes).is_err());
+        }
     }
 }
