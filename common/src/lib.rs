@@ -8,10 +8,12 @@
 //! - [`processes`]: real `ps-server` and `ps-scheduler` processes on loopback ports.
 //! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
 //! - [`rng`]: a small deterministic random generator for data and payloads.
+//! - [`connections`]: a server's connections, at most `--max-connections` at once.
 //! - [`certs`]: a cluster's CA and node certificate, for `ps-scheduler certs` and `ps-local --tls`.
 //! - [`security_args`]: the `--tls-*` flags and cluster token every program takes.
 
 pub mod certs;
+pub mod connections;
 pub mod fixtures;
 pub mod health;
 pub mod process;

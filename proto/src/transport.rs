@@ -24,6 +24,9 @@ pub fn message_overhead(max_message_bytes: usize) -> usize {
     (max_message_bytes / 16).clamp(1 << 10, 64 << 10)
 }
 
+/// The most connections a server keeps open, by default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
 /// HTTP/2 and gRPC settings shared by servers and clients.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransportConfig {
@@ -47,6 +50,8 @@ pub struct TransportConfig {
     pub tls: Option<TlsConfig>,
     /// The cluster token channels send and servers require; none when `None`.
     pub token: Option<ClusterToken>,
+    /// The most connections a server keeps open; more are closed as they come.
+    pub max_connections: usize,
 }
 
 impl Default for TransportConfig {
@@ -62,6 +67,7 @@ impl Default for TransportConfig {
             connect_timeout: Duration::from_secs(5),
             tls: None,
             token: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -90,6 +96,9 @@ impl TransportConfig {
                     "{name} {value} is outside HTTP/2's range 65535..={MAX_WINDOW} bytes"
                 ));
             }
+        }
+        if self.max_connections == 0 {
+            return Err("--max-connections must be at least 1".into());
         }
         if self.max_message_bytes < 4096 {
             return Err(format!(

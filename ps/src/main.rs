@@ -102,6 +102,9 @@ struct Args {
     /// Let HTTP/2 size its windows adaptively (overrides the windows).
     #[arg(long, env = "PS_ADAPTIVE_WINDOW")]
     adaptive_window: bool,
+    /// The most connections this server keeps open; more are closed as they come.
+    #[arg(long, env = "PS_MAX_CONNECTIONS", default_value_t = ps_proto::transport::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
     #[command(flatten)]
     security: SecurityArgs,
 }
@@ -169,6 +172,7 @@ impl Args {
             connection_window_bytes: self.connection_window,
             max_frame_bytes: self.max_frame,
             adaptive_window: self.adaptive_window,
+            max_connections: self.max_connections,
             ..TransportConfig::default()
         };
         self.security.apply(&mut transport)?;

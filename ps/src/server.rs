@@ -85,7 +85,11 @@ pub async fn run(
                 .transport
                 .guarded(ParameterService::new(store, config.clone(), checkpointer).into_server()),
         );
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = ps_common::connections::bounded(
+        TcpIncoming::from(listener).with_nodelay(Some(true)),
+        config.transport.max_connections,
+        format!("ps-server at {addr}"),
+    );
     let stop_on_signal = stop_waits.clone();
     let on_shutdown = async move {
         tokio::select! {

@@ -282,3 +282,30 @@ fn binary_waits_for_its_scheduler_up_to_the_connect_timeout() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn connections_past_the_limit_are_closed_and_the_open_ones_keep_working() {
+    let mut config = ps_server::ServerConfig::default();
+    config.transport.max_connections = 1;
+    let server = TestServer::start(config).await;
+    server.register(vec![param("w", &[1.0], sgd(1.0))]).await;
+    let second = TransportConfig::default()
+        .endpoint(http_uri(&server.addr.to_string()))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = second {
+        let mut client = ps_proto::v1::parameter_server_client::ParameterServerClient::new(channel);
+        let refused = client.stats(ps_proto::v1::StatsRequest {}).await;
+        assert!(
+            refused.is_err(),
+            "a second connection was served: {refused:?}"
+        );
+    }
+    assert_eq!(
+        server.stats().await.keys,
+        1,
+        "the first connection still works"
+    );
+    server.stop().await;
+}

@@ -55,6 +55,9 @@ struct Cli {
     /// Exit once every worker has finished; following servers exit with it.
     #[arg(long, env = "PS_EXIT_WHEN_DONE")]
     exit_when_done: bool,
+    /// The most connections the scheduler keeps open; more are closed as they come.
+    #[arg(long, env = "PS_MAX_CONNECTIONS", default_value_t = ps_proto::transport::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
     #[command(flatten)]
     security: SecurityArgs,
 }
@@ -223,7 +226,10 @@ async fn status(
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     ps_common::process::init_tracing();
-    let mut transport = TransportConfig::default();
+    let mut transport = TransportConfig {
+        max_connections: cli.max_connections,
+        ..TransportConfig::default()
+    };
     cli.security.apply(&mut transport)?;
     match &cli.command {
         Some(Command::Status {

@@ -59,7 +59,11 @@ pub async fn run(
         .await;
     tracing::info!(%addr, workers = %config.workers, min_servers = config.min_servers, timeout = ?config.heartbeat_timeout, tls = config.transport.is_tls(), "ps-scheduler listening");
     ps_common::process::warn_if_plain(&format!("ps-scheduler at {addr}"), addr, &config.transport);
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = ps_common::connections::bounded(
+        TcpIncoming::from(listener).with_nodelay(Some(true)),
+        config.transport.max_connections,
+        format!("ps-scheduler at {addr}"),
+    );
     let served = config
         .transport
         .server()?
