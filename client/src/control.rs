@@ -94,6 +94,8 @@ pub(crate) struct SchedulerLink {
     latest_map: Arc<AtomicU64>,
     heartbeat: Option<JoinHandle<()>>,
     rank: Option<u32>,
+    /// The secret of this worker's registration, which its heartbeats and `Leave` carry.
+    secret: String,
     /// The parameters declared, to read the shard maps against.
     pub(crate) params: Vec<ParamInfo>,
 }
@@ -156,6 +158,7 @@ impl SchedulerLink {
             latest_map: Arc::default(),
             heartbeat: None,
             rank: None,
+            secret: String::new(),
             params: Vec::new(),
         }
     }
@@ -214,8 +217,10 @@ impl SchedulerLink {
                 addr: self.addr.clone(),
                 reason,
             })?;
+        self.secret = response.secret.clone();
         let beat = Heartbeat {
             rank: response.rank,
+            secret: response.secret,
             step: Arc::clone(&self.step),
             latest_map: Arc::clone(&self.latest_map),
             interval: Duration::from_millis(response.heartbeat_interval_ms.max(50)),
@@ -303,6 +308,7 @@ impl SchedulerLink {
         let leave = self.client.leave(v1::HeartbeatRequest {
             node,
             step: self.step.load(Ordering::Relaxed),
+            secret: self.secret.clone(),
         });
         if tokio::time::timeout(Duration::from_secs(2), leave)
             .await
@@ -316,6 +322,8 @@ impl SchedulerLink {
 /// What the heartbeat task reports and records.
 struct Heartbeat {
     rank: u32,
+    /// The secret of this worker's registration.
+    secret: String,
     step: Arc<AtomicU64>,
     latest_map: Arc<AtomicU64>,
     interval: Duration,
@@ -332,6 +340,7 @@ async fn heartbeat(mut scheduler: SchedulerClient<AuthChannel>, beat: Heartbeat)
             .heartbeat(v1::HeartbeatRequest {
                 node,
                 step: beat.step.load(Ordering::Relaxed),
+                secret: beat.secret.clone(),
             })
             .await
         {
@@ -347,6 +356,14 @@ async fn heartbeat(mut scheduler: SchedulerClient<AuthChannel>, beat: Heartbeat)
                 tracing::error!(
                     rank,
                     "the scheduler declared this worker dead (missed heartbeats); its group goes on without it"
+                );
+                return;
+            }
+            Err(status) if status.code() == tonic::Code::PermissionDenied => {
+                tracing::error!(
+                    rank,
+                    reason = status.message(),
+                    "another registration holds this worker's rank now; this worker's heartbeats stop"
                 );
                 return;
             }

@@ -59,6 +59,8 @@ struct Follower {
     link: SchedulerLink,
     store: Arc<Store>,
     server_id: Option<u32>,
+    /// The secret of this server's registration, which its heartbeats carry.
+    secret: String,
     interval: Duration,
     map_version: u64,
     reachable: bool,
@@ -71,6 +73,7 @@ impl Follower {
             addr: self.link.advertise.clone(),
         };
         let response = self.client.register_server(request).await?.into_inner();
+        self.secret = response.secret;
         self.interval = Duration::from_millis(response.heartbeat_interval_ms.max(50));
         tracing::info!(server_id = response.server_id, scheduler = %self.link.scheduler, advertise = %self.link.advertise, "registered with the scheduler");
         Ok(response.server_id)
@@ -88,7 +91,11 @@ impl Follower {
         let node = Some(v1::heartbeat_request::Node::ServerId(server_id));
         let version = match self
             .client
-            .heartbeat(v1::HeartbeatRequest { node, step: 0 })
+            .heartbeat(v1::HeartbeatRequest {
+                node,
+                step: 0,
+                secret: self.secret.clone(),
+            })
             .await
         {
             Ok(response) if response.get_ref().job_done => {
@@ -100,10 +107,11 @@ impl Follower {
                 return Ok(());
             }
             Ok(response) => response.into_inner().map_version,
-            Err(status) if status.code() == Code::NotFound => {
+            Err(status) if matches!(status.code(), Code::NotFound | Code::PermissionDenied) => {
                 tracing::warn!(
                     server_id,
-                    "the scheduler no longer knows this server; registering again"
+                    reason = status.message(),
+                    "the scheduler no longer knows this registration; registering again"
                 );
                 self.server_id = None;
                 return Ok(());
@@ -141,7 +149,11 @@ impl Follower {
             return;
         };
         let node = Some(v1::heartbeat_request::Node::ServerId(server_id));
-        let leave = self.client.leave(v1::HeartbeatRequest { node, step: 0 });
+        let leave = self.client.leave(v1::HeartbeatRequest {
+            node,
+            step: 0,
+            secret: self.secret.clone(),
+        });
         if tokio::time::timeout(Duration::from_secs(2), leave)
             .await
             .is_ok()
@@ -173,6 +185,7 @@ pub async fn follow(
         link,
         store,
         server_id: None,
+        secret: String::new(),
         interval: Duration::from_millis(500),
         map_version: 0,
         reachable: true,

@@ -17,6 +17,7 @@ pub mod barrier;
 pub mod config;
 pub mod group;
 pub mod membership;
+pub mod owners;
 pub mod placement;
 pub mod roster;
 pub mod server;

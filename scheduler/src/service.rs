@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status};
 use crate::barrier::BarrierState;
 use crate::config::SchedulerConfig;
 use crate::membership::{Membership, MembershipError, Node};
+use crate::owners::Owners;
 use crate::shard_map::ShardMap;
 
 /// The most parameter bytes one `DeclareParams` may declare (1 TiB): far past
@@ -30,12 +31,25 @@ pub use crate::shared_state::SchedulerState;
 #[derive(Debug, Clone)]
 pub struct SchedulerService {
     state: Arc<SchedulerState>,
+    owners: Arc<Owners>,
+}
+
+/// A new registration's secret.
+fn new_secret() -> Result<String, Status> {
+    ps_common::certs::random_token().map_err(|e| {
+        Status::internal(format!(
+            "cannot make a registration secret (the system's random source: {e})"
+        ))
+    })
 }
 
 impl SchedulerService {
     /// A service over `state`.
     pub fn new(state: Arc<SchedulerState>) -> Self {
-        Self { state }
+        Self {
+            state,
+            owners: Arc::default(),
+        }
     }
 
     /// The tonic server.
@@ -112,14 +126,20 @@ impl Scheduler for SchedulerService {
                 addr.len()
             )));
         }
+        let secret = new_secret()?;
         let server_id = self
             .state
-            .update(|m| m.register_server(&addr, Instant::now()))
+            .update(|m| {
+                let id = m.register_server(&addr, Instant::now())?;
+                self.owners.grant(Node::Server(id), secret.clone());
+                Ok(id)
+            })
             .map_err(membership_status)?;
         tracing::info!(%server_id, addr, "server registered");
         Ok(Response::new(v1::RegisterServerResponse {
             server_id: server_id.get(),
             heartbeat_interval_ms: interval_ms(&self.state.config),
+            secret,
         }))
     }
 
@@ -133,9 +153,14 @@ impl Scheduler for SchedulerService {
                 "RegisterWorker needs a client_id unique to the worker process",
             ));
         }
+        let secret = new_secret()?;
         let rank = self
             .state
-            .update(|m| m.register_worker(&client_id, Instant::now()))
+            .update(|m| {
+                let rank = m.register_worker(&client_id, Instant::now())?;
+                self.owners.grant(Node::Worker(rank), secret.clone());
+                Ok(rank)
+            })
             .map_err(membership_status)?;
         tracing::info!(%rank, client_id, "worker registered");
         let config = &self.state.config;
@@ -155,6 +180,7 @@ impl Scheduler for SchedulerService {
             workers,
             consistency: config.consistency.to_string(),
             heartbeat_interval_ms: interval_ms(config),
+            secret,
         }))
     }
 
@@ -164,6 +190,7 @@ impl Scheduler for SchedulerService {
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
         let request = request.into_inner();
         let node = node_of(&request)?;
+        self.owners.check(node, &request.secret, "Heartbeat")?;
         // A heartbeat changes no map, so it wakes no waiter.
         let exit_when_done = self.state.config.exit_when_done;
         let (beat, job_done) = self.state.quietly(|membership| {
@@ -182,6 +209,8 @@ impl Scheduler for SchedulerService {
         request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::LeaveResponse>, Status> {
         let node = node_of(request.get_ref())?;
+        self.owners
+            .check(node, &request.get_ref().secret, "Leave")?;
         let step = Step(request.get_ref().step);
         self.state.update(|m| m.leave(node, step));
         tracing::info!(%node, %step, "left the cluster");

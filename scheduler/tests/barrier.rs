@@ -10,7 +10,8 @@ use ps_scheduler::SchedulerConfig;
 use tonic::Code;
 use tonic::transport::Channel;
 
-async fn scheduler_with_two_workers() -> SchedulerClient<Channel> {
+/// A scheduler with workers 0 and 1 registered, and each one's registration secret.
+async fn scheduler_with_two_workers() -> (SchedulerClient<Channel>, Vec<String>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let config = SchedulerConfig {
@@ -19,15 +20,18 @@ async fn scheduler_with_two_workers() -> SchedulerClient<Channel> {
     };
     tokio::spawn(ps_scheduler::run(listener, config, std::future::pending()));
     let mut client = SchedulerClient::connect(http_uri(&addr)).await.unwrap();
+    let mut secrets = Vec::new();
     for id in ["a", "b"] {
-        client
+        let registered = client
             .register_worker(v1::RegisterWorkerRequest {
                 client_id: id.into(),
             })
             .await
-            .unwrap();
+            .unwrap()
+            .into_inner();
+        secrets.push(registered.secret);
     }
-    client
+    (client, secrets)
 }
 
 fn barrier(name: &str, rank: u32, timeout_ms: u64) -> v1::BarrierRequest {
@@ -40,7 +44,7 @@ fn barrier(name: &str, rank: u32, timeout_ms: u64) -> v1::BarrierRequest {
 
 #[tokio::test]
 async fn a_barrier_releases_when_every_live_worker_arrives() {
-    let client = scheduler_with_two_workers().await;
+    let (client, _) = scheduler_with_two_workers().await;
     let mut first = client.clone();
     let waiting = tokio::spawn(async move { first.barrier(barrier("start", 0, 30_000)).await });
     let second = client
@@ -60,7 +64,7 @@ async fn a_barrier_releases_when_every_live_worker_arrives() {
 
 #[tokio::test]
 async fn a_barrier_times_out_naming_the_missing_worker() {
-    let client = scheduler_with_two_workers().await;
+    let (client, _) = scheduler_with_two_workers().await;
     let status = client
         .clone()
         .barrier(barrier("epoch-1", 0, 100))
@@ -76,13 +80,17 @@ async fn a_barrier_times_out_naming_the_missing_worker() {
 
 #[tokio::test]
 async fn a_barrier_stops_waiting_for_a_worker_that_leaves() {
-    let client = scheduler_with_two_workers().await;
+    let (client, secrets) = scheduler_with_two_workers().await;
     let mut first = client.clone();
     let waiting = tokio::spawn(async move { first.barrier(barrier("end", 0, 30_000)).await });
     let node = Some(v1::heartbeat_request::Node::WorkerRank(1));
     client
         .clone()
-        .leave(v1::HeartbeatRequest { node, step: 0 })
+        .leave(v1::HeartbeatRequest {
+            node,
+            step: 0,
+            secret: secrets[1].clone(),
+        })
         .await
         .unwrap();
     let released = tokio::time::timeout(Duration::from_secs(30), waiting)
@@ -95,7 +103,7 @@ async fn a_barrier_stops_waiting_for_a_worker_that_leaves() {
 
 #[tokio::test]
 async fn a_shard_map_wait_names_what_is_missing() {
-    let mut client = scheduler_with_two_workers().await;
+    let (mut client, _) = scheduler_with_two_workers().await;
     let status = client
         .get_shard_map(v1::GetShardMapRequest {
             min_version: 1,

@@ -1,7 +1,8 @@
 //! The cluster token over real gRPC: a scheduler and a parameter server started
 //! with one refuse every request without it (or with another) with
 //! `UNAUTHENTICATED`, rogue registrations change nothing, the health service
-//! stays open, and a client with the token trains as before.
+//! stays open, and a client with the token trains as before. With the token, a
+//! registration's heartbeats and `Leave` still need its own secret.
 
 use ps_client::{ClientConfig, PsClient};
 use ps_proto::auth::ClusterToken;
@@ -21,8 +22,8 @@ fn transport(token: Option<&str>) -> TransportConfig {
     }
 }
 
-/// A scheduler and one server following it, both requiring `token`.
-async fn cluster(token: &str) -> (String, String) {
+/// A scheduler requiring `token`.
+async fn scheduler(token: &str) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let scheduler = listener.local_addr().unwrap().to_string();
     let config = SchedulerConfig {
@@ -30,6 +31,12 @@ async fn cluster(token: &str) -> (String, String) {
         ..SchedulerConfig::default()
     };
     tokio::spawn(ps_scheduler::run(listener, config, std::future::pending()));
+    scheduler
+}
+
+/// A scheduler and one server following it, both requiring `token`.
+async fn cluster(token: &str) -> (String, String) {
+    let scheduler = scheduler(token).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let server = listener.local_addr().unwrap().to_string();
     let config = ServerConfig {
@@ -121,4 +128,55 @@ async fn without_the_token_nothing_is_answered_and_nothing_changes() {
         "no rogue server joined: {status:?}"
     );
     assert_eq!(status.servers[0].addr, server_addr);
+}
+
+#[tokio::test]
+async fn with_the_token_only_a_registration_s_owner_may_heartbeat_or_leave_for_it() {
+    let scheduler_addr = scheduler("job-secret").await;
+    let mut owner = SchedulerClient::new(channel(&scheduler_addr, Some("job-secret")).await);
+    let registered = owner
+        .register_server(v1::RegisterServerRequest {
+            addr: "127.0.0.1:7070".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let server = Some(v1::heartbeat_request::Node::ServerId(registered.server_id));
+    let beat = |secret: &str| v1::HeartbeatRequest {
+        node: server,
+        step: 0,
+        secret: secret.into(),
+    };
+
+    let mut intruder = SchedulerClient::new(channel(&scheduler_addr, Some("job-secret")).await);
+    for secret in ["", "guess"] {
+        let refused = intruder
+            .leave(beat(secret))
+            .await
+            .expect_err("a foreign Leave");
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        assert!(refused.message().contains("server 0"), "{refused:?}");
+        let refused = intruder
+            .heartbeat(beat(secret))
+            .await
+            .expect_err("a foreign Heartbeat");
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    }
+    owner
+        .heartbeat(beat(&registered.secret))
+        .await
+        .expect("the owner's heartbeat");
+    let status = owner
+        .status(v1::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        status.servers.iter().all(|s| s.alive && !s.left),
+        "the foreign Leave changed nothing: {status:?}"
+    );
+    owner
+        .leave(beat(&registered.secret))
+        .await
+        .expect("the owner's Leave");
 }

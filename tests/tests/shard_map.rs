@@ -75,9 +75,13 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
         .unwrap()
         .into_inner();
     let node = Some(v1::heartbeat_request::Node::WorkerRank(b.rank));
-    raw.leave(v1::HeartbeatRequest { node, step: 0 })
-        .await
-        .unwrap();
+    raw.leave(v1::HeartbeatRequest {
+        node,
+        step: 0,
+        secret: b.secret,
+    })
+    .await
+    .unwrap();
     let current = raw
         .get_shard_map(v1::GetShardMapRequest {
             min_version: 2,
