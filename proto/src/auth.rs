@@ -90,7 +90,7 @@ impl Interceptor for RequireToken {
             return Ok(request);
         };
         match request.metadata().get(AUTHORIZATION) {
-            Some(sent) if same_bytes(sent.as_bytes(), expected.header.as_bytes()) => Ok(request),
+            Some(sent) if same_secret(sent.as_bytes(), expected.header.as_bytes()) => Ok(request),
             Some(_) => Err(Status::unauthenticated(
                 "wrong cluster token: give this client the token the cluster was started with (PS_TOKEN or --token-file)",
             )),
@@ -101,8 +101,9 @@ impl Interceptor for RequireToken {
     }
 }
 
-/// Compares in time that depends only on the lengths, not on where they differ.
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+/// Whether two secrets are equal, compared in time that depends only on their
+/// lengths, not on where they differ.
+pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 

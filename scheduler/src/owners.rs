@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use ps_proto::auth::same_secret;
 use tonic::Status;
 
 use crate::roster::Node;
@@ -34,7 +35,7 @@ impl Owners {
     pub fn check(&self, node: Node, presented: &str, what: &str) -> Result<(), Status> {
         let mut secrets = self.lock();
         match secrets.get(&node) {
-            Some(secret) if same_secret(secret, presented) => Ok(()),
+            Some(secret) if same_secret(secret.as_bytes(), presented.as_bytes()) => Ok(()),
             Some(_) => Err(Status::permission_denied(format!(
                 "{what} for {node} refused: it does not carry the secret of {node}'s registration (another process registered it, or this one registered again)"
             ))),
@@ -51,15 +52,6 @@ impl Owners {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Node, String>> {
         self.secrets.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-/// Compares in time that depends only on the lengths.
-fn same_secret(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |diff, (x, y)| diff | (x ^ y))
-            == 0
 }
 
 #[cfg(test)]
