@@ -4,7 +4,6 @@
 
 mod common;
 
-use bytes::Bytes;
 use common::*;
 use ps_proto::v1;
 use ps_server::{Consistency, ServerConfig};
@@ -19,14 +18,6 @@ async fn budgeted(budget: usize) -> TestServer {
         ..ServerConfig::default()
     })
     .await
-}
-
-/// A zero-initialised SGD key of `elements` f32 values.
-fn zeros(name: &str, elements: u64) -> v1::ParameterInit {
-    v1::ParameterInit {
-        spec: Some(spec(name, &[elements], sgd(0.1))),
-        initial: Bytes::new(),
-    }
 }
 
 fn assert_over_budget<T: std::fmt::Debug>(result: Result<T, Status>, what: &str, needle: &str) {
@@ -44,7 +35,9 @@ fn assert_over_budget<T: std::fmt::Debug>(result: Result<T, Status>, what: &str,
 #[tokio::test]
 async fn seven_zeroed_gibibyte_keys_are_refused_before_anything_is_allocated() {
     let server = budgeted(4 << 30).await;
-    let keys = (0..7).map(|i| zeros(&format!("k{i}"), 1 << 28)).collect();
+    let keys = (0..7)
+        .map(|i| zeros(&format!("k{i}"), 1 << 28, sgd(0.1)))
+        .collect();
     let request = v1::RegisterRequest {
         params: keys,
         ..Default::default()
@@ -61,7 +54,7 @@ async fn seven_zeroed_gibibyte_keys_are_refused_before_anything_is_allocated() {
 async fn keys_are_charged_when_registered_until_the_budget_is_full() {
     let server = budgeted(100 * MIB).await;
     let key = |name| v1::RegisterRequest {
-        params: vec![zeros(name, 4 * MIB as u64)],
+        params: vec![zeros(name, 4 * MIB as u64, sgd(0.1))],
         ..Default::default()
     };
     for name in ["k0", "k1", "k2"] {
@@ -89,7 +82,7 @@ async fn keys_are_charged_when_registered_until_the_budget_is_full() {
 async fn a_unary_pull_past_the_message_limit_is_refused_before_it_is_read() {
     let server = TestServer::default().await;
     let request = v1::RegisterRequest {
-        params: vec![zeros("big", 2 * MIB as u64)],
+        params: vec![zeros("big", 2 * MIB as u64, sgd(0.1))],
         ..Default::default()
     };
     server.client.clone().register(request).await.unwrap();
@@ -141,7 +134,7 @@ async fn a_push_stream_past_the_budget_is_refused_and_gives_back_what_it_buffere
     assert_eq!(server.stats().await.memory_held_bytes, 0);
 
     let request = v1::RegisterRequest {
-        params: vec![zeros("w", MIB as u64)],
+        params: vec![zeros("w", MIB as u64, sgd(0.1))],
         ..Default::default()
     };
     server.client.clone().register(request).await.unwrap();

@@ -263,11 +263,7 @@ async fn oversized_chunk_in_a_stream_is_refused() {
     config.transport.max_message_bytes = 64 << 10;
     config.chunk_bytes = 32 << 10;
     let server = TestServer::start(config).await;
-    let zeros = v1::ParameterInit {
-        spec: Some(spec("w", &[20_000], sgd(1.0))),
-        initial: Bytes::new(),
-    };
-    server.register(vec![zeros]).await;
+    server.register(vec![zeros("w", 20_000, sgd(1.0))]).await;
     let chunks = push_chunks(0, 0, "w", &f32_bytes(&vec![1.0; 20_000]), 80_000);
     assert_eq!(chunks.len(), 1, "one 80 KB chunk, over the 64 KiB limit");
     let status = server

@@ -139,6 +139,14 @@ pub fn param(name: &str, values: &[f32], optimizer: v1::Optimizer) -> v1::Parame
     }
 }
 
+/// A key of `elements` f32 values registered without initial data (zeros).
+pub fn zeros(name: &str, elements: u64, optimizer: v1::Optimizer) -> v1::ParameterInit {
+    v1::ParameterInit {
+        spec: Some(spec(name, &[elements], optimizer)),
+        initial: Bytes::new(),
+    }
+}
+
 pub fn tensor(name: &str, values: &[f32]) -> v1::Tensor {
     v1::Tensor {
         name: name.into(),
