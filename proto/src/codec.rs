@@ -281,19 +281,67 @@ impl TensorData {
         out
     }
 
-    /// The first element that is NaN or infinite, as `(index, value)`.
+    /// The first element that is NaN or infinite, as `(index, value)`. Reads the
+    /// wire bytes where they lie, however aligned: see [`first_non_finite`].
     pub fn first_non_finite(&self) -> Option<(usize, f32)> {
-        let mut found = None;
-        self.for_each_f32_block(|start, values| {
-            if found.is_none() && !all_finite(values) {
-                found = values
-                    .iter()
-                    .position(|v| !v.is_finite())
-                    .map(|i| (start + i, values[i]));
+        let mut start = 0;
+        for segment in &self.segments {
+            if let Some((i, value)) = first_non_finite(self.dtype, segment) {
+                return Some((start + i, value));
             }
-        });
-        found
+            start += segment.len() / self.dtype.size();
+        }
+        None
     }
+}
+
+/// The first element of little-endian `dtype` bytes that is NaN or infinite, as
+/// `(index, value)`, testing each element's exponent bits where it lies, however
+/// aligned: no copy and no conversion. A trailing partial element is ignored.
+pub fn first_non_finite(dtype: DType, bytes: &[u8]) -> Option<(usize, f32)> {
+    let found = match dtype {
+        DType::F32 => first_all_ones::<4>(bytes, F32_EXPONENT),
+        DType::F16 => first_all_ones::<2>(bytes, F16_EXPONENT),
+        DType::BF16 => first_all_ones::<2>(bytes, BF16_EXPONENT),
+    }?;
+    let size = dtype.size();
+    let mut value = None;
+    for_each_segment_block(dtype, &bytes[found * size..(found + 1) * size], |v| {
+        value = v.first().copied();
+    });
+    value.map(|v| (found, v))
+}
+
+/// The exponent bits of a little-endian element that are all ones exactly when
+/// it is NaN or infinite.
+const F32_EXPONENT: u32 = 0x7f80_0000;
+const F16_EXPONENT: u32 = 0x7c00;
+const BF16_EXPONENT: u32 = 0x7f80;
+
+/// The index of the first `N`-byte little-endian element of `bytes` whose `mask`
+/// bits are all ones. Branch-free over each run of 64 elements, which the
+/// compiler vectorises with unaligned loads; stops at the first run holding one.
+fn first_all_ones<const N: usize>(bytes: &[u8], mask: u32) -> Option<usize> {
+    const RUN: usize = 64;
+    let bits = |element: &[u8]| {
+        let mut word = [0u8; 4];
+        word[..N].copy_from_slice(element);
+        u32::from_le_bytes(word) & mask == mask
+    };
+    bytes
+        .chunks(RUN * N)
+        .enumerate()
+        .find_map(|(run_index, run)| {
+            let any = run
+                .chunks_exact(N)
+                .fold(0u32, |any, e| any | u32::from(bits(e)));
+            if any == 0 {
+                return None;
+            }
+            run.chunks_exact(N)
+                .position(bits)
+                .map(|i| run_index * RUN + i)
+        })
 }
 
 /// Encodes `values` as little-endian bytes of `dtype`.
@@ -312,17 +360,6 @@ pub fn encode_f32(dtype: DType, values: &[f32]) -> Bytes {
             .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
             .collect(),
     }
-}
-
-/// True when no element is NaN or infinite. Branch-free over each run of 64 so
-/// the compiler vectorises it; stops at the first run holding one.
-fn all_finite(values: &[f32]) -> bool {
-    const EXPONENT: u32 = 0x7f80_0000;
-    values.chunks(64).all(|run| {
-        run.iter().fold(0u32, |bad, v| {
-            bad | u32::from(v.to_bits() & EXPONENT == EXPONENT)
-        }) == 0
-    })
 }
 
 fn for_each_segment_block(dtype: DType, bytes: &[u8], mut f: impl FnMut(&[f32])) {
@@ -505,6 +542,31 @@ mod tests {
         }
         let big = TensorData::from_f32(DType::F32, vec![2], &[f32::MAX, f32::MIN]);
         assert_eq!(big.first_non_finite(), None, "the largest finite values");
+    }
+
+    #[test]
+    fn non_finite_is_found_in_unaligned_segments_of_every_dtype() {
+        let n = 1000;
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for index in [0, 63, 64, 500, 501, 999] {
+                let mut values = vec![65504.0f32; n];
+                values[index] = f32::NEG_INFINITY;
+                let encoded = encode_f32(dtype, &values);
+                let mut raw = vec![0u8];
+                raw.extend_from_slice(&encoded);
+                let bytes = Bytes::from(raw).slice(1..);
+                let split = 501 * dtype.size();
+                let segments = vec![bytes.slice(..split), bytes.slice(split..)];
+                let tensor = TensorData::from_segments(dtype, vec![n], segments).unwrap();
+                assert_eq!(
+                    tensor.first_non_finite(),
+                    Some((index, f32::NEG_INFINITY)),
+                    "{dtype} at {index}"
+                );
+            }
+            let finite = TensorData::from_f32(dtype, vec![2], &[65504.0, -65504.0]);
+            assert_eq!(finite.first_non_finite(), None, "{dtype}'s largest finite");
+        }
     }
 
     #[test]

@@ -41,6 +41,7 @@ pub mod restore;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod values;
 pub mod wire;
 
 pub use config::ServerConfig;

@@ -14,6 +14,7 @@ use ps_proto::key::ParamKey;
 use crate::checkpoint::{KeyCheckpoint, Layout};
 use crate::consistency::{Admission, Consistency, admit};
 use crate::optimizer::{Gradient, Optimizer, OptimizerSpec};
+use crate::values::Values;
 
 /// What a key is: immutable once registered.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,7 +49,8 @@ impl ParamSpec {
     /// The most bytes a key of this spec holds, charged to the memory budget when
     /// it is registered: its `f32` values, optimizer state, a BSP accumulator
     /// (whenever the consistency model is BSP, whose group may grow) and one
-    /// pull snapshot encoded in the wire dtype.
+    /// more copy in the wire dtype: a half-precision pull snapshot, or the `f32`
+    /// values a pull still holds when an update copies them.
     pub fn footprint(&self, consistency: Consistency) -> usize {
         let accumulator = usize::from(consistency == Consistency::Bsp);
         let f32_copies = 1 + self.optimizer.state_per_element() + accumulator;
@@ -93,7 +95,7 @@ struct Pending {
 /// The mutable state of one key.
 #[derive(Debug)]
 pub struct KeyState {
-    values: Vec<f32>,
+    values: Values,
     optimizer: Optimizer,
     version: Version,
     last_step: HashMap<Rank, Step>,
@@ -106,7 +108,7 @@ impl KeyState {
     pub fn new(spec: &ParamSpec, values: Vec<f32>) -> Self {
         Self {
             optimizer: Optimizer::new(spec.optimizer.clone(), values.len()),
-            values,
+            values: Values::new(values),
             version: Version(0),
             last_step: HashMap::new(),
             pending: Pending::default(),
@@ -121,7 +123,7 @@ impl KeyState {
             key: spec.key.clone(),
             spec: spec.describe(),
             layout: Some(spec.layout()),
-            values: self.values.clone(),
+            values: self.values.as_slice().to_vec(),
             first: first.to_vec(),
             second: second.to_vec(),
             updates,
@@ -163,7 +165,7 @@ impl KeyState {
             checkpoint.updates,
         )?;
         Some(Self {
-            values: checkpoint.values.clone(),
+            values: Values::new(checkpoint.values.clone()),
             optimizer,
             version: Version(checkpoint.version),
             last_step: checkpoint
@@ -181,7 +183,7 @@ impl KeyState {
     /// `ranks`, so a retried push of such a step is a duplicate, and a step in
     /// progress is dropped (its pushes are repeated by the workers).
     pub fn restore(&mut self, values: Vec<f32>, version: Version, ranks: u32) {
-        self.values = values;
+        self.values = Values::new(values);
         self.version = version;
         self.pending = Pending::default();
         self.snapshot = None;
@@ -271,7 +273,7 @@ impl KeyState {
     }
 
     fn update(&mut self, grad: Gradient<'_>, scale: f32) {
-        self.optimizer.apply(&mut self.values, grad, scale);
+        self.optimizer.apply(self.values.make_mut(), grad, scale);
         self.snapshot = None;
     }
 
@@ -287,13 +289,17 @@ impl KeyState {
             .unwrap_or(Version(0))
     }
 
-    /// The values encoded in `dtype` and their version. Encoded once per version and
-    /// shared by every pull of it.
+    /// The values encoded in `dtype` and their version. In `f32` they are the
+    /// stored values themselves, shared until the next update; otherwise they are
+    /// encoded once per version and shared by every pull of it.
     pub fn snapshot(&mut self, dtype: DType) -> (Bytes, Version) {
+        if let Some(shared) = self.values.share_as(dtype) {
+            return (shared, self.version);
+        }
         let values = &self.values;
         let bytes = self
             .snapshot
-            .get_or_insert_with(|| encode_f32(dtype, values))
+            .get_or_insert_with(|| encode_f32(dtype, values.as_slice()))
             .clone();
         (bytes, self.version)
     }
@@ -365,8 +371,8 @@ mod tests {
         assert!(state.complete(Consistency::Bsp, &without_1));
         assert_eq!(state.version(), Version(1));
         assert_eq!(
-            state.values,
-            vec![-2.0],
+            state.values.as_slice(),
+            [-2.0],
             "the average of the two pushes that came"
         );
         assert!(
@@ -392,12 +398,12 @@ mod tests {
         let mut state = KeyState::new(&spec(2), vec![0.0, 0.0]);
         state.accept(BSP2, &all(2), Rank(0), Step(0), &grad(&[2.0, 4.0]));
         assert_eq!(state.version(), Version(0));
-        assert_eq!(state.values, vec![0.0, 0.0]);
+        assert_eq!(state.values.as_slice(), [0.0, 0.0]);
         assert_eq!(state.missing_workers(BSP2, &all(2)), vec![Rank(1)]);
         assert_eq!(state.admit(BSP2, Rank(0), Step(0)), Admission::Duplicate);
         state.accept(BSP2, &all(2), Rank(1), Step(0), &grad(&[4.0, 0.0]));
         assert_eq!(state.version(), Version(1));
-        assert_eq!(state.values, vec![-3.0, -2.0]);
+        assert_eq!(state.values.as_slice(), [-3.0, -2.0]);
         assert_eq!(state.admit(BSP2, Rank(1), Step(0)), Admission::Duplicate);
         assert_eq!(
             state.admit(BSP2, Rank(0), Step(2)),
@@ -421,8 +427,8 @@ mod tests {
             restored.accept(BSP2, &all(2), Rank(0), Step(version), &grad(&[2.0]));
             restored.accept(BSP2, &all(2), Rank(1), Step(version), &grad(&[4.0]));
             assert_eq!(
-                (restored.version(), restored.values.clone()),
-                (Version(version + 1), vec![-3.0]),
+                (restored.version(), restored.values.as_slice()),
+                (Version(version + 1), &[-3.0][..]),
                 "the step completes with both pushes, each once"
             );
         }
@@ -449,7 +455,11 @@ mod tests {
         );
         state.accept(group, &all(group.workers), Rank(1), Step(0), &grad(&[1.0]));
         assert_eq!(state.version(), Version(1));
-        assert_eq!(state.values, vec![-1.5], "three pushes, each scaled by 1/2");
+        assert_eq!(
+            state.values.as_slice(),
+            [-1.5],
+            "three pushes, each scaled by 1/2"
+        );
     }
 
     #[test]

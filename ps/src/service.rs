@@ -77,22 +77,29 @@ impl ParameterService {
         }
     }
 
-    /// Applies a push. Pushes of [`BLOCKING_APPLY_BYTES`] or more run on a blocking
-    /// thread, so the async threads go on reading every connection's data while
-    /// the arithmetic runs (and while it waits for a key another push holds);
-    /// smaller ones run inline, where a hand-off would cost more than the work.
+    /// Applies a push, scanning it for NaN and infinity first unless its chunks
+    /// were scanned as they arrived (`checked`). Pushes of
+    /// [`BLOCKING_APPLY_BYTES`] or more run on a blocking thread, so the async
+    /// threads go on reading every connection's data while the arithmetic runs
+    /// (and while it waits for a key another push holds); smaller ones run
+    /// inline, where a hand-off would cost more than the work.
     async fn apply_push(
         &self,
         worker: Rank,
         step: Step,
         grads: Vec<(ParamKey, TensorData)>,
+        checked: bool,
     ) -> Result<Vec<Pushed>> {
         let bytes: usize = grads.iter().map(|(_, grad)| grad.byte_len()).sum();
+        let push = move |store: &Store| match checked {
+            true => store.push_checked(worker, step, grads),
+            false => store.push(worker, step, grads),
+        };
         if bytes < BLOCKING_APPLY_BYTES {
-            return self.store.push(worker, step, grads);
+            return push(&self.store);
         }
         let store = Arc::clone(&self.store);
-        match tokio::task::spawn_blocking(move || store.push(worker, step, grads)).await {
+        match tokio::task::spawn_blocking(move || push(&store)).await {
             Ok(pushed) => pushed,
             Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
             Err(_) => Err(Error::ShuttingDown),
@@ -116,7 +123,7 @@ impl ParameterService {
             .store
             .budget()
             .charge(bytes, || format!("a push of {} gradients", grads.len()))?;
-        self.apply_push(worker, step, grads).await
+        self.apply_push(worker, step, grads, false).await
     }
 
     /// A pull's values, and their share of the memory budget. `largest` is the
@@ -210,7 +217,8 @@ async fn read_register_stream(
 }
 
 /// Reads a whole `PushStream`: `(worker, step, gradients)`. The first chunk of each
-/// key is checked against the store, so a bad stream is refused before it is read.
+/// key is checked against the store, so a bad stream is refused before it is read,
+/// and each chunk is scanned for NaN and infinity as it arrives.
 async fn read_push_stream(
     store: &Store,
     stream: &mut Streaming<v1::PushChunk>,
@@ -245,7 +253,10 @@ async fn read_push_stream(
         buffered.grow(chunk.data.len(), || {
             format!("buffering a push stream from worker {worker} for step {step}")
         })?;
-        assembler.add(header, chunk.offset, chunk.data.clone())?;
+        // Scanned once the assembler has taken it, so that its offset is known to
+        // be whole elements inside the gradient.
+        assembler.add(header.clone(), chunk.offset, chunk.data.clone())?;
+        store.check_gradient_chunk(&header, chunk.offset, &chunk.data)?;
         index += 1;
     }
     let (worker, step) = origin.ok_or(Error::EmptyRequest {
@@ -333,7 +344,7 @@ impl ParameterServer for ParameterService {
             let stream = &mut request.into_inner();
             let (worker, step, grads) =
                 read_push_stream(&self.store, stream, idle, &mut buffered).await?;
-            self.apply_push(worker, step, grads).await
+            self.apply_push(worker, step, grads, true).await
         }
         .await;
         self.answer(result.map(wire::push_response))

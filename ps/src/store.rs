@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use ps_proto::chunk::ChunkHeader;
-use ps_proto::codec::{DType, TensorData};
+use ps_proto::codec::{DType, TensorData, first_non_finite};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use tokio::sync::watch;
@@ -327,6 +327,33 @@ impl Store {
         check_dtype_and_shape(&entry.spec, header.dtype, &header.shape)
     }
 
+    /// Checks one chunk of a streamed gradient for NaN and infinity as it arrives,
+    /// while its bytes are still in cache, so that a bad stream is refused at the
+    /// chunk that holds the element. A stream checked this way is applied with
+    /// [`Store::push_checked`].
+    ///
+    /// # Errors
+    /// `NonFinite`, naming the element's index in the whole gradient.
+    pub fn check_gradient_chunk(
+        &self,
+        header: &ChunkHeader,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        if !self.rules.reject_non_finite {
+            return Ok(());
+        }
+        match first_non_finite(header.dtype, data) {
+            Some((index, value)) => Err(Error::NonFinite {
+                key: header.key.clone(),
+                what: "gradient",
+                index: usize::try_from(offset).unwrap_or(usize::MAX) / header.dtype.size() + index,
+                value,
+            }),
+            None => Ok(()),
+        }
+    }
+
     fn check_initial(&self, spec: &ParamSpec, initial: Option<&TensorData>) -> Result<()> {
         let Some(initial) = initial else {
             return Ok(());
@@ -397,6 +424,30 @@ impl Store {
         step: Step,
         grads: Vec<(ParamKey, TensorData)>,
     ) -> Result<Vec<Pushed>> {
+        self.push_with(worker, step, grads, Finite::Unchecked)
+    }
+
+    /// [`Store::push`] of gradients whose every chunk passed
+    /// [`Store::check_gradient_chunk`]: they are not scanned again.
+    ///
+    /// # Errors
+    /// As [`Store::push`], but never `NonFinite`.
+    pub fn push_checked(
+        &self,
+        worker: Rank,
+        step: Step,
+        grads: Vec<(ParamKey, TensorData)>,
+    ) -> Result<Vec<Pushed>> {
+        self.push_with(worker, step, grads, Finite::Checked)
+    }
+
+    fn push_with(
+        &self,
+        worker: Rank,
+        step: Step,
+        grads: Vec<(ParamKey, TensorData)>,
+        finite: Finite,
+    ) -> Result<Vec<Pushed>> {
         self.check_serving()?;
         let group = self.group();
         if grads.is_empty() {
@@ -413,7 +464,10 @@ impl Store {
         check_unique(grads.iter().map(|(key, _)| key))?;
         let entries = self.entries(grads.iter().map(|(key, _)| key))?;
         for (entry, (_, grad)) in entries.iter().zip(&grads) {
-            self.check_gradient(&entry.spec, grad)?;
+            check_dtype_and_shape(&entry.spec, grad.dtype(), grad.shape())?;
+            if finite == Finite::Unchecked {
+                self.check_finite(&entry.spec.key, "gradient", grad)?;
+            }
         }
         let pushed = apply_all(&entries, &grads, group, &self.live_workers(), worker, step)?;
         let duplicates = pushed.iter().filter(|p| !p.accepted).count() as u64;
@@ -422,11 +476,6 @@ impl Store {
             .fetch_add(duplicates, Ordering::Relaxed);
         self.counters.pushes.fetch_add(1, Ordering::Relaxed);
         Ok(pushed)
-    }
-
-    fn check_gradient(&self, spec: &ParamSpec, grad: &TensorData) -> Result<()> {
-        check_dtype_and_shape(spec, grad.dtype(), grad.shape())?;
-        self.check_finite(&spec.key, "gradient", grad)
     }
 
     /// Reads `keys`, first waiting up to `timeout` until each is at `min_version` or
@@ -534,6 +583,13 @@ impl Store {
             memory_budget: self.budget.limit(),
         }
     }
+}
+
+/// Whether a push's gradients are still to be checked for NaN and infinity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Finite {
+    Unchecked,
+    Checked,
 }
 
 fn check_dtype_and_shape(spec: &ParamSpec, dtype: DType, shape: &[usize]) -> Result<()> {

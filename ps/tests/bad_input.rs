@@ -400,38 +400,58 @@ async fn unary_pull_over_the_limit_points_to_pull_stream() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn a_push_stream_for_an_unknown_key_is_refused_at_its_first_chunk() {
-    let server = server_with_keys(ServerConfig::default()).await;
+/// Sends `chunk` as the first of a push stream that stays open, and checks that
+/// the answer comes without the rest of the stream.
+async fn refused_at_first_chunk(
+    server: &TestServer,
+    chunk: v1::TensorChunk,
+    code: Code,
+    needles: &[&str],
+    what: &str,
+) {
     let (chunks, rx) = tokio::sync::mpsc::channel(4);
     let first = v1::PushChunk {
         map_version: 0,
         worker_id: 0,
         step: 0,
-        chunk: Some(v1::TensorChunk {
-            name: "nope".into(),
-            part: 0,
-            dtype: v1::DType::DtypeF32 as i32,
-            shape: vec![1 << 20],
-            offset: 0,
-            data: f32_bytes(&[1.0; 1024]),
-        }),
+        chunk: Some(chunk),
     };
     chunks.send(first).await.unwrap();
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-    // `chunks` stays open: the answer must come without the rest of the stream.
     let answer = tokio::time::timeout(
         std::time::Duration::from_secs(30),
         server.client.clone().push_stream(stream),
     )
     .await
-    .expect("the server waited for the rest of a stream it should refuse");
-    assert_status(
-        answer,
-        Code::NotFound,
-        &["`nope`"],
-        "a stream for an unknown key",
-    );
+    .unwrap_or_else(|_| panic!("the server waited for the rest of {what}"));
+    assert_status(answer, code, needles, what);
     drop(chunks);
+}
+
+#[tokio::test]
+async fn a_push_stream_is_refused_at_its_first_bad_chunk() {
+    let server = server_with_keys(ServerConfig::default()).await;
+    let unknown = v1::TensorChunk {
+        name: "nope".into(),
+        part: 0,
+        dtype: v1::DType::DtypeF32 as i32,
+        shape: vec![1 << 20],
+        offset: 0,
+        data: f32_bytes(&[1.0; 1024]),
+    };
+    let what = "a stream for an unknown key";
+    refused_at_first_chunk(&server, unknown, Code::NotFound, &["`nope`"], what).await;
+    let not_finite = v1::TensorChunk {
+        name: "w".into(),
+        part: 0,
+        dtype: v1::DType::DtypeF32 as i32,
+        shape: vec![3],
+        offset: 0,
+        data: f32_bytes(&[1.0, f32::INFINITY]),
+    };
+    let needles = ["non-finite", "element 1", "`w`"];
+    let what = "a stream whose first chunk holds an infinity";
+    refused_at_first_chunk(&server, not_finite, Code::InvalidArgument, &needles, what).await;
+    assert_eq!(server.values("w").await, (vec![1.0, 2.0, 3.0], 0));
     server.stop().await;
 }

@@ -81,8 +81,12 @@ async fn keys_are_charged_when_registered_until_the_budget_is_full() {
 #[tokio::test]
 async fn a_unary_pull_past_the_message_limit_is_refused_before_it_is_read() {
     let server = TestServer::default().await;
+    // Half precision, so that a pull encodes a snapshot, which `Stats` counts
+    // (an `f32` pull shares the stored values instead).
+    let mut big = zeros("big", 4 * MIB as u64, sgd(0.1));
+    big.spec.as_mut().expect("a spec").dtype = v1::DType::DtypeF16 as i32;
     let request = v1::RegisterRequest {
-        params: vec![zeros("big", 2 * MIB as u64, sgd(0.1))],
+        params: vec![big],
         ..Default::default()
     };
     server.client.clone().register(request).await.unwrap();
