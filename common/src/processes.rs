@@ -66,6 +66,20 @@ fn built(relative: &str, selector: &[&str]) -> PathBuf {
     path
 }
 
+/// Peak resident set of process `pid` in bytes (`VmHWM` in `/proc/PID/status`),
+/// or 0 where that cannot be read.
+pub fn peak_rss_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// A `ps-server` child process on a free loopback port.
 pub struct ServerProcess {
     /// The address it listens on.

@@ -15,6 +15,7 @@
 
 pub mod barrier;
 pub mod config;
+pub mod declared;
 pub mod group;
 pub mod membership;
 pub mod owners;

@@ -330,6 +330,11 @@ impl Membership {
         missing.join("; ")
     }
 
+    /// The servers a map is planned over now, or will be once enough register.
+    pub fn planning_servers(&self) -> usize {
+        self.servers.live().count().max(self.min_servers)
+    }
+
     /// Live servers with their addresses.
     pub fn live_servers(&self) -> Vec<(ServerId, String)> {
         (self.servers.live())

@@ -7,24 +7,18 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ps_proto::codec::DType;
 use ps_proto::ids::{MapVersion, Rank, ServerId, Step};
-use ps_proto::placement::Param;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
 use tonic::{Request, Response, Status};
 
 use crate::barrier::BarrierState;
 use crate::config::SchedulerConfig;
+use crate::declared::declared_params;
 use crate::membership::{Membership, MembershipError, Node};
 use crate::owners::Owners;
 use crate::shard_map::ShardMap;
 
-/// The most parameter bytes one `DeclareParams` may declare (1 TiB): far past
-/// any model a cluster of parameter servers holds, and small enough that the
-/// byte counts and the shard map built from them stay bounded (at most 4 MiB
-/// per part: 262,144 parts).
-const MAX_DECLARED_BYTES: u64 = 1 << 40;
 pub use crate::shared_state::SchedulerState;
 
 /// The `ps.v1.Scheduler` service.
@@ -222,34 +216,8 @@ impl Scheduler for SchedulerService {
         request: Request<v1::DeclareParamsRequest>,
     ) -> Result<Response<v1::DeclareParamsResponse>, Status> {
         let declared = request.into_inner().params;
-        if declared.is_empty() {
-            return Err(Status::invalid_argument(
-                "DeclareParams needs at least one parameter",
-            ));
-        }
-        let mut params = Vec::with_capacity(declared.len());
-        let mut total: u64 = 0;
-        for p in declared {
-            let dtype = DType::from_proto(p.dtype)
-                .map_err(|e| Status::invalid_argument(format!("parameter {}: {e}", p.name)))?;
-            let bytes = p.elements.checked_mul(dtype.size() as u64);
-            total = bytes.and_then(|b| total.checked_add(b)).unwrap_or(u64::MAX);
-            if total > MAX_DECLARED_BYTES {
-                return Err(Status::invalid_argument(format!(
-                    "parameter {} declares {} elements of {dtype}, which brings the model past \
-                     the 1 TiB a scheduler places; check the declared shapes",
-                    p.name, p.elements,
-                )));
-            }
-            let elements = usize::try_from(p.elements).map_err(|_| {
-                Status::invalid_argument(format!("parameter {} is too large", p.name))
-            })?;
-            params.push(Param {
-                name: p.name,
-                elements,
-                elem_size: dtype.size(),
-            });
-        }
+        let servers = self.state.read(Membership::planning_servers);
+        let params = declared_params(declared, servers)?;
         self.state
             .update(|m| m.declare_params(params))
             .map_err(membership_status)?;

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-pub use ps_common::processes::{ServerProcess, binary, example};
+pub use ps_common::processes::{ServerProcess, binary, example, peak_rss_bytes};
 use tokio::process::Command;
 
 /// Spawns `ps-worker ARGS` with its stdout and stderr piped, killed on drop.

@@ -3,10 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use prost::Message;
 use ps_proto::transport::http_uri;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
-use ps_tests::{ServerProcess, binary, run, spawn_worker};
+use ps_tests::{ServerProcess, binary, peak_rss_bytes, run, spawn_worker};
 use tokio::process::Child;
 
 fn worker(scheduler: &str, extra: &[&str]) -> Child {
@@ -162,5 +163,71 @@ async fn status_prints_servers_with_their_load_and_workers() {
     );
     assert!(printed.stdout.contains("last step"), "{}", printed.stdout);
     server.stop().await;
+    scheduler.stop().await;
+}
+
+fn declare(names: &[String], elements: u64) -> v1::DeclareParamsRequest {
+    v1::DeclareParamsRequest {
+        params: names
+            .iter()
+            .map(|name| v1::DeclaredParam {
+                name: name.clone(),
+                elements,
+                dtype: v1::DType::DtypeF32 as i32,
+            })
+            .collect(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_stays_small_under_declare_params_attacks() {
+    let scheduler = ServerProcess::start_scheduler(&["--servers", "2", "--workers", "1"]).await;
+    let pid = scheduler.pid().expect("running");
+    let mut client = SchedulerClient::connect(http_uri(&scheduler.addr))
+        .await
+        .expect("reach the scheduler");
+    for port in [1, 2] {
+        let addr = format!("127.0.0.1:{port}");
+        client
+            .register_server(v1::RegisterServerRequest { addr })
+            .await
+            .expect("register a server");
+    }
+
+    // 1 TiB under one long name: its 262,144 parts would each repeat the name.
+    let long = declare(&["n".repeat(256)], 1 << 38);
+    let status = client.declare_params(long).await.expect_err("a 70 MB map");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("shard map"), "{status:?}");
+    // The elements past every bound: refused before anything is planned.
+    let overflow = declare(&["w".into()], u64::MAX);
+    let status = client
+        .declare_params(overflow)
+        .await
+        .expect_err("2^64 floats");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+
+    // The largest model it takes at once, 256 GiB, gives a map a client reads.
+    let names: Vec<String> = (0..4).map(|i| format!("w{i}")).collect();
+    client
+        .declare_params(declare(&names, 1 << 34))
+        .await
+        .expect("256 GiB in four parameters");
+    let map = client
+        .get_shard_map(v1::GetShardMapRequest {
+            min_version: 1,
+            timeout_ms: 10_000,
+        })
+        .await
+        .expect("the map fits in a message a client reads")
+        .into_inner();
+    assert_eq!(map.parts.len(), 65_536, "4 MiB parts");
+    assert!(map.encoded_len() < 4 << 20);
+    let peak = peak_rss_bytes(pid);
+    assert!(
+        peak < 100 << 20,
+        "the scheduler peaked at {} MiB",
+        peak >> 20
+    );
     scheduler.stop().await;
 }
