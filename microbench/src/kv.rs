@@ -18,8 +18,7 @@ use futures::future::join_all;
 use hdrhistogram::Histogram;
 use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, PsClient, PulledParam, sgd};
-use ps_common::certs::{CA_CERT_FILE, ClusterCerts, NODE_CERT_FILE, NODE_KEY_FILE};
-use ps_common::processes::ServerProcess;
+use ps_common::processes::{ServerProcess, peak_rss_bytes};
 use ps_common::size::format_size;
 use ps_proto::codec::{DType, encode_f32};
 use ps_proto::ids::{Rank, Step, Version};
@@ -29,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::cpu::process_cpu_seconds;
 use crate::report::ResultRow;
 use crate::tcp::{BaselineServer, TcpPeer};
+use crate::tls_files::TlsFiles;
 
 /// Push or pull.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -63,41 +63,6 @@ pub struct KvPlan {
     pub seconds: f64,
     /// Run the servers and workers over TLS.
     pub tls: bool,
-}
-
-/// The certificates of a `--tls` run, in a folder that lives as long as the run.
-struct TlsFiles {
-    dir: tempfile::TempDir,
-    config: TlsConfig,
-}
-
-impl TlsFiles {
-    fn new() -> anyhow::Result<Self> {
-        let certs = ClusterCerts::generate(&[], 1)?;
-        let dir = tempfile::tempdir()?;
-        certs.write(dir.path())?;
-        Ok(Self {
-            dir,
-            config: certs.tls_config(false),
-        })
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.dir.path().join(file).display().to_string()
-    }
-
-    /// What a process that only connects needs.
-    fn client_args(&self) -> Vec<String> {
-        vec!["--tls-ca".into(), self.path(CA_CERT_FILE)]
-    }
-
-    /// What a server needs.
-    fn server_args(&self) -> Vec<String> {
-        let mut args = self.client_args();
-        args.extend(["--tls-cert".into(), self.path(NODE_CERT_FILE)]);
-        args.extend(["--tls-key".into(), self.path(NODE_KEY_FILE)]);
-        args
-    }
 }
 
 /// What one worker process measured, printed as one JSON line.
@@ -297,7 +262,7 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
                 .map(|(&pid, before)| {
                     serde_json::json!({
                         "cores": (proc_cpu_seconds(pid) - before) / wall,
-                        "peak_rss_bytes": proc_peak_rss(pid),
+                        "peak_rss_bytes": peak_rss_bytes(pid),
                     })
                 })
                 .collect();
@@ -467,19 +432,6 @@ fn proc_cpu_seconds(pid: u32) -> f64 {
             .unwrap_or(0.0)
     };
     (ticks(11) + ticks(12)) / 100.0
-}
-
-/// Peak resident set of process `pid` in bytes, from `/proc/PID/status`.
-fn proc_peak_rss(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix("VmHWM:"))
-                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
 }
 
 /// The rows as a table with the figures `kv` is for: latency at one in flight,

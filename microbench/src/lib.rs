@@ -29,4 +29,5 @@ pub mod server;
 pub mod tcp;
 pub mod tcp_check;
 pub mod throughput;
+pub mod tls_files;
 pub mod tuning;

@@ -76,6 +76,8 @@ struct ServeArgs {
     tcp_listen: String,
     #[command(flatten)]
     tuning: Tuning,
+    #[command(flatten)]
+    security: SecurityArgs,
 }
 
 #[derive(Debug, Args)]
@@ -146,6 +148,10 @@ struct OutputArgs {
     /// Print one JSON object per result line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Run the local server over TLS, with a CA and certificate made for the run
+    /// (compare with a run without it; the TCP baseline stays plain).
+    #[arg(long)]
+    tls: bool,
     /// Write the results (latency.csv or bandwidth.csv) and SVG charts into this
     /// directory.
     #[arg(long)]
@@ -335,7 +341,8 @@ fn emit(rows: &[ResultRow], json: bool, out: Option<&PathBuf>) -> anyhow::Result
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let transport = args.tuning.transport().map_err(anyhow::Error::msg)?;
+    let mut transport = args.tuning.transport().map_err(anyhow::Error::msg)?;
+    args.security.apply(&mut transport)?;
     let grpc = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -352,7 +359,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn run_latency(args: LatencyArgs) -> anyhow::Result<()> {
-    let peer = Peer::open(args.output.target.as_deref(), &args.tuning).await?;
+    let peer = Peer::open(args.output.target.as_deref(), &args.tuning, args.output.tls).await?;
     let plan = LatencyPlan {
         count: args.count,
         warmup: args.warmup,
@@ -384,7 +391,7 @@ async fn run_latency(args: LatencyArgs) -> anyhow::Result<()> {
 }
 
 async fn run_bandwidth(args: BandwidthArgs) -> anyhow::Result<()> {
-    let peer = Peer::open(args.output.target.as_deref(), &args.tuning).await?;
+    let peer = Peer::open(args.output.target.as_deref(), &args.tuning, args.output.tls).await?;
     let plan = BandwidthPlan {
         duration: seconds(args.seconds)?,
         warmup: seconds(args.warmup_seconds)?,

@@ -13,6 +13,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::tcp::TcpPeer;
+use crate::tls_files::TlsFiles;
 use crate::tuning::Tuning;
 
 /// The line `serve` prints once it listens.
@@ -26,19 +27,28 @@ pub struct Peer {
     pub tcp_addr: String,
     channels: Vec<BenchClient<AuthChannel>>,
     child: Option<Child>,
+    /// The certificates a local TLS server uses, kept for as long as it runs.
+    _tls: Option<TlsFiles>,
 }
 
 impl Peer {
-    /// Connects to `target`, or starts a local server when there is none.
+    /// Connects to `target`, or starts a local server when there is none, over
+    /// TLS with certificates made for the run when `tls` is set (local only).
     ///
     /// # Errors
     /// When the server cannot be started or reached.
-    pub async fn open(target: Option<&str>, tuning: &Tuning) -> anyhow::Result<Self> {
-        let transport = tuning.transport().map_err(anyhow::Error::msg)?;
+    pub async fn open(target: Option<&str>, tuning: &Tuning, tls: bool) -> anyhow::Result<Self> {
+        let mut transport = tuning.transport().map_err(anyhow::Error::msg)?;
+        let tls = tls.then(TlsFiles::new).transpose()?;
+        transport.tls = tls.as_ref().map(|t| t.config.clone());
         let (grpc_addr, child) = match target {
+            Some(_) if tls.is_some() => {
+                anyhow::bail!("--tls makes certificates for a local server; leave out --target")
+            }
             Some(addr) => (addr.to_string(), None),
             None => {
-                let (addr, child) = spawn_local(tuning).await?;
+                let server_args = tls.iter().flat_map(TlsFiles::server_args).collect();
+                let (addr, child) = spawn_local(tuning, server_args).await?;
                 (addr, Some(child))
             }
         };
@@ -66,6 +76,7 @@ impl Peer {
             tcp_addr,
             channels,
             child,
+            _tls: tls,
         })
     }
 
@@ -137,7 +148,7 @@ async fn connect(
         .max_encoding_message_size(limit))
 }
 
-async fn spawn_local(tuning: &Tuning) -> anyhow::Result<(String, Child)> {
+async fn spawn_local(tuning: &Tuning, extra: Vec<String>) -> anyhow::Result<(String, Child)> {
     let exe = std::env::current_exe().context("locating ps-microbench")?;
     let mut child = Command::new(exe)
         .args([
@@ -148,6 +159,7 @@ async fn spawn_local(tuning: &Tuning) -> anyhow::Result<(String, Child)> {
             "127.0.0.1:0",
         ])
         .args(tuning.to_args())
+        .args(extra)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()

@@ -96,6 +96,43 @@ fn latency_json_has_percentiles_next_to_tcp() {
 }
 
 #[test]
+fn latency_and_bandwidth_run_over_tls() {
+    // The client trusts only the run's CA and dials https: a server that did not
+    // serve TLS with that certificate would fail every connection.
+    let rows = microbench(&[
+        "latency", "--tls", "--sizes", "64B", "--json", "--count", "50", "--warmup", "5", "--reps",
+        "1",
+    ]);
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0]["p50_us"].as_f64().unwrap() > 0.0, "{}", rows[0]);
+    let rows = microbench(&[
+        "bandwidth",
+        "--tls",
+        "--sizes",
+        "64KiB",
+        "--mode",
+        "stream",
+        "--json",
+        "--seconds",
+        "0.1",
+        "--warmup-seconds",
+        "0.02",
+        "--reps",
+        "1",
+    ]);
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0]["throughput_bytes_per_sec"].as_f64().unwrap() > 0.0);
+
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-microbench"))
+        .args(["latency", "--tls", "--target", "127.0.0.1:1"])
+        .output()
+        .expect("run ps-microbench");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("leave out --target"), "{stderr}");
+}
+
+#[test]
 fn schemes_and_encodings_write_csv_and_charts() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().to_str().unwrap();
