@@ -25,6 +25,8 @@ pub const NODE_CERT_FILE: &str = "node.pem";
 pub const NODE_KEY_FILE: &str = "node-key.pem";
 /// A cluster token, for `--token-file`, when one is asked for.
 pub const TOKEN_FILE: &str = "token";
+/// The workers' own line of a token with roles, for their `--token-file`.
+pub const WORKER_TOKEN_FILE: &str = "worker-token";
 
 /// A new random cluster token: 32 bytes from the system's random source, in hex.
 ///
@@ -46,6 +48,23 @@ pub fn write_token(dir: &Path, token: &str) -> std::io::Result<PathBuf> {
     let path = dir.join(TOKEN_FILE);
     write_file(&path, format!("{token}\n").as_bytes(), true)?;
     Ok(path)
+}
+
+/// Writes a token with roles: `dir/token` with a new random `server=` and
+/// `worker=` secret (for the scheduler and the servers) and `dir/worker-token`
+/// with the worker's line only (for the workers), both readable by their owner
+/// only.
+///
+/// # Errors
+/// When the random source cannot be read, or any I/O error.
+pub fn write_role_tokens(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let worker_line = format!("worker={}\n", random_token()?);
+    let both = format!("server={}\n{worker_line}", random_token()?);
+    let (token, worker_token) = (dir.join(TOKEN_FILE), dir.join(WORKER_TOKEN_FILE));
+    write_file(&token, both.as_bytes(), true)?;
+    write_file(&worker_token, worker_line.as_bytes(), true)?;
+    Ok(vec![token, worker_token])
 }
 
 /// A CA and a node certificate signed by it, all PEM.
@@ -216,6 +235,22 @@ mod tests {
             let mode = std::fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    #[test]
+    fn role_tokens_give_the_scheduler_both_secrets_and_workers_theirs() {
+        use ps_proto::auth::{ClusterToken, Role};
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_role_tokens(dir.path()).unwrap();
+        let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+        assert_eq!(written.len(), 2);
+        let both = ClusterToken::new(&read(TOKEN_FILE)).unwrap();
+        assert!(both.has_roles());
+        assert!(both.clone().presenting(Role::Server).is_ok());
+        let worker = ClusterToken::new(&read(WORKER_TOKEN_FILE)).unwrap();
+        assert!(worker.clone().presenting(Role::Worker).is_ok());
+        assert!(worker.presenting(Role::Server).is_err());
+        assert!(read(TOKEN_FILE).contains(read(WORKER_TOKEN_FILE).trim()));
     }
 
     #[test]

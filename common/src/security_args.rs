@@ -4,7 +4,8 @@
 //!
 //! The token comes from `--token-file` (`PS_TOKEN_FILE`) or the `PS_TOKEN`
 //! variable, never from a command-line argument, which `ps` would show to every
-//! user of the machine.
+//! user of the machine. It is one secret for every process, or `server=` and
+//! `worker=` lines that give each role its own (see `ps_proto::auth`).
 //!
 //! TLS is on when `--tls-ca` is given: every process connects to something (a
 //! server to its scheduler, a worker to its servers, `health` to its target), so
@@ -14,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ps_proto::auth::ClusterToken;
+use ps_proto::auth::{ClusterToken, Role};
 use ps_proto::tls::{DEFAULT_SERVER_NAME, PemIdentity, TlsConfig};
 use ps_proto::transport::TransportConfig;
 
@@ -25,7 +26,9 @@ pub const TOKEN_VARIABLE: &str = "PS_TOKEN";
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct SecurityArgs {
     /// A file holding the cluster token every request must carry (or set
-    /// PS_TOKEN); without either, requests need none.
+    /// PS_TOKEN): one secret, or `server=SECRET` and `worker=SECRET` lines
+    /// (servers and the scheduler hold both, workers their own); without
+    /// either, requests need none.
     #[arg(long, env = "PS_TOKEN_FILE", global = true)]
     pub token_file: Option<PathBuf>,
     /// CA certificate (PEM) that signed the servers this process connects to;
@@ -93,23 +96,30 @@ pub enum SecurityArgsError {
 }
 
 impl SecurityArgs {
-    /// Sets `transport`'s TLS and token from the flags and `PS_TOKEN`.
+    /// Sets `transport`'s TLS and token from the flags and `PS_TOKEN`, for a
+    /// process that presents the secret of `role` when the token has roles.
     ///
     /// # Errors
     /// As [`SecurityArgs::tls`] and [`SecurityArgs::token`].
-    pub fn apply(&self, transport: &mut TransportConfig) -> Result<(), SecurityArgsError> {
+    pub fn apply(
+        &self,
+        role: Role,
+        transport: &mut TransportConfig,
+    ) -> Result<(), SecurityArgsError> {
         transport.tls = self.tls()?;
-        transport.token = self.token(std::env::var(TOKEN_VARIABLE).ok())?;
+        transport.token = self.token(role, std::env::var(TOKEN_VARIABLE).ok())?;
         Ok(())
     }
 
     /// The cluster token: `--token-file`'s contents, else `variable` (the value
-    /// of `PS_TOKEN`), else none.
+    /// of `PS_TOKEN`), else none; presenting the secret of `role`.
     ///
     /// # Errors
-    /// An unreadable file, or an empty or malformed token.
+    /// An unreadable file, an empty or malformed token, or one with roles but
+    /// none for `role`.
     pub fn token(
         &self,
+        role: Role,
         variable: Option<String>,
     ) -> Result<Option<ClusterToken>, SecurityArgsError> {
         let (text, source_name) = match (&self.token_file, variable) {
@@ -122,6 +132,7 @@ impl SecurityArgs {
             (None, None) => return Ok(None),
         };
         ClusterToken::new(&text)
+            .and_then(|token| token.presenting(role))
             .map(Some)
             .map_err(|reason| SecurityArgsError::Token {
                 source_name,
@@ -244,18 +255,38 @@ mod tests {
             ..SecurityArgs::default()
         };
         let expected = ClusterToken::new("from-file").unwrap();
-        assert_eq!(args.token(Some("from-env".into())).unwrap(), Some(expected));
+        assert_eq!(
+            args.token(Role::Worker, Some("from-env".into())).unwrap(),
+            Some(expected)
+        );
         let without_file = SecurityArgs::default();
-        let from_env = without_file.token(Some("from-env".into())).unwrap();
+        let from_env = without_file
+            .token(Role::Worker, Some("from-env".into()))
+            .unwrap();
         assert_eq!(from_env, Some(ClusterToken::new("from-env").unwrap()));
-        assert_eq!(without_file.token(None).unwrap(), None);
+        assert_eq!(without_file.token(Role::Worker, None).unwrap(), None);
         let empty = without_file
-            .token(Some(" ".into()))
+            .token(Role::Worker, Some(" ".into()))
             .unwrap_err()
             .to_string();
         assert!(
             empty.contains("PS_TOKEN") && empty.contains("empty"),
             "{empty}"
+        );
+    }
+
+    #[test]
+    fn a_worker_token_file_cannot_start_a_server() {
+        let args = SecurityArgs::default();
+        let worker_line = Some("worker=w".to_string());
+        assert!(args.token(Role::Worker, worker_line.clone()).is_ok());
+        let error = args
+            .token(Role::Server, worker_line)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("PS_TOKEN") && error.contains("server="),
+            "{error}"
         );
     }
 

@@ -30,6 +30,7 @@ use ps_microbench::report::{ResultRow, payload_label, print_json, print_table, w
 use ps_microbench::throughput::{self, ModelTensors, ThroughputPlan};
 use ps_microbench::tuning::Tuning;
 use ps_microbench::{plot, progress, server, tcp_check};
+use ps_proto::auth::Role;
 
 /// gRPC tensor-transport benchmarks, side by side with raw TCP.
 #[derive(Debug, Parser)]
@@ -342,7 +343,7 @@ fn emit(rows: &[ResultRow], json: bool, out: Option<&PathBuf>) -> anyhow::Result
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut transport = args.tuning.transport().map_err(anyhow::Error::msg)?;
-    args.security.apply(&mut transport)?;
+    args.security.apply(Role::Worker, &mut transport)?;
     let grpc = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

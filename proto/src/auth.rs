@@ -5,6 +5,10 @@
 //! [`RequireToken`] and answer `UNAUTHENTICATED` when it is missing or wrong.
 //! The health service is left open, so probes and container health checks need
 //! no secret. The comparison takes the same time whatever the token sent.
+//!
+//! A token may give servers and workers different secrets ([`ClusterToken`]);
+//! handlers then check the [`Role`] a request's secret grants with
+//! [`require_role`].
 
 use std::sync::Arc;
 
@@ -20,10 +24,67 @@ const AUTHORIZATION: &str = "authorization";
 /// A channel that carries the cluster token (if any) on every request.
 pub type AuthChannel = InterceptedService<Channel, AttachToken>;
 
-/// The cluster's shared secret.
+/// What a credential lets its holder do, where that matters: only a server may
+/// register as a server, only a worker may take a rank or send gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A parameter server.
+    Server,
+    /// A worker (and the benchmarks' simulated workers).
+    Worker,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Server => "server",
+            Role::Worker => "worker",
+        }
+    }
+}
+
+/// The roles the credential of a request granted. [`RequireToken`] puts it in
+/// the request's extensions; handlers read it with [`require_role`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Granted {
+    server: bool,
+    worker: bool,
+}
+
+impl Granted {
+    const ALL: Granted = Granted {
+        server: true,
+        worker: true,
+    };
+
+    fn only(role: Role) -> Self {
+        Granted {
+            server: role == Role::Server,
+            worker: role == Role::Worker,
+        }
+    }
+
+    /// Whether `role` was granted.
+    pub fn allows(self, role: Role) -> bool {
+        match role {
+            Role::Server => self.server,
+            Role::Worker => self.worker,
+        }
+    }
+}
+
+/// The cluster's secrets: the ones this process accepts, with the roles each
+/// grants, and the one it presents.
+///
+/// Its text is either one token, which every process holds and which grants
+/// every role, or lines `server=SECRET` and `worker=SECRET`: the scheduler and
+/// the servers hold both lines, workers only theirs, so a worker's secret cannot
+/// register a server and a server's cannot take a rank.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClusterToken {
-    header: AsciiMetadataValue,
+    accepted: Vec<(AsciiMetadataValue, Granted)>,
+    presented: Option<AsciiMetadataValue>,
+    roles: bool,
 }
 
 impl std::fmt::Debug for ClusterToken {
@@ -33,47 +94,137 @@ impl std::fmt::Debug for ClusterToken {
 }
 
 impl ClusterToken {
-    /// A token from its text, without surrounding white space.
+    /// The secrets in `text`: one token, or `server=` and `worker=` lines. A
+    /// process presents its worker secret, or its only one, until
+    /// [`ClusterToken::presenting`] says otherwise.
     ///
     /// # Errors
-    /// A message when it is empty or not printable ASCII without spaces.
+    /// A message when it is empty, a secret is not printable ASCII without
+    /// spaces, or a line names another role or repeats one.
     pub fn new(text: &str) -> Result<Self, String> {
         let text = text.trim();
         if text.is_empty() {
             return Err("the cluster token is empty".into());
         }
-        if !text.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err("the cluster token must be printable ASCII without spaces".into());
+        let has_roles = text.lines().any(|line| {
+            let line = line.trim_start();
+            line.starts_with("server=") || line.starts_with("worker=")
+        });
+        if !has_roles {
+            let header = bearer(text)?;
+            return Ok(Self {
+                accepted: vec![(header.clone(), Granted::ALL)],
+                presented: Some(header),
+                roles: false,
+            });
         }
-        let header = MetadataValue::try_from(format!("Bearer {text}"))
-            .map_err(|e| format!("the cluster token cannot travel in a header: {e}"))?;
-        Ok(Self { header })
+        let mut token = Self {
+            accepted: Vec::new(),
+            presented: None,
+            roles: true,
+        };
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let (role, secret) = line.split_once('=').ok_or_else(|| {
+                "a cluster token with roles has one `server=SECRET` or `worker=SECRET` per line"
+                    .to_string()
+            })?;
+            let role = match role.trim() {
+                "server" => Role::Server,
+                "worker" => Role::Worker,
+                other => {
+                    return Err(format!(
+                        "unknown role `{other}` in the cluster token: the roles are server and worker"
+                    ));
+                }
+            };
+            if token.secret_of(role).is_some() {
+                return Err(format!(
+                    "the cluster token gives the {} secret twice",
+                    role.name()
+                ));
+            }
+            token
+                .accepted
+                .push((bearer(secret.trim())?, Granted::only(role)));
+        }
+        token.presented = token
+            .secret_of(Role::Worker)
+            .or_else(|| token.secret_of(Role::Server));
+        Ok(token)
     }
+
+    /// The same secrets, presenting the one of `role`.
+    ///
+    /// # Errors
+    /// A message when the token has roles but no secret for `role`.
+    pub fn presenting(mut self, role: Role) -> Result<Self, String> {
+        if self.roles {
+            self.presented = Some(self.secret_of(role).ok_or_else(|| {
+                format!(
+                    "the cluster token has no `{}=` line, and a {0} presents its own secret",
+                    role.name()
+                )
+            })?);
+        }
+        Ok(self)
+    }
+
+    /// Whether the token grants different secrets to servers and workers.
+    pub fn has_roles(&self) -> bool {
+        self.roles
+    }
+
+    fn secret_of(&self, role: Role) -> Option<AsciiMetadataValue> {
+        self.accepted
+            .iter()
+            .find(|(_, granted)| *granted == Granted::only(role))
+            .map(|(header, _)| header.clone())
+    }
+
+    /// The roles `sent` (an `authorization` header) grants, if it is one of ours.
+    fn grants(&self, sent: &[u8]) -> Option<Granted> {
+        // Every secret is compared, whichever matches, so the time taken does
+        // not tell which one a guess came close to.
+        self.accepted.iter().fold(None, |found, (header, granted)| {
+            let same = same_secret(sent, header.as_bytes());
+            found.or(same.then_some(*granted))
+        })
+    }
+}
+
+fn bearer(secret: &str) -> Result<AsciiMetadataValue, String> {
+    if secret.is_empty() {
+        return Err("a secret of the cluster token is empty".into());
+    }
+    if !secret.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("the cluster token must be printable ASCII without spaces".into());
+    }
+    MetadataValue::try_from(format!("Bearer {secret}"))
+        .map_err(|e| format!("the cluster token cannot travel in a header: {e}"))
 }
 
 /// Adds the cluster token to each request of a channel (nothing without one).
 #[derive(Debug, Clone, Default)]
-pub struct AttachToken(Option<ClusterToken>);
+pub struct AttachToken(Option<AsciiMetadataValue>);
 
 impl AttachToken {
-    /// Attaches `token`, when there is one.
+    /// Attaches the secret `token` presents, when there is one.
     pub fn new(token: Option<ClusterToken>) -> Self {
-        Self(token)
+        Self(token.and_then(|t| t.presented))
     }
 }
 
 impl Interceptor for AttachToken {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(token) = &self.0 {
-            request
-                .metadata_mut()
-                .insert(AUTHORIZATION, token.header.clone());
+        if let Some(header) = &self.0 {
+            request.metadata_mut().insert(AUTHORIZATION, header.clone());
         }
         Ok(request)
     }
 }
 
-/// Refuses requests without the cluster token (lets everything through without one).
+/// Refuses requests without one of the cluster's secrets, and records the roles
+/// the one sent grants (lets everything through without a token).
 #[derive(Debug, Clone, Default)]
 pub struct RequireToken(Option<Arc<ClusterToken>>);
 
@@ -85,19 +236,39 @@ impl RequireToken {
 }
 
 impl Interceptor for RequireToken {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let Some(expected) = &self.0 else {
             return Ok(request);
         };
-        match request.metadata().get(AUTHORIZATION) {
-            Some(sent) if same_secret(sent.as_bytes(), expected.header.as_bytes()) => Ok(request),
-            Some(_) => Err(Status::unauthenticated(
+        let sent = request.metadata().get(AUTHORIZATION).map(|v| v.as_bytes());
+        match sent.map(|sent| expected.grants(sent)) {
+            Some(Some(granted)) => {
+                request.extensions_mut().insert(granted);
+                Ok(request)
+            }
+            Some(None) => Err(Status::unauthenticated(
                 "wrong cluster token: give this client the token the cluster was started with (PS_TOKEN or --token-file)",
             )),
             None => Err(Status::unauthenticated(
                 "this cluster requires a token: give the client the cluster's token (PS_TOKEN or --token-file)",
             )),
         }
+    }
+}
+
+/// Refuses `request` with `PERMISSION_DENIED` when its credential does not
+/// grant `role` (`what` names the call). Without a cluster token every request
+/// may do everything.
+///
+/// # Errors
+/// The status to answer with.
+pub fn require_role<T>(request: &Request<T>, role: Role, what: &str) -> Result<(), Status> {
+    match request.extensions().get::<Granted>() {
+        Some(granted) if !granted.allows(role) => Err(Status::permission_denied(format!(
+            "{what} is for a {0}, and this request carries another role's secret: give the {0} the `{0}=` line of the cluster token",
+            role.name()
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -124,6 +295,68 @@ mod tests {
             let status = require.call(request_with(sent)).unwrap_err();
             assert_eq!(status.code(), tonic::Code::Unauthenticated);
             assert!(status.message().contains(says), "{}", status.message());
+        }
+    }
+
+    fn granted(token: &ClusterToken, role: Role) -> Result<Granted, Status> {
+        let mut require = RequireToken::new(Some(token.clone()));
+        let sent = request_with_token(token.clone().presenting(role).unwrap());
+        let passed = require.call(sent)?;
+        Ok(*passed.extensions().get::<Granted>().unwrap())
+    }
+
+    fn request_with_token(token: ClusterToken) -> Request<()> {
+        AttachToken::new(Some(token))
+            .call(Request::new(()))
+            .unwrap()
+    }
+
+    #[test]
+    fn role_secrets_grant_their_role_only() {
+        let both = ClusterToken::new("server=s-secret\nworker=w-secret\n").unwrap();
+        assert!(both.has_roles());
+        let server = granted(&both, Role::Server).unwrap();
+        assert!(server.allows(Role::Server) && !server.allows(Role::Worker));
+        let worker = granted(&both, Role::Worker).unwrap();
+        assert!(worker.allows(Role::Worker) && !worker.allows(Role::Server));
+        // A worker's file holds its own line only: it cannot present a server's.
+        let worker_only = ClusterToken::new("worker=w-secret").unwrap();
+        let error = worker_only.presenting(Role::Server).unwrap_err();
+        assert!(error.contains("server="), "{error}");
+    }
+
+    #[test]
+    fn one_token_grants_every_role() {
+        let token = ClusterToken::new("shared").unwrap();
+        assert!(!token.has_roles());
+        // Base64 padding is part of a single token, not a role line.
+        assert!(!ClusterToken::new("c2hhcmVk==").unwrap().has_roles());
+        for role in [Role::Server, Role::Worker] {
+            assert_eq!(granted(&token, role).unwrap(), Granted::ALL);
+        }
+    }
+
+    #[test]
+    fn a_request_without_the_role_is_permission_denied() {
+        let mut request = Request::new(());
+        assert!(require_role(&request, Role::Server, "RegisterServer").is_ok());
+        request.extensions_mut().insert(Granted::only(Role::Worker));
+        assert!(require_role(&request, Role::Worker, "Push").is_ok());
+        let status = require_role(&request, Role::Server, "RegisterServer").unwrap_err();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(status.message().contains("server="), "{}", status.message());
+    }
+
+    #[test]
+    fn malformed_role_lines_are_refused() {
+        for (text, says) in [
+            ("worker=a\nadmin=x", "unknown role"),
+            ("server=a\nserver=b", "twice"),
+            ("server=a\nworker", "per line"),
+            ("worker=", "empty"),
+        ] {
+            let error = ClusterToken::new(text).unwrap_err();
+            assert!(error.contains(says), "{text}: {error}");
         }
     }
 

@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ps_common::security_args::SecurityArgs;
 use ps_common::size::{parse_size, parse_size_u32};
+use ps_proto::auth::Role;
 use ps_proto::transport::TransportConfig;
 use ps_server::budget::default_budget;
 use ps_server::checkpointer::CheckpointConfig;
@@ -175,7 +176,7 @@ impl Args {
             max_connections: self.max_connections,
             ..TransportConfig::default()
         };
-        self.security.apply(&mut transport)?;
+        self.security.apply(Role::Server, &mut transport)?;
         Ok(ServerConfig {
             consistency: self.consistency,
             workers: self.workers,

@@ -10,6 +10,7 @@ use futures::stream;
 use prost::Message;
 use std::collections::HashSet;
 
+use ps_proto::auth::{Role, require_role};
 use ps_proto::chunk::{Assembler, ChunkError, ChunkHeader};
 use ps_proto::codec::TensorData;
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
@@ -271,6 +272,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<v1::JoinGroupRequest>,
     ) -> Result<Response<v1::JoinGroupResponse>, Status> {
+        require_role(&request, Role::Worker, "JoinGroup")?;
         let group = self.store.group();
         let result = wire::join_request(request.into_inner())
             .and_then(|join| self.ranks.join(group, &join))
@@ -286,6 +288,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<v1::RegisterRequest>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
+        require_role(&request, Role::Worker, "Register")?;
         let request = request.get_ref();
         let admitted = self
             .store
@@ -318,6 +321,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<Streaming<v1::RegisterChunk>>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
+        require_role(&request, Role::Worker, "RegisterStream")?;
         let idle = self.config.stream_idle_timeout;
         let mut buffered = self.store.budget().charge(0, String::new)?;
         let stream = &mut request.into_inner();
@@ -330,6 +334,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<v1::PushRequest>,
     ) -> Result<Response<v1::PushResponse>, Status> {
+        require_role(&request, Role::Worker, "Push")?;
         let result = self.push_grads(request.get_ref()).await;
         self.answer(result.map(wire::push_response))
     }
@@ -338,6 +343,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<Streaming<v1::PushChunk>>,
     ) -> Result<Response<v1::PushResponse>, Status> {
+        require_role(&request, Role::Worker, "PushStream")?;
         let idle = self.config.stream_idle_timeout;
         let result = async {
             let mut buffered = self.store.budget().charge(0, String::new)?;

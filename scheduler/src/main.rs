@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use ps_common::certs::{self, ClusterCerts};
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_common::security_args::SecurityArgs;
+use ps_proto::auth::Role;
 use ps_proto::consistency::Consistency;
 use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
@@ -100,8 +101,13 @@ enum Command {
         #[arg(long, default_value_t = 365)]
         days: u32,
         /// Also write a random cluster token into --out/token (for --token-file).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "role_tokens")]
         token: bool,
+        /// Also write a cluster token with roles: --out/token with a server and a
+        /// worker secret (for the scheduler and the servers) and
+        /// --out/worker-token with the worker's only (for the workers).
+        #[arg(long)]
+        role_tokens: bool,
         /// Leave the folder as it is when it already holds a CA (a restarted
         /// cluster keeps the certificates its running processes trust).
         #[arg(long)]
@@ -115,6 +121,7 @@ struct CertsRequest<'a> {
     names: &'a [String],
     days: u32,
     token: bool,
+    role_tokens: bool,
     keep: bool,
 }
 
@@ -125,6 +132,7 @@ fn write_certs(request: CertsRequest<'_>) -> anyhow::Result<()> {
         names,
         days,
         token,
+        role_tokens,
         keep,
     } = request;
     if keep && out.join(certs::CA_CERT_FILE).exists() {
@@ -138,6 +146,9 @@ fn write_certs(request: CertsRequest<'_>) -> anyhow::Result<()> {
     if token {
         let secret = certs::random_token().context("cannot read the system's random source")?;
         written.push(certs::write_token(out, &secret).context("cannot write the token")?);
+    }
+    if role_tokens {
+        written.extend(certs::write_role_tokens(out).context("cannot write the role tokens")?);
     }
     for path in written {
         println!("wrote {}", path.display());
@@ -230,7 +241,7 @@ async fn main() -> anyhow::Result<()> {
         max_connections: cli.max_connections,
         ..TransportConfig::default()
     };
-    cli.security.apply(&mut transport)?;
+    cli.security.apply(Role::Server, &mut transport)?;
     match &cli.command {
         Some(Command::Status {
             scheduler,
@@ -244,6 +255,7 @@ async fn main() -> anyhow::Result<()> {
             names,
             days,
             token,
+            role_tokens,
             keep,
         }) => {
             return write_certs(CertsRequest {
@@ -251,6 +263,7 @@ async fn main() -> anyhow::Result<()> {
                 names,
                 days: *days,
                 token: *token,
+                role_tokens: *role_tokens,
                 keep: *keep,
             });
         }

@@ -187,6 +187,7 @@ impl<Id: Ord + Copy + From<u32> + Into<u32>> Roster<Id> {
                 name: m.name.clone(),
                 alive: m.alive,
                 left: m.left,
+                owner: None,
             })
             .collect()
     }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use ps_proto::auth::{Role, require_role};
 use ps_proto::ids::{MapVersion, Rank, ServerId, Step};
 use ps_proto::v1;
 use ps_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
@@ -16,7 +17,6 @@ use crate::barrier::BarrierState;
 use crate::config::SchedulerConfig;
 use crate::declared::declared_params;
 use crate::membership::{Membership, MembershipError, Node};
-use crate::owners::Owners;
 use crate::shard_map::ShardMap;
 
 pub use crate::shared_state::SchedulerState;
@@ -25,7 +25,6 @@ pub use crate::shared_state::SchedulerState;
 #[derive(Debug, Clone)]
 pub struct SchedulerService {
     state: Arc<SchedulerState>,
-    owners: Arc<Owners>,
 }
 
 /// A new registration's secret.
@@ -40,10 +39,7 @@ fn new_secret() -> Result<String, Status> {
 impl SchedulerService {
     /// A service over `state`.
     pub fn new(state: Arc<SchedulerState>) -> Self {
-        Self {
-            state,
-            owners: Arc::default(),
-        }
+        Self { state }
     }
 
     /// The tonic server.
@@ -113,6 +109,7 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<v1::RegisterServerRequest>,
     ) -> Result<Response<v1::RegisterServerResponse>, Status> {
+        require_role(&request, Role::Server, "RegisterServer")?;
         let addr = request.into_inner().addr;
         if addr.is_empty() || addr.len() > MAX_ADDRESS_BYTES {
             return Err(Status::invalid_argument(format!(
@@ -125,7 +122,7 @@ impl Scheduler for SchedulerService {
             .state
             .update(|m| {
                 let id = m.register_server(&addr, Instant::now())?;
-                self.owners.grant(Node::Server(id), secret.clone());
+                self.state.owners.grant(Node::Server(id), &secret);
                 Ok(id)
             })
             .map_err(membership_status)?;
@@ -141,6 +138,7 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<v1::RegisterWorkerRequest>,
     ) -> Result<Response<v1::RegisterWorkerResponse>, Status> {
+        require_role(&request, Role::Worker, "RegisterWorker")?;
         let client_id = request.into_inner().client_id;
         if client_id.is_empty() {
             return Err(Status::invalid_argument(
@@ -152,7 +150,7 @@ impl Scheduler for SchedulerService {
             .state
             .update(|m| {
                 let rank = m.register_worker(&client_id, Instant::now())?;
-                self.owners.grant(Node::Worker(rank), secret.clone());
+                self.state.owners.grant(Node::Worker(rank), &secret);
                 Ok(rank)
             })
             .map_err(membership_status)?;
@@ -184,7 +182,9 @@ impl Scheduler for SchedulerService {
     ) -> Result<Response<v1::HeartbeatResponse>, Status> {
         let request = request.into_inner();
         let node = node_of(&request)?;
-        self.owners.check(node, &request.secret, "Heartbeat")?;
+        self.state
+            .owners
+            .check(node, &request.secret, "Heartbeat")?;
         // A heartbeat changes no map, so it wakes no waiter.
         let exit_when_done = self.state.config.exit_when_done;
         let (beat, job_done) = self.state.quietly(|membership| {
@@ -203,7 +203,8 @@ impl Scheduler for SchedulerService {
         request: Request<v1::HeartbeatRequest>,
     ) -> Result<Response<v1::LeaveResponse>, Status> {
         let node = node_of(request.get_ref())?;
-        self.owners
+        self.state
+            .owners
             .check(node, &request.get_ref().secret, "Leave")?;
         let step = Step(request.get_ref().step);
         self.state.update(|m| m.leave(node, step));
@@ -215,6 +216,7 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<v1::DeclareParamsRequest>,
     ) -> Result<Response<v1::DeclareParamsResponse>, Status> {
+        require_role(&request, Role::Worker, "DeclareParams")?;
         let declared = request.into_inner().params;
         let servers = self.state.read(Membership::planning_servers);
         let params = declared_params(declared, servers)?;
@@ -256,6 +258,7 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<v1::BarrierRequest>,
     ) -> Result<Response<v1::BarrierResponse>, Status> {
+        require_role(&request, Role::Worker, "Barrier")?;
         let request = request.into_inner();
         if request.name.is_empty() {
             return Err(Status::invalid_argument("a barrier needs a name"));

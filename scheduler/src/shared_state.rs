@@ -1,6 +1,6 @@
 //! [`SchedulerState`]: what the scheduler's handlers and its expiry ticker share —
-//! the membership, the barriers, the state file and the change counter that
-//! wakes every waiter. Locks are held for one call and never across `.await`.
+//! the membership, the registrations' owners, the barriers, the state file and
+//! the change counter that wakes every waiter. Locks are held for one call and never across `.await`.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use crate::barrier::{BarrierState, Barriers};
 use crate::config::SchedulerConfig;
 use crate::membership::{Event, Membership};
+use crate::owners::Owners;
 use crate::state_file::{self, SavedState, StateError};
 
 /// The scheduler's state, shared by the handlers and the expiry ticker.
@@ -20,6 +21,8 @@ pub struct SchedulerState {
     saved: Mutex<Option<SavedState>>,
     barriers: Mutex<Barriers>,
     changes: watch::Sender<u64>,
+    /// Who owns each registration; saved with the membership.
+    pub(crate) owners: Owners,
     pub(crate) config: SchedulerConfig,
 }
 
@@ -53,8 +56,10 @@ impl SchedulerState {
                 path: path.display().to_string(),
             });
         }
+        let owners = saved.as_ref().map(Owners::from_saved).unwrap_or_default();
         Ok(Self {
             membership: Mutex::new(membership),
+            owners,
             saved: Mutex::new(saved),
             barriers: Mutex::default(),
             changes: watch::Sender::new(0),
@@ -67,7 +72,8 @@ impl SchedulerState {
         let Some(path) = &self.config.state_file else {
             return;
         };
-        let now = membership.saved();
+        let mut now = membership.saved();
+        self.owners.stamp(&mut now);
         let mut saved = self.saved.lock().unwrap_or_else(|p| p.into_inner());
         if saved.as_ref() == Some(&now) {
             return;

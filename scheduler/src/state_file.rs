@@ -28,6 +28,10 @@ pub struct SavedMember {
     pub alive: bool,
     /// Left on purpose.
     pub left: bool,
+    /// SHA-256 (hex) of its registration secret; absent in files written before
+    /// these were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// Everything the scheduler keeps across a restart.

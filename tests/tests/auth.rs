@@ -2,10 +2,16 @@
 //! with one refuse every request without it (or with another) with
 //! `UNAUTHENTICATED`, rogue registrations change nothing, the health service
 //! stays open, and a client with the token trains as before. With the token, a
-//! registration's heartbeats and `Leave` still need its own secret.
+//! registration's heartbeats and `Leave` still need its own secret. With role
+//! secrets, a worker's cannot register a server and a server's cannot take a
+//! rank or push, while a job with both trains.
 
+use bytes::Bytes;
+use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, PsClient};
-use ps_proto::auth::ClusterToken;
+use ps_proto::auth::{ClusterToken, Role};
+use ps_proto::codec::DType;
+use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
@@ -15,9 +21,17 @@ use ps_server::ServerConfig;
 use ps_server::follower::SchedulerLink;
 use tonic::Code;
 
+/// Separate secrets for servers and workers.
+const ROLE_SECRETS: &str = "server=the-servers-secret\nworker=the-workers-secret\n";
+
 fn transport(token: Option<&str>) -> TransportConfig {
+    transport_as(token, Role::Worker)
+}
+
+/// A transport with `token`, presenting the secret of `role`.
+fn transport_as(token: Option<&str>, role: Role) -> TransportConfig {
     TransportConfig {
-        token: token.map(|t| ClusterToken::new(t).unwrap()),
+        token: token.map(|t| ClusterToken::new(t).unwrap().presenting(role).unwrap()),
         ..TransportConfig::default()
     }
 }
@@ -45,7 +59,7 @@ async fn cluster(token: &str) -> (String, String) {
             advertise: server.clone(),
             connect_timeout: std::time::Duration::from_secs(10),
         }),
-        transport: transport(Some(token)),
+        transport: transport_as(Some(token), Role::Server),
         ..ServerConfig::default()
     };
     tokio::spawn(ps_server::run(listener, config, std::future::pending()));
@@ -53,7 +67,11 @@ async fn cluster(token: &str) -> (String, String) {
 }
 
 async fn channel(addr: &str, token: Option<&str>) -> ps_proto::auth::AuthChannel {
-    let transport = transport(token);
+    channel_as(addr, token, Role::Worker).await
+}
+
+async fn channel_as(addr: &str, token: Option<&str>, role: Role) -> ps_proto::auth::AuthChannel {
+    let transport = transport_as(token, role);
     let channel = transport
         .endpoint(http_uri(addr))
         .unwrap()
@@ -179,4 +197,153 @@ async fn with_the_token_only_a_registration_s_owner_may_heartbeat_or_leave_for_i
         .leave(beat(&registered.secret))
         .await
         .expect("the owner's Leave");
+}
+
+fn assert_permission_denied<T: std::fmt::Debug>(result: Result<T, tonic::Status>, what: &str) {
+    let status = result.expect_err(what);
+    assert_eq!(status.code(), Code::PermissionDenied, "{what}: {status:?}");
+    assert!(
+        status.message().contains("line of the cluster token"),
+        "{what}: {status:?}"
+    );
+}
+
+#[tokio::test]
+async fn with_role_secrets_only_a_server_registers_as_one_and_only_a_worker_takes_a_rank() {
+    // The server registered with the server's secret: otherwise no map forms.
+    let (scheduler_addr, server_addr) = cluster(ROLE_SECRETS).await;
+    let secrets = Some(ROLE_SECRETS);
+
+    let mut as_worker =
+        SchedulerClient::new(channel_as(&scheduler_addr, secrets, Role::Worker).await);
+    let rogue = v1::RegisterServerRequest {
+        addr: "127.0.0.1:1".into(),
+    };
+    assert_permission_denied(
+        as_worker.register_server(rogue).await,
+        "a worker registering a server",
+    );
+
+    let mut as_server =
+        SchedulerClient::new(channel_as(&scheduler_addr, secrets, Role::Server).await);
+    let thief = v1::RegisterWorkerRequest {
+        client_id: "thief".into(),
+    };
+    assert_permission_denied(
+        as_server.register_worker(thief).await,
+        "a server taking a rank",
+    );
+    let junk = v1::DeclareParamsRequest {
+        params: vec![v1::DeclaredParam {
+            name: "junk".into(),
+            elements: 4,
+            dtype: 0,
+        }],
+    };
+    assert_permission_denied(
+        as_server.declare_params(junk).await,
+        "a server declaring parameters",
+    );
+    let mut server_as_server =
+        ParameterServerClient::new(channel_as(&server_addr, secrets, Role::Server).await);
+    let push = v1::PushRequest::default();
+    assert_permission_denied(
+        server_as_server.push(push).await,
+        "a server pushing gradients",
+    );
+
+    // The worker's secret does a worker's work: join, place, register, push, pull.
+    let mut client = PsClient::connect(ClientConfig {
+        scheduler: Some(scheduler_addr.clone()),
+        transport: transport_as(secrets, Role::Worker),
+        ..ClientConfig::new(Vec::new())
+    })
+    .await
+    .expect("a worker with its secret connects");
+    let group = client.join("worker-0").await.expect("join");
+    assert_eq!((group.rank, group.workers), (Rank(0), 1));
+    client
+        .place(&[ParamInfo {
+            name: "w".into(),
+            shape: vec![4],
+            dtype: DType::F32,
+        }])
+        .await
+        .expect("place");
+    let values = |v: f32| vec![("w".to_string(), Bytes::from(v.to_le_bytes().repeat(4)))];
+    client
+        .register(&values(1.0), &ps_client::optim::sgd(0.5))
+        .await
+        .expect("register");
+    client
+        .push(group.rank, Step(0), &values(2.0))
+        .await
+        .expect("push");
+    let pulled = client.pull(Version(1)).await.expect("pull");
+    let w = &pulled["w"];
+    assert_eq!(
+        (w.version, w.values.as_slice()),
+        (Version(1), &[0.0; 4][..])
+    );
+    let status = as_server
+        .status(v1::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        status.servers.len(),
+        1,
+        "no rogue server joined: {status:?}"
+    );
+    assert_eq!(status.servers[0].addr, server_addr);
+}
+
+#[tokio::test]
+async fn a_restarted_scheduler_still_knows_who_owns_each_registration() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = SchedulerConfig {
+        state_file: Some(dir.path().join("scheduler.json")),
+        transport: transport(Some("job-secret")),
+        ..SchedulerConfig::default()
+    };
+    let start = |config: SchedulerConfig| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(ps_scheduler::run(listener, config, async {
+            stopped.await.ok();
+        }));
+        (addr, stop, running)
+    };
+    let (first, stop, running) = start(config.clone()).await;
+    let registered = SchedulerClient::new(channel(&first, Some("job-secret")).await)
+        .register_server(v1::RegisterServerRequest {
+            addr: "127.0.0.1:7070".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    stop.send(()).unwrap();
+    running
+        .await
+        .unwrap()
+        .expect("the first scheduler stops cleanly");
+
+    let (second, _stop, _running) = start(config).await;
+    let beat = |secret: &str| v1::HeartbeatRequest {
+        node: Some(v1::heartbeat_request::Node::ServerId(registered.server_id)),
+        step: 0,
+        secret: secret.into(),
+    };
+    let mut scheduler = SchedulerClient::new(channel(&second, Some("job-secret")).await);
+    // The first secret presented after the restart is not simply trusted.
+    let refused = scheduler
+        .leave(beat("guess"))
+        .await
+        .expect_err("a foreign Leave");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    scheduler
+        .heartbeat(beat(&registered.secret))
+        .await
+        .expect("the owner's heartbeat after the restart");
 }

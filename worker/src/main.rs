@@ -14,6 +14,7 @@ use clap::{CommandFactory, Parser};
 use ps_client::Expected;
 use ps_client::{ClientConfig, PsClient};
 use ps_common::security_args::SecurityArgs;
+use ps_proto::auth::Role;
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::Rank;
 use ps_worker::cli::TrainArgs;
@@ -119,7 +120,8 @@ async fn main() -> anyhow::Result<()> {
     client_config.pull_timeout = Duration::from_secs(cli.pull_timeout_secs);
     client_config.connect_timeout = cli.connect_timeout;
     client_config.scheduler = cli.scheduler.clone();
-    cli.security.apply(&mut client_config.transport)?;
+    cli.security
+        .apply(Role::Worker, &mut client_config.transport)?;
     let mut client = PsClient::connect(client_config).await?;
     let expected = Expected {
         rank: cli.rank.map(Rank),
