@@ -42,9 +42,13 @@ impl SchedulerService {
         Self { state }
     }
 
-    /// The tonic server.
+    /// The tonic server, reading and writing messages of up to the
+    /// transport's limit.
     pub fn into_server(self) -> SchedulerServer<Self> {
+        let limit = self.state.config.transport.max_message_bytes;
         SchedulerServer::new(self)
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit)
     }
 }
 
@@ -97,6 +101,23 @@ pub fn map_to_proto(map: &ShardMap) -> v1::ShardMap {
         workers: map.workers.iter().map(|r| r.get()).collect(),
         group_size: map.group_size,
     }
+}
+
+/// Refuses to send a map larger than one message may be: servers registered
+/// after the parameters were declared can split them into more parts than the
+/// declaration was checked for.
+fn check_map_size(map: &v1::ShardMap, limit: usize) -> Result<(), Status> {
+    use prost::Message;
+    let bytes = map.encoded_len();
+    if bytes <= limit {
+        return Ok(());
+    }
+    Err(Status::resource_exhausted(format!(
+        "shard map version {} takes {bytes} bytes ({} parts over {} servers), past the {limit} bytes one message may take; declare fewer or larger parameters, or run fewer servers",
+        map.version,
+        map.parts.len(),
+        map.servers.len()
+    )))
 }
 
 fn interval_ms(config: &SchedulerConfig) -> u64 {
@@ -243,6 +264,9 @@ impl Scheduler for SchedulerService {
                 })
             })
             .await;
+        if let Some(map) = &found {
+            check_map_size(map, self.state.config.transport.max_message_bytes)?;
+        }
         found.map(Response::new).ok_or_else(|| {
             let missing = self.state.read(Membership::missing);
             let detail = if missing.is_empty() {
@@ -332,5 +356,29 @@ impl Scheduler for SchedulerService {
             }
         });
         Ok(Response::new(response))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_map_past_the_message_limit_is_refused_with_its_size() {
+        let part = |i: u32| v1::MapPart {
+            name: format!("{i:0>200}"),
+            ..v1::MapPart::default()
+        };
+        let map = v1::ShardMap {
+            version: 7,
+            parts: (0..100).map(part).collect(),
+            ..v1::ShardMap::default()
+        };
+        assert!(check_map_size(&map, 1 << 20).is_ok());
+        let refused = check_map_size(&map, 10_000).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        for words in ["version 7", "100 parts", "past the 10000 bytes"] {
+            assert!(refused.message().contains(words), "{}", refused.message());
+        }
     }
 }
