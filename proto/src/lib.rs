@@ -14,6 +14,7 @@ pub mod auth;
 pub mod chunk;
 pub mod codec;
 pub mod consistency;
+pub mod fuzzing;
 pub mod ids;
 pub mod key;
 pub mod metadata;

@@ -123,7 +123,7 @@ fn f32_bytes(values: &[f32]) -> &[u8] {
 }
 
 /// Serializes `keys` into one safetensors buffer.
-fn encode(keys: &[KeyCheckpoint]) -> Result<Vec<u8>, String> {
+pub(crate) fn encode(keys: &[KeyCheckpoint]) -> Result<Vec<u8>, String> {
     let mut tensors = Vec::new();
     for k in keys {
         for (what, data) in [
@@ -207,8 +207,12 @@ fn checksum_v1<'a>(tensors: impl Iterator<Item = &'a TensorView<'a>>) -> u32 {
     hasher.finalize()
 }
 
-/// Parses and verifies one checkpoint buffer.
-fn decode(buffer: &[u8]) -> Result<Vec<KeyCheckpoint>, String> {
+/// Parses and verifies one checkpoint buffer (the bytes of a file [`read`]
+/// takes).
+///
+/// # Errors
+/// Why the buffer is not a complete, unaltered checkpoint.
+pub fn decode(buffer: &[u8]) -> Result<Vec<KeyCheckpoint>, String> {
     let tensors = SafeTensors::deserialize(buffer).map_err(|e| format!("safetensors: {e}"))?;
     let (_, header) = SafeTensors::read_metadata(buffer).map_err(|e| e.to_string())?;
     let meta = header.metadata().as_ref().ok_or("no candle-ps metadata")?;

@@ -33,6 +33,7 @@ pub mod entry;
 pub mod error;
 pub mod export;
 pub mod follower;
+pub mod fuzzing;
 pub mod group;
 mod kernels;
 pub mod optimizer;

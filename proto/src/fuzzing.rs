@@ -1,0 +1,118 @@
+//! Entry points for the fuzzers (`fuzz/`): each takes arbitrary bytes, drives
+//! the real decoding code with them, and panics only when that code breaks one
+//! of its own promises. A malformed input must be refused, never panic.
+
+use bytes::Bytes;
+use prost::Message;
+
+use crate::chunk::Assembler;
+use crate::codec::TensorData;
+use crate::placement::{Param, plan};
+use crate::v1;
+
+/// A `Tensor` message decoded from `data`: either refused, or a tensor whose
+/// bytes fill its shape, every element of which can be read. True when taken.
+pub fn tensor(data: &[u8]) -> bool {
+    let Ok(message) = v1::Tensor::decode(data) else {
+        return false;
+    };
+    let Ok(tensor) = TensorData::from_proto(&message) else {
+        return false;
+    };
+    assert_eq!(tensor.byte_len(), message.data.len());
+    assert_eq!(tensor.len() * tensor.dtype().size(), tensor.byte_len());
+    assert_eq!(tensor.to_f32_vec().len(), tensor.len());
+    if let Some((index, value)) = tensor.first_non_finite() {
+        assert!(index < tensor.len() && !value.is_finite());
+    }
+    true
+}
+
+/// A stream of `TensorChunk`s (length-delimited, as many as `data` holds) fed to
+/// the assembler: refused, or tensors of exactly the bytes the chunks carried.
+/// True when assembled.
+pub fn chunk_stream(data: &[u8]) -> bool {
+    let mut data = Bytes::copy_from_slice(data);
+    let mut assembler = Assembler::new();
+    let mut carried = 0;
+    while let Ok(chunk) = v1::TensorChunk::decode_length_delimited(&mut data) {
+        if assembler.add_chunk(&chunk).is_err() {
+            return false;
+        }
+        carried += chunk.data.len();
+        assert_eq!(assembler.received_bytes(), carried);
+    }
+    let Ok(tensors) = assembler.finish() else {
+        return false;
+    };
+    let assembled: usize = tensors.iter().map(|(_, t)| t.byte_len()).sum();
+    assert_eq!(assembled, carried);
+    true
+}
+
+/// Parameters and a server count read from `data`, planned: every element of
+/// every parameter is placed exactly once, on a server that exists. The number
+/// of parameters planned.
+pub fn placement(data: &[u8]) -> usize {
+    let Some((&servers, rest)) = data.split_first() else {
+        return 0;
+    };
+    let servers = usize::from(servers % 64) + 1;
+    // Up to 64 parameters of up to a million elements: past that a plan takes
+    // longer than a fuzzer can wait, and tells nothing new.
+    let params: Vec<Param> = rest
+        .chunks_exact(3)
+        .take(64)
+        .enumerate()
+        .map(|(i, bytes)| Param {
+            name: format!("p{i}"),
+            elements: usize::from(u16::from_le_bytes([bytes[0], bytes[1]])) * 16,
+            elem_size: usize::from(bytes[2] % 4) + 1,
+        })
+        .collect();
+    let max_part_bytes = (usize::from(rest.first().copied().unwrap_or(0)) + 1) << 12;
+    let assignments = plan(&params, servers, max_part_bytes);
+    for (index, param) in params.iter().enumerate() {
+        let mut parts: Vec<_> = assignments.iter().filter(|a| a.param == index).collect();
+        parts.sort_by_key(|a| a.part);
+        assert!(!parts.is_empty(), "{} has no part", param.name);
+        let mut next = 0;
+        for (i, part) in parts.iter().enumerate() {
+            assert_eq!(part.part as usize, i);
+            assert_eq!(part.start, next);
+            assert!(part.server < servers);
+            next += part.len;
+        }
+        assert_eq!(next, param.elements, "{} is placed whole", param.name);
+    }
+    params.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn well_formed_inputs_reach_the_code_under_test() {
+        let message = v1::Tensor {
+            name: "w".into(),
+            dtype: v1::DType::DtypeF32 as i32,
+            shape: vec![2],
+            data: Bytes::from_static(&[0, 0, 128, 63, 0, 0, 128, 127]),
+            ..v1::Tensor::default()
+        };
+        assert!(tensor(&message.encode_to_vec()));
+        assert!(!tensor(&[0x1a, 0xff]), "a cut-off message is refused");
+        let chunk = v1::TensorChunk {
+            name: "w".into(),
+            dtype: v1::DType::DtypeF32 as i32,
+            shape: vec![1],
+            offset: 0,
+            data: Bytes::from_static(&[0, 0, 128, 63]),
+            ..v1::TensorChunk::default()
+        };
+        assert!(chunk_stream(&chunk.encode_length_delimited_to_vec()));
+        assert!(!chunk_stream(&[]), "an empty stream is refused");
+        assert_eq!(placement(&[3, 1, 2, 3, 1, 0, 9, 9]), 2);
+    }
+}
