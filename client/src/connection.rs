@@ -118,6 +118,12 @@ impl PsClient {
         &self.shards.placement
     }
 
+    /// Requests one push (or one pull) of every placed parameter makes: a few
+    /// per server holding a part (see `ClientConfig::requests_per_server`).
+    pub fn requests_per_operation(&self) -> usize {
+        self.shards.requests_per_operation()
+    }
+
     /// The shard-map version this client routes with (0: no scheduler).
     pub fn map_version(&self) -> MapVersion {
         self.shards.map_version

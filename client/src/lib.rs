@@ -24,7 +24,7 @@ pub mod retry;
 pub(crate) mod shards;
 pub mod wire;
 
-pub use config::{ClientConfig, DEFAULT_CONNECT_TIMEOUT};
+pub use config::{ClientConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUESTS_PER_SERVER};
 pub use connection::PsClient;
 pub use control::{Expected, GroupInfo};
 pub use error::{ClientError, Recovery};

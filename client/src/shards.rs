@@ -1,7 +1,9 @@
 //! [`Shards`]: the parameter servers a client routes to, where each parameter's
 //! parts live on them, and the shard-map version it routes by; with the fan-out
 //! of register, push and pull to every server at once, unary below the message
-//! limit and streamed in chunks above it.
+//! limit and streamed in chunks above it. A push or pull sends each server's
+//! keys as a few concurrent requests of similar size, so that no stage waits
+//! for the whole of the one before.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -25,6 +27,32 @@ use crate::wire::{
     MalformedReply, PartData, PartSink, PulledParam, cut_into_parts, register_chunks, spec_of,
     tensor_chunks, tensor_of, write_pull_chunk, write_pulled,
 };
+
+/// The smallest group of keys sent as a request of its own: below this, a
+/// request's fixed cost outweighs what overlapping it with another saves.
+const MIN_GROUP_BYTES: usize = 1 << 20;
+
+/// `items`, in order, cut into runs of at least `total / groups` bytes (and at
+/// least [`MIN_GROUP_BYTES`], but for the last run): about `groups` runs, one
+/// for small or few items. Nothing for no items.
+fn in_groups<T>(items: Vec<T>, bytes: impl Fn(&T) -> usize, groups: usize) -> Vec<Vec<T>> {
+    let total: usize = items.iter().map(&bytes).sum();
+    let target = (total / groups.max(1)).max(MIN_GROUP_BYTES);
+    let mut runs = Vec::new();
+    let (mut run, mut run_bytes) = (Vec::new(), 0);
+    for item in items {
+        run_bytes += bytes(&item);
+        run.push(item);
+        if run_bytes >= target {
+            runs.push(std::mem::take(&mut run));
+            run_bytes = 0;
+        }
+    }
+    if !run.is_empty() {
+        runs.push(run);
+    }
+    runs
+}
 
 /// One parameter server.
 #[derive(Clone)]
@@ -95,6 +123,7 @@ pub(crate) struct Shards {
     pub(crate) map_version: MapVersion,
     retry: RetryPolicy,
     chunk_bytes: usize,
+    requests_per_server: usize,
     unary_limit: usize,
     pull_timeout: Duration,
 }
@@ -108,6 +137,7 @@ impl Shards {
             map_version: MapVersion::UNROUTED,
             retry: config.retry,
             chunk_bytes: config.chunk_bytes,
+            requests_per_server: config.requests_per_server,
             unary_limit: config.transport.payload_limit(),
             pull_timeout: config.pull_timeout,
         }
@@ -150,6 +180,21 @@ impl Shards {
             }
         }
         Ok(by_server)
+    }
+
+    /// Requests one push (or one pull) of every placed parameter makes: the
+    /// groups each server's parts are cut into.
+    pub(crate) fn requests_per_operation(&self) -> usize {
+        let mut by_server = vec![Vec::new(); self.servers.len()];
+        for placed in self.placement.params() {
+            for part in &placed.parts {
+                by_server[part.server].push(part.len * placed.info.dtype.size());
+            }
+        }
+        by_server
+            .into_iter()
+            .map(|parts| in_groups(parts, |b| *b, self.requests_per_server).len())
+            .sum()
     }
 
     fn placed(&self, name: &str) -> Result<&Placed, ClientError> {
@@ -236,20 +281,21 @@ impl Shards {
         grads: &[(String, Bytes)],
     ) -> Result<usize, ClientError> {
         let by_server = self.parts_by_server(grads)?;
-        let calls = by_server
-            .iter()
-            .enumerate()
-            .filter(|(_, parts)| !parts.is_empty())
-            .map(|(s, parts)| {
-                let tensors: Vec<v1::Tensor> = parts
-                    .iter()
-                    .map(|(placed, part, data)| tensor_of(placed, part, data.clone()))
-                    .collect();
-                self.push_on(&self.servers[s], worker, step, tensors)
-            });
-        // Every server's push runs to its end, so that when one refuses a step the
-        // group completed without this worker, the others have taken theirs (or
-        // refused too) before the worker joins at the newer step.
+        let calls = by_server.iter().enumerate().flat_map(|(s, parts)| {
+            let tensors: Vec<v1::Tensor> = parts
+                .iter()
+                .map(|(placed, part, data)| tensor_of(placed, part, data.clone()))
+                .collect();
+            let groups = in_groups(tensors, |t| t.data.len(), self.requests_per_server);
+            groups
+                .into_iter()
+                .map(move |group| self.push_on(&self.servers[s], worker, step, group))
+        });
+        // Every request runs to its end, so that when one refuses a step the group
+        // completed without this worker, the others have taken theirs (or refused
+        // too) before the worker joins at the newer step. Each request is one
+        // group of one server's keys: admission is per key, so a group is
+        // all-or-nothing exactly as a whole server's request was.
         let outcomes = futures::future::join_all(calls).await;
         Ok(settled(outcomes)?.into_iter().sum())
     }
@@ -310,11 +356,12 @@ impl Shards {
         for (server, sink) in cut_into_parts(&self.placement, into) {
             by_server[server].push(sink);
         }
-        let calls = by_server
-            .into_iter()
-            .enumerate()
-            .filter(|(_, sinks)| !sinks.is_empty())
-            .map(|(s, sinks)| self.pull_on(&self.servers[s], sinks, min_version));
+        let calls = by_server.into_iter().enumerate().flat_map(|(s, sinks)| {
+            let groups = in_groups(sinks, PartSink::byte_len, self.requests_per_server);
+            groups
+                .into_iter()
+                .map(move |group| self.pull_on(&self.servers[s], group, min_version))
+        });
         let mut lowest: BTreeMap<String, Version> = BTreeMap::new();
         for (key, version) in try_join_all(calls).await?.into_iter().flatten() {
             lowest
@@ -387,5 +434,27 @@ impl Shards {
                 Ok((sink.key().clone(), version))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_cut_into_about_the_asked_groups_in_order() {
+        let mib = 1 << 20;
+        let sizes = vec![4 * mib; 4];
+        let groups = in_groups(sizes.clone(), |b| *b, 4);
+        assert_eq!(groups, vec![vec![4 * mib]; 4]);
+        assert_eq!(in_groups(sizes, |b| *b, 1), vec![vec![4 * mib; 4]]);
+        // Small keys stay together: no group under 1 MiB but the last.
+        let small: Vec<usize> = (1..=10).map(|i| i * 1000).collect();
+        assert_eq!(in_groups(small.clone(), |b| *b, 4), vec![small]);
+        let mixed = vec![3 * mib, 100, 200, 2 * mib, 300];
+        let groups = in_groups(mixed.clone(), |b| *b, 2);
+        assert_eq!(groups.concat(), mixed, "every key once, in order");
+        assert_eq!(groups.len(), 2);
+        assert!(in_groups(Vec::<usize>::new(), |b| *b, 4).is_empty());
     }
 }

@@ -111,6 +111,7 @@ impl Worker {
         config.chunk_bytes = tuning
             .chunk
             .min(config.transport.max_message_bytes - (64 << 10));
+        config.requests_per_server = tuning.requests_per_server;
         let mut client = PsClient::connect(config).await?;
         client.place(&model.params).await?;
         let zeros: Vec<(String, Bytes)> = model
@@ -145,16 +146,10 @@ async fn run_steps(workers: &[Worker], steps: std::ops::Range<u64>) -> anyhow::R
     Ok(())
 }
 
-/// RPCs one worker makes per step: a push and a pull to every server holding a part.
+/// RPCs one worker makes per step: a push and a pull, each a few requests to
+/// every server holding a part.
 fn rpcs_per_worker_step(client: &PsClient) -> usize {
-    let mut servers: Vec<usize> = client
-        .placement()
-        .params()
-        .flat_map(|p| p.parts.iter().map(|part| part.server))
-        .collect();
-    servers.sort_unstable();
-    servers.dedup();
-    servers.len() * 2
+    client.requests_per_operation() * 2
 }
 
 async fn server_loads(addrs: &[String]) -> anyhow::Result<serde_json::Value> {

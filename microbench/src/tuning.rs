@@ -31,6 +31,10 @@ pub struct Tuning {
     /// Connections (HTTP/2 or TCP) per peer, each with one request in flight.
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
+    /// Requests a simulated worker's push or pull keeps in flight to one
+    /// parameter server (its keys cut into groups of similar bytes).
+    #[arg(long, env = "PS_REQUESTS_PER_SERVER", default_value_t = ps_client::DEFAULT_REQUESTS_PER_SERVER)]
+    pub requests_per_server: usize,
 }
 
 impl Tuning {
@@ -51,8 +55,10 @@ impl Tuning {
             ..TransportConfig::default()
         };
         config.validate()?;
-        if self.connections == 0 || self.chunk == 0 {
-            return Err("--connections and --chunk must be at least 1".into());
+        if self.connections == 0 || self.chunk == 0 || self.requests_per_server == 0 {
+            return Err(
+                "--connections, --chunk and --requests-per-server must be at least 1".into(),
+            );
         }
         Ok(config)
     }
@@ -65,6 +71,7 @@ impl Tuning {
             format!("--max-frame={}", self.max_frame),
             format!("--chunk={}", self.chunk),
             format!("--connections={}", self.connections),
+            format!("--requests-per-server={}", self.requests_per_server),
         ];
         if self.adaptive_window {
             args.push("--adaptive-window".into());

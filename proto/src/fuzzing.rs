@@ -70,7 +70,7 @@ pub fn placement(data: &[u8]) -> usize {
             elem_size: usize::from(bytes[2] % 4) + 1,
         })
         .collect();
-    let max_part_bytes = (usize::from(rest.first().copied().unwrap_or(0)) + 1) << 12;
+    let max_part_bytes = (usize::from(rest.first().copied().unwrap_or(0)) + 1) << 16;
     let assignments = plan(&params, servers, max_part_bytes);
     for (index, param) in params.iter().enumerate() {
         let mut parts: Vec<_> = assignments.iter().filter(|a| a.param == index).collect();
