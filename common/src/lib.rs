@@ -16,6 +16,7 @@ pub mod certs;
 pub mod connections;
 pub mod fixtures;
 pub mod health;
+pub mod metrics;
 pub mod process;
 pub mod processes;
 pub mod rendezvous;

@@ -171,6 +171,21 @@ pub enum Error {
         /// The largest step accepted now.
         max_step: Step,
     },
+    /// Under BSP, a pull waits for a version the key cannot reach: it takes one
+    /// step at a time, and the puller already pushed the steps between (to an
+    /// earlier incarnation of this server, before the key was restored from an
+    /// older copy).
+    #[error(
+        "a pull of {key} at version {wanted} cannot be answered: the key is at version {version} and completes one step at a time, so it lost steps this worker already pushed (it was restored from an older copy); offer this worker's copy and repeat the step"
+    )]
+    PullAhead {
+        /// The key.
+        key: ParamKey,
+        /// The version the pull waits for.
+        wanted: Version,
+        /// The key's version.
+        version: Version,
+    },
     /// Under BSP, the step was completed without this worker.
     #[error(
         "step {step} of {key} already completed without worker {worker} (the key is at version {version}); pull the current values and push step {version}"
@@ -282,6 +297,7 @@ impl Error {
             Error::UnknownKey { .. } => Code::NotFound,
             Error::SpecConflict { .. } => Code::AlreadyExists,
             Error::FutureStep { .. }
+            | Error::PullAhead { .. }
             | Error::StaleStep { .. }
             | Error::StaleMap { .. }
             | Error::GroupMismatch { .. } => Code::FailedPrecondition,
@@ -316,13 +332,13 @@ impl From<Error> for Status {
                 metadata::MAP_VERSION,
                 current,
             ),
-            Error::StaleStep { version, .. } | Error::FutureStep { version, .. } => {
-                metadata::failed_precondition_with(
-                    error.to_string(),
-                    metadata::KEY_VERSION,
-                    version,
-                )
-            }
+            Error::StaleStep { version, .. }
+            | Error::FutureStep { version, .. }
+            | Error::PullAhead { version, .. } => metadata::failed_precondition_with(
+                error.to_string(),
+                metadata::KEY_VERSION,
+                version,
+            ),
             other => Status::new(other.code(), other.to_string()),
         }
     }

@@ -36,6 +36,7 @@ pub mod follower;
 pub mod fuzzing;
 pub mod group;
 mod kernels;
+pub mod metrics;
 pub mod optimizer;
 pub mod param;
 pub mod restore;
@@ -47,4 +48,4 @@ pub mod wire;
 
 pub use config::ServerConfig;
 pub use consistency::Consistency;
-pub use server::run;
+pub use server::{run, run_with_metrics};

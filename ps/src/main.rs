@@ -32,6 +32,9 @@ struct Args {
     /// The scheduler to register with and follow (membership, live workers).
     #[arg(long, env = "PS_SCHEDULER")]
     scheduler: Option<String>,
+    /// Serve Prometheus metrics (GET /metrics) on this address; off unless set.
+    #[arg(long, env = "PS_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
     /// The address workers reach this server at (default: the listen address, with
     /// 127.0.0.1 for an unspecified host).
     #[arg(long, env = "PS_ADVERTISE", conflicts_with = "advertise_hostname")]
@@ -255,7 +258,16 @@ async fn main() -> anyhow::Result<()> {
             connect_timeout: args.connect_timeout,
         });
     }
-    ps_server::run(listener, config, ps_common::process::shutdown_signal()).await?;
+    let metrics = match &args.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for metrics on {addr}"))?,
+        ),
+        None => None,
+    };
+    let shutdown = ps_common::process::shutdown_signal();
+    ps_server::run_with_metrics(listener, metrics, config, shutdown).await?;
     Ok(())
 }
 

@@ -1,5 +1,6 @@
 //! [`run`]: serve a parameter-server shard on a bound listener until `shutdown`
-//! resolves, with the gRPC health service beside it.
+//! resolves, with the gRPC health service beside it, and Prometheus metrics on
+//! a second listener when asked ([`run_with_metrics`]).
 //!
 //! On shutdown the health status turns to NOT_SERVING, pulls waiting for a version
 //! end with `UNAVAILABLE`, requests in flight finish (for at most the configured
@@ -16,6 +17,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::checkpointer::Checkpointer;
 use crate::config::ServerConfig;
 use crate::follower::{await_scheduler, follow};
+use crate::metrics::ServerMetrics;
 use crate::service::ParameterService;
 use crate::store::Store;
 
@@ -27,6 +29,19 @@ pub use ps_common::process::ServeError;
 /// [`ServeError`] when the configuration is invalid or the server fails.
 pub async fn run(
     listener: TcpListener,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    run_with_metrics(listener, None, config, shutdown).await
+}
+
+/// [`run`], also serving Prometheus metrics (`GET /metrics`) on `metrics`.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with_metrics(
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
@@ -76,15 +91,26 @@ pub async fn run(
         "ps-server listening"
     );
     ps_common::process::warn_if_plain(&format!("ps-server at {addr}"), addr, &config.transport);
+    let mut service = ParameterService::new(Arc::clone(&store), config.clone(), checkpointer);
+    let metrics_stop = CancellationToken::new();
+    if let Some(listener) = metrics {
+        let (metrics, exposition) = ServerMetrics::new(store);
+        service = service.with_metrics(metrics);
+        let stop = metrics_stop.clone();
+        let exposition = Arc::new(exposition);
+        tokio::spawn(ps_common::metrics::serve(
+            listener,
+            exposition,
+            async move {
+                stop.cancelled().await;
+            },
+        ));
+    }
     let router = config
         .transport
         .server()?
         .add_service(health_service)
-        .add_service(
-            config
-                .transport
-                .guarded(ParameterService::new(store, config.clone(), checkpointer).into_server()),
-        );
+        .add_service(config.transport.guarded(service.into_server()));
     let incoming = ps_common::connections::bounded(
         TcpIncoming::from(listener).with_nodelay(Some(true)),
         config.transport.max_connections,
@@ -120,6 +146,7 @@ pub async fn run(
     if let Some(follower) = follower {
         let _ = follower.await;
     }
+    metrics_stop.cancel();
     checkpoints_stop.cancel();
     if let Some(checkpointing) = checkpointing {
         let _ = checkpointing.await;

@@ -4,7 +4,7 @@
 //! call it without a socket.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::stream;
 use prost::Message;
@@ -17,13 +17,14 @@ use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_server::{ParameterServer, ParameterServerServer};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::budget::{Charge, Charged};
 use crate::checkpointer::Checkpointer;
 use crate::config::ServerConfig;
 use crate::error::{Error, Result};
 use crate::group::Ranks;
+use crate::metrics::ServerMetrics;
 use crate::param::ParamSpec;
 use crate::store::{Pulled, Pushed, Store};
 use crate::wire;
@@ -38,6 +39,7 @@ pub struct ParameterService {
     ranks: Arc<Ranks>,
     config: Arc<ServerConfig>,
     checkpointer: Option<Arc<Checkpointer>>,
+    metrics: Option<Arc<ServerMetrics>>,
 }
 
 impl ParameterService {
@@ -52,7 +54,14 @@ impl ParameterService {
             checkpointer,
             ranks: Arc::default(),
             config: Arc::new(config),
+            metrics: None,
         }
+    }
+
+    /// The same service, recording what it answers in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<ServerMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The tonic server for this service, with the configured message limits.
@@ -63,10 +72,22 @@ impl ParameterService {
             .max_encoding_message_size(limit)
     }
 
-    fn answer<T>(&self, result: Result<T>) -> Result<Response<T>, Status> {
-        result
+    /// The answer to `rpc`, which arrived at `started`: refusals are counted
+    /// by the store, and every answer by the metrics.
+    fn answer<T>(
+        &self,
+        rpc: &'static str,
+        started: Instant,
+        result: Result<T>,
+    ) -> Result<Response<T>, Status> {
+        let answer = result
             .map(Response::new)
-            .map_err(|e| Status::from(self.store.reject(e)))
+            .map_err(|e| Status::from(self.store.reject(e)));
+        if let Some(metrics) = &self.metrics {
+            let code = answer.as_ref().map_or_else(Status::code, |_| Code::Ok);
+            metrics.answered(rpc, code, started.elapsed());
+        }
+        answer
     }
 
     fn stream_chunk_bytes(&self, requested: u64) -> usize {
@@ -92,19 +113,25 @@ impl ParameterService {
         checked: bool,
     ) -> Result<Vec<Pushed>> {
         let bytes: usize = grads.iter().map(|(_, grad)| grad.byte_len()).sum();
+        let started = Instant::now();
         let push = move |store: &Store| match checked {
             true => store.push_checked(worker, step, grads),
             false => store.push(worker, step, grads),
         };
-        if bytes < BLOCKING_APPLY_BYTES {
-            return push(&self.store);
+        let pushed = if bytes < BLOCKING_APPLY_BYTES {
+            push(&self.store)
+        } else {
+            let store = Arc::clone(&self.store);
+            match tokio::task::spawn_blocking(move || push(&store)).await {
+                Ok(pushed) => pushed,
+                Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+                Err(_) => Err(Error::ShuttingDown),
+            }
+        };
+        if let (Some(metrics), Ok(_)) = (&self.metrics, &pushed) {
+            metrics.pushed(bytes, started.elapsed());
         }
-        let store = Arc::clone(&self.store);
-        match tokio::task::spawn_blocking(move || push(&store)).await {
-            Ok(pushed) => pushed,
-            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
-            Err(_) => Err(Error::ShuttingDown),
-        }
+        pushed
     }
 
     /// A unary push's gradients, admitted by map version, decoded and applied.
@@ -155,6 +182,9 @@ impl ParameterService {
             .store
             .pull(&keys, min_version, timeout, routed_by)
             .await?;
+        if let Some(metrics) = &self.metrics {
+            metrics.pulled(bytes);
+        }
         Ok((pulled, charge))
     }
 }
@@ -272,6 +302,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<v1::JoinGroupRequest>,
     ) -> Result<Response<v1::JoinGroupResponse>, Status> {
+        let started = Instant::now();
         require_role(&request, Role::Worker, "JoinGroup")?;
         let group = self.store.group();
         let result = wire::join_request(request.into_inner())
@@ -281,13 +312,14 @@ impl ParameterServer for ParameterService {
                 workers: group.workers,
                 consistency: group.consistency.to_string(),
             });
-        self.answer(result)
+        self.answer("JoinGroup", started, result)
     }
 
     async fn register(
         &self,
         request: Request<v1::RegisterRequest>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
+        let started = Instant::now();
         require_role(&request, Role::Worker, "Register")?;
         let request = request.get_ref();
         let admitted = self
@@ -314,35 +346,42 @@ impl ParameterServer for ParameterService {
                 let restore_version = Version(request.restore_version);
                 self.store.register(params, restore_version)
             });
-        self.answer(result.map(wire::register_response))
+        self.answer("Register", started, result.map(wire::register_response))
     }
 
     async fn register_stream(
         &self,
         request: Request<Streaming<v1::RegisterChunk>>,
     ) -> Result<Response<v1::RegisterResponse>, Status> {
+        let started = Instant::now();
         require_role(&request, Role::Worker, "RegisterStream")?;
         let idle = self.config.stream_idle_timeout;
         let mut buffered = self.store.budget().charge(0, String::new)?;
         let stream = &mut request.into_inner();
         let params = read_register_stream(&self.store, stream, idle, &mut buffered).await;
         let result = params.and_then(|(params, restore)| self.store.register(params, restore));
-        self.answer(result.map(wire::register_response))
+        self.answer(
+            "RegisterStream",
+            started,
+            result.map(wire::register_response),
+        )
     }
 
     async fn push(
         &self,
         request: Request<v1::PushRequest>,
     ) -> Result<Response<v1::PushResponse>, Status> {
+        let started = Instant::now();
         require_role(&request, Role::Worker, "Push")?;
         let result = self.push_grads(request.get_ref()).await;
-        self.answer(result.map(wire::push_response))
+        self.answer("Push", started, result.map(wire::push_response))
     }
 
     async fn push_stream(
         &self,
         request: Request<Streaming<v1::PushChunk>>,
     ) -> Result<Response<v1::PushResponse>, Status> {
+        let started = Instant::now();
         require_role(&request, Role::Worker, "PushStream")?;
         let idle = self.config.stream_idle_timeout;
         let result = async {
@@ -353,13 +392,14 @@ impl ParameterServer for ParameterService {
             self.apply_push(worker, step, grads, true).await
         }
         .await;
-        self.answer(result.map(wire::push_response))
+        self.answer("PushStream", started, result.map(wire::push_response))
     }
 
     async fn pull(
         &self,
         request: Request<v1::PullRequest>,
     ) -> Result<Response<v1::PullResponse>, Status> {
+        let started = Instant::now();
         let limit = self.config.transport.max_message_bytes;
         let result =
             self.pull_values(request.get_ref(), limit)
@@ -373,7 +413,7 @@ impl ParameterServer for ParameterService {
                     }
                     Ok(response)
                 });
-        self.answer(result)
+        self.answer("Pull", started, result)
     }
 
     type PullStreamStream =
@@ -383,6 +423,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<v1::PullRequest>,
     ) -> Result<Response<Self::PullStreamStream>, Status> {
+        let started = Instant::now();
         let chunk_bytes = self.stream_chunk_bytes(request.get_ref().chunk_bytes);
         let pulled = self.pull_values(request.get_ref(), usize::MAX).await;
         let result = pulled.map(|(pulled, charge)| {
@@ -393,7 +434,7 @@ impl ParameterServer for ParameterService {
                 .collect();
             Charged::new(stream::iter(chunks), charge)
         });
-        self.answer(result)
+        self.answer("PullStream", started, result)
     }
 
     async fn stats(

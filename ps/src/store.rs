@@ -499,6 +499,9 @@ impl Store {
         }
         check_unique(keys.iter())?;
         let entries = self.entries(keys.iter())?;
+        for entry in &entries {
+            self.check_reachable(entry, min_version)?;
+        }
         let deadline = Instant::now() + timeout;
         for entry in &entries {
             let wait = self.wait_for_version(entry, min_version, deadline, timeout);
@@ -513,6 +516,26 @@ impl Store {
         let pulled = entries.iter().map(|entry| snapshot(entry)).collect();
         self.counters.pulls.fetch_add(1, Ordering::Relaxed);
         Ok(pulled)
+    }
+
+    /// Under BSP, refuses a pull for more than one step past the key's version
+    /// at once, which no push can bring: a worker pulls version `s + 1` only
+    /// after this server took its push of step `s`, and a push of a step past
+    /// the version is refused. Such a pull comes from a worker whose pushes went
+    /// to an earlier incarnation of this server; told the key's version, it
+    /// offers its newer copy instead of waiting out the timeout while the other
+    /// workers wait for it.
+    fn check_reachable(&self, entry: &Entry, wanted: Version) -> Result<()> {
+        let version = *entry.version.borrow();
+        let bsp = self.group().consistency == crate::consistency::Consistency::Bsp;
+        if bsp && wanted.get() > version.get().saturating_add(1) {
+            return Err(Error::PullAhead {
+                key: entry.spec.key.clone(),
+                wanted,
+                version,
+            });
+        }
+        Ok(())
     }
 
     async fn wait_for_version(

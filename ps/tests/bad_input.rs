@@ -306,11 +306,28 @@ async fn bad_pulls_are_refused_precisely() {
             Code::InvalidArgument,
             &["`w`", "more than once"],
         ),
+        // Under BSP a key completes one step at a time: version 2 of a key at 0
+        // needs two steps, the second of which no worker could have pushed.
+        // Refused at once (not after the minute's wait) with the key's version.
+        refusal(
+            "a pull two steps past the key",
+            pull_request(&["w"], 2, 60_000),
+            Code::FailedPrecondition,
+            &["version 2", "at version 0", "offer this worker's copy"],
+        ),
     ];
     for case in cases {
         let result = server.client.clone().pull(case.request).await;
         assert_status(result, case.code, case.needles, case.what);
     }
+    let ahead = server
+        .client
+        .clone()
+        .pull(pull_request(&["w"], 2, 60_000))
+        .await
+        .unwrap_err();
+    let key_version = ps_proto::metadata::version_in(&ahead, ps_proto::metadata::KEY_VERSION);
+    assert_eq!(key_version, Some(0), "the refusal names the key's version");
     let empty_stream = server
         .client
         .clone()

@@ -30,14 +30,34 @@ impl TestServer {
     /// Binds 127.0.0.1:0, then serves on it; connecting needs no waiting because
     /// the socket is listening before the server task starts.
     pub async fn start(config: ServerConfig) -> Self {
+        Self::serve(config, None).await
+    }
+
+    /// A server that also serves Prometheus metrics, and the metrics address
+    /// (bound before the server starts, as its own address is).
+    pub async fn with_metrics(config: ServerConfig) -> (Self, SocketAddr) {
+        let metrics = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let metrics_addr = metrics.local_addr().unwrap();
+        (Self::serve(config, Some(metrics)).await, metrics_addr)
+    }
+
+    async fn serve(config: ServerConfig, metrics: Option<TcpListener>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind loopback");
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(ps_server::run(listener, config.clone(), async {
+        let stopped = async {
             let _ = stopped.await;
-        }));
+        };
+        let task = tokio::spawn(ps_server::run_with_metrics(
+            listener,
+            metrics,
+            config.clone(),
+            stopped,
+        ));
         let channel = TransportConfig {
             max_message_bytes: usize::MAX,
             ..config.transport

@@ -1,0 +1,147 @@
+//! Prometheus metrics: the exposition endpoint every program serves on
+//! `--metrics-listen` ([`serve`]), and the build information every program
+//! reports ([`register_build_info`]).
+//!
+//! Metrics are kept with `prometheus-client` and written in the OpenMetrics
+//! text format, which Prometheus scrapes. Names follow its conventions: a
+//! `candle_ps_` prefix, base units, `_total` counters, `_seconds` histograms.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+/// The content type of OpenMetrics text.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The path metrics are served at.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// Registers `candle_ps_build_info{version, commit, program}`: the release and
+/// the git commit (`PS_GIT_COMMIT` when the binary was built, else `unknown`).
+pub fn register_build_info(registry: &mut Registry, program: &str) {
+    let commit = option_env!("PS_GIT_COMMIT").unwrap_or("unknown");
+    let info = Info::new(vec![
+        ("version", env!("CARGO_PKG_VERSION").to_string()),
+        ("commit", commit.to_string()),
+        ("program", program.to_string()),
+    ]);
+    registry.register(
+        "candle_ps_build",
+        "The program, its release and the git commit it was built from",
+        info,
+    );
+}
+
+/// A gauge registered under `name`.
+pub fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
+    let gauge = Gauge::default();
+    registry.register(name, help, gauge.clone());
+    gauge
+}
+
+/// What a scrape reads: the registry, and a function run first to bring the
+/// gauges read from elsewhere (a store's size, say) up to date.
+pub struct Exposition {
+    registry: Registry,
+    refresh: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Exposition {
+    /// `registry`, with `refresh` run before each scrape.
+    pub fn new(registry: Registry, refresh: impl Fn() + Send + Sync + 'static) -> Self {
+        Self {
+            registry,
+            refresh: Box::new(refresh),
+        }
+    }
+
+    /// The metrics as OpenMetrics text, refreshed now.
+    pub fn text(&self) -> String {
+        (self.refresh)();
+        let mut text = String::new();
+        encode(&mut text, &self.registry).expect("writing to a String cannot fail");
+        text
+    }
+}
+
+/// Serves `GET /metrics` on `listener` (HTTP/1.1) until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    exposition: Arc<Exposition>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let addr = listener.local_addr().ok();
+    tracing::info!(?addr, path = METRICS_PATH, "metrics listening");
+    let accepting = async {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let exposition = Arc::clone(&exposition);
+            tokio::spawn(async move {
+                let answer = hyper::service::service_fn(move |request| {
+                    let exposition = Arc::clone(&exposition);
+                    async move { Ok::<_, Infallible>(respond(&exposition, &request)) }
+                });
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), answer);
+                if let Err(error) = connection.await {
+                    tracing::debug!(%error, "a metrics connection ended with an error");
+                }
+            });
+        }
+    };
+    tokio::select! {
+        () = accepting => {}
+        () = shutdown => {}
+    }
+}
+
+fn respond(exposition: &Exposition, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let reply = |status, content_type: &str, body: String| {
+        Response::builder()
+            .status(status)
+            .header(hyper::header::CONTENT_TYPE, content_type)
+            .body(Full::new(Bytes::from(body)))
+            .expect("a response from fixed parts")
+    };
+    if request.method() != Method::GET || request.uri().path() != METRICS_PATH {
+        let body = format!("metrics are at GET {METRICS_PATH}\n");
+        return reply(StatusCode::NOT_FOUND, "text/plain", body);
+    }
+    reply(StatusCode::OK, CONTENT_TYPE, exposition.text())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_info_and_refreshed_gauges_are_exposed() {
+        let mut registry = Registry::default();
+        register_build_info(&mut registry, "ps-test");
+        let held = gauge(&mut registry, "candle_ps_test_bytes", "Bytes held");
+        let source = Arc::new(std::sync::atomic::AtomicI64::new(42));
+        let read = Arc::clone(&source);
+        let exposition = Exposition::new(registry, move || {
+            held.set(read.load(std::sync::atomic::Ordering::Relaxed));
+        });
+        let text = exposition.text();
+        assert!(text.contains("candle_ps_test_bytes 42"), "{text}");
+        assert!(text.contains("candle_ps_build_info{"), "{text}");
+        assert!(text.contains("program=\"ps-test\""), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        source.store(7, std::sync::atomic::Ordering::Relaxed);
+        assert!(exposition.text().contains("candle_ps_test_bytes 7"));
+    }
+}

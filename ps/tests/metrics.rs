@@ -1,0 +1,88 @@
+//! Prometheus metrics over real HTTP: a server started with a metrics listener
+//! counts what it answered by RPC and status, the bytes it moved and what it
+//! holds, in exposition Prometheus reads; other paths get 404.
+
+mod common;
+
+use common::{TestServer, param, pull_request, push, sgd, tensor};
+use ps_server::ServerConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `GET path` over HTTP/1.1: the status line and the body.
+async fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a full response");
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// The value of the sample named exactly `series` (name and labels).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.parse().unwrap())
+}
+
+#[tokio::test]
+async fn answers_bytes_and_holdings_are_exposed() {
+    let (server, metrics) = TestServer::with_metrics(ServerConfig::default()).await;
+    server.register(vec![param("w", &[1.0; 4], sgd(0.5))]).await;
+    let mut client = server.client.clone();
+    client
+        .push(push(0, 0, vec![tensor("w", &[2.0; 4])]))
+        .await
+        .expect("a push");
+    client
+        .pull(pull_request(&["w"], 1, 1000))
+        .await
+        .expect("a pull");
+    let unknown = client.pull(pull_request(&["nope"], 0, 0)).await;
+    assert_eq!(unknown.unwrap_err().code(), tonic::Code::NotFound);
+
+    let (status, text) = get(metrics, "/metrics").await;
+    assert!(status.contains("200"), "{status}");
+    for (series, want) in [
+        (
+            r#"candle_ps_server_requests_total{rpc="Register",code="OK"}"#,
+            1.0,
+        ),
+        (
+            r#"candle_ps_server_requests_total{rpc="Push",code="OK"}"#,
+            1.0,
+        ),
+        (
+            r#"candle_ps_server_requests_total{rpc="Pull",code="OK"}"#,
+            1.0,
+        ),
+        (
+            r#"candle_ps_server_requests_total{rpc="Pull",code="NOT_FOUND"}"#,
+            1.0,
+        ),
+        (
+            r#"candle_ps_server_request_duration_seconds_count{rpc="Push"}"#,
+            1.0,
+        ),
+        ("candle_ps_server_push_bytes_total", 16.0),
+        ("candle_ps_server_pull_bytes_total", 16.0),
+        ("candle_ps_server_push_apply_duration_seconds_count", 1.0),
+        ("candle_ps_server_keys", 1.0),
+        ("candle_ps_server_max_key_version", 1.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
+    }
+    let held = sample(&text, "candle_ps_server_memory_held_bytes").unwrap();
+    let budget = sample(&text, "candle_ps_server_memory_budget_bytes").unwrap();
+    assert!(
+        held >= 16.0 && budget >= held,
+        "held {held}, budget {budget}"
+    );
+    assert!(text.contains("candle_ps_build_info{"), "{text}");
+    assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+
+    let (status, _) = get(metrics, "/other").await;
+    assert!(status.contains("404"), "{status}");
+    server.stop().await;
+}
