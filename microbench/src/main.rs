@@ -32,6 +32,12 @@ use ps_microbench::tuning::Tuning;
 use ps_microbench::{plot, progress, server, tcp_check};
 use ps_proto::auth::Role;
 
+/// jemalloc keeps freed buffers for reuse: with the system allocator each
+/// message-sized buffer went back to the kernel and came again page by page,
+/// which cost 1 MiB pushes a third of their throughput (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// gRPC tensor-transport benchmarks, side by side with raw TCP.
 #[derive(Debug, Parser)]
 #[command(name = "ps-microbench", version)]

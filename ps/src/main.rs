@@ -19,6 +19,12 @@ use ps_server::checkpointer::CheckpointConfig;
 use ps_server::follower::SchedulerLink;
 use ps_server::{Consistency, ServerConfig};
 
+/// jemalloc keeps freed buffers for reuse: with the system allocator each
+/// message-sized buffer went back to the kernel and came again page by page,
+/// which cost 1 MiB pushes a third of their throughput (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// One candle-ps parameter-server shard: parameters, server-side optimizers,
 /// BSP/ASP/SSP consistency, exactly-once pushes, checkpoints.
 #[derive(Debug, Parser)]

@@ -102,6 +102,12 @@ fn print_summary(summary: &TrainSummary, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// jemalloc keeps freed buffers for reuse: with the system allocator each
+/// message-sized buffer went back to the kernel and came again page by page,
+/// which cost 1 MiB pushes a third of their throughput (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
