@@ -18,6 +18,7 @@ pub mod config;
 pub mod declared;
 pub mod group;
 pub mod membership;
+pub mod metrics;
 pub mod owners;
 pub mod placement;
 pub mod roster;
@@ -29,4 +30,4 @@ pub mod state_file;
 
 pub use config::SchedulerConfig;
 pub use group::GroupSize;
-pub use server::run;
+pub use server::{run, run_with_metrics};

@@ -30,6 +30,9 @@ struct Cli {
     /// Address to listen on.
     #[arg(long, env = "PS_LISTEN", default_value = "0.0.0.0:7000")]
     listen: String,
+    /// Serve Prometheus metrics (GET /metrics) on this address; off unless set.
+    #[arg(long, env = "PS_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
     /// Workers in the group: N, or MIN:MAX for a group that forms from whoever
     /// registers (at least MIN) until registrations stop for --join-window-ms.
     #[arg(long, env = "PS_WORKERS", default_value = "1")]
@@ -285,6 +288,15 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&cli.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cli.listen))?;
-    ps_scheduler::run(listener, config, ps_common::process::shutdown_signal()).await?;
+    let metrics = match &cli.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for metrics on {addr}"))?,
+        ),
+        None => None,
+    };
+    let shutdown = ps_common::process::shutdown_signal();
+    ps_scheduler::run_with_metrics(listener, metrics, config, shutdown).await?;
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! [`run`]: serve the scheduler on a bound listener until `shutdown`, with a ticker
-//! that declares silent nodes dead and the gRPC health service beside it.
+//! that declares silent nodes dead and the gRPC health service beside it, and
+//! Prometheus metrics on a second listener when asked ([`run_with_metrics`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -37,6 +38,19 @@ pub async fn run(
     config: SchedulerConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    run_with_metrics(listener, None, config, shutdown).await
+}
+
+/// [`run`], also serving Prometheus metrics (`GET /metrics`) on `metrics`.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with_metrics(
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+    config: SchedulerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
     config.validate().map_err(ServeError::Config)?;
     let addr = listener.local_addr()?;
     let state =
@@ -52,6 +66,14 @@ pub async fn run(
                 state.tick();
             }
         }
+    });
+    let metrics = metrics.map(|listener| {
+        let exposition = Arc::new(crate::metrics::exposition(Arc::clone(&state)));
+        tokio::spawn(ps_common::metrics::serve(
+            listener,
+            exposition,
+            std::future::pending(),
+        ))
     });
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -81,6 +103,9 @@ pub async fn run(
         })
         .await;
     ticker.abort();
+    if let Some(metrics) = metrics {
+        metrics.abort();
+    }
     served?;
     tracing::info!(%addr, "ps-scheduler stopped");
     Ok(())

@@ -9,7 +9,10 @@ use tokio::sync::watch;
 
 use crate::barrier::{BarrierState, Barriers};
 use crate::config::SchedulerConfig;
-use crate::membership::{Event, Membership};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+use crate::membership::{Event, Membership, Node};
 use crate::owners::Owners;
 use crate::state_file::{self, SavedState, StateError};
 
@@ -23,6 +26,8 @@ pub struct SchedulerState {
     changes: watch::Sender<u64>,
     /// Who owns each registration; saved with the membership.
     pub(crate) owners: Owners,
+    /// Nodes declared dead, by kind (`server`, `worker`), for the metrics.
+    pub(crate) declared_dead: Family<Vec<(&'static str, &'static str)>, Counter>,
     pub(crate) config: SchedulerConfig,
 }
 
@@ -60,6 +65,7 @@ impl SchedulerState {
         Ok(Self {
             membership: Mutex::new(membership),
             owners,
+            declared_dead: Family::default(),
             saved: Mutex::new(saved),
             barriers: Mutex::default(),
             changes: watch::Sender::new(0),
@@ -100,11 +106,23 @@ impl SchedulerState {
 
     /// Declares silent nodes dead and logs each by name.
     pub fn tick(&self) {
-        let events = self.update(|m| m.tick(Instant::now()));
+        self.tick_at(Instant::now());
+    }
+
+    /// [`SchedulerState::tick`] as if it were `now`.
+    pub fn tick_at(&self, now: Instant) {
+        let events = self.update(|m| m.tick(now));
         for event in events {
             match event {
                 Event::Dead { node, name, silent } => {
                     tracing::warn!(%node, name, ?silent, timeout = ?self.config.heartbeat_timeout, "declared dead: no heartbeat within the timeout");
+                    let kind = match node {
+                        Node::Server(_) => "server",
+                        Node::Worker(_) => "worker",
+                    };
+                    self.declared_dead
+                        .get_or_create(&vec![("kind", kind)])
+                        .inc();
                 }
                 Event::GroupFormed { workers } => {
                     tracing::info!(workers, window = ?self.config.join_window, "worker group formed: no registration within the join window");

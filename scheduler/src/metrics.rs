@@ -1,0 +1,100 @@
+//! The scheduler's Prometheus metrics on `--metrics-listen`: live servers and
+//! workers, the shard map's version, the group's size, declared parameters and
+//! nodes declared dead, read from the scheduler's state at each scrape.
+
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+use ps_common::metrics::{Exposition, gauge, register_build_info};
+
+use crate::membership::Membership;
+use crate::shared_state::SchedulerState;
+
+/// The scheduler's metrics over `state`.
+pub fn exposition(state: Arc<SchedulerState>) -> Exposition {
+    let mut registry = Registry::default();
+    register_build_info(&mut registry, "ps-scheduler");
+    registry.register(
+        "candle_ps_scheduler_declared_dead",
+        "Servers and workers declared dead for missing their heartbeats, by kind",
+        state.declared_dead.clone(),
+    );
+    let servers = gauge(
+        &mut registry,
+        "candle_ps_scheduler_live_servers",
+        "Servers heartbeating",
+    );
+    let workers = gauge(
+        &mut registry,
+        "candle_ps_scheduler_live_workers",
+        "Workers heartbeating",
+    );
+    let map_version = gauge(
+        &mut registry,
+        "candle_ps_scheduler_map_version",
+        "Version of the current shard map (0 before the first)",
+    );
+    let map_parts = gauge(
+        &mut registry,
+        "candle_ps_scheduler_map_parts",
+        "Parameter parts in the current shard map",
+    );
+    let group = gauge(
+        &mut registry,
+        "candle_ps_scheduler_group_size",
+        "Workers in the group (0 until it forms)",
+    );
+    Exposition::new(registry, move || {
+        state.read(|m: &Membership| {
+            servers.set(m.live_servers().len() as i64);
+            workers.set(m.live_workers().len() as i64);
+            let map = m.map();
+            map_version.set(map.map_or(0, |map| map.version.get()) as i64);
+            map_parts.set(map.map_or(0, |map| map.assignments.len()) as i64);
+            group.set(i64::from(m.group_size().unwrap_or(0)));
+        });
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::SchedulerConfig;
+
+    fn sample(text: &str, series: &str) -> Option<String> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .map(str::to_string)
+    }
+
+    #[test]
+    fn membership_and_deaths_are_exposed() {
+        let state = Arc::new(SchedulerState::new(SchedulerConfig::default()).unwrap());
+        let exposition = exposition(Arc::clone(&state));
+        let now = Instant::now();
+        state.update(|m| m.register_server("127.0.0.1:7070", now).unwrap());
+        state.update(|m| m.register_server("127.0.0.1:7071", now).unwrap());
+        let text = exposition.text();
+        assert_eq!(
+            sample(&text, "candle_ps_scheduler_live_servers").as_deref(),
+            Some("2")
+        );
+        assert_eq!(
+            sample(&text, "candle_ps_scheduler_live_workers").as_deref(),
+            Some("0")
+        );
+        assert!(text.contains("program=\"ps-scheduler\""), "{text}");
+
+        // Both miss their heartbeats: declared dead, and counted.
+        state.tick_at(now + Duration::from_secs(3600));
+        let text = exposition.text();
+        assert_eq!(
+            sample(&text, "candle_ps_scheduler_live_servers").as_deref(),
+            Some("0")
+        );
+        let dead = r#"candle_ps_scheduler_declared_dead_total{kind="server"}"#;
+        assert_eq!(sample(&text, dead).as_deref(), Some("2"), "{text}");
+    }
+}
