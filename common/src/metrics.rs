@@ -27,7 +27,8 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 pub const METRICS_PATH: &str = "/metrics";
 
 /// Registers `candle_ps_build_info{version, commit, program}`: the release and
-/// the git commit (`PS_GIT_COMMIT` when the binary was built, else `unknown`).
+/// the git commit (stamped by `build.rs` from `git rev-parse`, or taken from
+/// `PS_GIT_COMMIT` at build time; `unknown` outside a git checkout).
 pub fn register_build_info(registry: &mut Registry, program: &str) {
     let commit = option_env!("PS_GIT_COMMIT").unwrap_or("unknown");
     let info = Info::new(vec![
@@ -140,6 +141,8 @@ mod tests {
         assert!(text.contains("candle_ps_test_bytes 42"), "{text}");
         assert!(text.contains("candle_ps_build_info{"), "{text}");
         assert!(text.contains("program=\"ps-test\""), "{text}");
+        let commit = option_env!("PS_GIT_COMMIT").unwrap_or("unknown");
+        assert!(text.contains(&format!("commit=\"{commit}\"")), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
         source.store(7, std::sync::atomic::Ordering::Relaxed);
         assert!(exposition.text().contains("candle_ps_test_bytes 7"));
