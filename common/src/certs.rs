@@ -36,7 +36,12 @@ pub fn random_token() -> std::io::Result<String> {
     use std::io::Read;
     let mut bytes = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(to_hex(&bytes))
+}
+
+/// `bytes` in lower-case hex, two digits each.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Writes `token` to `dir/token`, readable by its owner only.

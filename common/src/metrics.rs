@@ -75,6 +75,22 @@ impl Exposition {
     }
 }
 
+/// The listener for `--metrics-listen ADDR`, bound now; none without one.
+///
+/// # Errors
+/// When `addr` cannot be listened on; the message names it.
+pub async fn bind(addr: Option<&str>) -> std::io::Result<Option<TcpListener>> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    TcpListener::bind(addr).await.map(Some).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen for metrics on {addr}: {e}"),
+        )
+    })
+}
+
 /// Serves `GET /metrics` on `listener` (HTTP/1.1) until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,

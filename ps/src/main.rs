@@ -264,14 +264,7 @@ async fn main() -> anyhow::Result<()> {
             connect_timeout: args.connect_timeout,
         });
     }
-    let metrics = match &args.metrics_listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen for metrics on {addr}"))?,
-        ),
-        None => None,
-    };
+    let metrics = ps_common::metrics::bind(args.metrics_listen.as_deref()).await?;
     let shutdown = ps_common::process::shutdown_signal();
     ps_server::run_with_metrics(listener, metrics, config, shutdown).await?;
     Ok(())

@@ -288,14 +288,7 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&cli.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cli.listen))?;
-    let metrics = match &cli.metrics_listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot listen for metrics on {addr}"))?,
-        ),
-        None => None,
-    };
+    let metrics = ps_common::metrics::bind(cli.metrics_listen.as_deref()).await?;
     let shutdown = ps_common::process::shutdown_signal();
     ps_scheduler::run_with_metrics(listener, metrics, config, shutdown).await?;
     Ok(())

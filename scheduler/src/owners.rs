@@ -27,10 +27,7 @@ pub struct Owners {
 
 /// The SHA-256 of `secret`, in hex.
 fn digest(secret: &str) -> String {
-    Sha256::digest(secret.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    ps_common::certs::to_hex(&Sha256::digest(secret.as_bytes()))
 }
 
 impl Owners {

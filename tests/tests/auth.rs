@@ -81,6 +81,25 @@ async fn channel_as(addr: &str, token: Option<&str>, role: Role) -> ps_proto::au
     transport.authed(channel)
 }
 
+/// Asserts the scheduler's status lists one server, the real one at `addr`:
+/// no rogue registration joined.
+async fn assert_only_server(
+    scheduler: &mut SchedulerClient<ps_proto::auth::AuthChannel>,
+    addr: &str,
+) {
+    let status = scheduler
+        .status(v1::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        status.servers.len(),
+        1,
+        "no rogue server joined: {status:?}"
+    );
+    assert_eq!(status.servers[0].addr, addr);
+}
+
 fn assert_unauthenticated<T: std::fmt::Debug>(result: Result<T, tonic::Status>, what: &str) {
     let status = result.expect_err(what);
     assert_eq!(status.code(), Code::Unauthenticated, "{what}: {status:?}");
@@ -135,17 +154,8 @@ async fn without_the_token_nothing_is_answered_and_nothing_changes() {
     // The job is unharmed: one server in the map, and the client trains on it.
     let group = client.join("worker-0").await.expect("join");
     assert_eq!(group.workers, 1);
-    let status = SchedulerClient::new(channel(&scheduler_addr, Some("job-secret")).await)
-        .status(v1::StatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        status.servers.len(),
-        1,
-        "no rogue server joined: {status:?}"
-    );
-    assert_eq!(status.servers[0].addr, server_addr);
+    let mut scheduler = SchedulerClient::new(channel(&scheduler_addr, Some("job-secret")).await);
+    assert_only_server(&mut scheduler, &server_addr).await;
 }
 
 #[tokio::test]
@@ -285,17 +295,7 @@ async fn with_role_secrets_only_a_server_registers_as_one_and_only_a_worker_take
         (w.version, w.values.as_slice()),
         (Version(1), &[0.0; 4][..])
     );
-    let status = as_server
-        .status(v1::StatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        status.servers.len(),
-        1,
-        "no rogue server joined: {status:?}"
-    );
-    assert_eq!(status.servers[0].addr, server_addr);
+    assert_only_server(&mut as_server, &server_addr).await;
 }
 
 #[tokio::test]
