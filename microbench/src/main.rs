@@ -554,13 +554,20 @@ async fn run_tcp_check(args: TcpCheckArgs) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     ps_common::process::init_tracing();
+    // The parameter-server loops run on the runtime's worker threads, beside
+    // the connections they drive. Left on the main thread (where `#[tokio::main]`
+    // polls this future), every answer would wake that thread from another,
+    // a futex and a context switch per operation: 4 KiB operations ran at
+    // 25,000/s that way instead of 35,000-45,000 (docs/benchmarks.md).
     match cli.command {
         Command::Serve(args) => serve(args).await,
+        // These two still run on the main thread: their payload loops borrow
+        // across awaits in a way `tokio::spawn` cannot take yet.
         Command::Latency(args) => run_latency(args).await,
         Command::Bandwidth(args) => run_bandwidth(args).await,
-        Command::PsThroughput(args) => run_throughput(args).await,
+        Command::PsThroughput(args) => tokio::spawn(run_throughput(args)).await?,
         Command::Kv(args) => run_kv(args).await,
-        Command::KvWorker(args) => run_kv_worker(args).await,
+        Command::KvWorker(args) => tokio::spawn(run_kv_worker(args)).await?,
         Command::Apply(args) => run_apply(args).await,
         Command::TcpCheck(args) => run_tcp_check(args).await,
         Command::Health { server } => {
