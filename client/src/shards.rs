@@ -13,6 +13,7 @@ use futures::future::try_join_all;
 use ps_proto::auth::AuthChannel;
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
+use ps_proto::metadata;
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
@@ -334,8 +335,12 @@ impl Shards {
                 .collect();
             server
                 .call(self.retry, "PushStream", |mut c| {
-                    let chunks = chunks.clone();
-                    async move { c.push_stream(tokio_stream::iter(chunks)).await }
+                    // The server reserves room for this many bytes before it reads any.
+                    let mut request = tonic::Request::new(tokio_stream::iter(chunks.clone()));
+                    request
+                        .metadata_mut()
+                        .insert(metadata::PUSH_BYTES, (bytes as u64).into());
+                    async move { c.push_stream(request).await }
                 })
                 .await?
         };

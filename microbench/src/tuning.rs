@@ -14,10 +14,10 @@ pub const BENCH_MAX_MESSAGE_BYTES: usize = 300 << 20;
 #[derive(Debug, Clone, Args)]
 pub struct Tuning {
     /// HTTP/2 initial stream window.
-    #[arg(long, env = "PS_STREAM_WINDOW", value_parser = parse_size, default_value = "64MiB")]
+    #[arg(long, env = "PS_STREAM_WINDOW", value_parser = parse_size, default_value = "4MiB")]
     pub stream_window: usize,
     /// HTTP/2 initial connection window.
-    #[arg(long, env = "PS_CONNECTION_WINDOW", value_parser = parse_size, default_value = "64MiB")]
+    #[arg(long, env = "PS_CONNECTION_WINDOW", value_parser = parse_size, default_value = "128MiB")]
     pub connection_window: usize,
     /// HTTP/2 maximum frame size (16KiB to 16MiB-1).
     #[arg(long, env = "PS_MAX_FRAME", value_parser = parse_size, default_value = "1MiB")]

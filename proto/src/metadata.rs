@@ -14,6 +14,11 @@ pub const MAP_VERSION: &str = "ps-shard-map-version";
 /// worker's, which the worker then offers).
 pub const KEY_VERSION: &str = "ps-key-version";
 
+/// On a `PushStream` request: the bytes of tensor data its chunks carry in all,
+/// so that the server can wait for room in its push buffer before reading any
+/// of them. A stream that carries more than it declared is refused.
+pub const PUSH_BYTES: &str = "ps-push-bytes";
+
 /// A `FAILED_PRECONDITION` status carrying `version` under `key`.
 pub fn failed_precondition_with(
     message: String,

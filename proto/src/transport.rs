@@ -27,6 +27,14 @@ pub fn message_overhead(max_message_bytes: usize) -> usize {
 /// The most connections a server keeps open, by default.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
+/// HTTP/2's initial stream window, by default: as fast as 64 MiB on loopback
+/// (docs/benchmarks.md), and small enough that the push streams a server keeps
+/// waiting for buffer room hold little of the connection window.
+pub const DEFAULT_STREAM_WINDOW_BYTES: u32 = 4 << 20;
+
+/// HTTP/2's initial connection window, by default.
+pub const DEFAULT_CONNECTION_WINDOW_BYTES: u32 = 128 << 20;
+
 /// HTTP/2 and gRPC settings shared by servers and clients.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransportConfig {
@@ -58,8 +66,8 @@ impl Default for TransportConfig {
     fn default() -> Self {
         Self {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
-            stream_window_bytes: 64 << 20,
-            connection_window_bytes: 64 << 20,
+            stream_window_bytes: DEFAULT_STREAM_WINDOW_BYTES,
+            connection_window_bytes: DEFAULT_CONNECTION_WINDOW_BYTES,
             max_frame_bytes: 1 << 20,
             adaptive_window: false,
             keepalive_interval: Duration::from_secs(10),
@@ -116,6 +124,17 @@ impl TransportConfig {
             .saturating_sub(message_overhead(self.max_message_bytes))
     }
 
+    /// The most concurrent streams a server takes on one connection: one less
+    /// than the stream windows that fit in the connection window. A server
+    /// holds back push streams while its push buffer is full; each of them can
+    /// have sent at most one stream window, so the ones held back never fill
+    /// the connection window that the stream being read needs.
+    pub fn max_streams(&self) -> u32 {
+        (self.connection_window_bytes / self.stream_window_bytes.max(1))
+            .saturating_sub(1)
+            .max(1)
+    }
+
     /// A server builder with these settings.
     ///
     /// # Errors
@@ -129,6 +148,7 @@ impl TransportConfig {
             .initial_stream_window_size(self.stream_window_bytes)
             .initial_connection_window_size(self.connection_window_bytes)
             .max_frame_size(self.max_frame_bytes)
+            .max_concurrent_streams(Some(self.max_streams()))
             .http2_adaptive_window(Some(self.adaptive_window))
             .http2_keepalive_interval(Some(self.keepalive_interval))
             .http2_keepalive_timeout(Some(self.keepalive_timeout))
@@ -222,6 +242,24 @@ mod tests {
             ..TransportConfig::default()
         };
         assert!(config.validate().unwrap_err().contains("max frame size"));
+    }
+
+    #[test]
+    fn streams_held_back_never_fill_the_connection_window() {
+        let streams = |stream_window_bytes, connection_window_bytes| {
+            TransportConfig {
+                stream_window_bytes,
+                connection_window_bytes,
+                ..TransportConfig::default()
+            }
+            .max_streams()
+        };
+        assert_eq!(TransportConfig::default().max_streams(), 31);
+        for (stream, connection) in [(4 << 20, 128 << 20), (1 << 20, 3 << 20), (65_535, 1 << 20)] {
+            let held_back = u64::from(streams(stream, connection) - 1) * u64::from(stream);
+            assert!(held_back + u64::from(stream) <= u64::from(connection));
+        }
+        assert_eq!(streams(64 << 20, 64 << 20), 1, "at least one stream");
     }
 
     #[test]

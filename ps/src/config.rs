@@ -11,6 +11,7 @@ use crate::checkpointer::CheckpointConfig;
 use crate::consistency::Consistency;
 use crate::follower::SchedulerLink;
 use crate::param::Group;
+use crate::push_buffer::DEFAULT_PUSH_BUFFER_BYTES;
 use crate::store::StoreRules;
 
 /// Default largest parameter: 4 GiB of values (Adam keeps two more copies).
@@ -44,6 +45,9 @@ pub struct ServerConfig {
     /// A push or register stream that sends nothing for this long is ended with
     /// `DEADLINE_EXCEEDED`, and nothing of it is applied.
     pub stream_idle_timeout: Duration,
+    /// Bytes of push streams read ahead of applying them; a stream that finds
+    /// no room waits, unread (see [`crate::push_buffer`]).
+    pub push_buffer_bytes: usize,
     /// The scheduler to follow, if any.
     pub scheduler: Option<SchedulerLink>,
     /// Checkpoints, when set.
@@ -65,6 +69,7 @@ impl Default for ServerConfig {
             stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             shutdown_grace: Duration::from_secs(5),
+            push_buffer_bytes: DEFAULT_PUSH_BUFFER_BYTES,
             scheduler: None,
             checkpoint: None,
             transport: TransportConfig::default(),

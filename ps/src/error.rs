@@ -39,6 +39,21 @@ pub enum Error {
     /// A chunk stream is malformed.
     #[error(transparent)]
     Chunk(#[from] ChunkError),
+    /// A push stream carried more tensor bytes than its `ps-push-bytes` header
+    /// declared (the room the server reserved for it).
+    #[error(
+        "the push stream carried more than the {declared} bytes its ps-push-bytes header declared; declare the sum of every chunk's data"
+    )]
+    PushOverDeclared {
+        /// Bytes the header declared.
+        declared: usize,
+    },
+    /// A `ps-push-bytes` header that is not a byte count.
+    #[error("the ps-push-bytes header {value:?} is not a byte count")]
+    BadPushBytes {
+        /// The header as sent.
+        value: String,
+    },
     /// A stream's messages disagree about the pushing worker or step.
     #[error(
         "stream message {index} says worker {got_worker} step {got_step}, but the stream began as worker {worker} step {step}"
@@ -313,6 +328,8 @@ impl Error {
             | Error::Codec { .. }
             | Error::Chunk(_)
             | Error::MixedStream { .. }
+            | Error::PushOverDeclared { .. }
+            | Error::BadPushBytes { .. }
             | Error::RepeatedKey { .. }
             | Error::DtypeMismatch { .. }
             | Error::ShapeMismatch { .. }

@@ -39,6 +39,7 @@ mod kernels;
 pub mod metrics;
 pub mod optimizer;
 pub mod param;
+pub mod push_buffer;
 pub mod restore;
 pub mod server;
 pub mod service;

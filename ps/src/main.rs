@@ -100,11 +100,18 @@ struct Args {
     /// How long to wait at start for --scheduler to come up, for example 60s or 2m.
     #[arg(long, default_value = "60s", env = "PS_CONNECT_TIMEOUT", value_parser = humantime::parse_duration)]
     connect_timeout: Duration,
-    /// HTTP/2 initial stream window.
-    #[arg(long, alias = "stream-window-bytes", env = "PS_STREAM_WINDOW", value_parser = parse_size_u32, default_value = "64MiB")]
+    /// Bytes of push streams read ahead of applying them, for example 64MiB.
+    /// A push stream that finds no room waits, unread, so that memory stays
+    /// bounded however many pushes are in flight; one larger than this waits
+    /// to have it all.
+    #[arg(long, env = "PS_PUSH_BUFFER", value_parser = parse_size, default_value = "32MiB")]
+    push_buffer: usize,
+    /// HTTP/2 initial stream window. The server takes at most `connection
+    /// window / stream window - 1` streams per connection.
+    #[arg(long, alias = "stream-window-bytes", env = "PS_STREAM_WINDOW", value_parser = parse_size_u32, default_value = "4MiB")]
     stream_window: u32,
     /// HTTP/2 initial connection window.
-    #[arg(long, alias = "connection-window-bytes", env = "PS_CONNECTION_WINDOW", value_parser = parse_size_u32, default_value = "64MiB")]
+    #[arg(long, alias = "connection-window-bytes", env = "PS_CONNECTION_WINDOW", value_parser = parse_size_u32, default_value = "128MiB")]
     connection_window: u32,
     /// HTTP/2 maximum frame size (16KiB to 16MiB-1).
     #[arg(long, alias = "max-frame-bytes", env = "PS_MAX_FRAME", value_parser = parse_size_u32, default_value = "1MiB")]
@@ -197,6 +204,7 @@ impl Args {
             chunk_bytes: self.chunk,
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             stream_idle_timeout: self.stream_idle_timeout,
+            push_buffer_bytes: self.push_buffer,
             scheduler: None,
             checkpoint: None,
             transport,

@@ -15,6 +15,7 @@ use ps_proto::chunk::{Assembler, ChunkError, ChunkHeader};
 use ps_proto::codec::TensorData;
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
+use ps_proto::metadata;
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_server::{ParameterServer, ParameterServerServer};
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -26,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::group::Ranks;
 use crate::metrics::ServerMetrics;
 use crate::param::ParamSpec;
+use crate::push_buffer::{PushBuffer, Reservation};
 use crate::store::{Pulled, Pushed, Store};
 use crate::wire;
 
@@ -40,6 +42,7 @@ pub struct ParameterService {
     config: Arc<ServerConfig>,
     checkpointer: Option<Arc<Checkpointer>>,
     metrics: Option<Arc<ServerMetrics>>,
+    push_buffer: PushBuffer,
 }
 
 impl ParameterService {
@@ -53,6 +56,7 @@ impl ParameterService {
             store,
             checkpointer,
             ranks: Arc::default(),
+            push_buffer: PushBuffer::new(config.push_buffer_bytes),
             config: Arc::new(config),
             metrics: None,
         }
@@ -200,6 +204,18 @@ async fn next_message<T: prost::Message + Default>(
     }
 }
 
+/// The bytes a push stream declares in its `ps-push-bytes` header, if it has one.
+fn declared_push_bytes<T>(request: &Request<T>) -> Result<Option<usize>> {
+    let Some(value) = request.metadata().get(metadata::PUSH_BYTES) else {
+        return Ok(None);
+    };
+    let bad = || Error::BadPushBytes {
+        value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+    };
+    let text = value.to_str().map_err(|_| bad())?;
+    text.parse().map(Some).map_err(|_| bad())
+}
+
 /// Reads a whole `RegisterStream`, checking that every chunk of a key repeats its spec
 /// and that the spec is within the server's size limit. Returns the parameters and
 /// the stream's restore version.
@@ -255,8 +271,10 @@ async fn read_push_stream(
     stream: &mut Streaming<v1::PushChunk>,
     idle: Duration,
     buffered: &mut Charge,
+    room: Option<&Reservation>,
 ) -> Result<(Rank, Step, Vec<(ParamKey, TensorData)>)> {
     let mut assembler = Assembler::new();
+    let mut carried = 0usize;
     let mut checked = HashSet::new();
     let mut origin = None;
     let mut index = 0;
@@ -280,6 +298,12 @@ async fn read_push_stream(
         let header = ChunkHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
         if checked.insert(header.key.clone()) {
             store.check_gradient_header(&header)?;
+        }
+        carried = carried.saturating_add(chunk.data.len());
+        if let Some(room) = room.filter(|room| carried > room.declared) {
+            return Err(Error::PushOverDeclared {
+                declared: room.declared,
+            });
         }
         buffered.grow(chunk.data.len(), || {
             format!("buffering a push stream from worker {worker} for step {step}")
@@ -385,10 +409,14 @@ impl ParameterServer for ParameterService {
         require_role(&request, Role::Worker, "PushStream")?;
         let idle = self.config.stream_idle_timeout;
         let result = async {
+            let room = match declared_push_bytes(&request)? {
+                Some(bytes) => Some(self.push_buffer.reserve(bytes).await),
+                None => None,
+            };
             let mut buffered = self.store.budget().charge(0, String::new)?;
             let stream = &mut request.into_inner();
             let (worker, step, grads) =
-                read_push_stream(&self.store, stream, idle, &mut buffered).await?;
+                read_push_stream(&self.store, stream, idle, &mut buffered, room.as_ref()).await?;
             self.apply_push(worker, step, grads, true).await
         }
         .await;
