@@ -112,6 +112,19 @@ async fn many_large_pushes_on_one_connection_wait_their_turn_and_each_applies_on
     server.stop().await;
 }
 
+/// Pushes `grad` declaring `declared` bytes, which the server must refuse as
+/// `INVALID_ARGUMENT`; the refusal.
+async fn refused(server: &TestServer, grad: &Bytes, declared: &str, what: &str) -> tonic::Status {
+    let status = server
+        .client
+        .clone()
+        .push_stream(declared_push(0, grad, declared))
+        .await
+        .expect_err(what);
+    assert_eq!(status.code(), Code::InvalidArgument, "{what}: {status:?}");
+    status
+}
+
 #[tokio::test]
 async fn a_stream_carrying_more_than_it_declared_is_refused_and_changes_nothing() {
     let server = TestServer::start(asp_with_a_small_buffer()).await;
@@ -121,26 +134,14 @@ async fn a_stream_carrying_more_than_it_declared_is_refused_and_changes_nothing(
     let grad = f32_bytes(&vec![1.0; ELEMENTS]);
 
     let understated = (grad.len() - 4).to_string();
-    let status = server
-        .client
-        .clone()
-        .push_stream(declared_push(0, &grad, &understated))
-        .await
-        .expect_err("more than declared");
-    assert_eq!(status.code(), Code::InvalidArgument);
+    let status = refused(&server, &grad, &understated, "more than declared").await;
     assert!(
         status.message().contains(&understated) && status.message().contains("ps-push-bytes"),
         "{}",
         status.message()
     );
 
-    let status = server
-        .client
-        .clone()
-        .push_stream(declared_push(0, &grad, "lots"))
-        .await
-        .expect_err("a header that is no number");
-    assert_eq!(status.code(), Code::InvalidArgument);
+    let status = refused(&server, &grad, "lots", "a header that is no number").await;
     assert!(
         status.message().contains("\"lots\""),
         "{}",

@@ -109,156 +109,174 @@ fn binary_of(image: &str) -> &'static str {
     }
 }
 
+/// The strings of a JSON array.
 fn strings(value: &Value) -> Vec<String> {
-    value
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(String::from))
+    items(value)
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect()
+}
+
+/// The elements of a JSON array (none when `value` is not one).
+fn items(value: &Value) -> impl Iterator<Item = &Value> {
+    value.as_array().into_iter().flatten()
+}
+
+/// The port of `HOST:PORT`.
+fn port_of(addr: &str) -> Option<u64> {
+    addr.rsplit_once(':')?.1.parse().ok()
+}
+
+/// The objects the checks look across.
+struct Manifests<'a> {
+    config_maps: BTreeMap<&'a str, Vec<String>>,
+    services: Vec<&'a Value>,
+    workloads: Vec<&'a Value>,
+}
+
+impl<'a> Manifests<'a> {
+    fn of(objects: &'a [Value]) -> Self {
+        let of_kind = |kinds: &[&str]| -> Vec<&'a Value> {
+            objects
+                .iter()
+                .filter(|o| kinds.iter().any(|k| o["kind"] == *k))
                 .collect()
-        })
-        .unwrap_or_default()
+        };
+        let config_maps = of_kind(&["ConfigMap"])
+            .into_iter()
+            .map(|o| {
+                let name = o["metadata"]["name"].as_str().unwrap_or_default();
+                let keys = o["data"].as_object().map(|d| d.keys().cloned().collect());
+                (name, keys.unwrap_or_default())
+            })
+            .collect();
+        Self {
+            config_maps,
+            services: of_kind(&["Service"]),
+            workloads: of_kind(&["Deployment", "StatefulSet", "Job"]),
+        }
+    }
 }
 
 /// Every problem found in the rendered objects.
 fn problems(objects: &[Value], binaries: &BTreeMap<&str, Accepted>) -> Vec<String> {
+    let manifests = Manifests::of(objects);
     let mut problems = Vec::new();
-    let config_maps: BTreeMap<String, Vec<String>> = objects
-        .iter()
-        .filter(|o| o["kind"] == "ConfigMap")
-        .map(|o| {
-            let keys = o["data"].as_object().map(|d| d.keys().cloned().collect());
-            (
-                o["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-                keys.unwrap_or_default(),
-            )
-        })
+    for workload in &manifests.workloads {
+        for container in items(&workload["spec"]["template"]["spec"]["containers"]) {
+            problems.extend(container_problems(
+                &manifests, workload, container, binaries,
+            ));
+        }
+    }
+    problems.extend(service_problems(&manifests));
+    problems
+}
+
+/// What is wrong with one container: flags and variables its binary does not
+/// take, variables its arguments use but nothing sets, probes and listeners on
+/// ports it does not open, addresses that name no Service.
+fn container_problems(
+    manifests: &Manifests<'_>,
+    workload: &Value,
+    container: &Value,
+    binaries: &BTreeMap<&str, Accepted>,
+) -> Vec<String> {
+    let program = binary_of(container["image"].as_str().unwrap_or_default());
+    let accepts = &binaries[program];
+    let at = format!(
+        "{} {} ({program})",
+        workload["kind"].as_str().unwrap_or_default(),
+        workload["metadata"]["name"].as_str().unwrap_or_default()
+    );
+    let args = strings(&container["args"]);
+    let ports: Vec<u64> = items(&container["ports"])
+        .filter_map(|p| p["containerPort"].as_u64())
         .collect();
-    let services: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "Service").collect();
-    let workloads: Vec<&Value> = objects
-        .iter()
-        .filter(|o| {
-            matches!(
-                o["kind"].as_str(),
-                Some("Deployment" | "StatefulSet" | "Job")
-            )
-        })
-        .collect();
+    let mut problems = Vec::new();
 
-    for workload in &workloads {
-        let kind = workload["kind"].as_str().unwrap_or_default();
-        let name = workload["metadata"]["name"].as_str().unwrap_or_default();
-        let pod = &workload["spec"]["template"]["spec"];
-        for container in pod["containers"].as_array().into_iter().flatten() {
-            let image = container["image"].as_str().unwrap_or_default();
-            let program = binary_of(image);
-            let accepts = &binaries[program];
-            let at = format!("{kind} {name} ({program})");
-
-            for arg in strings(&container["args"]) {
-                let Some(flag) = arg.strip_prefix("--") else {
-                    problems.push(format!("{at}: argument {arg:?} is not a --flag"));
-                    continue;
-                };
-                let flag = flag.split('=').next().unwrap_or_default();
-                if !accepts.flags.contains(flag) {
-                    problems.push(format!("{at}: {program} has no flag --{flag}"));
-                }
+    for arg in &args {
+        let Some(flag) = arg.strip_prefix("--") else {
+            problems.push(format!("{at}: argument {arg:?} is not a --flag"));
+            continue;
+        };
+        let flag = flag.split('=').next().unwrap_or_default();
+        if !accepts.flags.contains(flag) {
+            problems.push(format!("{at}: {program} has no flag --{flag}"));
+        }
+        if let Some(listen) = arg.strip_prefix("--listen=") {
+            if !port_of(listen).is_some_and(|port| ports.contains(&port)) {
+                problems.push(format!("{at}: listens on {listen}, not a declared port"));
             }
-
-            let mut variables: BTreeSet<String> = container["env"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|e| e["name"].as_str().map(String::from))
-                .collect();
-            for source in container["envFrom"].as_array().into_iter().flatten() {
-                let map = source["configMapRef"]["name"].as_str().unwrap_or_default();
-                match config_maps.get(map) {
-                    Some(keys) => variables.extend(keys.iter().cloned()),
-                    None => problems.push(format!("{at}: no ConfigMap {map}")),
-                }
-            }
-            for variable in variables.iter().filter(|v| v.starts_with("PS_")) {
-                if !accepts.variables.contains(variable) {
-                    problems.push(format!("{at}: {program} reads no {variable}"));
-                }
-            }
-            for arg in strings(&container["args"]) {
-                for reference in arg.split("$(").skip(1) {
-                    let variable = reference.split(')').next().unwrap_or_default();
-                    let set_by_kubernetes = variable == "JOB_COMPLETION_INDEX"
-                        && workload["spec"]["completionMode"] == "Indexed";
-                    if !variables.contains(variable) && !set_by_kubernetes {
-                        problems.push(format!("{at}: $({variable}) is never set"));
-                    }
-                }
-            }
-
-            let ports: BTreeMap<String, u64> = container["ports"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| {
-                    Some((
-                        p["name"].as_str()?.to_string(),
-                        p["containerPort"].as_u64()?,
-                    ))
-                })
-                .collect();
-            for probe in ["readinessProbe", "livenessProbe"] {
-                let command = strings(&container[probe]["exec"]["command"]);
-                if command.is_empty() {
-                    continue;
-                }
-                if command[0] != format!("/{program}")
-                    || command.get(1).map(String::as_str) != Some("health")
-                {
-                    problems.push(format!(
-                        "{at}: {probe} runs {command:?}, not /{program} health"
-                    ));
-                }
-                let probed = command
-                    .iter()
-                    .skip_while(|a| *a != "--server")
-                    .nth(1)
-                    .and_then(|addr| addr.rsplit(':').next())
-                    .and_then(|port| port.parse::<u64>().ok());
-                if !probed.is_some_and(|port| ports.values().any(|p| *p == port)) {
-                    problems.push(format!(
-                        "{at}: {probe} checks a port the container does not open"
-                    ));
-                }
-            }
-            for arg in strings(&container["args"]) {
-                if let Some(listen) = arg.strip_prefix("--listen=") {
-                    let port = listen
-                        .rsplit(':')
-                        .next()
-                        .and_then(|p| p.parse::<u64>().ok());
-                    if !port.is_some_and(|port| ports.values().any(|p| *p == port)) {
-                        problems.push(format!("{at}: listens on {listen}, not a declared port"));
-                    }
-                }
-                for flag in ["--scheduler=", "--advertise="] {
-                    if let Some(addr) = arg.strip_prefix(flag) {
-                        problems.extend(check_address(&at, addr, &services));
-                    }
-                }
+        }
+        for flag in ["--scheduler=", "--advertise="] {
+            if let Some(addr) = arg.strip_prefix(flag) {
+                problems.extend(check_address(&at, addr, &manifests.services));
             }
         }
     }
 
-    for service in &services {
+    let mut variables: BTreeSet<String> = items(&container["env"])
+        .filter_map(|e| e["name"].as_str().map(String::from))
+        .collect();
+    for source in items(&container["envFrom"]) {
+        let map = source["configMapRef"]["name"].as_str().unwrap_or_default();
+        match manifests.config_maps.get(map) {
+            Some(keys) => variables.extend(keys.iter().cloned()),
+            None => problems.push(format!("{at}: no ConfigMap {map}")),
+        }
+    }
+    for variable in variables.iter().filter(|v| v.starts_with("PS_")) {
+        if !accepts.variables.contains(variable) {
+            problems.push(format!("{at}: {program} reads no {variable}"));
+        }
+    }
+    for reference in args.iter().flat_map(|arg| arg.split("$(").skip(1)) {
+        let variable = reference.split(')').next().unwrap_or_default();
+        let set_by_kubernetes =
+            variable == "JOB_COMPLETION_INDEX" && workload["spec"]["completionMode"] == "Indexed";
+        if !variables.contains(variable) && !set_by_kubernetes {
+            problems.push(format!("{at}: $({variable}) is never set"));
+        }
+    }
+
+    for probe in ["readinessProbe", "livenessProbe"] {
+        let command = strings(&container[probe]["exec"]["command"]);
+        if command.is_empty() {
+            continue;
+        }
+        if command[0] != format!("/{program}")
+            || command.get(1).map(String::as_str) != Some("health")
+        {
+            problems.push(format!(
+                "{at}: {probe} runs {command:?}, not /{program} health"
+            ));
+        }
+        let probed = command
+            .iter()
+            .skip_while(|a| *a != "--server")
+            .nth(1)
+            .and_then(|addr| port_of(addr));
+        if !probed.is_some_and(|port| ports.contains(&port)) {
+            problems.push(format!(
+                "{at}: {probe} checks a port the container does not open"
+            ));
+        }
+    }
+    problems
+}
+
+/// What is wrong with the Services: one that selects no pods or targets a port
+/// no selected container names, and a StatefulSet without its headless Service.
+fn service_problems(manifests: &Manifests<'_>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for service in &manifests.services {
         let name = service["metadata"]["name"].as_str().unwrap_or_default();
         let selector = service["spec"]["selector"]
             .as_object()
             .cloned()
             .unwrap_or_default();
-        let selected: Vec<&&Value> = workloads
+        let selected: Vec<&&Value> = manifests
+            .workloads
             .iter()
             .filter(|w| {
                 let labels = &w["spec"]["template"]["metadata"]["labels"];
@@ -268,16 +286,11 @@ fn problems(objects: &[Value], binaries: &BTreeMap<&str, Accepted>) -> Vec<Strin
         if selected.is_empty() {
             problems.push(format!("Service {name} selects no workload's pods"));
         }
-        for port in service["spec"]["ports"].as_array().into_iter().flatten() {
-            let Some(target) = port["targetPort"].as_str() else {
-                continue;
-            };
+        for target in items(&service["spec"]["ports"]).filter_map(|p| p["targetPort"].as_str()) {
             let named = selected.iter().all(|w| {
-                w["spec"]["template"]["spec"]["containers"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| port_names(c).iter().any(|n| n == target))
+                items(&w["spec"]["template"]["spec"]["containers"])
+                    .flat_map(|c| items(&c["ports"]))
+                    .any(|p| p["name"] == target)
             });
             if !named {
                 problems.push(format!(
@@ -286,9 +299,14 @@ fn problems(objects: &[Value], binaries: &BTreeMap<&str, Accepted>) -> Vec<Strin
             }
         }
     }
-    for set in workloads.iter().filter(|w| w["kind"] == "StatefulSet") {
+    for set in manifests
+        .workloads
+        .iter()
+        .filter(|w| w["kind"] == "StatefulSet")
+    {
         let governing = set["spec"]["serviceName"].as_str().unwrap_or_default();
-        let headless = services
+        let headless = manifests
+            .services
             .iter()
             .any(|s| s["metadata"]["name"] == governing && s["spec"]["clusterIP"] == "None");
         if !headless {
@@ -300,21 +318,11 @@ fn problems(objects: &[Value], binaries: &BTreeMap<&str, Accepted>) -> Vec<Strin
     problems
 }
 
-/// The names of the ports a container opens.
-fn port_names(container: &Value) -> Vec<String> {
-    container["ports"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p["name"].as_str().map(String::from))
-        .collect()
-}
-
 /// `addr` (`NAME:PORT` or `$(POD_NAME).NAME.$(POD_NAMESPACE).svc:PORT`) names a
 /// Service that has that port.
 fn check_address(at: &str, addr: &str, services: &[&Value]) -> Vec<String> {
-    let (host, port) = addr.rsplit_once(':').unwrap_or((addr, ""));
-    let port: u64 = port.parse().unwrap_or(0);
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    let port = port_of(addr).unwrap_or(0);
     let service = match host.split('.').collect::<Vec<_>>().as_slice() {
         [name] => *name,
         [_pod, name, ..] => *name,
@@ -322,11 +330,7 @@ fn check_address(at: &str, addr: &str, services: &[&Value]) -> Vec<String> {
     };
     let found = services.iter().any(|s| {
         s["metadata"]["name"] == service
-            && s["spec"]["ports"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|p| p["port"].as_u64() == Some(port))
+            && items(&s["spec"]["ports"]).any(|p| p["port"].as_u64() == Some(port))
     });
     if found {
         Vec::new()
