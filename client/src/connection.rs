@@ -196,7 +196,12 @@ impl PsClient {
         match &mut self.directory {
             Directory::Scheduler(link) => {
                 link.declare(retry, params).await?;
-                self.refresh(MapVersion(1)).await
+                // The first map's servers may still be starting: an orchestrator
+                // publishes a container's name only once it is healthy.
+                let (map_wait, server_wait) =
+                    (self.config.pull_timeout, self.config.connect_timeout);
+                self.route_by_map(MapVersion(1), map_wait, server_wait)
+                    .await
             }
             Directory::Fixed => {
                 let (servers, bytes) = (self.shards.servers.len(), self.config.partition_bytes);
@@ -227,17 +232,32 @@ impl PsClient {
         min_version: MapVersion,
         wait: Duration,
     ) -> Result<(), ClientError> {
+        self.route_by_map(min_version, wait, Duration::ZERO).await
+    }
+
+    /// Fetches the shard map at `min_version` or later (waiting at most
+    /// `map_wait`) and routes by it, waiting up to `server_wait` for each of its
+    /// servers to come up (zero: a server in a map that replaced another is
+    /// expected up, and one that is not is repaired as lost).
+    async fn route_by_map(
+        &mut self,
+        min_version: MapVersion,
+        map_wait: Duration,
+        server_wait: Duration,
+    ) -> Result<(), ClientError> {
         let Directory::Scheduler(link) = &self.directory else {
             return Err(ClientError::Usage(
                 "there is no scheduler to refresh the shard map from".into(),
             ));
         };
-        let map = link.shard_map(self.config.retry, min_version, wait).await?;
+        let map = link
+            .shard_map(self.config.retry, min_version, map_wait)
+            .await?;
         let transport = &self.config.transport;
         let servers = try_join_all(
             map.servers
                 .iter()
-                .map(|s| Server::connect(transport, &s.addr)),
+                .map(|s| Server::connect(transport, &s.addr, server_wait)),
         )
         .await?;
         let parts: Vec<(String, Part)> = map

@@ -153,16 +153,30 @@ impl PsClient {
     /// a map without it, or until the server is back at its address (it restarted
     /// before the scheduler declared it dead), whichever comes first, then
     /// registers `copy`; for at most the pull timeout.
+    ///
+    /// A newer map may name a server that cannot be reached yet (a replacement
+    /// whose name an orchestrator publishes once it is healthy) or any more (it
+    /// died after the map was made): then this waits a probe and routes by the
+    /// newest map again, until the deadline.
     async fn await_placement(&mut self, copy: &LocalCopy) -> Result<(), ClientError> {
         if !self.has_scheduler() {
             return self.offer(copy).await;
         }
         let next = self.map_version().next();
         let deadline = Instant::now() + self.pull_timeout();
+        let mut said_waiting = false;
         loop {
             match self.refresh_within(next, PLACEMENT_PROBE).await {
                 Ok(()) => return self.offer(copy).await,
                 Err(error) if error.no_newer_map() => {}
+                Err(error) if still_lost(&error) && Instant::now() < deadline => {
+                    if !said_waiting {
+                        tracing::info!(%error, "a server of the new shard map cannot be reached yet; waiting for it, or for a newer map");
+                        said_waiting = true;
+                    }
+                    tokio::time::sleep(PLACEMENT_PROBE).await;
+                    continue;
+                }
                 Err(error) => return Err(error),
             }
             match self.offer(copy).await {

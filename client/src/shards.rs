@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::try_join_all;
+use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::auth::AuthChannel;
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
@@ -75,12 +76,17 @@ impl Server {
         }
     }
 
-    /// Connects to the parameter server at `addr` now (it is in the shard map,
-    /// so it should be up: no waiting for it).
+    /// Connects to the parameter server at `addr`, waiting up to `wait` for it
+    /// to come up; with no wait, it must be up now.
     pub(crate) async fn connect(
         transport: &TransportConfig,
         addr: &str,
+        wait: Duration,
     ) -> Result<Self, ClientError> {
+        if !wait.is_zero() {
+            let (_, channel) = rendezvous(addr, &[Peer::ParameterServer], transport, wait).await?;
+            return Ok(Self::new(addr, channel, transport));
+        }
         let connect_error = |source| ClientError::Connect {
             addr: addr.to_string(),
             source,

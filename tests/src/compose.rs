@@ -41,7 +41,8 @@ pub struct Compose {
     project: String,
 }
 
-fn checked(mut command: Command, what: &str) -> Output {
+/// Runs `command`, and panics naming `what` with its output when it fails.
+pub(crate) fn checked(mut command: Command, what: &str) -> Output {
     let output = command
         .output()
         .unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
@@ -207,8 +208,22 @@ impl Compose {
     }
 }
 
+/// The lowest step of the live workers in `status` (what `ps-scheduler status`
+/// prints), once it lists `workers` live ones.
+pub fn lowest_live_step(status: &str, workers: usize) -> Option<u64> {
+    let listed = status.split_once("last step")?.1;
+    let steps: Vec<u64> = listed
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.len() == 3 && fields[1] == "yes").then(|| fields[2].parse().ok())?
+        })
+        .collect();
+    (steps.len() == workers).then(|| steps.into_iter().min())?
+}
+
 /// `(name and exit code, still running)` of a container.
-fn inspect(id: &str) -> (Exited, bool) {
+pub(crate) fn inspect(id: &str) -> (Exited, bool) {
     let mut command = Command::new("docker");
     command.args([
         "inspect",

@@ -67,7 +67,18 @@ impl FaultyProxy {
     /// # Errors
     /// When no port can be bound.
     pub async fn start(target: SocketAddr, plan: FaultPlan) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_on(TcpListener::bind("127.0.0.1:0").await?, target, plan)
+    }
+
+    /// Forwards what `listener` accepts to `target` under `plan`.
+    ///
+    /// # Errors
+    /// When the listener has no address.
+    pub fn start_on(
+        listener: TcpListener,
+        target: SocketAddr,
+        plan: FaultPlan,
+    ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let cuts = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&cuts);

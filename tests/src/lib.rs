@@ -1,6 +1,7 @@
 //! `ps-tests`: helpers for the end-to-end tests in `tests/tests/`: running the
 //! workspace's binaries as real processes and reading what they print, and
-//! ([`compose`]) running the docker-compose cluster, and ([`faults`]) a proxy that
+//! ([`compose`]) running the docker-compose cluster, ([`swarm`]) the swarm stack,
+//! and ([`faults`]) a proxy that
 //! injects network faults, and ([`loopback`]) a ps-server in this process over
 //! in-memory streams.
 
@@ -8,6 +9,7 @@ pub mod compose;
 pub mod faults;
 pub mod loopback;
 pub mod sum_model;
+pub mod swarm;
 
 use std::path::PathBuf;
 use std::process::Stdio;

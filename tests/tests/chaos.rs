@@ -123,17 +123,21 @@ async fn scheduler_at(listen: &str, state: &Path) -> ServerProcess {
     .await
 }
 
-/// Waits for every worker and collects its accuracy and repair log lines. When
-/// one failed (or hung), the others are stopped and every worker's log goes into
-/// the failure, since the cause may lie with the one that did not fail.
+/// Waits for every worker (all at once, reading each one's output as it comes,
+/// so that none blocks on a full pipe) and collects its accuracy and repair log
+/// lines. When one failed (or hung), every worker's log goes into the failure,
+/// since the cause may lie with one that did not fail.
 async fn finish(children: Vec<Child>, accuracies: &mut Vec<f64>, repairs: &mut Vec<String>) {
+    let waits = children
+        .into_iter()
+        .map(|child| tokio::time::timeout(Duration::from_secs(240), child.wait_with_output()));
     let mut logs = Vec::new();
     let mut failed = None;
-    for (index, mut child) in children.into_iter().enumerate() {
-        if failed.is_some() {
-            let _ = child.start_kill();
-        }
-        let waited = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output()).await;
+    for (index, waited) in futures::future::join_all(waits)
+        .await
+        .into_iter()
+        .enumerate()
+    {
         let Ok(Ok(output)) = waited else {
             failed.get_or_insert(format!(
                 "worker process {index} hung or could not be waited for"

@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use ps_tests::compose::{Compose, docker_available};
+use ps_tests::compose::{Compose, docker_available, lowest_live_step};
 
 const LIMIT: Duration = Duration::from_secs(240);
 
@@ -100,15 +100,7 @@ fn lowest_step(cluster: &Compose) -> Option<u64> {
         "scheduler",
         &["/ps-scheduler", "status", "--scheduler", "127.0.0.1:7000"],
     );
-    let workers = status.split_once("last step")?.1;
-    let steps: Vec<u64> = workers
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            (fields.len() == 3 && fields[1] == "yes").then(|| fields[2].parse().ok())?
-        })
-        .collect();
-    (steps.len() == 2).then(|| steps.into_iter().min())?
+    lowest_live_step(&status, 2)
 }
 
 /// What the chaos runs do to one container once both workers are past step 300.

@@ -1,5 +1,6 @@
 //! The scheduler with real processes: a worker killed mid-run, a worker started
-//! before any server, and `ps-scheduler status`.
+//! before any server, a server of the first map not reachable yet, and
+//! `ps-scheduler status`.
 
 use std::time::{Duration, Instant};
 
@@ -7,7 +8,9 @@ use prost::Message;
 use ps_proto::transport::http_uri;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
+use ps_tests::faults::{FaultPlan, FaultyProxy};
 use ps_tests::{ServerProcess, binary, peak_rss_bytes, run, spawn_worker};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 
 fn worker(scheduler: &str, extra: &[&str]) -> Child {
@@ -125,6 +128,128 @@ async fn a_worker_with_no_servers_fails_within_its_deadline_naming_what_is_missi
         "{}",
         lonely.stderr
     );
+    scheduler.stop().await;
+}
+
+/// Reads `worker`'s log until a line holds `marker`, then goes on reading it in
+/// the background (so the worker never blocks on a full pipe); the whole log.
+///
+/// # Panics
+/// When the log ends without `marker`.
+async fn read_log_until(worker: &mut Child, marker: &str) -> tokio::task::JoinHandle<String> {
+    let mut log = BufReader::new(worker.stderr.take().expect("piped stderr")).lines();
+    let mut seen = Vec::new();
+    while let Some(line) = log.next_line().await.expect("read the worker's log") {
+        let found = line.contains(marker);
+        seen.push(line);
+        if found {
+            return tokio::spawn(async move {
+                while let Ok(Some(line)) = log.next_line().await {
+                    seen.push(line);
+                }
+                seen.join("\n")
+            });
+        }
+    }
+    panic!("the worker never logged {marker:?}:\n{}", seen.join("\n"));
+}
+
+/// A socket bound on loopback but not listening: connections to its address
+/// are refused until [`forward`] listens on it.
+fn bound_not_listening() -> (tokio::net::TcpSocket, String) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.bind("127.0.0.1:0".parse().unwrap()).expect("bind");
+    let addr = socket.local_addr().expect("its address").to_string();
+    (socket, addr)
+}
+
+/// Listens on `socket` and forwards every connection to `target`.
+fn forward(socket: tokio::net::TcpSocket, target: &str) -> FaultyProxy {
+    let open = FaultPlan {
+        cut_response: 0.0,
+        delay: 0.0,
+        max_delay: Duration::ZERO,
+        seed: 0,
+    };
+    let listener = socket.listen(64).expect("listen");
+    FaultyProxy::start_on(listener, target.parse().expect("a socket address"), open)
+        .expect("a proxy")
+}
+
+/// An orchestrator (a swarm, Kubernetes) publishes a container's name only once
+/// it is healthy, so the first shard map can name a server that cannot be
+/// reached yet. The worker waits for it, as it waits for the scheduler, instead
+/// of exiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_waits_for_a_server_of_the_first_map_that_is_not_reachable_yet() {
+    let scheduler = ServerProcess::start_scheduler(&["--workers", "1", "--servers", "1"]).await;
+    // The address the server is published at refuses connections for now.
+    let (published, published_addr) = bound_not_listening();
+    let server = ServerProcess::start(&[
+        "--scheduler",
+        &scheduler.addr,
+        "--advertise",
+        &published_addr,
+    ])
+    .await;
+    let mut worker = worker(&scheduler.addr, &["--epochs", "2"]);
+    let waiting = format!(
+        "waiting for a candle-ps parameter server (ps-server) to come up addr=\"{published_addr}\""
+    );
+    let log = read_log_until(&mut worker, &waiting).await;
+    let _now_up = forward(published, &server.addr);
+    let output = tokio::time::timeout(Duration::from_secs(120), worker.wait_with_output())
+        .await
+        .expect("the worker finishes")
+        .expect("wait for the worker");
+    let log = log.await.expect("the log");
+    assert!(output.status.success(), "{log}");
+    assert!(log.contains("ps-server) is up"), "{log}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(output.stdout.trim_ascii()).expect("a JSON summary");
+    assert!(
+        summary["test_accuracy"].as_f64().unwrap() > 0.8,
+        "{summary}"
+    );
+    server.stop().await;
+    scheduler.stop().await;
+}
+
+/// A server that joins a running job is in the next shard map before its
+/// address can be reached (an orchestrator publishes the name once the
+/// container is healthy; a replacement for a killed task is such a server).
+/// Workers wait for it, or for a newer map, instead of spending their repairs
+/// at once and exiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_wait_for_a_server_that_joins_mid_run_before_its_address_answers() {
+    let scheduler = ServerProcess::start_scheduler(&["--workers", "1", "--servers", "1"]).await;
+    let first = ServerProcess::start(&["--scheduler", &scheduler.addr]).await;
+    let mut worker = worker(&scheduler.addr, &["--epochs", "40"]);
+    wait_for_step(&scheduler.addr, 1, 50).await;
+    let (published, published_addr) = bound_not_listening();
+    let joining = ServerProcess::start(&[
+        "--scheduler",
+        &scheduler.addr,
+        "--advertise",
+        &published_addr,
+    ])
+    .await;
+    let log = read_log_until(&mut worker, "cannot be reached yet").await;
+    let _now_up = forward(published, &joining.addr);
+    let output = tokio::time::timeout(Duration::from_secs(120), worker.wait_with_output())
+        .await
+        .expect("the worker finishes")
+        .expect("wait for the worker");
+    let log = log.await.expect("the log");
+    assert!(output.status.success(), "{log}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(output.stdout.trim_ascii()).expect("a JSON summary");
+    assert!(
+        summary["test_accuracy"].as_f64().unwrap() > 0.9,
+        "{summary}"
+    );
+    joining.stop().await;
+    first.stop().await;
     scheduler.stop().await;
 }
 
