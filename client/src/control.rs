@@ -309,6 +309,7 @@ impl SchedulerLink {
             node,
             step: self.step.load(Ordering::Relaxed),
             secret: self.secret.clone(),
+            ..v1::HeartbeatRequest::default()
         });
         if tokio::time::timeout(Duration::from_secs(2), leave)
             .await
@@ -341,6 +342,7 @@ async fn heartbeat(mut scheduler: SchedulerClient<AuthChannel>, beat: Heartbeat)
                 node,
                 step: beat.step.load(Ordering::Relaxed),
                 secret: beat.secret.clone(),
+                ..v1::HeartbeatRequest::default()
             })
             .await
         {

@@ -89,12 +89,15 @@ impl Follower {
             }
         };
         let node = Some(v1::heartbeat_request::Node::ServerId(server_id));
+        let (pushes, push_bytes) = self.store.push_load();
         let version = match self
             .client
             .heartbeat(v1::HeartbeatRequest {
                 node,
                 step: 0,
                 secret: self.secret.clone(),
+                pushes,
+                push_bytes,
             })
             .await
         {
@@ -153,6 +156,7 @@ impl Follower {
             node,
             step: 0,
             secret: self.secret.clone(),
+            ..v1::HeartbeatRequest::default()
         });
         if tokio::time::timeout(Duration::from_secs(2), leave)
             .await

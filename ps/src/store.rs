@@ -83,6 +83,7 @@ pub struct StoreRules {
 #[derive(Debug, Default)]
 struct Counters {
     pushes: AtomicU64,
+    push_bytes: AtomicU64,
     pulls: AtomicU64,
     duplicate_pushes: AtomicU64,
     rejected: AtomicU64,
@@ -475,6 +476,10 @@ impl Store {
             .duplicate_pushes
             .fetch_add(duplicates, Ordering::Relaxed);
         self.counters.pushes.fetch_add(1, Ordering::Relaxed);
+        let bytes: usize = grads.iter().map(|(_, grad)| grad.byte_len()).sum();
+        self.counters
+            .push_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
         Ok(pushed)
     }
 
@@ -576,6 +581,15 @@ impl Store {
             waited,
             detail,
         }
+    }
+
+    /// Push requests applied (or taken as retries) and their gradient bytes,
+    /// since the store was made: what a server reports with its heartbeats.
+    pub fn push_load(&self) -> (u64, u64) {
+        (
+            self.counters.pushes.load(Ordering::Relaxed),
+            self.counters.push_bytes.load(Ordering::Relaxed),
+        )
     }
 
     /// What the store holds and has served.

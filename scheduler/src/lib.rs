@@ -7,6 +7,7 @@
 //! - [`barrier`]: named barriers of the live workers.
 //! - [`placement`]: the shared planner next to other systems' planners, and the report.
 //! - [`state_file`]: the state file that carries the scheduler across a restart.
+//! - [`status_table`]: the table `ps-scheduler status` prints, with rates for `--watch`.
 //! - [`shared_state`]: what the handlers and the expiry ticker share.
 //! - [`service`]: the gRPC layer over the shared state; waits with deadlines.
 //! - [`server`]: [`server::run`], serving the scheduler with an expiry ticker.
@@ -27,6 +28,7 @@ pub mod service;
 pub mod shard_map;
 pub mod shared_state;
 pub mod state_file;
+pub mod status_table;
 
 pub use config::SchedulerConfig;
 pub use group::GroupSize;

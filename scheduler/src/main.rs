@@ -7,7 +7,8 @@
 //! ps-scheduler health --server 127.0.0.1:7000
 //! ```
 
-use std::time::Duration;
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -19,7 +20,10 @@ use ps_proto::consistency::Consistency;
 use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
-use ps_scheduler::{GroupSize, SchedulerConfig};
+use ps_scheduler::{GroupSize, SchedulerConfig, status_table};
+
+/// How often `status --watch` asks again.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// The candle-ps scheduler: membership, shard placement, shard maps and barriers.
 #[derive(Debug, Parser)]
@@ -81,6 +85,10 @@ enum Command {
         /// How long to wait for the scheduler to answer, for example 3s.
         #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
         connect_timeout: Duration,
+        /// Refresh the table every second, with pushes/s, MB/s and steps/s,
+        /// until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
     },
     /// Exit 0 when the scheduler at --server serves (a container health check).
     Health {
@@ -163,77 +171,59 @@ fn write_certs(request: CertsRequest<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_status(status: &v1::StatusResponse) {
-    println!(
-        "shard map version {}{}",
-        status.map_version,
-        if status.waiting_for.is_empty() {
-            String::new()
-        } else {
-            format!(" (waiting for: {})", status.waiting_for)
-        }
-    );
-    println!(
-        "\n{:>6}  {:<24}  {:>5}  {:>6}  {:>14}  {:>6}",
-        "server", "address", "alive", "parts", "bytes", "load"
-    );
-    let total: u64 = status.servers.iter().map(|s| s.bytes).sum();
-    let live = status.servers.iter().filter(|s| s.alive).count().max(1) as f64;
-    for s in &status.servers {
-        let load = if total == 0 {
-            0.0
-        } else {
-            s.bytes as f64 / (total as f64 / live)
-        };
-        println!(
-            "{:>6}  {:<24}  {:>5}  {:>6}  {:>14}  {:>5.2}x",
-            s.id,
-            s.addr,
-            alive_word(s.alive, s.left),
-            s.parts,
-            s.bytes,
-            load
-        );
-    }
-    println!("\n{:>6}  {:>5}  {:>9}", "worker", "alive", "last step");
-    for w in &status.workers {
-        println!(
-            "{:>6}  {:>5}  {:>9}",
-            w.rank,
-            alive_word(w.alive, w.left),
-            w.last_step
-        );
-    }
-}
-
-/// How `status` shows whether a member lives: a clean departure is not a death.
-fn alive_word(alive: bool, left: bool) -> &'static str {
-    match (alive, left) {
-        (true, _) => "yes",
-        (false, true) => "left",
-        (false, false) => "DEAD",
-    }
-}
-
+/// Prints the cluster as the scheduler at `scheduler` sees it, once, or with
+/// `watch` every second (with the rates in between) until Ctrl-C.
 async fn status(
     scheduler: &str,
     transport: &TransportConfig,
     wait: Duration,
+    watch: bool,
 ) -> anyhow::Result<()> {
     let (_, channel) = rendezvous(scheduler, &[Peer::Scheduler], transport, wait).await?;
-    let status = SchedulerClient::new(transport.authed(channel))
-        .status(v1::StatusRequest {})
-        .await
-        .map_err(|s| {
+    let mut client = SchedulerClient::new(transport.authed(channel));
+    let mut ask = async move || {
+        let asked = Instant::now();
+        let answer = client.status(v1::StatusRequest {}).await.map_err(|s| {
             anyhow::anyhow!(
                 "the scheduler at {scheduler} refused Status: {:?}: {}",
                 s.code(),
                 s.message()
             )
-        })?
-        .into_inner();
-    print_status(&status);
-    Ok(())
+        })?;
+        Ok::<_, anyhow::Error>((answer.into_inner(), asked))
+    };
+    let (mut shown, mut asked) = ask().await?;
+    if !watch {
+        print!("{}", status_table::render(&shown, None));
+        return Ok(());
+    }
+    let on_terminal = std::io::stdout().is_terminal();
+    let mut earlier: Option<(v1::StatusResponse, Duration)> = None;
+    let mut ticks = tokio::time::interval(WATCH_EVERY);
+    ticks.tick().await;
+    loop {
+        let before = earlier
+            .as_ref()
+            .map(|(status, elapsed)| status_table::Earlier {
+                status,
+                elapsed: *elapsed,
+            });
+        let table = status_table::render(&shown, before);
+        if on_terminal {
+            // Clear the screen and draw from its top corner.
+            println!("\x1b[2J\x1b[H{table}(every {WATCH_EVERY:?}; Ctrl-C stops)");
+        } else {
+            println!("{table}");
+        }
+        std::io::stdout().flush()?;
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+        let (next, now) = ask().await?;
+        earlier = Some((std::mem::replace(&mut shown, next), now - asked));
+        asked = now;
+    }
 }
 
 #[tokio::main]
@@ -249,7 +239,8 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Status {
             scheduler,
             connect_timeout,
-        }) => return status(scheduler, &transport, *connect_timeout).await,
+            watch,
+        }) => return status(scheduler, &transport, *connect_timeout, *watch).await,
         Some(Command::Health { server }) => {
             std::process::exit(ps_common::health::report(server, &transport).await);
         }

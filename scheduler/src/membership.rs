@@ -21,7 +21,7 @@ use ps_proto::placement::Param;
 
 use crate::group::GroupSize;
 pub use crate::roster::{Event, MemberView, Node};
-use crate::roster::{Member, Roster};
+use crate::roster::{Load, Member, Roster};
 use crate::shard_map::{ShardMap, WorkerGroup, next_map};
 use crate::state_file::SavedState;
 
@@ -218,6 +218,13 @@ impl Membership {
             None => Err(MembershipError::UnknownNode {
                 node: node.to_string(),
             }),
+        }
+    }
+
+    /// Records the pushes a live server reported with its heartbeat.
+    pub fn record_load(&mut self, node: Node, load: Load) {
+        if let Some(member) = self.live_member(node) {
+            member.load = load;
         }
     }
 

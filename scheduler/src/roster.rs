@@ -55,6 +55,16 @@ pub(crate) struct Member {
     pub(crate) alive: bool,
     pub(crate) left: bool,
     pub(crate) last_step: Step,
+    pub(crate) load: Load,
+}
+
+/// What a server reported with its last heartbeat about the pushes it took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Push requests applied since it started.
+    pub pushes: u64,
+    /// Gradient bytes in them.
+    pub push_bytes: u64,
 }
 
 impl Member {
@@ -65,6 +75,7 @@ impl Member {
             alive: true,
             left: false,
             last_step: Step(0),
+            load: Load::default(),
         }
     }
 }
@@ -83,6 +94,10 @@ pub struct MemberView<Id> {
     pub left: bool,
     /// The last step it reported (workers).
     pub last_step: Step,
+    /// Its pushes as of its last heartbeat (servers).
+    pub load: Load,
+    /// When it was last heard from.
+    pub last_seen: Instant,
 }
 
 /// The members of one kind, by id.
@@ -174,6 +189,8 @@ impl<Id: Ord + Copy + From<u32> + Into<u32>> Roster<Id> {
                 alive: m.alive,
                 left: m.left,
                 last_step: m.last_step,
+                load: m.load,
+                last_seen: m.last_seen,
             })
             .collect()
     }

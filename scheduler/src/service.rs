@@ -17,6 +17,7 @@ use crate::barrier::BarrierState;
 use crate::config::SchedulerConfig;
 use crate::declared::declared_params;
 use crate::membership::{Membership, MembershipError, Node};
+use crate::roster::Load;
 use crate::shard_map::ShardMap;
 
 pub use crate::shared_state::SchedulerState;
@@ -210,6 +211,11 @@ impl Scheduler for SchedulerService {
         let exit_when_done = self.state.config.exit_when_done;
         let (beat, job_done) = self.state.quietly(|membership| {
             let beat = membership.heartbeat(node, Step(request.step), Instant::now());
+            let load = Load {
+                pushes: request.pushes,
+                push_bytes: request.push_bytes,
+            };
+            membership.record_load(node, load);
             (beat, exit_when_done && membership.job_done())
         });
         let map_version = beat.map_err(membership_status)?;
@@ -318,6 +324,8 @@ impl Scheduler for SchedulerService {
         &self,
         _request: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusResponse>, Status> {
+        let now = Instant::now();
+        let silent_ms = |seen: Instant| now.saturating_duration_since(seen).as_millis() as u64;
         let response = self.state.read(|m| {
             let map = m.map();
             let owned = |index: usize| map.map_or((0, 0), |map| map.owned_by(index));
@@ -335,6 +343,9 @@ impl Scheduler for SchedulerService {
                         parts,
                         bytes,
                         left: server.left,
+                        pushes: server.load.pushes,
+                        push_bytes: server.load.push_bytes,
+                        silent_ms: silent_ms(server.last_seen),
                     }
                 })
                 .collect();
@@ -346,6 +357,7 @@ impl Scheduler for SchedulerService {
                     alive: worker.alive,
                     last_step: worker.last_step.get(),
                     left: worker.left,
+                    silent_ms: silent_ms(worker.last_seen),
                 })
                 .collect();
             v1::StatusResponse {

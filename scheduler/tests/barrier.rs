@@ -90,6 +90,7 @@ async fn a_barrier_stops_waiting_for_a_worker_that_leaves() {
             node,
             step: 0,
             secret: secrets[1].clone(),
+            ..v1::HeartbeatRequest::default()
         })
         .await
         .unwrap();

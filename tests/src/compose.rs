@@ -216,7 +216,7 @@ pub fn lowest_live_step(status: &str, workers: usize) -> Option<u64> {
         .lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            (fields.len() == 3 && fields[1] == "yes").then(|| fields[2].parse().ok())?
+            (fields.len() >= 3 && fields[1] == "yes").then(|| fields[2].parse().ok())?
         })
         .collect();
     (steps.len() == workers).then(|| steps.into_iter().min())?

@@ -174,6 +174,7 @@ async fn with_the_token_only_a_registration_s_owner_may_heartbeat_or_leave_for_i
         node: server,
         step: 0,
         secret: secret.into(),
+        ..v1::HeartbeatRequest::default()
     };
 
     let mut intruder = SchedulerClient::new(channel(&scheduler_addr, Some("job-secret")).await);
@@ -334,6 +335,7 @@ async fn a_restarted_scheduler_still_knows_who_owns_each_registration() {
         node: Some(v1::heartbeat_request::Node::ServerId(registered.server_id)),
         step: 0,
         secret: secret.into(),
+        ..v1::HeartbeatRequest::default()
     };
     let mut scheduler = SchedulerClient::new(channel(&second, Some("job-secret")).await);
     // The first secret presented after the restart is not simply trusted.

@@ -291,6 +291,64 @@ async fn status_prints_servers_with_their_load_and_workers() {
     scheduler.stop().await;
 }
 
+/// `ps-scheduler status --watch` refreshes the table every second with the
+/// rates in between: a training job shows pushes/s and MB/s on its server and
+/// steps/s on its worker, and Ctrl-C (SIGINT) ends it cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_shows_push_and_step_rates_while_a_job_runs() {
+    let scheduler = ServerProcess::start_scheduler(&["--workers", "1", "--servers", "1"]).await;
+    let server = ServerProcess::start(&["--scheduler", &scheduler.addr]).await;
+    let mut worker = worker(&scheduler.addr, &["--epochs", "200"]);
+    wait_for_step(&scheduler.addr, 1, 20).await;
+    let mut watch = tokio::process::Command::new(binary("ps-scheduler"))
+        .args(["status", "--watch", "--scheduler", &scheduler.addr])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn ps-scheduler status --watch");
+    let mut lines = BufReader::new(watch.stdout.take().expect("piped stdout")).lines();
+    let (mut pushing, mut stepping, mut seen) = (false, false, Vec::new());
+    let rate = |field: Option<&str>| field.and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(pushing && stepping) {
+        assert!(
+            Instant::now() < deadline,
+            "no push or step rates within 60 s:\n{}",
+            seen.join("\n")
+        );
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("a new table within 30 s")
+            .expect("read the table")
+            .unwrap_or_else(|| panic!("status --watch ended:\n{}", seen.join("\n")));
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // A server row: id, address, alive, parts, bytes, load, pushes/s, MB/s, silent.
+        if fields.len() == 9 && fields[1] == server.addr {
+            pushing |= rate(fields.get(6).copied()) > 0.0 && rate(fields.get(7).copied()) > 0.0;
+        }
+        // A worker row: rank, alive, last step, steps/s, silent.
+        if fields.len() == 5 && fields[1] == "yes" {
+            stepping |= rate(fields.get(3).copied()) > 0.0;
+        }
+        seen.push(line);
+    }
+    let pid = watch.id().expect("running").to_string();
+    let interrupted = tokio::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .await
+        .expect("run kill");
+    assert!(interrupted.success());
+    let exit = tokio::time::timeout(Duration::from_secs(10), watch.wait())
+        .await
+        .expect("status --watch ends on Ctrl-C")
+        .expect("wait");
+    assert!(exit.success(), "{exit}");
+    worker.kill().await.expect("stop the worker");
+    server.stop().await;
+    scheduler.stop().await;
+}
+
 fn declare(names: &[String], elements: u64) -> v1::DeclareParamsRequest {
     v1::DeclareParamsRequest {
         params: names

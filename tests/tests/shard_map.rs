@@ -79,6 +79,7 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
         node,
         step: 0,
         secret: b.secret,
+        ..v1::HeartbeatRequest::default()
     })
     .await
     .unwrap();
