@@ -344,14 +344,30 @@ impl PsClient {
         &self,
         min_version: Version,
     ) -> Result<BTreeMap<String, PulledParam>, ClientError> {
+        Ok(self.pull_waiting(min_version).await?.0)
+    }
+
+    /// [`PsClient::pull`], with the longest time a server held the pull waiting
+    /// for `min_version` (under BSP, for the step's other pushes): the rest of
+    /// the pull's time is the transfer.
+    ///
+    /// # Errors
+    /// As [`PsClient::pull`].
+    pub async fn pull_waiting(
+        &self,
+        min_version: Version,
+    ) -> Result<(BTreeMap<String, PulledParam>, Duration), ClientError> {
         let mut pulled = BTreeMap::new();
-        self.shards.pull_into(min_version, &mut pulled).await?;
-        Ok(pulled)
+        let waited = self.shards.pull_into(min_version, &mut pulled).await?;
+        Ok((pulled, waited))
     }
 
     /// [`PsClient::pull`] into `into`, reusing its buffers: a training loop that
     /// keeps one map pulls every step without allocating. Afterwards `into` holds
     /// exactly the placed parameters.
+    ///
+    /// Returns how long a server held the pull waiting, as
+    /// [`PsClient::pull_waiting`] does.
     ///
     /// # Errors
     /// As [`PsClient::pull`]; `into` then holds partly written values.
@@ -359,7 +375,7 @@ impl PsClient {
         &self,
         min_version: Version,
         into: &mut BTreeMap<String, PulledParam>,
-    ) -> Result<(), ClientError> {
+    ) -> Result<Duration, ClientError> {
         self.shards.pull_into(min_version, into).await
     }
 }

@@ -111,10 +111,25 @@ impl Server {
         F: Fn(ParameterServerClient<AuthChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
+        self.answer(retry, what, call)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// [`Server::call`], keeping the answer's metadata.
+    pub(crate) async fn answer<T, F, Fut>(
+        &self,
+        retry: RetryPolicy,
+        what: &'static str,
+        call: F,
+    ) -> Result<tonic::Response<T>, ClientError>
+    where
+        F: Fn(ParameterServerClient<AuthChannel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
         retry
             .run(what, || call(self.client.clone()))
             .await
-            .map(tonic::Response::into_inner)
             .map_err(|status| ClientError::Rpc {
                 what,
                 addr: self.addr.clone(),
@@ -356,12 +371,13 @@ impl Shards {
     /// Pulls every placed parameter once each of its parts reaches `min_version`,
     /// into `into`: one entry per placed parameter, whose buffer is reused when
     /// it is already there. Each server's reply is written into the buffers
-    /// chunk by chunk as it arrives.
+    /// chunk by chunk as it arrives. Returns the longest time a server held one
+    /// of the requests waiting for its version.
     pub(crate) async fn pull_into(
         &self,
         min_version: Version,
         into: &mut BTreeMap<String, PulledParam>,
-    ) -> Result<(), ClientError> {
+    ) -> Result<Duration, ClientError> {
         let mut by_server: Vec<Vec<PartSink<'_>>> =
             self.servers.iter().map(|_| Vec::new()).collect();
         for (server, sink) in cut_into_parts(&self.placement, into) {
@@ -374,27 +390,32 @@ impl Shards {
                 .map(move |group| self.pull_on(&self.servers[s], group, min_version))
         });
         let mut lowest: BTreeMap<String, Version> = BTreeMap::new();
-        for (key, version) in try_join_all(calls).await?.into_iter().flatten() {
-            lowest
-                .entry(key.name)
-                .and_modify(|v| *v = (*v).min(version))
-                .or_insert(version);
+        let mut waited = Duration::ZERO;
+        for (versions, wait) in try_join_all(calls).await? {
+            waited = waited.max(wait);
+            for (key, version) in versions {
+                lowest
+                    .entry(key.name)
+                    .and_modify(|v| *v = (*v).min(version))
+                    .or_insert(version);
+            }
         }
         // A parameter's version is its lowest part's (0 for one with no parts).
         for (name, param) in into.iter_mut() {
             param.version = lowest.get(name).copied().unwrap_or(Version(0));
         }
-        Ok(())
+        Ok(waited)
     }
 
     /// Pulls the parts `sinks` stand for from `server`, writing each into its
-    /// sink; the version of each part.
+    /// sink; the version of each part, and how long the server held the pull
+    /// waiting for `min_version`.
     async fn pull_on(
         &self,
         server: &Server,
         mut sinks: Vec<PartSink<'_>>,
         min_version: Version,
-    ) -> Result<Vec<(ParamKey, Version)>, ClientError> {
+    ) -> Result<(Vec<(ParamKey, Version)>, Duration), ClientError> {
         let request = v1::PullRequest {
             map_version: self.map_version.get(),
             keys: sinks
@@ -414,21 +435,26 @@ impl Shards {
             addr: server.addr.clone(),
             reason: malformed.to_string(),
         };
+        let waited;
         if bytes <= self.unary_limit {
             let response = server
-                .call(self.pull_retry(), "Pull", |mut c| {
+                .answer(self.pull_retry(), "Pull", |mut c| {
                     let request = request.clone();
                     async move { c.pull(request).await }
                 })
                 .await?;
-            write_pulled(&mut sinks, response.tensors).map_err(|e| protocol("Pull", e))?;
+            waited = metadata::pull_waited(response.metadata());
+            let tensors = response.into_inner().tensors;
+            write_pulled(&mut sinks, tensors).map_err(|e| protocol("Pull", e))?;
         } else {
-            let mut stream = server
-                .call(self.pull_retry(), "PullStream", |mut c| {
+            let answer = server
+                .answer(self.pull_retry(), "PullStream", |mut c| {
                     let request = request.clone();
                     async move { c.pull_stream(request).await }
                 })
                 .await?;
+            waited = metadata::pull_waited(answer.metadata());
+            let mut stream = answer.into_inner();
             let broken = |status| ClientError::Rpc {
                 what: "PullStream",
                 addr: server.addr.clone(),
@@ -438,13 +464,14 @@ impl Shards {
                 write_pull_chunk(&mut sinks, message).map_err(|e| protocol("PullStream", e))?;
             }
         }
-        sinks
+        let versions = sinks
             .iter()
             .map(|sink| {
                 let version = sink.finish().map_err(|e| protocol("Pull", e))?;
                 Ok((sink.key().clone(), version))
             })
-            .collect()
+            .collect::<Result<_, ClientError>>()?;
+        Ok((versions, waited))
     }
 }
 

@@ -19,6 +19,29 @@ pub const KEY_VERSION: &str = "ps-key-version";
 /// of them. A stream that carries more than it declared is refused.
 pub const PUSH_BYTES: &str = "ps-push-bytes";
 
+/// On a `Pull` or `PullStream` answer: the microseconds the server held the
+/// pull waiting for the version it asked for (under BSP, for the other
+/// workers' pushes of the step), so that a worker can tell that wait from the
+/// transfer.
+pub const PULL_WAITED_US: &str = "ps-pull-waited-us";
+
+/// Reads the microseconds a pull waited from `metadata` (zero when absent).
+pub fn pull_waited(metadata: &tonic::metadata::MetadataMap) -> std::time::Duration {
+    let micros = metadata
+        .get(PULL_WAITED_US)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    std::time::Duration::from_micros(micros)
+}
+
+/// Writes `waited` into `metadata` as [`PULL_WAITED_US`].
+pub fn set_pull_waited(metadata: &mut tonic::metadata::MetadataMap, waited: std::time::Duration) {
+    if let Ok(value) = waited.as_micros().to_string().parse() {
+        metadata.insert(PULL_WAITED_US, value);
+    }
+}
+
 /// A `FAILED_PRECONDITION` status carrying `version` under `key`.
 pub fn failed_precondition_with(
     message: String,

@@ -158,14 +158,15 @@ impl ParameterService {
         self.apply_push(worker, step, grads, false).await
     }
 
-    /// A pull's values, and their share of the memory budget. `largest` is the
-    /// most value bytes the answer may carry (a unary answer's message limit):
-    /// a pull past it is refused before any value is read.
+    /// A pull's values, their share of the memory budget, and how long the pull
+    /// waited for its version. `largest` is the most value bytes the answer may
+    /// carry (a unary answer's message limit): a pull past it is refused before
+    /// any value is read.
     async fn pull_values(
         &self,
         request: &v1::PullRequest,
         largest: usize,
-    ) -> Result<(Vec<Pulled>, Charge)> {
+    ) -> Result<(Vec<Pulled>, Charge, Duration)> {
         let routed_by = MapVersion(request.map_version);
         self.store.map().admit(routed_by).await?;
         let keys: Vec<_> = request.keys.iter().map(wire::key).collect();
@@ -182,14 +183,16 @@ impl ParameterService {
         })?;
         let timeout = self.config.pull_timeout(request.timeout_ms);
         let min_version = Version(request.min_version);
+        let waiting = Instant::now();
         let pulled = self
             .store
             .pull(&keys, min_version, timeout, routed_by)
             .await?;
+        let waited = waiting.elapsed();
         if let Some(metrics) = &self.metrics {
             metrics.pulled(bytes);
         }
-        Ok((pulled, charge))
+        Ok((pulled, charge, waited))
     }
 }
 
@@ -429,10 +432,12 @@ impl ParameterServer for ParameterService {
     ) -> Result<Response<v1::PullResponse>, Status> {
         let started = Instant::now();
         let limit = self.config.transport.max_message_bytes;
+        let mut waited = Duration::ZERO;
         let result =
             self.pull_values(request.get_ref(), limit)
                 .await
-                .and_then(|(pulled, _held)| {
+                .and_then(|(pulled, _held, wait)| {
+                    waited = wait;
                     let tensors = pulled.into_iter().map(wire::pulled_tensor).collect();
                     let response = v1::PullResponse { tensors };
                     let bytes = response.encoded_len();
@@ -441,7 +446,9 @@ impl ParameterServer for ParameterService {
                     }
                     Ok(response)
                 });
-        self.answer("Pull", started, result)
+        let mut answer = self.answer("Pull", started, result)?;
+        metadata::set_pull_waited(answer.metadata_mut(), waited);
+        Ok(answer)
     }
 
     type PullStreamStream =
@@ -454,7 +461,9 @@ impl ParameterServer for ParameterService {
         let started = Instant::now();
         let chunk_bytes = self.stream_chunk_bytes(request.get_ref().chunk_bytes);
         let pulled = self.pull_values(request.get_ref(), usize::MAX).await;
-        let result = pulled.map(|(pulled, charge)| {
+        let mut waited = Duration::ZERO;
+        let result = pulled.map(|(pulled, charge, wait)| {
+            waited = wait;
             let chunks: Vec<_> = pulled
                 .iter()
                 .flat_map(|p| wire::pull_chunks(p, chunk_bytes))
@@ -462,7 +471,9 @@ impl ParameterServer for ParameterService {
                 .collect();
             Charged::new(stream::iter(chunks), charge)
         });
-        self.answer("PullStream", started, result)
+        let mut answer = self.answer("PullStream", started, result)?;
+        metadata::set_pull_waited(answer.metadata_mut(), waited);
+        Ok(answer)
     }
 
     async fn stats(

@@ -164,6 +164,7 @@ async fn bsp_averages_the_group_and_releases_waiting_pulls() {
         .register(vec![param("w", &[0.0, 0.0], sgd(1.0))])
         .await;
     let mut waiting = server.client.clone();
+    let asked = std::time::Instant::now();
     let pull = tokio::spawn(async move { waiting.pull(pull_request(&["w"], 1, 30_000)).await });
 
     server
@@ -184,7 +185,15 @@ async fn bsp_averages_the_group_and_releases_waiting_pulls() {
         .await
         .unwrap();
 
-    let pulled = pull.await.unwrap().unwrap().into_inner();
+    let answer = pull.await.unwrap().unwrap();
+    // The server says how long it held the pull for the step: some of the time
+    // since it was asked, never more.
+    let waited = ps_proto::metadata::pull_waited(answer.metadata());
+    assert!(
+        waited > std::time::Duration::ZERO && waited <= asked.elapsed(),
+        "{waited:?}"
+    );
+    let pulled = answer.into_inner();
     assert_eq!(pulled.tensors[0].version, 1);
     assert_eq!(
         f32_values(&pulled.tensors[0].tensor.as_ref().unwrap().data),

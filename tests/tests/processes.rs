@@ -36,8 +36,30 @@ async fn a_server_and_two_workers_with_no_other_flags_reach_95_percent() {
         for field in ["train_loss", "steps", "wall_seconds", "examples_per_second"] {
             assert!(summary[field].is_number(), "{field} missing from {summary}");
         }
+        time_split_adds_up(&summary["time_split"]);
     }
     server.stop().await;
+}
+
+/// A worker's time split: every part measured, the shares add up to the
+/// training loop's time, and what no part accounts for stays under 5% of it.
+fn time_split_adds_up(split: &serde_json::Value) {
+    let share = |part: &str| split[part]["share"].as_f64().unwrap_or(-1.0);
+    let seconds = |part: &str| split[part]["seconds"].as_f64().unwrap_or(-1.0);
+    let parts = ["compute", "push", "wait", "pull", "apply", "other"];
+    let total: f64 = parts.iter().map(|p| share(p)).sum();
+    assert!(
+        (total - 1.0).abs() < 1e-6,
+        "shares add up to {total}: {split}"
+    );
+    for part in ["compute", "push", "pull", "apply"] {
+        assert!(seconds(part) > 0.0, "no time in {part}: {split}");
+    }
+    assert!(seconds("wait") >= 0.0, "{split}");
+    assert!(
+        share("other") < 0.05,
+        "the parts miss more than 5%: {split}"
+    );
 }
 
 #[tokio::test]

@@ -7,11 +7,13 @@
 //! - [`model`]: an MLP built from candle-nn.
 //! - [`data`]: shipped, generated and file-based data sets.
 //! - [`device`]: choosing the candle device from `cpu` or `cuda:N`.
+//! - [`step_time`]: where the training time goes (compute, push, wait, pull, apply).
 
 pub mod cli;
 pub mod data;
 pub mod device;
 pub mod model;
+pub mod step_time;
 pub mod train;
 pub mod trainer;
 

@@ -98,6 +98,13 @@ fn print_summary(summary: &TrainSummary, json: bool) -> anyhow::Result<()> {
             summary.examples_per_second,
             summary.dataset
         );
+        let parts: Vec<String> = summary
+            .time_split
+            .parts()
+            .iter()
+            .map(|(name, part)| format!("{name} {:.0}%", part.share * 100.0))
+            .collect();
+        println!("  time: {}", parts.join(", "));
     }
     Ok(())
 }

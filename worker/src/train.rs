@@ -17,6 +17,7 @@ use serde::Serialize;
 use crate::data::rng::SplitMix64;
 use crate::data::{DataError, Dataset, Split, shard_range};
 use crate::model::Mlp;
+use crate::step_time::TimeSplit;
 use crate::trainer::{PsTrainer, TrainerError};
 use ps_client::optim::OptimizerChoice;
 use ps_client::{GroupInfo, PsClient};
@@ -113,6 +114,9 @@ pub struct TrainSummary {
     pub wall_seconds: f64,
     /// Training examples this worker processed per second.
     pub examples_per_second: f64,
+    /// Where the training loop's time went (evaluation not included):
+    /// compute, push, wait, pull, apply, other.
+    pub time_split: TimeSplit,
 }
 
 /// Batches per epoch that every worker can run: the smallest slice, in whole batches.
@@ -185,9 +189,12 @@ pub async fn train(
         }
         let batch = batch_of(&shard, epoch, index as usize, config, rank);
         let (x, y) = batch.to_tensors(&config.device)?;
+        let forward = Instant::now();
         let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
+        let loss_value = loss.to_scalar::<f32>()? as f64;
+        trainer.add_compute(forward.elapsed());
         trainer.backward_step(&loss).await?;
-        epoch_losses.push(loss.to_scalar::<f32>()? as f64);
+        epoch_losses.push(loss_value);
         bar.inc(1);
         let examples = (trainer.step().get() as f64) * config.batch_size as f64;
         bar.set_message(format!(
@@ -197,6 +204,7 @@ pub async fn train(
         ));
     }
     bar.finish_and_clear();
+    let time_split = trainer.step_times().split(started.elapsed());
     trainer.refresh().await?;
     let test_accuracy = accuracy(&model, &data.test, &config.device)?;
     if let Some(path) = &config.save {
@@ -217,6 +225,7 @@ pub async fn train(
         batch_size: config.batch_size,
         wall_seconds,
         examples_per_second: steps as f64 * config.batch_size as f64 / wall_seconds.max(1e-9),
+        time_split,
     })
 }
 

@@ -12,6 +12,8 @@
 //! gradient by its `VarMap` name, pulls the version the consistency model requires,
 //! and writes the values into the `Var`s.
 
+use std::time::{Duration, Instant};
+
 use bytes::Bytes;
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
@@ -24,6 +26,8 @@ use ps_client::placement::ParamInfo;
 use ps_client::{
     ClientConfig, ClientError, GroupInfo, LocalCopy, PsClient, PulledParam, Recovery, RepairBudget,
 };
+
+use crate::step_time::StepTimes;
 
 /// Why a training step failed.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +50,7 @@ pub struct PsTrainer {
     /// The version of the values in the `Var`s (what this worker would restore).
     loaded: Version,
     created: bool,
+    times: StepTimes,
 }
 
 impl PsTrainer {
@@ -100,6 +105,7 @@ impl PsTrainer {
             optimizer,
             step: Step(0),
             loaded: Version(0),
+            times: StepTimes::default(),
             created: false,
         };
         trainer.created = trainer.register_initial().await?;
@@ -154,8 +160,21 @@ impl PsTrainer {
     /// # Errors
     /// [`TrainerError`] from candle or the servers.
     pub async fn backward_step(&mut self, loss: &Tensor) -> Result<(), TrainerError> {
+        let backward = Instant::now();
         let grads = loss.backward()?;
+        self.times.compute += backward.elapsed();
         self.apply_gradients(&grads).await
+    }
+
+    /// Books `took` as compute (a caller's forward pass and loss; the backward
+    /// pass of [`PsTrainer::backward_step`] is booked already).
+    pub fn add_compute(&mut self, took: Duration) {
+        self.times.compute += took;
+    }
+
+    /// Where this trainer's time went so far: compute, push, wait, pull, apply.
+    pub fn step_times(&self) -> StepTimes {
+        self.times
     }
 
     /// Pushes `grads` (zeros for variables without a gradient) as this worker's next
@@ -216,7 +235,9 @@ impl PsTrainer {
             let copy = self.local_copy()?;
             self.client.follow_newer_map(&copy).await?;
         }
+        let pushing = Instant::now();
         self.client.push(self.group.rank, self.step, pushed).await?;
+        self.times.push += pushing.elapsed();
         self.load_once(wait_for).await?;
         Ok(())
     }
@@ -291,7 +312,10 @@ impl PsTrainer {
     }
 
     async fn load_once(&mut self, min_version: Version) -> Result<Version, TrainerError> {
-        let mut pulled = self.client.pull(min_version).await?;
+        let pulling = Instant::now();
+        let (mut pulled, waited) = self.client.pull_waiting(min_version).await?;
+        self.times.pulled(pulling.elapsed(), waited);
+        let applying = Instant::now();
         let mut version = Version(u64::MAX);
         for (name, var) in &self.vars {
             let PulledParam { values, version: v } = pulled
@@ -302,6 +326,7 @@ impl PsTrainer {
             var.set(&tensor)?;
             version = version.min(v);
         }
+        self.times.apply += applying.elapsed();
         self.loaded = if version == Version(u64::MAX) {
             Version(0)
         } else {

@@ -1,0 +1,131 @@
+//! Where a worker's training time goes, step by step:
+//!
+//! - **compute**: the forward pass, the loss and the backward pass;
+//! - **push**: sending the gradients until every server took them;
+//! - **wait**: the servers holding the pull until its version exists (under
+//!   BSP, until every worker pushed the step), as the servers report it;
+//! - **pull**: the rest of the pull, the values' transfer;
+//! - **apply**: writing the pulled values into the model's variables;
+//! - **other**: the rest of the wall time (batches, evaluation, repairs).
+//!
+//! `ps-worker --json` reports each part in seconds and as a share of the wall
+//! time; the shares add up to 1.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// The time spent in each part of the steps so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// Forward, loss and backward.
+    pub compute: Duration,
+    /// Pushing gradients.
+    pub push: Duration,
+    /// Pulls held by the servers until their version existed.
+    pub wait: Duration,
+    /// The rest of the pulls: the transfer.
+    pub pull: Duration,
+    /// Writing pulled values into the model.
+    pub apply: Duration,
+}
+
+impl StepTimes {
+    /// Books a pull that took `took` in all, of which a server reported it held
+    /// it `waited`: the wait (never more than the whole), and the transfer.
+    pub fn pulled(&mut self, took: Duration, waited: Duration) {
+        let waited = waited.min(took);
+        self.wait += waited;
+        self.pull += took - waited;
+    }
+
+    /// The split of `wall`: each part in seconds and as a share of it, with
+    /// what no part accounts for as `other`.
+    pub fn split(&self, wall: Duration) -> TimeSplit {
+        let wall_seconds = wall.as_secs_f64().max(1e-9);
+        let part = |d: Duration| Part {
+            seconds: d.as_secs_f64(),
+            share: d.as_secs_f64() / wall_seconds,
+        };
+        let counted = self.compute + self.push + self.wait + self.pull + self.apply;
+        TimeSplit {
+            compute: part(self.compute),
+            push: part(self.push),
+            wait: part(self.wait),
+            pull: part(self.pull),
+            apply: part(self.apply),
+            other: part(wall.saturating_sub(counted)),
+        }
+    }
+}
+
+/// One part of the wall time.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Part {
+    /// Seconds spent in it.
+    pub seconds: f64,
+    /// Its share of the wall time.
+    pub share: f64,
+}
+
+/// The wall time, split into its parts (see the module's documentation).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct TimeSplit {
+    /// Forward, loss and backward.
+    pub compute: Part,
+    /// Pushing gradients.
+    pub push: Part,
+    /// Pulls held until their version existed.
+    pub wait: Part,
+    /// The transfer part of the pulls.
+    pub pull: Part,
+    /// Writing pulled values into the model.
+    pub apply: Part,
+    /// Everything else.
+    pub other: Part,
+}
+
+impl TimeSplit {
+    /// The parts in order, named.
+    pub fn parts(&self) -> [(&'static str, Part); 6] {
+        [
+            ("compute", self.compute),
+            ("push", self.push),
+            ("wait", self.wait),
+            ("pull", self.pull),
+            ("apply", self.apply),
+            ("other", self.other),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_parts_and_the_rest_add_up_to_the_wall_time() {
+        let mut times = StepTimes {
+            compute: 30 * MS,
+            push: 10 * MS,
+            apply: 5 * MS,
+            ..StepTimes::default()
+        };
+        times.pulled(40 * MS, 25 * MS);
+        let split = times.split(100 * MS);
+        assert!((split.wait.seconds - 0.025).abs() < 1e-9);
+        assert!((split.pull.seconds - 0.015).abs() < 1e-9);
+        assert!((split.other.seconds - 0.015).abs() < 1e-9);
+        let shares: f64 = split.parts().iter().map(|(_, p)| p.share).sum();
+        assert!((shares - 1.0).abs() < 1e-9, "{split:?}");
+    }
+
+    #[test]
+    fn a_reported_wait_longer_than_the_pull_counts_as_the_whole_pull() {
+        let mut times = StepTimes::default();
+        times.pulled(10 * MS, 50 * MS);
+        assert_eq!((times.wait, times.pull), (10 * MS, Duration::ZERO));
+    }
+}
