@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::try_join_all;
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::v1;
@@ -16,6 +15,7 @@ use tonic::transport::Channel;
 use crate::config::ClientConfig;
 use crate::control::{Directory, Expected, GroupInfo, SchedulerLink, join_group};
 use crate::error::ClientError;
+use crate::fan_out::all_or_first_error;
 use crate::placement::{ParamInfo, Part, Placement};
 use crate::shards::{Server, Shards};
 use crate::wire::PulledParam;
@@ -72,7 +72,7 @@ impl PsClient {
                         rendezvous(addr, &[Peer::ParameterServer], &transport, wait).await?;
                     Ok::<_, ClientError>(Server::new(addr, channel, &transport))
                 });
-                servers = try_join_all(up).await?;
+                servers = all_or_first_error(up).await?;
             }
         }
         Ok(Self::assemble(config, directory, servers))
@@ -254,7 +254,7 @@ impl PsClient {
             .shard_map(self.config.retry, min_version, map_wait)
             .await?;
         let transport = &self.config.transport;
-        let servers = try_join_all(
+        let servers = all_or_first_error(
             map.servers
                 .iter()
                 .map(|s| Server::connect(transport, &s.addr, server_wait)),

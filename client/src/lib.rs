@@ -5,6 +5,7 @@
 //! - [`connection`]: [`PsClient`], a worker's connection to a job.
 //! - [`control`]: the control plane — ranks, heartbeats, leaving, shard maps.
 //! - `shards`: servers and placement, with the fan-out of register, push and pull.
+//! - `fan_out`: requests to several servers at once, failing at the first error.
 //! - [`wire`]: the messages and chunk streams for placed parameter parts.
 //! - [`placement`]: which server holds which part of which parameter.
 //! - [`repair`]: repairing placement after a stale map or a lost server.
@@ -17,6 +18,7 @@ pub mod config;
 pub mod connection;
 pub mod control;
 pub mod error;
+pub(crate) mod fan_out;
 pub mod optim;
 pub mod placement;
 pub mod repair;

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::try_join_all;
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::auth::AuthChannel;
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
@@ -23,6 +22,7 @@ use tonic::transport::Channel;
 
 use crate::config::ClientConfig;
 use crate::error::{ClientError, settled};
+use crate::fan_out::all_or_first_error;
 use crate::placement::{Placed, Placement};
 use crate::retry::RetryPolicy;
 use crate::wire::{
@@ -248,7 +248,7 @@ impl Shards {
                     .collect();
                 self.register_on(&self.servers[s], inits, restore_version)
             });
-        let created = try_join_all(calls).await?;
+        let created = all_or_first_error(calls).await?;
         Ok(created.into_iter().all(|c| c))
     }
 
@@ -391,7 +391,7 @@ impl Shards {
         });
         let mut lowest: BTreeMap<String, Version> = BTreeMap::new();
         let mut waited = Duration::ZERO;
-        for (versions, wait) in try_join_all(calls).await? {
+        for (versions, wait) in all_or_first_error(calls).await? {
             waited = waited.max(wait);
             for (key, version) in versions {
                 lowest

@@ -144,3 +144,59 @@ async fn a_request_error_is_not_repaired() {
     assert_eq!(returned.recovery(Step(0)), Recovery::Fatal);
     assert_eq!(budget, RepairBudget::default(), "no repair was spent");
 }
+
+/// The chaos run that hung: one server holds a BSP pull for a push that will
+/// not come until the worker repairs the other server, which answers the same
+/// pull with an error at once. The pull must end with that error then, so the
+/// repair can run, not wait out the first server's pull timeout.
+#[tokio::test]
+async fn a_pull_fails_at_the_first_servers_error_while_another_server_holds_it() {
+    let bsp = ServerConfig {
+        consistency: Consistency::Bsp,
+        workers: 2,
+        ..ServerConfig::default()
+    };
+    let (holding, failing) = (Loopback::start(bsp.clone()), Loopback::start(bsp));
+    let mut config = ClientConfig::new(vec!["holding:1".into(), "failing:1".into()]);
+    config.pull_timeout = Duration::from_secs(30);
+    let servers = vec![
+        ("holding:1".into(), holding.channel()),
+        ("failing:1".into(), failing.channel()),
+    ];
+    let mut client = PsClient::over_channels(config, servers);
+    let names = ["a", "b", "c", "d"];
+    let params: Vec<ParamInfo> = names
+        .iter()
+        .map(|name| ParamInfo {
+            name: (*name).into(),
+            shape: vec![4],
+            dtype: DType::F32,
+        })
+        .collect();
+    client.place(&params).await.expect("place");
+    let values: Vec<(String, Bytes)> = names
+        .iter()
+        .map(|name| ((*name).to_string(), f32s(&[1.0; 4])))
+        .collect();
+    client.register(&values, &sgd(1.0)).await.expect("register");
+    // Restarted empty: it answers NOT_FOUND at once. The other holds the pull
+    // of version 1 until both workers push step 0, which neither does.
+    failing.restart();
+    let started = std::time::Instant::now();
+    let error = client.pull(Version(1)).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the error waited {:?} behind the held pull",
+        started.elapsed()
+    );
+    // Its connection was cut by the restart, or it answered that it lacks the
+    // keys: either way a repair of that server follows.
+    assert!(
+        matches!(
+            error.recovery(Step(0)),
+            Recovery::ServerLost | Recovery::KeysMissing
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("failing:1"), "{error}");
+}
