@@ -16,6 +16,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 pub use ps_common::processes::{ServerProcess, binary, example, peak_rss_bytes};
+use tokio::io::AsyncBufReadExt;
 use tokio::process::Command;
 
 /// Spawns `ps-worker ARGS` with its stdout and stderr piped, killed on drop.
@@ -81,4 +82,51 @@ pub async fn run(program: PathBuf, args: &[&str], limit: Duration) -> Finished {
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
     }
+}
+
+/// Reads `worker`'s log until a line holds `marker`, then goes on reading it in
+/// the background (so the worker never blocks on a full pipe). Returns that
+/// line, and the whole log once the worker ends.
+///
+/// # Panics
+/// When the log ends without `marker`.
+pub async fn read_log_until(
+    worker: &mut tokio::process::Child,
+    marker: &str,
+) -> (String, tokio::task::JoinHandle<String>) {
+    let stderr = worker.stderr.take().expect("piped stderr");
+    let mut log = tokio::io::BufReader::new(stderr).lines();
+    let mut seen = Vec::new();
+    while let Some(line) = log.next_line().await.expect("read the worker's log") {
+        let found = line.contains(marker).then(|| line.clone());
+        seen.push(line);
+        if let Some(found) = found {
+            let rest = tokio::spawn(async move {
+                while let Ok(Some(line)) = log.next_line().await {
+                    seen.push(line);
+                }
+                seen.join("\n")
+            });
+            return (found, rest);
+        }
+    }
+    panic!("the worker never logged {marker:?}:\n{}", seen.join("\n"));
+}
+
+/// `GET path` over HTTP/1.1 from `addr`: the status line and the body.
+///
+/// # Panics
+/// When the connection or the response fails.
+pub async fn http_get(addr: &str, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").expect("a full response");
+    (
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    )
 }

@@ -9,7 +9,7 @@ use ps_proto::transport::http_uri;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
 use ps_tests::faults::{FaultPlan, FaultyProxy};
-use ps_tests::{ServerProcess, binary, peak_rss_bytes, run, spawn_worker};
+use ps_tests::{ServerProcess, binary, peak_rss_bytes, read_log_until, run, spawn_worker};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Child;
 
@@ -131,29 +131,6 @@ async fn a_worker_with_no_servers_fails_within_its_deadline_naming_what_is_missi
     scheduler.stop().await;
 }
 
-/// Reads `worker`'s log until a line holds `marker`, then goes on reading it in
-/// the background (so the worker never blocks on a full pipe); the whole log.
-///
-/// # Panics
-/// When the log ends without `marker`.
-async fn read_log_until(worker: &mut Child, marker: &str) -> tokio::task::JoinHandle<String> {
-    let mut log = BufReader::new(worker.stderr.take().expect("piped stderr")).lines();
-    let mut seen = Vec::new();
-    while let Some(line) = log.next_line().await.expect("read the worker's log") {
-        let found = line.contains(marker);
-        seen.push(line);
-        if found {
-            return tokio::spawn(async move {
-                while let Ok(Some(line)) = log.next_line().await {
-                    seen.push(line);
-                }
-                seen.join("\n")
-            });
-        }
-    }
-    panic!("the worker never logged {marker:?}:\n{}", seen.join("\n"));
-}
-
 /// A socket bound on loopback but not listening: connections to its address
 /// are refused until [`forward`] listens on it.
 fn bound_not_listening() -> (tokio::net::TcpSocket, String) {
@@ -196,7 +173,7 @@ async fn a_worker_waits_for_a_server_of_the_first_map_that_is_not_reachable_yet(
     let waiting = format!(
         "waiting for a candle-ps parameter server (ps-server) to come up addr=\"{published_addr}\""
     );
-    let log = read_log_until(&mut worker, &waiting).await;
+    let (_, log) = read_log_until(&mut worker, &waiting).await;
     let _now_up = forward(published, &server.addr);
     let output = tokio::time::timeout(Duration::from_secs(120), worker.wait_with_output())
         .await
@@ -234,7 +211,7 @@ async fn workers_wait_for_a_server_that_joins_mid_run_before_its_address_answers
         &published_addr,
     ])
     .await;
-    let log = read_log_until(&mut worker, "cannot be reached yet").await;
+    let (_, log) = read_log_until(&mut worker, "cannot be reached yet").await;
     let _now_up = forward(published, &joining.addr);
     let output = tokio::time::timeout(Duration::from_secs(120), worker.wait_with_output())
         .await

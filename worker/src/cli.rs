@@ -188,6 +188,7 @@ impl TrainArgs {
             progress,
             load: self.load.clone(),
             save: self.save.clone(),
+            metrics: None,
         })
     }
 }

@@ -8,10 +8,12 @@
 //! - [`data`]: shipped, generated and file-based data sets.
 //! - [`device`]: choosing the candle device from `cpu` or `cuda:N`.
 //! - [`step_time`]: where the training time goes (compute, push, wait, pull, apply).
+//! - [`metrics`]: the Prometheus metrics a worker serves on `--metrics-listen`.
 
 pub mod cli;
 pub mod data;
 pub mod device;
+pub mod metrics;
 pub mod model;
 pub mod step_time;
 pub mod train;

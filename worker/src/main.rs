@@ -7,6 +7,7 @@
 //! ```
 
 use std::io::IsTerminal;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -18,6 +19,7 @@ use ps_proto::auth::Role;
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::Rank;
 use ps_worker::cli::TrainArgs;
+use ps_worker::metrics::WorkerMetrics;
 use ps_worker::train::{TrainSummary, train};
 use ps_worker::trainer::client_token;
 
@@ -50,6 +52,10 @@ struct Cli {
     /// servers' when this worker joins; by default, whatever they use.
     #[arg(long, env = "PS_CONSISTENCY")]
     consistency: Option<Consistency>,
+    /// Serve Prometheus metrics (GET /metrics) on this address while training:
+    /// steps, examples, loss, each step's time split and repairs; off unless set.
+    #[arg(long, env = "PS_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
     /// Seconds a pull may wait for the other workers before failing.
     #[arg(long, default_value_t = 60, env = "PS_PULL_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pull_timeout_secs: u64,
@@ -125,10 +131,21 @@ async fn main() -> anyhow::Result<()> {
     }
     ps_common::process::init_tracing();
     let data = cli.train.dataset().context("loading the data set")?;
-    let config = cli
+    let mut config = cli
         .train
         .train_config(std::io::stderr().is_terminal())
         .map_err(anyhow::Error::msg)?;
+    if let Some(listener) = ps_common::metrics::bind(cli.metrics_listen.as_deref()).await? {
+        let (metrics, exposition) = WorkerMetrics::new();
+        config.metrics = Some(metrics);
+        // Served until the process exits.
+        let forever = std::future::pending::<()>();
+        tokio::spawn(ps_common::metrics::serve(
+            listener,
+            Arc::new(exposition),
+            forever,
+        ));
+    }
     let mut client_config = ClientConfig::new(cli.server.clone());
     client_config.pull_timeout = Duration::from_secs(cli.pull_timeout_secs);
     client_config.connect_timeout = cli.connect_timeout;

@@ -39,6 +39,18 @@ impl StepTimes {
         self.pull += took - waited;
     }
 
+    /// The time spent in each part since `earlier` (a snapshot of the same
+    /// trainer's times): one step's, when taken around it.
+    pub fn since(&self, earlier: &StepTimes) -> StepTimes {
+        StepTimes {
+            compute: self.compute.saturating_sub(earlier.compute),
+            push: self.push.saturating_sub(earlier.push),
+            wait: self.wait.saturating_sub(earlier.wait),
+            pull: self.pull.saturating_sub(earlier.pull),
+            apply: self.apply.saturating_sub(earlier.apply),
+        }
+    }
+
     /// The split of `wall`: each part in seconds and as a share of it, with
     /// what no part accounts for as `other`.
     pub fn split(&self, wall: Duration) -> TimeSplit {

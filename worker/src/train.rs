@@ -7,6 +7,7 @@
 //! worker slice holds, and every worker knows that number without asking.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Module, Tensor};
@@ -16,6 +17,7 @@ use serde::Serialize;
 
 use crate::data::rng::SplitMix64;
 use crate::data::{DataError, Dataset, Split, shard_range};
+use crate::metrics::WorkerMetrics;
 use crate::model::Mlp;
 use crate::step_time::TimeSplit;
 use crate::trainer::{PsTrainer, TrainerError};
@@ -73,6 +75,8 @@ pub struct TrainConfig {
     /// Write the trained parameters here, as safetensors that candle's
     /// `VarMap::load` reads into the same model.
     pub save: Option<PathBuf>,
+    /// Record each step here (served on `--metrics-listen`).
+    pub metrics: Option<Arc<WorkerMetrics>>,
 }
 
 impl Default for TrainConfig {
@@ -88,6 +92,7 @@ impl Default for TrainConfig {
             progress: false,
             load: None,
             save: None,
+            metrics: None,
         }
     }
 }
@@ -189,12 +194,18 @@ pub async fn train(
         }
         let batch = batch_of(&shard, epoch, index as usize, config, rank);
         let (x, y) = batch.to_tensors(&config.device)?;
+        let (times_before, repairs_before) = (trainer.step_times(), trainer.repairs());
         let forward = Instant::now();
         let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
         let loss_value = loss.to_scalar::<f32>()? as f64;
         trainer.add_compute(forward.elapsed());
         trainer.backward_step(&loss).await?;
         epoch_losses.push(loss_value);
+        if let Some(metrics) = &config.metrics {
+            let step = trainer.step_times().since(&times_before);
+            metrics.step(&step, config.batch_size, loss_value);
+            metrics.repaired(trainer.repairs() - repairs_before);
+        }
         bar.inc(1);
         let examples = (trainer.step().get() as f64) * config.batch_size as f64;
         bar.set_message(format!(

@@ -51,6 +51,7 @@ pub struct PsTrainer {
     loaded: Version,
     created: bool,
     times: StepTimes,
+    repairs: u64,
 }
 
 impl PsTrainer {
@@ -106,6 +107,7 @@ impl PsTrainer {
             step: Step(0),
             loaded: Version(0),
             times: StepTimes::default(),
+            repairs: 0,
             created: false,
         };
         trainer.created = trainer.register_initial().await?;
@@ -175,6 +177,11 @@ impl PsTrainer {
     /// Where this trainer's time went so far: compute, push, wait, pull, apply.
     pub fn step_times(&self) -> StepTimes {
         self.times
+    }
+
+    /// How many times a failed call had placement repaired so far.
+    pub fn repairs(&self) -> u64 {
+        self.repairs
     }
 
     /// Pushes `grads` (zeros for variables without a gradient) as this worker's next
@@ -262,6 +269,7 @@ impl PsTrainer {
             return Err(error.into());
         }
         let copy = self.local_copy()?;
+        self.repairs += 1;
         self.client.recover(error, self.step, budget, &copy).await?;
         Ok(())
     }
