@@ -295,6 +295,7 @@ impl Scheduler for SchedulerService {
         }
         let wait = self.state.wait_time(request.timeout_ms);
         let name = request.name;
+        let arrived = Instant::now();
         self.state
             .update_barriers(|b| b.arrive(&name, Rank(request.rank)));
         let released = self
@@ -306,6 +307,8 @@ impl Scheduler for SchedulerService {
             .await;
         released
             .map(|workers| {
+                let waited = arrived.elapsed().as_secs_f64();
+                self.state.barrier_waits.observe(waited);
                 let workers = workers.iter().map(|r| r.get()).collect();
                 Response::new(v1::BarrierResponse { workers })
             })

@@ -11,6 +11,7 @@ use crate::barrier::{BarrierState, Barriers};
 use crate::config::SchedulerConfig;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use crate::membership::{Event, Membership, Node};
 use crate::owners::Owners;
@@ -28,6 +29,8 @@ pub struct SchedulerState {
     pub(crate) owners: Owners,
     /// Nodes declared dead, by kind (`server`, `worker`), for the metrics.
     pub(crate) declared_dead: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// How long workers waited at barriers until released, for the metrics.
+    pub(crate) barrier_waits: Histogram,
     pub(crate) config: SchedulerConfig,
 }
 
@@ -66,6 +69,8 @@ impl SchedulerState {
             membership: Mutex::new(membership),
             owners,
             declared_dead: Family::default(),
+            // 1 ms to about 9 minutes, doubling.
+            barrier_waits: Histogram::new(exponential_buckets(1e-3, 2.0, 20)),
             saved: Mutex::new(saved),
             barriers: Mutex::default(),
             changes: watch::Sender::new(0),

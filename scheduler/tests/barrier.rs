@@ -1,5 +1,6 @@
-//! Barriers over real gRPC: released when every live worker arrives, released when
-//! the missing one leaves, and a timeout that names who is missing.
+//! Barriers over real gRPC: released when every live worker arrives (and the
+//! waits counted in the metrics), released when the missing one leaves, and a
+//! timeout that names who is missing.
 
 use std::time::Duration;
 
@@ -12,13 +13,23 @@ use tonic::transport::Channel;
 
 /// A scheduler with workers 0 and 1 registered, and each one's registration secret.
 async fn scheduler_with_two_workers() -> (SchedulerClient<Channel>, Vec<String>) {
+    let (client, secrets, _) = scheduler_with_metrics().await;
+    (client, secrets)
+}
+
+/// [`scheduler_with_two_workers`], and the address of its metrics.
+async fn scheduler_with_metrics() -> (SchedulerClient<Channel>, Vec<String>, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = metrics.local_addr().unwrap().to_string();
     let config = SchedulerConfig {
         workers: 2.into(),
         ..SchedulerConfig::default()
     };
-    tokio::spawn(ps_scheduler::run(listener, config, std::future::pending()));
+    let serving =
+        ps_scheduler::run_with_metrics(listener, Some(metrics), config, std::future::pending());
+    tokio::spawn(serving);
     let mut client = SchedulerClient::connect(http_uri(&addr)).await.unwrap();
     let mut secrets = Vec::new();
     for id in ["a", "b"] {
@@ -31,7 +42,18 @@ async fn scheduler_with_two_workers() -> (SchedulerClient<Channel>, Vec<String>)
             .into_inner();
         secrets.push(registered.secret);
     }
-    (client, secrets)
+    (client, secrets, metrics_addr)
+}
+
+/// The metrics text at `addr` (`GET /metrics` over HTTP/1.1).
+async fn metrics_text(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
 }
 
 fn barrier(name: &str, rank: u32, timeout_ms: u64) -> v1::BarrierRequest {
@@ -44,7 +66,7 @@ fn barrier(name: &str, rank: u32, timeout_ms: u64) -> v1::BarrierRequest {
 
 #[tokio::test]
 async fn a_barrier_releases_when_every_live_worker_arrives() {
-    let (client, _) = scheduler_with_two_workers().await;
+    let (client, _, metrics) = scheduler_with_metrics().await;
     let mut first = client.clone();
     let waiting = tokio::spawn(async move { first.barrier(barrier("start", 0, 30_000)).await });
     let second = client
@@ -60,6 +82,11 @@ async fn a_barrier_releases_when_every_live_worker_arrives() {
         .unwrap()
         .unwrap();
     assert_eq!(first.into_inner().workers, vec![0, 1]);
+    let text = metrics_text(&metrics).await;
+    assert!(
+        text.contains("candle_ps_scheduler_barrier_wait_duration_seconds_count 2"),
+        "both waits counted:\n{text}"
+    );
 }
 
 #[tokio::test]
