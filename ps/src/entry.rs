@@ -16,6 +16,7 @@ use crate::budget::Charge;
 use crate::consistency::Admission;
 use crate::error::{Error, Result};
 use crate::param::{Group, KeyState, ParamSpec};
+use crate::step_waits::StepWaits;
 
 /// One stored key: its immutable spec, its state, and a channel announcing versions.
 #[derive(Debug)]
@@ -83,6 +84,7 @@ pub(crate) fn apply_all(
     live: &BTreeSet<Rank>,
     worker: Rank,
     step: Step,
+    waits: &StepWaits,
 ) -> Result<Vec<Pushed>> {
     let mut order: Vec<usize> = (0..entries.len()).collect();
     order.sort_by(|&a, &b| grads[a].0.cmp(&grads[b].0));
@@ -124,7 +126,9 @@ pub(crate) fn apply_all(
         .map(|((state, (key, grad)), admission)| {
             let accepted = admission == Admission::Accept;
             if accepted {
-                state.accept(group, live, worker, step, grad);
+                if let Some(waited) = state.accept(group, live, worker, step, grad) {
+                    waits.record(waited, Some(worker));
+                }
             }
             Pushed {
                 key: key.clone(),

@@ -18,6 +18,7 @@
 //! - [`restore`]: a key's state from checkpoints or a worker's copy.
 //! - [`entry`]: one stored key; a push applied to its keys, all or nothing.
 //! - [`store`]: all keys; all-or-nothing register and push, waiting pulls.
+//! - [`step_waits`]: how long BSP steps waited, and for whom.
 //! - [`wire`]: `ps.v1` messages to and from the domain types.
 //! - [`service`]: the gRPC handlers.
 //! - [`server`]: [`server::run`], serving a shard with health and clean shutdown.
@@ -43,6 +44,7 @@ pub mod push_buffer;
 pub mod restore;
 pub mod server;
 pub mod service;
+pub mod step_waits;
 pub mod store;
 pub mod values;
 pub mod wire;

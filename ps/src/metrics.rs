@@ -72,6 +72,17 @@ impl ServerMetrics {
             "Time to admit and apply one push's gradients to the store",
             metrics.apply.clone(),
         );
+        let waits = store.step_waits();
+        registry.register(
+            "candle_ps_server_bsp_step_wait_duration_seconds",
+            "Time a key's BSP step waited from its first push to its last",
+            waits.waits.clone(),
+        );
+        registry.register(
+            "candle_ps_server_bsp_steps_completed_by",
+            "Keys' BSP steps completed by each worker's push: the worker each step waited for",
+            waits.completed_by.clone(),
+        );
         let refresh = store_gauges(&mut registry, store);
         (metrics, Exposition::new(registry, refresh))
     }

@@ -5,6 +5,7 @@
 //! happens entirely or not at all even when the request's future is dropped.
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ps_proto::codec::{DType, TensorData, element_count, encode_f32};
@@ -90,6 +91,8 @@ pub struct Group {
 struct Pending {
     workers: BTreeSet<Rank>,
     sum: Vec<f32>,
+    /// When the step's first push came.
+    started: Option<Instant>,
 }
 
 /// The mutable state of one key.
@@ -214,7 +217,8 @@ impl KeyState {
     }
 
     /// Takes a gradient already admitted by [`KeyState::admit`]; `live` are the
-    /// workers a BSP step waits for.
+    /// workers a BSP step waits for. When this push completed a BSP step of
+    /// several workers: how long the step waited since its first push.
     pub fn accept(
         &mut self,
         group: Group,
@@ -222,54 +226,70 @@ impl KeyState {
         worker: Rank,
         step: Step,
         grad: &TensorData,
-    ) {
+    ) -> Option<Duration> {
         self.last_step.insert(worker, step);
         let scale = 1.0 / group.workers.max(1) as f32;
         match group.consistency {
             Consistency::Bsp if group.workers <= 1 => {
                 self.update(Gradient::Wire(grad), scale);
                 self.version = Version::after(step);
+                None
             }
             Consistency::Bsp => self.accumulate(live, worker, grad),
             Consistency::Ssp { .. } => {
                 self.update(Gradient::Wire(grad), scale);
                 self.version = self.group_clock(live);
+                None
             }
             Consistency::Asp => {
                 self.update(Gradient::Wire(grad), scale);
                 self.version = self.version.next();
+                None
             }
         }
     }
 
-    fn accumulate(&mut self, live: &BTreeSet<Rank>, worker: Rank, grad: &TensorData) {
+    fn accumulate(
+        &mut self,
+        live: &BTreeSet<Rank>,
+        worker: Rank,
+        grad: &TensorData,
+    ) -> Option<Duration> {
         if self.pending.workers.is_empty() {
             self.pending.sum.clear();
             self.pending.sum.resize(self.values.len(), 0.0);
+            self.pending.started = Some(Instant::now());
         }
         Gradient::Wire(grad).add_scaled_into(&mut self.pending.sum, 1.0);
         self.pending.workers.insert(worker);
-        self.complete(Consistency::Bsp, live);
+        self.complete(Consistency::Bsp, live)
     }
 
     /// Under BSP, applies the step in progress once every worker in `live` has pushed
-    /// it, averaging over the workers that did; returns whether it applied one. Called
-    /// after each push and whenever the live set shrinks.
-    pub fn complete(&mut self, consistency: Consistency, live: &BTreeSet<Rank>) -> bool {
+    /// it, averaging over the workers that did; returns how long the step waited
+    /// since its first push when it applied one. Called after each push and
+    /// whenever the live set shrinks.
+    pub fn complete(
+        &mut self,
+        consistency: Consistency,
+        live: &BTreeSet<Rank>,
+    ) -> Option<Duration> {
         let ready = consistency == Consistency::Bsp
             && !self.pending.workers.is_empty()
             && live.iter().all(|w| self.pending.workers.contains(w));
-        if ready {
-            let sum = std::mem::take(&mut self.pending.sum);
-            self.update(
-                Gradient::Dense(&sum),
-                1.0 / self.pending.workers.len() as f32,
-            );
-            self.pending.sum = sum;
-            self.pending.workers.clear();
-            self.version = self.version.next();
+        if !ready {
+            return None;
         }
-        ready
+        let sum = std::mem::take(&mut self.pending.sum);
+        self.update(
+            Gradient::Dense(&sum),
+            1.0 / self.pending.workers.len() as f32,
+        );
+        self.pending.sum = sum;
+        self.pending.workers.clear();
+        self.version = self.version.next();
+        let started = self.pending.started.take();
+        Some(started.map_or(Duration::ZERO, |s| s.elapsed()))
     }
 
     fn update(&mut self, grad: Gradient<'_>, scale: f32) {
@@ -368,7 +388,7 @@ mod tests {
             (Version(0), vec![Rank(1)])
         );
         let without_1: BTreeSet<Rank> = [Rank(0), Rank(2)].into();
-        assert!(state.complete(Consistency::Bsp, &without_1));
+        assert!(state.complete(Consistency::Bsp, &without_1).is_some());
         assert_eq!(state.version(), Version(1));
         assert_eq!(
             state.values.as_slice(),
@@ -376,7 +396,7 @@ mod tests {
             "the average of the two pushes that came"
         );
         assert!(
-            !state.complete(Consistency::Bsp, &without_1),
+            state.complete(Consistency::Bsp, &without_1).is_none(),
             "nothing pending any more"
         );
         state.accept(group, &without_1, Rank(0), Step(1), &grad(&[1.0]));

@@ -25,6 +25,7 @@ pub use crate::entry::{Pulled, Pushed};
 use crate::error::{Error, Result};
 use crate::param::{Group, ParamSpec};
 use crate::restore::{Archive, Offered, new_key, refresh_key};
+use crate::step_waits::StepWaits;
 
 /// The outcome of registering one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +101,7 @@ pub struct Store {
     archive: Option<Archive>,
     budget: Arc<MemoryBudget>,
     counters: Counters,
+    step_waits: StepWaits,
     shutdown: CancellationToken,
 }
 
@@ -115,6 +117,7 @@ impl Store {
             archive: None,
             budget: MemoryBudget::new(rules.memory_budget),
             counters: Counters::default(),
+            step_waits: StepWaits::default(),
             shutdown,
         }
     }
@@ -193,7 +196,8 @@ impl Store {
         let mut advanced = 0;
         for entry in entries {
             let mut state = entry.lock();
-            if state.complete(self.rules.group.consistency, &live) {
+            if let Some(waited) = state.complete(self.rules.group.consistency, &live) {
+                self.step_waits.record(waited, None);
                 advanced += 1;
                 entry.announce(state.version());
             }
@@ -470,7 +474,16 @@ impl Store {
                 self.check_finite(&entry.spec.key, "gradient", grad)?;
             }
         }
-        let pushed = apply_all(&entries, &grads, group, &self.live_workers(), worker, step)?;
+        let live = self.live_workers();
+        let pushed = apply_all(
+            &entries,
+            &grads,
+            group,
+            &live,
+            worker,
+            step,
+            &self.step_waits,
+        )?;
         let duplicates = pushed.iter().filter(|p| !p.accepted).count() as u64;
         self.counters
             .duplicate_pushes
@@ -590,6 +603,11 @@ impl Store {
             self.counters.pushes.load(Ordering::Relaxed),
             self.counters.push_bytes.load(Ordering::Relaxed),
         )
+    }
+
+    /// How long BSP steps waited for their last push, and whose it was.
+    pub fn step_waits(&self) -> &StepWaits {
+        &self.step_waits
     }
 
     /// What the store holds and has served.

@@ -86,3 +86,54 @@ async fn answers_bytes_and_holdings_are_exposed() {
     assert!(status.contains("404"), "{status}");
     server.stop().await;
 }
+
+/// A BSP step of two workers: how long it waited from the first push to the
+/// second is observed once per key, and the second worker is the one it
+/// waited for.
+#[tokio::test]
+async fn a_bsp_step_counts_its_wait_and_the_worker_it_waited_for() {
+    let config = ServerConfig {
+        workers: 2,
+        consistency: ps_server::Consistency::Bsp,
+        ..ServerConfig::default()
+    };
+    let (server, metrics) = TestServer::with_metrics(config).await;
+    server
+        .register(vec![
+            param("a", &[1.0; 4], sgd(0.5)),
+            param("b", &[1.0; 4], sgd(0.5)),
+        ])
+        .await;
+    let mut client = server.client.clone();
+    let grads = || vec![tensor("a", &[2.0; 4]), tensor("b", &[2.0; 4])];
+    client.push(push(0, 0, grads())).await.expect("worker 0");
+    let (_, before) = get(metrics, "/metrics").await;
+    assert_eq!(
+        sample(
+            &before,
+            "candle_ps_server_bsp_step_wait_duration_seconds_count"
+        ),
+        Some(0.0),
+        "{before}"
+    );
+    client.push(push(1, 0, grads())).await.expect("worker 1");
+    let (_, text) = get(metrics, "/metrics").await;
+    for (series, want) in [
+        ("candle_ps_server_bsp_step_wait_duration_seconds_count", 2.0),
+        (
+            r#"candle_ps_server_bsp_steps_completed_by_total{worker="1"}"#,
+            2.0,
+        ),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
+    }
+    assert_eq!(
+        sample(
+            &text,
+            r#"candle_ps_server_bsp_steps_completed_by_total{worker="0"}"#
+        ),
+        None,
+        "{text}"
+    );
+    server.stop().await;
+}
