@@ -11,12 +11,14 @@
 //! - [`connections`]: a server's connections, at most `--max-connections` at once.
 //! - [`certs`]: a cluster's CA and node certificate, for `ps-scheduler certs` and `ps-local --tls`.
 //! - [`security_args`]: the `--tls-*` flags and cluster token every program takes.
+//! - [`plot_style`]: the font and palette of every chart.
 
 pub mod certs;
 pub mod connections;
 pub mod fixtures;
 pub mod health;
 pub mod metrics;
+pub mod plot_style;
 pub mod process;
 pub mod processes;
 pub mod rendezvous;

@@ -1,30 +1,15 @@
 //! SVG charts of a run: throughput against payload size with gRPC and TCP on one
-//! chart, and latency CDFs. The font is shipped with the binary (DejaVu Sans), so
-//! plotting needs no system fonts.
+//! chart, and latency CDFs, in the shared font and palette
+//! (`ps_common::plot_style`).
 
 use std::path::Path;
 
 use hdrhistogram::Histogram;
 use plotters::coord::ranged1d::ValueFormatter;
 use plotters::prelude::*;
-use plotters::style::FontStyle;
+use ps_common::plot_style::{COLORS, register_font};
 
 use crate::report::ResultRow;
-
-const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
-const COLORS: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-];
-
-fn register_font() -> anyhow::Result<()> {
-    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
-        .map_err(|_| anyhow::anyhow!("the shipped font is invalid"))
-}
 
 /// A named line of points.
 struct Series {

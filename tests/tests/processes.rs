@@ -207,3 +207,48 @@ async fn a_worker_serves_its_steps_and_time_split_as_prometheus_metrics() {
     drop(log);
     server.stop().await;
 }
+
+/// `ps-worker --out DIR` leaves the run's loss and accuracy per epoch, its
+/// timings per step and their two charts.
+#[tokio::test]
+async fn a_worker_writes_its_epochs_steps_and_charts_with_out() {
+    let server = ServerProcess::start(&["--workers", "1"]).await;
+    let dir = tempfile::tempdir().expect("a folder");
+    let out = dir.path().join("run");
+    let out_arg = out.to_str().expect("utf-8").to_string();
+    let args = [
+        "--server",
+        &server.addr,
+        "--epochs",
+        "3",
+        "--json",
+        "--out",
+        &out_arg,
+    ];
+    let trained = run(binary("ps-worker"), &args, LIMIT).await;
+    assert!(trained.success, "{}", trained.stderr);
+    let steps_run = trained.json()["steps"].as_u64().unwrap();
+    let epochs = std::fs::read_to_string(out.join("epochs.csv")).expect("epochs.csv");
+    let rows: Vec<Vec<f64>> = epochs
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|f| f.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "{epochs}");
+    for (epoch, row) in rows.iter().enumerate() {
+        assert_eq!(row[0], epoch as f64, "{epochs}");
+        assert!(row[1] > 0.0 && (0.0..=1.0).contains(&row[2]), "{epochs}");
+    }
+    assert!(rows[2][1] < rows[0][1], "the loss falls: {epochs}");
+    let steps = std::fs::read_to_string(out.join("steps.csv")).expect("steps.csv");
+    assert_eq!(
+        steps.lines().count() as u64,
+        steps_run + 1,
+        "one row a step"
+    );
+    for chart in ["training.svg", "time_split.svg"] {
+        let svg = std::fs::read_to_string(out.join(chart)).expect(chart);
+        assert!(svg.starts_with("<svg") && svg.contains("epoch"), "{chart}");
+    }
+    server.stop().await;
+}

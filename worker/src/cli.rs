@@ -189,6 +189,7 @@ impl TrainArgs {
             load: self.load.clone(),
             save: self.save.clone(),
             metrics: None,
+            out: None,
         })
     }
 }

@@ -9,12 +9,14 @@
 //! - [`device`]: choosing the candle device from `cpu` or `cuda:N`.
 //! - [`step_time`]: where the training time goes (compute, push, wait, pull, apply).
 //! - [`metrics`]: the Prometheus metrics a worker serves on `--metrics-listen`.
+//! - [`report`]: the CSV files and charts `--out DIR` writes.
 
 pub mod cli;
 pub mod data;
 pub mod device;
 pub mod metrics;
 pub mod model;
+pub mod report;
 pub mod step_time;
 pub mod train;
 pub mod trainer;

@@ -52,6 +52,11 @@ struct Cli {
     /// servers' when this worker joins; by default, whatever they use.
     #[arg(long, env = "PS_CONSISTENCY")]
     consistency: Option<Consistency>,
+    /// Write the run's per-epoch loss and test accuracy (epochs.csv), per-step
+    /// timings (steps.csv) and their charts (training.svg, time_split.svg) into
+    /// this folder; the test split is evaluated after every epoch.
+    #[arg(long, env = "PS_OUT")]
+    out: Option<std::path::PathBuf>,
     /// Serve Prometheus metrics (GET /metrics) on this address while training:
     /// steps, examples, loss, each step's time split and repairs; off unless set.
     #[arg(long, env = "PS_METRICS_LISTEN")]
@@ -135,6 +140,7 @@ async fn main() -> anyhow::Result<()> {
         .train
         .train_config(std::io::stderr().is_terminal())
         .map_err(anyhow::Error::msg)?;
+    config.out = cli.out.clone();
     if let Some(listener) = ps_common::metrics::bind(cli.metrics_listen.as_deref()).await? {
         let (metrics, exposition) = WorkerMetrics::new();
         config.metrics = Some(metrics);

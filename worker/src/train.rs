@@ -19,6 +19,7 @@ use crate::data::rng::SplitMix64;
 use crate::data::{DataError, Dataset, Split, shard_range};
 use crate::metrics::WorkerMetrics;
 use crate::model::Mlp;
+use crate::report::{EpochRecord, RunRecord, StepRecord};
 use crate::step_time::TimeSplit;
 use crate::trainer::{PsTrainer, TrainerError};
 use ps_client::optim::OptimizerChoice;
@@ -39,6 +40,9 @@ pub enum TrainError {
     /// The settings do not fit the data.
     #[error("{0}")]
     Config(String),
+    /// `--out` could not be written.
+    #[error("cannot write the run's report: {0}")]
+    Report(String),
     /// Parameters could not be read from or written to a file.
     #[error("{what} {path}: {source}")]
     File {
@@ -77,6 +81,9 @@ pub struct TrainConfig {
     pub save: Option<PathBuf>,
     /// Record each step here (served on `--metrics-listen`).
     pub metrics: Option<Arc<WorkerMetrics>>,
+    /// Write per-epoch loss and accuracy, per-step timings and their charts
+    /// here (evaluating on the test split after every epoch).
+    pub out: Option<PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -93,6 +100,7 @@ impl Default for TrainConfig {
             load: None,
             save: None,
             metrics: None,
+            out: None,
         }
     }
 }
@@ -182,6 +190,7 @@ pub async fn train(
     bar.set_position(trainer.step().get().min(total_steps));
     let started = Instant::now();
     let (mut epoch_losses, mut losses_of) = (Vec::new(), None);
+    let mut record = RunRecord::default();
     while trainer.step().get() < total_steps {
         let (epoch, index) = (
             trainer.step().get() / per_epoch,
@@ -201,10 +210,28 @@ pub async fn train(
         trainer.add_compute(forward.elapsed());
         trainer.backward_step(&loss).await?;
         epoch_losses.push(loss_value);
+        let step_times = trainer.step_times().since(&times_before);
         if let Some(metrics) = &config.metrics {
-            let step = trainer.step_times().since(&times_before);
-            metrics.step(&step, config.batch_size, loss_value);
+            metrics.step(&step_times, config.batch_size, loss_value);
             metrics.repaired(trainer.repairs() - repairs_before);
+        }
+        if config.out.is_some() {
+            let step = trainer.step().get() - 1;
+            record.steps.push(StepRecord {
+                step,
+                epoch,
+                times: step_times,
+            });
+            if trainer.step().get() % per_epoch == 0 {
+                let test_accuracy = accuracy(&model, &data.test, &config.device)?;
+                let train_loss =
+                    epoch_losses.iter().sum::<f64>() / epoch_losses.len().max(1) as f64;
+                record.epochs.push(EpochRecord {
+                    epoch,
+                    train_loss,
+                    test_accuracy,
+                });
+            }
         }
         bar.inc(1);
         let examples = (trainer.step().get() as f64) * config.batch_size as f64;
@@ -218,6 +245,12 @@ pub async fn train(
     let time_split = trainer.step_times().split(started.elapsed());
     trainer.refresh().await?;
     let test_accuracy = accuracy(&model, &data.test, &config.device)?;
+    if let Some(dir) = &config.out {
+        let written = record
+            .write(dir)
+            .map_err(|e| TrainError::Report(e.to_string()))?;
+        tracing::info!(files = ?written, "wrote the run's loss, accuracy and timings");
+    }
     if let Some(path) = &config.save {
         save(&varmap, path)?;
         tracing::info!(path = %path.display(), test_accuracy, "saved the trained parameters");
