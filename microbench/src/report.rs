@@ -59,6 +59,12 @@ pub struct ResultRow {
     pub reps: u32,
     /// Per-server load (ps-throughput): bytes held and requests served by each server.
     pub servers: Option<serde_json::Value>,
+    /// Share of the simulated workers' time spent pushing (ps-throughput).
+    pub push_share: Option<f64>,
+    /// Share held by the servers until the step's version existed (ps-throughput).
+    pub wait_share: Option<f64>,
+    /// Share in the rest of the pulls, the transfer (ps-throughput).
+    pub pull_share: Option<f64>,
 }
 
 fn us(value: Option<f64>) -> String {
@@ -157,6 +163,19 @@ pub fn print_table(rows: &[ResultRow]) {
     println!("{}", line(header.iter().map(|h| h.to_string()).collect()));
     for row in cells {
         println!("{}", line(row));
+    }
+    for r in rows {
+        if let (Some(push), Some(wait), Some(pull)) = (r.push_share, r.wait_share, r.pull_share) {
+            let other = (1.0 - push - wait - pull).max(0.0);
+            println!(
+                "{}: each worker's time: push {:.0}%, wait {:.0}%, pull {:.0}%, other {:.0}%",
+                r.payload,
+                push * 100.0,
+                wait * 100.0,
+                pull * 100.0,
+                other * 100.0
+            );
+        }
     }
 }
 

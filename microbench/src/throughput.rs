@@ -4,6 +4,7 @@
 //! the same machine in the same run.
 
 use std::str::FromStr;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -92,6 +93,16 @@ struct Worker {
     client: PsClient,
     rank: Rank,
     grads: Vec<(String, Bytes)>,
+    phases: Mutex<Phases>,
+}
+
+/// Where a simulated worker's steps went: pushing, held by the servers for the
+/// step (as they report it), and the rest of the pulls (the transfer).
+#[derive(Debug, Clone, Copy, Default)]
+struct Phases {
+    push: Duration,
+    wait: Duration,
+    pull: Duration,
 }
 
 impl Worker {
@@ -129,13 +140,26 @@ impl Worker {
             client,
             rank: Rank(rank),
             grads,
+            phases: Mutex::default(),
         })
     }
 
     async fn step(&self, step: Step) -> anyhow::Result<()> {
+        let pushing = Instant::now();
         self.client.push(self.rank, step, &self.grads).await?;
-        self.client.pull(Version::after(step)).await?;
+        let pulling = Instant::now();
+        let (_, waited) = self.client.pull_waiting(Version::after(step)).await?;
+        let pulled = pulling.elapsed();
+        let mut phases = self.phases.lock().unwrap_or_else(|p| p.into_inner());
+        phases.push += pulling - pushing;
+        phases.wait += waited.min(pulled);
+        phases.pull += pulled - waited.min(pulled);
         Ok(())
+    }
+
+    /// The phases since the last call, which starts them again.
+    fn take_phases(&self) -> Phases {
+        std::mem::take(&mut *self.phases.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -211,11 +235,24 @@ pub async fn run(plan: &ThroughputPlan, tuning: &Tuning) -> anyhow::Result<Resul
     run_steps(&workers, 0..plan.warmup_steps)
         .await
         .context("warm-up steps")?;
+    for worker in &workers {
+        worker.take_phases();
+    }
     let start = Instant::now();
     run_steps(&workers, plan.warmup_steps..plan.warmup_steps + plan.steps)
         .await
         .context("measured steps")?;
     let seconds = start.elapsed().as_secs_f64();
+    let worker_seconds = seconds * plan.workers as f64;
+    let total = workers
+        .iter()
+        .map(Worker::take_phases)
+        .fold(Phases::default(), |a, b| Phases {
+            push: a.push + b.push,
+            wait: a.wait + b.wait,
+            pull: a.pull + b.pull,
+        });
+    let share = |d: Duration| Some(d.as_secs_f64() / worker_seconds.max(1e-9));
     let loads = server_loads(&addrs).await?;
     let tcp = tcp_baseline().await?;
     for server in servers {
@@ -245,6 +282,9 @@ pub async fn run(plan: &ThroughputPlan, tuning: &Tuning) -> anyhow::Result<Resul
         rpcs_per_sec: Some(rpcs / seconds.max(1e-9)),
         reps: 1,
         servers: Some(loads),
+        push_share: share(total.push),
+        wait_share: share(total.wait),
+        pull_share: share(total.pull),
         ..ResultRow::default()
     })
 }

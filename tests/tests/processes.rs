@@ -143,6 +143,15 @@ async fn ps_throughput_runs_against_real_servers_and_reports_their_load() {
             "every server carries load: {server}"
         );
     }
+    // The simulated workers' time split: push and pull measured, the wait as
+    // the servers report it, all within each worker's time.
+    let share = |name: &str| row[name].as_f64().unwrap_or(-1.0);
+    for name in ["push_share", "pull_share"] {
+        assert!(share(name) > 0.0, "{name}: {row}");
+    }
+    assert!(share("wait_share") >= 0.0, "{row}");
+    let total = share("push_share") + share("wait_share") + share("pull_share");
+    assert!(total <= 1.0 + 1e-6, "the parts add up to {total}: {row}");
 }
 
 /// The value of the sample named exactly `series` (name and labels).
