@@ -1,8 +1,11 @@
 //! [`RetryPolicy`]: which failures are worth retrying, and a bounded exponential
 //! backoff for them. A retried push keeps its `(worker_id, step)`, so the server
-//! applies it once however often it arrives.
+//! applies it once however often it arrives. Every retry this process makes
+//! is counted by RPC ([`retries_made`]), for the worker's metrics.
 
+use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tonic::{Code, Status};
@@ -37,6 +40,24 @@ pub fn is_transient(status: &Status) -> bool {
     )
 }
 
+/// Retries made in this process, by what was retried.
+static RETRIES: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
+
+/// The retries this process has made so far, by RPC (every client in it).
+pub fn retries_made() -> BTreeMap<String, u64> {
+    RETRIES.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+fn count_retry(what: &str) {
+    let mut retries = RETRIES.lock().unwrap_or_else(|p| p.into_inner());
+    match retries.get_mut(what) {
+        Some(count) => *count += 1,
+        None => {
+            retries.insert(what.to_string(), 1);
+        }
+    }
+}
+
 impl RetryPolicy {
     /// Runs `call` until it succeeds, fails for good, or the attempts are used up.
     ///
@@ -54,6 +75,7 @@ impl RetryPolicy {
                 Ok(value) => return Ok(value),
                 Err(status) if attempt < self.attempts && is_transient(&status) => {
                     tracing::warn!(what, attempt, code = ?status.code(), message = status.message(), ?backoff, "retrying");
+                    count_retry(what);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(self.max_backoff);
                     attempt += 1;
@@ -83,6 +105,24 @@ mod tests {
             })
             .await;
         assert_eq!(result.unwrap(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_are_counted_by_what_was_retried() {
+        let before = retries_made().get("counted").copied().unwrap_or(0);
+        let calls = AtomicU32::new(0);
+        let result = RetryPolicy::default()
+            .run("counted", || async {
+                let n = calls.fetch_add(1, Ordering::SeqCst);
+                if n < 2 {
+                    Err(Status::unavailable("down"))
+                } else {
+                    Ok(())
+                }
+            })
+            .await;
+        result.unwrap();
+        assert_eq!(retries_made()["counted"], before + 2);
     }
 
     #[tokio::test(start_paused = true)]

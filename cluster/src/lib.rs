@@ -4,8 +4,10 @@
 //!   [`test_cluster`], the helper the tests use.
 //! - [`local`]: [`local::run_local`], servers and workers training together; the
 //!   library face of the `ps-local` binary.
+//! - [`metrics_ports`]: each part's own metrics listener (`ps-local --metrics-listen`).
 
 pub mod local;
+pub mod metrics_ports;
 pub mod servers;
 
 pub use servers::{LocalServers, test_cluster};

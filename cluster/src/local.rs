@@ -1,6 +1,7 @@
 //! [`run_local`]: parameter servers and workers in one process train a model
 //! together; every worker gets its own slice of the data by rank.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,9 +17,13 @@ use ps_server::checkpointer::{
     CheckpointConfig, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY_STEPS,
 };
 use ps_worker::data::Dataset;
+use ps_worker::metrics::WorkerMetrics;
 use ps_worker::train::{TrainConfig, TrainSummary, train};
 use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
+use crate::metrics_ports::MetricsPorts;
 use crate::servers::LocalServers;
 
 /// The shape of a local cluster.
@@ -37,6 +42,9 @@ pub struct LocalSpec {
     pub checkpoint_dir: Option<std::path::PathBuf>,
     /// TLS on every server and channel of the cluster; plain TCP when `None`.
     pub tls: Option<TlsConfig>,
+    /// Serve each part's Prometheus metrics on its own port from this address
+    /// up (the scheduler, the servers, then the workers); off when `None`.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl LocalSpec {
@@ -57,8 +65,8 @@ struct LocalScheduler {
 }
 
 impl LocalScheduler {
-    async fn start(spec: &LocalSpec) -> std::io::Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    async fn start(spec: &LocalSpec, metrics: Option<TcpListener>) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
         let config = SchedulerConfig {
             workers: spec.workers.into(),
@@ -68,9 +76,12 @@ impl LocalScheduler {
             ..SchedulerConfig::default()
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(ps_scheduler::run(listener, config, async {
+        let stopped = async {
             let _ = stopped.await;
-        }));
+        };
+        let task = tokio::spawn(ps_scheduler::run_with_metrics(
+            listener, metrics, config, stopped,
+        ));
         Ok(Self { addr, stop, task })
     }
 
@@ -114,8 +125,12 @@ pub async fn run_local(
     config: &TrainConfig,
 ) -> anyhow::Result<LocalSummary> {
     let started = Instant::now();
+    let mut metrics_ports = MetricsPorts::new(spec.metrics_listen);
     let scheduler = match spec.scheduler {
-        true => Some(LocalScheduler::start(spec).await?),
+        true => {
+            let metrics = metrics_ports.next("scheduler").await?;
+            Some(LocalScheduler::start(spec, metrics).await?)
+        }
         false => None,
     };
     let scheduler_addr = scheduler.as_ref().map(|s| s.addr.clone());
@@ -131,9 +146,14 @@ pub async fn run_local(
         transport: spec.transport(),
         ..ServerConfig::default()
     };
-    let servers =
-        LocalServers::start_following(spec.servers, server_config, scheduler_addr.as_deref())
-            .await?;
+    let servers = LocalServers::start_with_metrics(
+        spec.servers,
+        server_config,
+        scheduler_addr.as_deref(),
+        &mut metrics_ports,
+    )
+    .await?;
+    let stop_worker_metrics = CancellationToken::new();
     tracing::info!(scheduler = ?scheduler_addr, servers = ?servers.addrs(), workers = spec.workers, consistency = %spec.consistency, "local cluster up");
     let mut tasks = Vec::new();
     for rank in 0..spec.workers {
@@ -157,10 +177,14 @@ pub async fn run_local(
                 },
             ),
         };
+        let metrics = metrics_ports
+            .next(&format!("worker {}", group.rank))
+            .await?;
         let config = TrainConfig {
             progress: config.progress && group.rank == Rank(0),
             // Every worker ends with the same parameters: one file is enough.
             save: config.save.clone().filter(|_| group.rank == Rank(0)),
+            metrics: metrics.map(|listener| serve_worker_metrics(listener, &stop_worker_metrics)),
             ..config.clone()
         };
         let data = Arc::clone(&data);
@@ -175,6 +199,7 @@ pub async fn run_local(
             .map_err(|e| anyhow::anyhow!("worker {rank}: {e}"))?;
         per_worker.push(summary);
     }
+    stop_worker_metrics.cancel();
     servers.shutdown().await?;
     if let Some(scheduler) = scheduler {
         scheduler.shutdown().await?;
@@ -185,6 +210,18 @@ pub async fn run_local(
         per_worker,
         started.elapsed().as_secs_f64(),
     ))
+}
+
+/// A worker's metrics, served on `listener` until `stop`.
+fn serve_worker_metrics(listener: TcpListener, stop: &CancellationToken) -> Arc<WorkerMetrics> {
+    let (metrics, exposition) = WorkerMetrics::new();
+    let stop = stop.clone();
+    tokio::spawn(ps_common::metrics::serve(
+        listener,
+        Arc::new(exposition),
+        async move { stop.cancelled().await },
+    ));
+    metrics
 }
 
 fn summarize(

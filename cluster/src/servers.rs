@@ -15,6 +15,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::metrics_ports::MetricsPorts;
+
 struct Running {
     addr: SocketAddr,
     stop: oneshot::Sender<()>,
@@ -46,8 +48,23 @@ impl LocalServers {
         config: ServerConfig,
         scheduler: Option<&str>,
     ) -> std::io::Result<Self> {
+        Self::start_with_metrics(count, config, scheduler, &mut MetricsPorts::new(None)).await
+    }
+
+    /// [`LocalServers::start_following`], each server also serving its
+    /// metrics on the next of `metrics` ports.
+    ///
+    /// # Errors
+    /// When a port cannot be bound.
+    pub async fn start_with_metrics(
+        count: usize,
+        config: ServerConfig,
+        scheduler: Option<&str>,
+        metrics: &mut MetricsPorts,
+    ) -> std::io::Result<Self> {
         let mut servers = Vec::with_capacity(count);
-        for _ in 0..count {
+        for index in 0..count {
+            let metrics = metrics.next(&format!("server {index}")).await?;
             let listener = TcpListener::bind("127.0.0.1:0").await?;
             let addr = listener.local_addr()?;
             let (stop, stopped) = oneshot::channel::<()>();
@@ -69,7 +86,9 @@ impl LocalServers {
                 checkpoint,
                 ..config.clone()
             };
-            let task = tokio::spawn(ps_server::run(listener, config, shutdown));
+            let task = tokio::spawn(ps_server::run_with_metrics(
+                listener, metrics, config, shutdown,
+            ));
             servers.push(Running { addr, stop, task });
         }
         Ok(Self {

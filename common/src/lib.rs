@@ -12,6 +12,8 @@
 //! - [`certs`]: a cluster's CA and node certificate, for `ps-scheduler certs` and `ps-local --tls`.
 //! - [`security_args`]: the `--tls-*` flags and cluster token every program takes.
 //! - [`plot_style`]: the font and palette of every chart.
+//! - [`metrics`]: the Prometheus endpoint and build information of every program,
+//!   and [`text_format`], its classic text format for scrapers that do not ask for OpenMetrics.
 
 pub mod certs;
 pub mod connections;
@@ -25,3 +27,4 @@ pub mod rendezvous;
 pub mod rng;
 pub mod security_args;
 pub mod size;
+pub mod text_format;

@@ -3,7 +3,9 @@
 //! reports ([`register_build_info`]).
 //!
 //! Metrics are kept with `prometheus-client` and written in the OpenMetrics
-//! text format, which Prometheus scrapes. Names follow its conventions: a
+//! text format to scrapers that ask for it (Prometheus does), and in the
+//! classic text format to any other ([`crate::text_format`]: `curl`,
+//! `promtool check metrics`). Names follow Prometheus's conventions: a
 //! `candle_ps_` prefix, base units, `_total` counters, `_seconds` histograms.
 
 use std::convert::Infallible;
@@ -17,8 +19,10 @@ use hyper_util::rt::TokioIo;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use tokio::net::TcpListener;
+
+use crate::text_format::{TEXT_FORMAT, accepts_openmetrics, to_text_format};
 
 /// The content type of OpenMetrics text.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -45,9 +49,19 @@ pub fn register_build_info(registry: &mut Registry, program: &str) {
 
 /// A gauge registered under `name`.
 pub fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
-    let gauge = Gauge::default();
-    registry.register(name, help, gauge.clone());
-    gauge
+    registered(registry, name, help, Gauge::default())
+}
+
+/// `metric`, registered under `name` (the registry keeps a clone, which shares
+/// its value).
+pub fn registered<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 /// What a scrape reads: the registry, and a function run first to bring the
@@ -136,7 +150,19 @@ fn respond(exposition: &Exposition, request: &Request<Incoming>) -> Response<Ful
         let body = format!("metrics are at GET {METRICS_PATH}\n");
         return reply(StatusCode::NOT_FOUND, "text/plain", body);
     }
-    reply(StatusCode::OK, CONTENT_TYPE, exposition.text())
+    let accept = request
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default();
+    match accepts_openmetrics(accept) {
+        true => reply(StatusCode::OK, CONTENT_TYPE, exposition.text()),
+        false => reply(
+            StatusCode::OK,
+            TEXT_FORMAT,
+            to_text_format(&exposition.text()),
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -2,11 +2,15 @@
 //! versions of progress or every `every` of wall time (whichever comes first, and
 //! only when something changed), on request (`Checkpoint` RPC), and once more on
 //! shutdown. Files are written off the async runtime by [`crate::checkpoint`].
+//! How long each took and when the newest was written are kept in
+//! [`CheckpointTimes`] for the server's metrics.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use ps_proto::ids::Version;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -52,11 +56,51 @@ pub struct Written {
     pub version: Version,
 }
 
+/// How long checkpoints took, and when the newest one was written.
+#[derive(Debug, Clone)]
+pub struct CheckpointTimes {
+    /// Each checkpoint's time to write, in seconds.
+    pub durations: Histogram,
+    /// When the newest checkpoint was written, in seconds since the Unix epoch
+    /// (0 before the first).
+    pub newest: Gauge<f64, std::sync::atomic::AtomicU64>,
+}
+
+impl Default for CheckpointTimes {
+    fn default() -> Self {
+        Self {
+            // 1 ms to about 65 s, doubling.
+            durations: Histogram::new(exponential_buckets(1e-3, 2.0, 17)),
+            newest: Gauge::default(),
+        }
+    }
+}
+
+impl CheckpointTimes {
+    fn record(&self, took: Duration) {
+        self.durations.observe(took.as_secs_f64());
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        self.newest.set(now.as_secs_f64());
+    }
+
+    /// Seconds since the newest checkpoint was written; `None` before the first.
+    pub fn age(&self) -> Option<f64> {
+        let newest = self.newest.get();
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        (newest > 0.0).then(|| (now.as_secs_f64() - newest).max(0.0))
+    }
+}
+
 /// Writes a store's checkpoints.
 #[derive(Debug)]
 pub struct Checkpointer {
     store: Arc<Store>,
     config: CheckpointConfig,
+    times: CheckpointTimes,
     /// The progress (highest version) and time of the last checkpoint; held while
     /// one is written, so two never interleave.
     last: Mutex<(Version, Instant)>,
@@ -73,9 +117,15 @@ impl Checkpointer {
         Self {
             store,
             config,
+            times: CheckpointTimes::default(),
             last: Mutex::new((Version(0), Instant::now())),
             summary: Mutex::new((0, None)),
         }
+    }
+
+    /// How long checkpoints took, and when the newest was written.
+    pub fn times(&self) -> &CheckpointTimes {
+        &self.times
     }
 
     /// Writes a checkpoint now.
@@ -84,6 +134,7 @@ impl Checkpointer {
     /// [`CheckpointError`]; the previous checkpoint is then intact.
     pub async fn write_now(&self) -> Result<Written, CheckpointError> {
         let mut last = self.last.lock().await;
+        let started = Instant::now();
         let version = self.store.max_version();
         let keys = self.store.checkpoint_keys();
         let count = keys.len();
@@ -95,6 +146,7 @@ impl Checkpointer {
                 source: std::io::Error::other(e),
             })??;
         *last = (version, Instant::now());
+        self.times.record(started.elapsed());
         tracing::debug!(path = %path.display(), keys = count, %version, "checkpoint written");
         self.summarise(&path, version).await;
         Ok(Written {

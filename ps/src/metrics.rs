@@ -1,23 +1,33 @@
 //! [`ServerMetrics`]: what a parameter server reports on `--metrics-listen`:
 //! requests, bytes and latency by RPC and status, the time pushes take to
-//! apply, and what the store holds, read when Prometheus scrapes.
+//! apply, BSP step waits, checkpoint times, and what the store holds (keys,
+//! bytes by kind, each parameter's version), read when Prometheus scrapes.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use ps_common::metrics::{Exposition, gauge, register_build_info};
+use ps_common::metrics::{Exposition, gauge, register_build_info, registered};
 use tonic::Code;
 
+use crate::checkpointer::CheckpointTimes;
+use crate::param::HeldBytes;
 use crate::store::Store;
 
 /// Labels of one RPC's outcome.
 type RpcCode = Vec<(&'static str, String)>;
 /// Labels naming one RPC.
 type Rpc = Vec<(&'static str, &'static str)>;
+/// Labels naming a kind of bytes held.
+type Kind = Vec<(&'static str, &'static str)>;
+/// Labels naming a parameter.
+type Param = Vec<(&'static str, String)>;
 
 /// A parameter server's metrics.
 #[derive(Debug)]
@@ -35,55 +45,66 @@ fn seconds_buckets() -> Histogram {
 }
 
 impl ServerMetrics {
-    /// The metrics, registered with the store's gauges (read at each scrape)
-    /// and the build information into an exposition.
-    pub fn new(store: Arc<Store>) -> (Arc<Self>, Exposition) {
+    /// The metrics, registered with the store's gauges (read at each scrape),
+    /// the checkpoints' times (when the server checkpoints) and the build
+    /// information into an exposition.
+    pub fn new(store: Arc<Store>, checkpoints: Option<CheckpointTimes>) -> (Arc<Self>, Exposition) {
         let mut registry = Registry::default();
         register_build_info(&mut registry, "ps-server");
+        let reg = &mut registry;
         let metrics = Arc::new(Self {
-            requests: Family::default(),
-            latency: Family::new_with_constructor(seconds_buckets),
-            push_bytes: Counter::default(),
-            pull_bytes: Counter::default(),
-            apply: seconds_buckets(),
+            requests: registered(
+                reg,
+                "candle_ps_server_requests",
+                "Requests answered, by RPC and gRPC status code (refused ones have a code other than OK)",
+                Family::default(),
+            ),
+            latency: registered(
+                reg,
+                "candle_ps_server_request_duration_seconds",
+                "Time from a request's arrival to its answer, by RPC",
+                Family::new_with_constructor(seconds_buckets),
+            ),
+            push_bytes: registered(
+                reg,
+                "candle_ps_server_push_bytes",
+                "Gradient bytes received in pushes that were applied or taken as retries",
+                Counter::default(),
+            ),
+            pull_bytes: registered(
+                reg,
+                "candle_ps_server_pull_bytes",
+                "Value bytes sent in answers to pulls",
+                Counter::default(),
+            ),
+            apply: registered(
+                reg,
+                "candle_ps_server_push_apply_duration_seconds",
+                "Time to admit and apply one push's gradients to the store",
+                seconds_buckets(),
+            ),
         });
-        registry.register(
-            "candle_ps_server_requests",
-            "Requests answered, by RPC and gRPC status code",
-            metrics.requests.clone(),
-        );
-        registry.register(
-            "candle_ps_server_request_duration_seconds",
-            "Time from a request's arrival to its answer, by RPC",
-            metrics.latency.clone(),
-        );
-        registry.register(
-            "candle_ps_server_push_bytes",
-            "Gradient bytes received in pushes that were applied or taken as retries",
-            metrics.push_bytes.clone(),
-        );
-        registry.register(
-            "candle_ps_server_pull_bytes",
-            "Value bytes sent in answers to pulls",
-            metrics.pull_bytes.clone(),
-        );
-        registry.register(
-            "candle_ps_server_push_apply_duration_seconds",
-            "Time to admit and apply one push's gradients to the store",
-            metrics.apply.clone(),
-        );
         let waits = store.step_waits();
-        registry.register(
+        registered(
+            reg,
             "candle_ps_server_bsp_step_wait_duration_seconds",
             "Time a key's BSP step waited from its first push to its last",
             waits.waits.clone(),
         );
-        registry.register(
+        registered(
+            reg,
             "candle_ps_server_bsp_steps_completed_by",
             "Keys' BSP steps completed by each worker's push: the worker each step waited for",
             waits.completed_by.clone(),
         );
-        let refresh = store_gauges(&mut registry, store);
+        let checkpoint_age = checkpoints.map(|times| checkpoint_metrics(reg, times));
+        let store_refresh = store_gauges(reg, store);
+        let refresh = move || {
+            store_refresh();
+            if let Some(refresh_age) = &checkpoint_age {
+                refresh_age();
+            }
+        };
         (metrics, Exposition::new(registry, refresh))
     }
 
@@ -109,13 +130,48 @@ impl ServerMetrics {
     }
 }
 
+/// Registers the checkpoints' durations and times, and returns the function
+/// that brings their age up to date.
+fn checkpoint_metrics(
+    registry: &mut Registry,
+    times: CheckpointTimes,
+) -> impl Fn() + Send + Sync + use<> {
+    registered(
+        registry,
+        "candle_ps_server_checkpoint_duration_seconds",
+        "Time to write one checkpoint",
+        times.durations.clone(),
+    );
+    registered(
+        registry,
+        "candle_ps_server_checkpoint_last_written_timestamp_seconds",
+        "When the newest checkpoint was written (Unix time; 0 before the first)",
+        times.newest.clone(),
+    );
+    let age: Gauge<f64, AtomicU64> = registered(
+        registry,
+        "candle_ps_server_checkpoint_age_seconds",
+        "Seconds since the newest checkpoint was written (-1 before the first)",
+        Gauge::default(),
+    );
+    move || {
+        age.set(times.age().unwrap_or(-1.0));
+    }
+}
+
 /// Registers the gauges read from `store`, and the function that reads them.
-fn store_gauges(registry: &mut Registry, store: Arc<Store>) -> impl Fn() + Send + Sync + 'static {
+fn store_gauges(registry: &mut Registry, store: Arc<Store>) -> impl Fn() + Send + Sync + use<> {
     let keys = gauge(registry, "candle_ps_server_keys", "Keys held");
     let held = gauge(
         registry,
         "candle_ps_server_memory_held_bytes",
         "Bytes charged to the memory budget: values, optimizer state, accumulators, buffered streams and pulls in flight",
+    );
+    let held_by_kind: Family<Kind, Gauge> = registered(
+        registry,
+        "candle_ps_server_key_bytes",
+        "Bytes the keys hold, by kind: values, optimizer_state, accumulator (BSP gradient sums) and pull_snapshot",
+        Family::default(),
     );
     let budget = gauge(
         registry,
@@ -132,6 +188,12 @@ fn store_gauges(registry: &mut Registry, store: Arc<Store>) -> impl Fn() + Send 
         "candle_ps_server_max_key_version",
         "The highest version of any key (steps applied, under BSP)",
     );
+    let param_versions: Family<Param, Gauge> = registered(
+        registry,
+        "candle_ps_server_param_version",
+        "Each parameter's version on this server (the highest of the parts it holds)",
+        Family::default(),
+    );
     move || {
         let stats = store.stats();
         keys.set(stats.keys.len() as i64);
@@ -139,6 +201,24 @@ fn store_gauges(registry: &mut Registry, store: Arc<Store>) -> impl Fn() + Send 
         budget.set(stats.memory_budget as i64);
         workers.set(store.live_workers().len() as i64);
         version.set(store.max_version().get() as i64);
+        let mut by_kind = HeldBytes::default();
+        let mut versions = BTreeMap::<&str, u64>::new();
+        for key in &stats.keys {
+            by_kind += key.held;
+            let highest = versions.entry(key.spec.key.name.as_str()).or_default();
+            *highest = (*highest).max(key.version.get());
+        }
+        for (kind, bytes) in by_kind.by_kind() {
+            held_by_kind
+                .get_or_create(&vec![("kind", kind)])
+                .set(bytes as i64);
+        }
+        // Cleared first: a parameter that moved to another server is not left behind.
+        param_versions.clear();
+        for (param, version) in versions {
+            let labels = vec![("param", param.to_string())];
+            param_versions.get_or_create(&labels).set(version as i64);
+        }
     }
 }
 

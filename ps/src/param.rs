@@ -95,6 +95,45 @@ struct Pending {
     started: Option<Instant>,
 }
 
+/// The bytes one key holds, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeldBytes {
+    /// The parameter's values.
+    pub values: usize,
+    /// The optimizer's state (moments).
+    pub optimizer: usize,
+    /// The BSP step's gradient sum.
+    pub accumulator: usize,
+    /// The encoded values that pulls are answered from.
+    pub snapshot: usize,
+}
+
+impl HeldBytes {
+    /// All of them.
+    pub fn total(&self) -> usize {
+        self.values + self.optimizer + self.accumulator + self.snapshot
+    }
+
+    /// Each kind with its name, as metrics label them.
+    pub fn by_kind(&self) -> [(&'static str, usize); 4] {
+        [
+            ("values", self.values),
+            ("optimizer_state", self.optimizer),
+            ("accumulator", self.accumulator),
+            ("pull_snapshot", self.snapshot),
+        ]
+    }
+}
+
+impl std::ops::AddAssign for HeldBytes {
+    fn add_assign(&mut self, other: Self) {
+        self.values += other.values;
+        self.optimizer += other.optimizer;
+        self.accumulator += other.accumulator;
+        self.snapshot += other.snapshot;
+    }
+}
+
 /// The mutable state of one key.
 #[derive(Debug)]
 pub struct KeyState {
@@ -205,9 +244,18 @@ impl KeyState {
 
     /// Bytes held: values, optimizer state, accumulator and pull snapshot.
     pub fn bytes(&self) -> usize {
-        (self.values.len() + self.pending.sum.capacity()) * std::mem::size_of::<f32>()
-            + self.optimizer.state_bytes()
-            + self.snapshot.as_ref().map_or(0, Bytes::len)
+        self.held().total()
+    }
+
+    /// Bytes held, by what they hold.
+    pub fn held(&self) -> HeldBytes {
+        let f32_bytes = std::mem::size_of::<f32>();
+        HeldBytes {
+            values: self.values.len() * f32_bytes,
+            optimizer: self.optimizer.state_bytes(),
+            accumulator: self.pending.sum.capacity() * f32_bytes,
+            snapshot: self.snapshot.as_ref().map_or(0, Bytes::len),
+        }
     }
 
     /// Whether a push of `step` by `worker` would be taken now.

@@ -91,10 +91,11 @@ pub async fn run_with_metrics(
         "ps-server listening"
     );
     ps_common::process::warn_if_plain(&format!("ps-server at {addr}"), addr, &config.transport);
+    let checkpoint_times = checkpointer.as_ref().map(|c| c.times().clone());
     let mut service = ParameterService::new(Arc::clone(&store), config.clone(), checkpointer);
     let metrics_stop = CancellationToken::new();
     if let Some(listener) = metrics {
-        let (metrics, exposition) = ServerMetrics::new(store);
+        let (metrics, exposition) = ServerMetrics::new(store, checkpoint_times);
         service = service.with_metrics(metrics);
         let stop = metrics_stop.clone();
         let exposition = Arc::new(exposition);

@@ -23,7 +23,7 @@ use crate::budget::{Charge, MemoryBudget};
 use crate::entry::{Entry, apply_all, snapshot};
 pub use crate::entry::{Pulled, Pushed};
 use crate::error::{Error, Result};
-use crate::param::{Group, ParamSpec};
+use crate::param::{Group, HeldBytes, ParamSpec};
 use crate::restore::{Archive, Offered, new_key, refresh_key};
 use crate::step_waits::StepWaits;
 
@@ -47,6 +47,8 @@ pub struct KeySummary {
     pub version: Version,
     /// Bytes held for it.
     pub bytes: usize,
+    /// The same bytes, by kind.
+    pub held: HeldBytes,
 }
 
 /// What the store holds and has served.
@@ -620,10 +622,12 @@ impl Store {
             .iter()
             .map(|entry| {
                 let state = entry.lock();
+                let held = state.held();
                 KeySummary {
                     spec: entry.spec.clone(),
                     version: state.version(),
-                    bytes: state.bytes(),
+                    bytes: held.total(),
+                    held,
                 }
             })
             .collect();

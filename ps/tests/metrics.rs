@@ -4,8 +4,12 @@
 
 mod common;
 
-use common::{TestServer, param, pull_request, push, sgd, tensor};
+use std::time::Duration;
+
+use common::{TestServer, adam, param, pull_request, push, sgd, tensor};
+use ps_proto::v1;
 use ps_server::ServerConfig;
+use ps_server::checkpointer::CheckpointConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// `GET path` over HTTP/1.1: the status line and the body.
@@ -70,9 +74,17 @@ async fn answers_bytes_and_holdings_are_exposed() {
         ("candle_ps_server_push_apply_duration_seconds_count", 1.0),
         ("candle_ps_server_keys", 1.0),
         ("candle_ps_server_max_key_version", 1.0),
+        (r#"candle_ps_server_param_version{param="w"}"#, 1.0),
+        (r#"candle_ps_server_key_bytes{kind="values"}"#, 16.0),
+        (r#"candle_ps_server_key_bytes{kind="optimizer_state"}"#, 0.0),
+        (r#"candle_ps_server_key_bytes{kind="accumulator"}"#, 0.0),
     ] {
         assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
     }
+    assert!(
+        sample(&text, r#"candle_ps_server_key_bytes{kind="pull_snapshot"}"#).is_some(),
+        "{text}"
+    );
     let held = sample(&text, "candle_ps_server_memory_held_bytes").unwrap();
     let budget = sample(&text, "candle_ps_server_memory_budget_bytes").unwrap();
     assert!(
@@ -135,5 +147,74 @@ async fn a_bsp_step_counts_its_wait_and_the_worker_it_waited_for() {
         None,
         "{text}"
     );
+    server.stop().await;
+}
+
+/// Adam's two moments count as optimizer state, each parameter's version is
+/// its own, and a server that checkpoints reports how long the checkpoint took
+/// and how old the newest one is (-1 before the first).
+#[tokio::test]
+async fn optimizer_state_param_versions_and_checkpoint_times_are_exposed() {
+    let root = tempfile::tempdir().unwrap();
+    let config = ServerConfig {
+        checkpoint: Some(CheckpointConfig {
+            root: root.path().to_path_buf(),
+            folder: "server-a".into(),
+            every_steps: 0,
+            every: Duration::ZERO,
+        }),
+        ..ServerConfig::default()
+    };
+    let (server, metrics) = TestServer::with_metrics(config).await;
+    server
+        .register(vec![
+            param("a", &[1.0; 4], adam(0.1)),
+            param("b", &[1.0; 2], sgd(0.5)),
+        ])
+        .await;
+    let mut client = server.client.clone();
+    for step in 0..3 {
+        client
+            .push(push(0, step, vec![tensor("a", &[1.0; 4])]))
+            .await
+            .expect("a push of a");
+    }
+    client
+        .push(push(0, 0, vec![tensor("b", &[1.0; 2])]))
+        .await
+        .expect("a push of b");
+    let (_, before) = get(metrics, "/metrics").await;
+    assert_eq!(
+        sample(&before, "candle_ps_server_checkpoint_age_seconds"),
+        Some(-1.0),
+        "{before}"
+    );
+    client
+        .checkpoint(v1::CheckpointRequest {})
+        .await
+        .expect("a checkpoint");
+
+    let (_, text) = get(metrics, "/metrics").await;
+    for (series, want) in [
+        (r#"candle_ps_server_param_version{param="a"}"#, 3.0),
+        (r#"candle_ps_server_param_version{param="b"}"#, 1.0),
+        (r#"candle_ps_server_key_bytes{kind="values"}"#, 24.0),
+        // Adam's first and second moments of `a`'s four elements.
+        (
+            r#"candle_ps_server_key_bytes{kind="optimizer_state"}"#,
+            32.0,
+        ),
+        ("candle_ps_server_checkpoint_duration_seconds_count", 1.0),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
+    }
+    let age = sample(&text, "candle_ps_server_checkpoint_age_seconds").unwrap();
+    assert!((0.0..60.0).contains(&age), "age {age}");
+    let written = sample(
+        &text,
+        "candle_ps_server_checkpoint_last_written_timestamp_seconds",
+    )
+    .unwrap();
+    assert!(written > 1.7e9, "a Unix time, not {written}");
     server.stop().await;
 }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use ps_common::metrics::{Exposition, gauge, register_build_info};
+use ps_common::metrics::{Exposition, gauge, register_build_info, registered};
 
 use crate::membership::Membership;
 use crate::shared_state::SchedulerState;
@@ -58,11 +58,11 @@ pub fn exposition(state: Arc<SchedulerState>) -> Exposition {
         "Time a worker waited at a barrier until every live worker arrived",
         state.barrier_waits.clone(),
     );
-    let heartbeat_lag = Family::<Kind, Gauge<f64, AtomicU64>>::default();
-    registry.register(
+    let heartbeat_lag: Family<Kind, Gauge<f64, AtomicU64>> = registered(
+        &mut registry,
         "candle_ps_scheduler_heartbeat_lag_seconds",
         "The longest time since a live node's last heartbeat, by kind",
-        heartbeat_lag.clone(),
+        Family::default(),
     );
     Exposition::new(registry, move || {
         let now = Instant::now();

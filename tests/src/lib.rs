@@ -94,13 +94,29 @@ pub async fn read_log_until(
     worker: &mut tokio::process::Child,
     marker: &str,
 ) -> (String, tokio::task::JoinHandle<String>) {
-    let stderr = worker.stderr.take().expect("piped stderr");
+    let (mut lines, rest) = read_log_until_count(worker, marker, 1).await;
+    (lines.remove(0), rest)
+}
+
+/// [`read_log_until`] `count` lines hold `marker`; returns those lines in order.
+///
+/// # Panics
+/// When the log ends before `count` lines held `marker`.
+pub async fn read_log_until_count(
+    process: &mut tokio::process::Child,
+    marker: &str,
+    count: usize,
+) -> (Vec<String>, tokio::task::JoinHandle<String>) {
+    let stderr = process.stderr.take().expect("piped stderr");
     let mut log = tokio::io::BufReader::new(stderr).lines();
     let mut seen = Vec::new();
-    while let Some(line) = log.next_line().await.expect("read the worker's log") {
-        let found = line.contains(marker).then(|| line.clone());
+    let mut found = Vec::new();
+    while let Some(line) = log.next_line().await.expect("read the process's log") {
+        if line.contains(marker) {
+            found.push(line.clone());
+        }
         seen.push(line);
-        if let Some(found) = found {
+        if found.len() == count {
             let rest = tokio::spawn(async move {
                 while let Ok(Some(line)) = log.next_line().await {
                     seen.push(line);
@@ -110,7 +126,19 @@ pub async fn read_log_until(
             return (found, rest);
         }
     }
-    panic!("the worker never logged {marker:?}:\n{}", seen.join("\n"));
+    panic!(
+        "the log held {marker:?} {} times, not {count}:\n{}",
+        found.len(),
+        seen.join("\n")
+    );
+}
+
+/// The value of the sample named exactly `series` (name and labels) in
+/// Prometheus exposition `text`.
+pub fn metric_sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.parse().ok())
 }
 
 /// `GET path` over HTTP/1.1 from `addr`: the status line and the body.

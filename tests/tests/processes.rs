@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use ps_tests::{ServerProcess, binary, example, http_get, read_log_until, run, spawn_worker};
+use ps_tests::{
+    ServerProcess, binary, example, http_get, metric_sample, read_log_until, run, spawn_worker,
+};
 
 const LIMIT: Duration = Duration::from_secs(240);
 
@@ -154,13 +156,6 @@ async fn ps_throughput_runs_against_real_servers_and_reports_their_load() {
     assert!(total <= 1.0 + 1e-6, "the parts add up to {total}: {row}");
 }
 
-/// The value of the sample named exactly `series` (name and labels).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.parse().ok())
-}
-
 /// `ps-worker --metrics-listen` serves its steps, examples, loss and each
 /// step's phases while it trains, in exposition Prometheus reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,7 +181,7 @@ async fn a_worker_serves_its_steps_and_time_split_as_prometheus_metrics() {
     let text = loop {
         let (status, text) = http_get(&addr, "/metrics").await;
         assert!(status.contains("200"), "{status}");
-        if sample(&text, "candle_ps_worker_steps_total").is_some_and(|steps| steps >= 20.0) {
+        if metric_sample(&text, "candle_ps_worker_steps_total").is_some_and(|steps| steps >= 20.0) {
             break text;
         }
         assert!(
@@ -195,19 +190,19 @@ async fn a_worker_serves_its_steps_and_time_split_as_prometheus_metrics() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let steps = sample(&text, "candle_ps_worker_steps_total").unwrap();
-    let examples = sample(&text, "candle_ps_worker_examples_total").unwrap();
+    let steps = metric_sample(&text, "candle_ps_worker_steps_total").unwrap();
+    let examples = metric_sample(&text, "candle_ps_worker_examples_total").unwrap();
     // Counted before the step (a scrape may fall in between).
     assert!(examples >= steps * 32.0, "32 examples a step:\n{text}");
     assert!(
-        sample(&text, "candle_ps_worker_loss").is_some_and(f64::is_finite),
+        metric_sample(&text, "candle_ps_worker_loss").is_some_and(f64::is_finite),
         "{text}"
     );
     for phase in ["compute", "push", "wait", "pull", "apply"] {
         let count =
             format!("candle_ps_worker_step_phase_duration_seconds_count{{phase=\"{phase}\"}}");
         assert!(
-            sample(&text, &count).is_some_and(|n| n >= steps),
+            metric_sample(&text, &count).is_some_and(|n| n >= steps),
             "{count}:\n{text}"
         );
     }

@@ -1,13 +1,14 @@
 //! [`WorkerMetrics`]: what a worker reports on `--metrics-listen`: its steps
 //! and examples, the last step's loss, each step's time split into compute,
-//! push, wait, pull and apply (histograms), and the placement repairs it made.
+//! push, wait, pull and apply (histograms), the placement repairs it made, and
+//! the RPCs it retried.
 //!
 //! Examples per second is `rate(candle_ps_worker_examples_total[1m])`; the
 //! share of a step spent waiting for the others is the `wait` phase's sum over
 //! all phases' sums.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -15,12 +16,14 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use ps_common::metrics::{Exposition, register_build_info};
+use ps_common::metrics::{Exposition, register_build_info, registered};
 
 use crate::step_time::StepTimes;
 
 /// Labels naming one phase of a step.
 type Phase = Vec<(&'static str, &'static str)>;
+/// Labels naming an RPC.
+type Rpc = Vec<(&'static str, String)>;
 
 /// A worker's metrics.
 #[derive(Debug)]
@@ -42,39 +45,52 @@ impl WorkerMetrics {
     pub fn new() -> (Arc<Self>, Exposition) {
         let mut registry = Registry::default();
         register_build_info(&mut registry, "ps-worker");
+        let reg = &mut registry;
         let metrics = Arc::new(Self {
-            steps: Counter::default(),
-            examples: Counter::default(),
-            loss: Gauge::default(),
-            phases: Family::new_with_constructor(seconds_buckets),
-            repairs: Counter::default(),
+            steps: registered(
+                reg,
+                "candle_ps_worker_steps",
+                "Training steps completed",
+                Counter::default(),
+            ),
+            examples: registered(
+                reg,
+                "candle_ps_worker_examples",
+                "Training examples processed",
+                Counter::default(),
+            ),
+            loss: registered(
+                reg,
+                "candle_ps_worker_loss",
+                "The training loss of the last step",
+                Gauge::default(),
+            ),
+            phases: registered(
+                reg,
+                "candle_ps_worker_step_phase_duration_seconds",
+                "Time of one step's phase: compute (forward, loss, backward), push, wait (held by the servers for the step), pull (the transfer) and apply (into the model)",
+                Family::new_with_constructor(seconds_buckets),
+            ),
+            repairs: registered(
+                reg,
+                "candle_ps_worker_repairs",
+                "Placement repairs (lost servers, moved maps, restored keys)",
+                Counter::default(),
+            ),
         });
-        registry.register(
-            "candle_ps_worker_steps",
-            "Training steps completed",
-            metrics.steps.clone(),
+        let retries: Family<Rpc, Counter> = registered(
+            reg,
+            "candle_ps_worker_rpc_retries",
+            "RPCs retried after a transient failure (unavailable, aborted, cancelled), by RPC; every client in the process",
+            Family::default(),
         );
-        registry.register(
-            "candle_ps_worker_examples",
-            "Training examples processed",
-            metrics.examples.clone(),
-        );
-        registry.register(
-            "candle_ps_worker_loss",
-            "The training loss of the last step",
-            metrics.loss.clone(),
-        );
-        registry.register(
-            "candle_ps_worker_step_phase_duration_seconds",
-            "Time of one step's phase: compute (forward, loss, backward), push, wait (held by the servers for the step), pull (the transfer) and apply (into the model)",
-            metrics.phases.clone(),
-        );
-        registry.register(
-            "candle_ps_worker_repairs",
-            "Placement repairs (lost servers, moved maps, restored keys)",
-            metrics.repairs.clone(),
-        );
-        (metrics, Exposition::new(registry, || {}))
+        let refresh = move || {
+            for (rpc, count) in ps_client::retry::retries_made() {
+                let counter = retries.get_or_create(&vec![("rpc", rpc)]);
+                counter.inner().store(count, Ordering::Relaxed);
+            }
+        };
+        (metrics, Exposition::new(registry, refresh))
     }
 
     /// Records one step of `examples` examples at `loss`, whose phases took `times`.
@@ -111,8 +127,8 @@ impl WorkerMetrics {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_step_shows_in_every_phase_and_the_counters() {
+    #[tokio::test(start_paused = true)]
+    async fn a_step_shows_in_every_phase_and_the_counters() {
         let (metrics, exposition) = WorkerMetrics::new();
         let times = StepTimes {
             compute: Duration::from_millis(3),
@@ -123,12 +139,27 @@ mod tests {
         };
         metrics.step(&times, 32, 0.25);
         metrics.repaired(2);
+        let mut failures = 1;
+        ps_client::retry::RetryPolicy::default()
+            .run("MetricsProbe", || {
+                let failed = failures > 0;
+                failures -= 1;
+                async move {
+                    match failed {
+                        true => Err(tonic::Status::unavailable("restarting")),
+                        false => Ok(()),
+                    }
+                }
+            })
+            .await
+            .unwrap();
         let text = exposition.text();
         for line in [
             "candle_ps_worker_steps_total 1",
             "candle_ps_worker_examples_total 32",
             "candle_ps_worker_loss 0.25",
             "candle_ps_worker_repairs_total 2",
+            "candle_ps_worker_rpc_retries_total{rpc=\"MetricsProbe\"} 1",
             "candle_ps_worker_step_phase_duration_seconds_count{phase=\"wait\"} 1",
             "candle_ps_build_info{",
         ] {

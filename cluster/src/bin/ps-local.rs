@@ -4,6 +4,7 @@
 //! ```text
 //! ps-local                                  # 2 servers, 2 workers, MLP on digits
 //! ps-local --servers 3 --workers 4 --json
+//! ps-local --metrics-listen 127.0.0.1:9100   # scheduler :9100, servers :9101-, workers after
 //! ```
 
 use std::io::IsTerminal;
@@ -42,6 +43,11 @@ struct Cli {
     /// for this run (and mutual TLS: every client presents one too).
     #[arg(long, env = "PS_TLS")]
     tls: bool,
+    /// Serve each part's Prometheus metrics (GET /metrics) on its own port,
+    /// from this address up: the scheduler, the servers, then the workers by
+    /// rank (port 0: a free port each). Each is logged with its part.
+    #[arg(long, env = "PS_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Print one JSON summary as the last line of stdout.
     #[arg(long, env = "PS_JSON")]
     json: bool,
@@ -94,6 +100,7 @@ async fn main() -> anyhow::Result<()> {
         consistency: cli.consistency,
         scheduler: !cli.no_scheduler,
         checkpoint_dir: cli.checkpoint_dir,
+        metrics_listen: cli.metrics_listen,
         tls: match cli.tls {
             true => Some(ClusterCerts::generate(&[], 1)?.tls_config(true)),
             false => None,
