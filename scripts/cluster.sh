@@ -2,7 +2,8 @@
 # The local docker-compose cluster of candle-ps, with no image registry needed.
 #
 #   scripts/cluster.sh build          static binaries (checked with ldd) -> target/docker/bin, then images
-#   scripts/cluster.sh up [ARGS...]   build, then `compose up` a new job (ARGS go to compose, e.g. --scale worker=4);
+#   scripts/cluster.sh up [ARGS...]   build, then `compose up` a new job (ARGS go to compose, e.g. --scale worker=4)
+#                                     and follow its logs until it is done; Prometheus stays up with its metrics.
 #                                     PS_JOB_ID=ID resumes job ID when it has not finished
 #   scripts/cluster.sh down           stop and remove containers, network and volumes
 #   scripts/cluster.sh compose ARGS   any other compose command on this project
@@ -53,8 +54,45 @@ build_binaries() {
     done
 }
 
+# Debian's prometheus, installed here when it is not (as root, with apt-get).
+need_prometheus() {
+    if [ -x /usr/bin/prometheus ]; then
+        return 0
+    fi
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "==> installing Debian's prometheus package (for the Prometheus image)"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null
+    fi
+    if [ ! -x /usr/bin/prometheus ]; then
+        echo "cluster.sh: the Prometheus image needs Debian's prometheus package: sudo apt-get install prometheus" >&2
+        exit 1
+    fi
+}
+
+# The Prometheus image's files: Debian's binary and the shared libraries it
+# links (only the C library), its web assets with their symlinks into other
+# packages followed (leaving out moment-timezone's 200 MB of raw zone data,
+# which the UI does not load) and deploy/prometheus's configuration.
+stage_prometheus() {
+    need_prometheus
+    local root="$STAGE/prometheus"
+    rm -rf "$root"
+    mkdir -p "$root/usr/bin" "$root/usr/share/prometheus" "$root/etc/prometheus"
+    cp /usr/bin/prometheus "$root/usr/bin/"
+    local lib
+    for lib in $(ldd /usr/bin/prometheus | grep -o '/[^ ]*'); do
+        cp --parents -L "$lib" "$root/"
+    done
+    tar -chf - --exclude='web/static/moment-timezone/data' -C /usr/share/prometheus web |
+        tar -xf - -C "$root/usr/share/prometheus"
+    cp deploy/prometheus/prometheus.yml deploy/prometheus/rules.yml "$root/etc/prometheus/"
+    printf '    %-14s Debian %s, %s with its web assets\n' prometheus \
+        "$(/usr/bin/prometheus --version 2>&1 | awk 'NR == 1 { print $3 }')" "$(du -sh "$root" | cut -f1)"
+}
+
 build() {
     build_binaries
+    stage_prometheus
     echo "==> building images"
     compose --profile bench build
 }
@@ -75,11 +113,34 @@ choose_job() {
     export PS_JOB_ID
 }
 
-# After `compose up` returns: names every container that exited with an error,
+# The job's services; Prometheus (and the bench profile) stay up after them.
+JOB_SERVICES=(certs scheduler server worker)
+
+# Follows the job's logs until every one of its containers has stopped; Ctrl-C
+# stops the job (SIGTERM, then SIGKILL after the grace period).
+follow_job() {
+    compose logs -f --tail=all "${JOB_SERVICES[@]}" &
+    local logs=$!
+    trap 'echo; echo "==> stopping job $PS_JOB_ID"; compose stop "${JOB_SERVICES[@]}"; kill "$logs" 2>/dev/null; exit 130' INT TERM
+    local id status running=1
+    while [ "$running" = 1 ]; do
+        sleep 1
+        running=0
+        for id in $(compose ps -a -q "${JOB_SERVICES[@]}"); do
+            status=$(docker inspect -f '{{.State.Status}}' "$id" 2>/dev/null || echo gone)
+            case "$status" in exited | dead | gone) ;; *) running=1 ;; esac
+        done
+    done
+    trap - INT TERM
+    kill "$logs" 2>/dev/null || true
+    wait "$logs" 2>/dev/null || true
+}
+
+# After the job's containers stop: names every container that exited with an error,
 # and fails when one did, so a cluster that could not train does not look done.
 report_exits() {
     local failed=0 id name code
-    for id in $(compose ps -a -q); do
+    for id in $(compose ps -a -q "${JOB_SERVICES[@]}"); do
         read -r name code < <(docker inspect -f '{{.Name}} {{.State.ExitCode}}' "$id")
         if [ "$code" != 0 ]; then
             echo "cluster.sh: ${name#/} exited with code $code; its log: docker logs ${name#/}" >&2
@@ -99,8 +160,11 @@ case "${1:-up}" in
         choose_job
         build
         echo "==> starting job $PS_JOB_ID (Ctrl-C stops it; \`scripts/cluster.sh down\` removes it)"
-        compose up "$@" || exit
-        report_exits
+        compose up -d "$@" || exit
+        echo "==> Prometheus: http://$(compose port prometheus 9090 2>/dev/null || echo 127.0.0.1:9090)"
+        follow_job
+        report_exits || exit
+        echo "==> Prometheus keeps the job's metrics until \`scripts/cluster.sh down\`"
         ;;
     down) compose --profile bench down -v --remove-orphans ;;
     compose)
@@ -108,7 +172,7 @@ case "${1:-up}" in
         compose "$@"
         ;;
     *)
-        sed -n '2,9p' "$0" >&2
+        sed -n '2,11p' "$0" >&2
         exit 2
         ;;
 esac

@@ -294,6 +294,14 @@ struct ThroughputArgs {
     /// Unmeasured steps first.
     #[arg(long, default_value_t = 1)]
     warmup_steps: u64,
+    /// Servers' Prometheus metrics, scraped every second: off, on, or compare
+    /// (each repetition runs off then on, and the cost is the ratio of the
+    /// medians).
+    #[arg(long, value_enum, default_value_t = MetricsMode::Off)]
+    metrics: MetricsMode,
+    /// Repetitions (of each setting, with --metrics compare).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    reps: u32,
     /// Print one JSON object per result line instead of a table.
     #[arg(long)]
     json: bool,
@@ -302,6 +310,17 @@ struct ThroughputArgs {
     out: Option<PathBuf>,
     #[command(flatten)]
     tuning: Tuning,
+}
+
+/// Whether `ps-throughput`'s servers serve metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum MetricsMode {
+    /// No metrics listener.
+    Off,
+    /// Metrics on, scraped every second.
+    On,
+    /// Off and on in turn, with the cost of metrics.
+    Compare,
 }
 
 #[derive(Debug, Args)]
@@ -435,29 +454,64 @@ async fn run_throughput(args: ThroughputArgs) -> anyhow::Result<()> {
         args.servers >= 1 && args.workers >= 1 && args.steps >= 1,
         "--servers, --workers and --steps must be at least 1"
     );
-    let plan = ThroughputPlan {
-        servers: args.servers,
-        workers: args.workers,
-        model: args.model,
-        steps: args.steps,
-        warmup_steps: args.warmup_steps,
+    let settings: &[bool] = match args.metrics {
+        MetricsMode::Off => &[false],
+        MetricsMode::On => &[true],
+        MetricsMode::Compare => &[false, true],
     };
-    let row = throughput::run(&plan, &args.tuning).await?;
-    if !args.json {
-        if let Some(servers) = row.servers.as_ref().and_then(|s| s.as_array()) {
-            for server in servers {
-                eprintln!(
-                    "server {}: {} keys, {} bytes held, {} pushes, {} pulls",
-                    server["addr"],
-                    server["keys"],
-                    server["bytes_held"],
-                    server["pushes"],
-                    server["pulls"]
-                );
-            }
+    let mut rows = Vec::new();
+    for _ in 0..args.reps {
+        for &metrics in settings {
+            let plan = ThroughputPlan {
+                servers: args.servers,
+                workers: args.workers,
+                model: args.model.clone(),
+                steps: args.steps,
+                warmup_steps: args.warmup_steps,
+                metrics,
+            };
+            rows.push(throughput::run(&plan, &args.tuning).await?);
         }
     }
-    emit(&[row], args.json, args.out.as_ref())
+    if !args.json {
+        print_server_loads(&rows);
+    }
+    if args.metrics == MetricsMode::Compare {
+        eprintln!("{}", metrics_cost(&rows));
+    }
+    emit(&rows, args.json, args.out.as_ref())
+}
+
+/// Each server's load in the last row.
+fn print_server_loads(rows: &[ResultRow]) {
+    let servers = rows.last().and_then(|r| r.servers.as_ref()?.as_array());
+    for server in servers.into_iter().flatten() {
+        eprintln!(
+            "server {}: {} keys, {} bytes held, {} pushes, {} pulls",
+            server["addr"], server["keys"], server["bytes_held"], server["pushes"], server["pulls"]
+        );
+    }
+}
+
+/// The median throughput with metrics on against off, as a sentence.
+fn metrics_cost(rows: &[ResultRow]) -> String {
+    let median = |on: bool| {
+        let mut rates: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.mode.as_deref().is_some_and(|m| m.contains("metrics on")) == on)
+            .filter_map(|r| r.throughput_bytes_per_sec)
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        rates.get(rates.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let (off, on) = (median(false), median(true));
+    format!(
+        "metrics cost: {:+.1}% of throughput (median off {:.3} GB/s, on {:.3} GB/s, {} runs each)",
+        (1.0 - on / off) * 100.0,
+        off / 1e9,
+        on / 1e9,
+        rows.len() / 2
+    )
 }
 
 async fn run_kv(args: KvArgs) -> anyhow::Result<()> {

@@ -1,7 +1,8 @@
 //! `ps-throughput`: M real `ps-server` processes and N simulated workers pushing and
 //! pulling the tensors of a model under BSP, as a training job would, reporting
 //! aggregate bytes/s, RPCs/s and each server's load, next to raw TCP measured on
-//! the same machine in the same run.
+//! the same machine in the same run. With metrics on, the servers serve
+//! Prometheus metrics and are scraped every second, which is what metrics cost.
 
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -87,6 +88,9 @@ pub struct ThroughputPlan {
     pub steps: u64,
     /// Unmeasured steps first.
     pub warmup_steps: u64,
+    /// Servers serve Prometheus metrics, scraped every second as Prometheus
+    /// would, so that the run pays what metrics cost.
+    pub metrics: bool,
 }
 
 struct Worker {
@@ -204,6 +208,50 @@ async fn tcp_baseline() -> anyhow::Result<f64> {
     .await?
 }
 
+/// Scrapes `GET /metrics` from every address once a second until dropped.
+struct Scraper {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Scraper {
+    fn start(addrs: Vec<String>) -> Self {
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                for addr in &addrs {
+                    if let Err(error) = scrape(addr).await {
+                        tracing::warn!(addr, %error, "a metrics scrape failed");
+                    }
+                }
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for Scraper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One `GET /metrics` over HTTP/1.0, read to the end.
+async fn scrape(addr: &str) -> std::io::Result<usize> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await
+}
+
+/// A loopback address with a port free now, for a server's metrics listener.
+fn free_loopback_addr() -> anyhow::Result<String> {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(probe.local_addr()?.to_string())
+}
+
 fn server_args(plan: &ThroughputPlan, tuning: &Tuning) -> Vec<String> {
     vec![
         "--workers".into(),
@@ -220,13 +268,20 @@ fn server_args(plan: &ThroughputPlan, tuning: &Tuning) -> Vec<String> {
 /// # Errors
 /// When a server cannot be started or a worker fails.
 pub async fn run(plan: &ThroughputPlan, tuning: &Tuning) -> anyhow::Result<ResultRow> {
-    let args = server_args(plan, tuning);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut servers = Vec::new();
+    let mut metrics_addrs = Vec::new();
     for _ in 0..plan.servers {
+        let mut args = server_args(plan, tuning);
+        if plan.metrics {
+            let addr = free_loopback_addr()?;
+            args.extend(["--metrics-listen".to_string(), addr.clone()]);
+            metrics_addrs.push(addr);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         servers.push(ServerProcess::start(&args).await);
     }
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let scraper = plan.metrics.then(|| Scraper::start(metrics_addrs));
     let workers = try_join_all(
         (0..plan.workers).map(|rank| Worker::new(addrs.clone(), rank, &plan.model, tuning)),
     )
@@ -243,6 +298,7 @@ pub async fn run(plan: &ThroughputPlan, tuning: &Tuning) -> anyhow::Result<Resul
         .await
         .context("measured steps")?;
     let seconds = start.elapsed().as_secs_f64();
+    drop(scraper);
     let worker_seconds = seconds * plan.workers as f64;
     let total = workers
         .iter()
@@ -265,7 +321,10 @@ pub async fn run(plan: &ThroughputPlan, tuning: &Tuning) -> anyhow::Result<Resul
     let throughput = moved / seconds.max(1e-9);
     Ok(ResultRow {
         bench: "ps-throughput".into(),
-        mode: Some("bsp".into()),
+        mode: Some(match plan.metrics {
+            true => "bsp, metrics on".into(),
+            false => "bsp".into(),
+        }),
         encoding: "bytes".into(),
         payload: format!(
             "{} ({}) {}x{}",

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use crate::prometheus::PrometheusApi;
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -26,6 +28,10 @@ pub fn docker_available() -> bool {
     answers("docker", &["info"])
         && (answers("docker", &["compose", "version"]) || answers("docker-compose", &["version"]))
 }
+
+/// Prometheus on a free port of the host's loopback (`127.0.0.1::9090`), so a
+/// test never takes a user's 9090 or another test's port.
+const PROMETHEUS_PUBLISH: (&str, &str) = ("PS_PROMETHEUS_PUBLISH", "127.0.0.1:");
 
 /// A container's state after it stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,9 +83,20 @@ impl Compose {
             project: format!("{name}-{}", std::process::id()),
         };
         let mut up = compose.command(&["up", "-d", "--no-build"]);
-        up.args(args).envs(env.iter().copied());
+        up.args(args)
+            .env(PROMETHEUS_PUBLISH.0, PROMETHEUS_PUBLISH.1);
+        up.envs(env.iter().copied());
         checked(up, "compose up");
         compose
+    }
+
+    /// The API of this project's Prometheus, on the host port it was given.
+    ///
+    /// # Panics
+    /// When the port cannot be read.
+    pub fn prometheus(&self) -> PrometheusApi {
+        let port = self.run(&["port", "prometheus", "9090"]);
+        PrometheusApi::new(port.trim())
     }
 
     /// Runs `up -d` again on this project, volumes kept, with `env` (for
@@ -89,6 +106,7 @@ impl Compose {
     /// When `up` fails.
     pub fn up_again(&self, env: &[(&str, &str)]) {
         let mut up = self.command(&["up", "-d", "--no-build"]);
+        up.env(PROMETHEUS_PUBLISH.0, PROMETHEUS_PUBLISH.1);
         up.envs(env.iter().copied());
         checked(up, "compose up (again)");
     }

@@ -2,12 +2,13 @@
 //! workspace's binaries as real processes and reading what they print, and
 //! ([`compose`]) running the docker-compose cluster, ([`swarm`]) the swarm stack,
 //! and ([`faults`]) a proxy that
-//! injects network faults, and ([`loopback`]) a ps-server in this process over
-//! in-memory streams.
+//! injects network faults, ([`loopback`]) a ps-server in this process over
+//! in-memory streams, and ([`prometheus`]) the compose cluster's Prometheus API.
 
 pub mod compose;
 pub mod faults;
 pub mod loopback;
+pub mod prometheus;
 pub mod sum_model;
 pub mod swarm;
 

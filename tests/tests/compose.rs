@@ -11,6 +11,10 @@
 //! and started again (it resumes from its state file). Each run completes within
 //! 0.02 of the undisturbed accuracy.
 //!
+//! The first run also asks the cluster's Prometheus (published on a free host
+//! port) that every target is up while the job trains, and, after it, for the
+//! servers' push bytes, the workers' step phases and the recording rules.
+//!
 //! Needs a Docker engine, so it is `#[ignore]`d in `cargo test --workspace`;
 //! `.ci/run` runs it when an engine answers and says so when none does. With
 //! `PS_REQUIRE_DOCKER=1` a missing engine fails the test instead of skipping it.
@@ -18,6 +22,7 @@
 use std::time::{Duration, Instant};
 
 use ps_tests::compose::{Compose, docker_available, lowest_live_step};
+use ps_tests::prometheus::PrometheusApi;
 
 const LIMIT: Duration = Duration::from_secs(240);
 
@@ -91,6 +96,34 @@ fn trained(cluster: &Compose, workers: usize) -> f64 {
         .iter()
         .filter_map(|s| s["test_accuracy"].as_f64())
         .fold(f64::INFINITY, f64::min)
+}
+
+/// After the job: Prometheus holds non-zero push bytes from both servers, the
+/// step-time phases of both workers, and the recording rules' cluster push
+/// rate and step time split.
+fn prometheus_kept_the_run(prometheus: &PrometheusApi) {
+    let over_the_run = |series: &str| {
+        prometheus
+            .query(&format!("max_over_time({series}[1h])"))
+            .unwrap_or_else(|e| panic!("{series}: {e}"))
+    };
+    let push_bytes = over_the_run("candle_ps_server_push_bytes_total");
+    assert_eq!(push_bytes.len(), 2, "one series per server: {push_bytes:?}");
+    assert!(
+        push_bytes.iter().all(|(_, bytes)| *bytes > 0.0),
+        "{push_bytes:?}"
+    );
+    for phase in ["compute", "push", "wait", "pull", "apply"] {
+        let series =
+            format!("candle_ps_worker_step_phase_duration_seconds_count{{phase=\"{phase}\"}}");
+        let steps = over_the_run(&series);
+        assert_eq!(steps.len(), 2, "one series per worker: {steps:?}");
+        assert!(steps.iter().all(|(_, n)| *n > 0.0), "{series}: {steps:?}");
+    }
+    let rate = over_the_run("candle_ps:server_push_bytes:rate1m");
+    assert!(rate.first().is_some_and(|(_, r)| *r > 0.0), "{rate:?}");
+    let shares = over_the_run("candle_ps:worker_step_phase:share1m");
+    assert_eq!(shares.len(), 5, "a share per phase: {shares:?}");
 }
 
 /// The lowest step any live worker reported, from `ps-scheduler status` run inside
@@ -203,7 +236,21 @@ fn the_compose_cluster_trains_at_two_and_three_workers_and_survives_killed_conta
     }
     Compose::build_images();
     let first = Compose::up("candle-ps-e2e-default", &[], &[("PS_JOB_ID", "first")]);
+    let prometheus = first.prometheus();
+    let targets = prometheus.wait_up(
+        &[
+            ("scheduler", 1),
+            ("server", 2),
+            ("worker", 2),
+            ("prometheus", 1),
+        ],
+        LIMIT,
+    );
+    let up = prometheus.query("up").expect("query up");
+    assert_eq!(up.len(), targets.len(), "{up:?}");
+    assert!(up.iter().all(|(_, value)| *value == 1.0), "{up:?}");
     let undisturbed = trained(&first, 2);
+    prometheus_kept_the_run(&prometheus);
     // `up` again without `down`, as a second `scripts/cluster.sh up` does: a new
     // job trains from scratch, with neither the finished job's state nor its weights.
     first.up_again(&[("PS_JOB_ID", "second")]);
