@@ -105,6 +105,41 @@ pub async fn bind(addr: Option<&str>) -> std::io::Result<Option<TcpListener>> {
     })
 }
 
+/// `GET path` from `addr` over HTTP/1.0 (so the answer comes whole, never
+/// chunked, ended by the close): the status line and the body. What scrapes a
+/// metrics endpoint (`ps-microbench ps-throughput --metrics on`, the tests).
+///
+/// # Errors
+/// When the connection fails or the answer is not HTTP.
+pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(String, String)> {
+    http_get_accepting(addr, path, "*/*").await
+}
+
+/// [`http_get`] with the `Accept` header `accept`.
+///
+/// # Errors
+/// As [`http_get`].
+pub async fn http_get_accepting(
+    addr: &str,
+    path: &str,
+    accept: &str,
+) -> std::io::Result<(String, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: {accept}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response.split_once("\r\n\r\n").ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not an HTTP answer from {addr}: {response:?}"),
+        )
+    })?;
+    let status = head.lines().next().unwrap_or_default().to_string();
+    Ok((status, body.to_string()))
+}
+
 /// Serves `GET /metrics` on `listener` (HTTP/1.1) until `shutdown` resolves.
 pub async fn serve(
     listener: TcpListener,

@@ -220,7 +220,7 @@ impl Scraper {
             loop {
                 tick.tick().await;
                 for addr in &addrs {
-                    if let Err(error) = scrape(addr).await {
+                    if let Err(error) = ps_common::metrics::http_get(addr, "/metrics").await {
                         tracing::warn!(addr, %error, "a metrics scrape failed");
                     }
                 }
@@ -234,16 +234,6 @@ impl Drop for Scraper {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-/// One `GET /metrics` over HTTP/1.0, read to the end.
-async fn scrape(addr: &str) -> std::io::Result<usize> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await
 }
 
 /// A loopback address with a port free now, for a server's metrics listener.

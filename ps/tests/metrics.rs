@@ -10,17 +10,12 @@ use common::{TestServer, adam, param, pull_request, push, sgd, tensor};
 use ps_proto::v1;
 use ps_server::ServerConfig;
 use ps_server::checkpointer::CheckpointConfig;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// `GET path` over HTTP/1.1: the status line and the body.
+/// `GET path`: the status line and the body.
 async fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").expect("a full response");
-    (head.lines().next().unwrap().to_string(), body.to_string())
+    ps_common::metrics::http_get(&addr.to_string(), path)
+        .await
+        .expect("an HTTP answer")
 }
 
 /// The value of the sample named exactly `series` (name and labels).
@@ -92,7 +87,24 @@ async fn answers_bytes_and_holdings_are_exposed() {
         "held {held}, budget {budget}"
     );
     assert!(text.contains("candle_ps_build_info{"), "{text}");
-    assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+    // Asked for nothing in particular: the classic text format.
+    assert!(
+        text.contains("# TYPE candle_ps_server_requests_total counter") && !text.contains("# EOF"),
+        "{text}"
+    );
+    // Asked for OpenMetrics, as Prometheus asks: OpenMetrics.
+    let (_, openmetrics) = ps_common::metrics::http_get_accepting(
+        &metrics.to_string(),
+        "/metrics",
+        "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+    )
+    .await
+    .unwrap();
+    assert!(
+        openmetrics.contains("# TYPE candle_ps_server_requests counter")
+            && openmetrics.ends_with("# EOF\n"),
+        "{openmetrics}"
+    );
 
     let (status, _) = get(metrics, "/other").await;
     assert!(status.contains("404"), "{status}");

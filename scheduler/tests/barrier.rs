@@ -47,13 +47,10 @@ async fn scheduler_with_metrics() -> (SchedulerClient<Channel>, Vec<String>, Str
 
 /// The metrics text at `addr` (`GET /metrics` over HTTP/1.1).
 async fn metrics_text(addr: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    response
+    let (status, body) = ps_common::metrics::http_get(addr, "/metrics")
+        .await
+        .expect("an HTTP answer");
+    format!("{status}\n{body}")
 }
 
 fn barrier(name: &str, rank: u32, timeout_ms: u64) -> v1::BarrierRequest {

@@ -226,6 +226,41 @@ impl Compose {
     }
 }
 
+/// Checks a finished job: `expected` containers, every one exited 0, and the
+/// scheduler and every server logged that it served over TLS. `logs` gives the
+/// logs of the services named (all of them for none).
+///
+/// # Panics
+/// When a check fails, with the logs.
+pub fn assert_finished_over_tls(
+    exited: &[Exited],
+    expected: usize,
+    logs: impl Fn(&[&str]) -> String,
+) {
+    assert_eq!(exited.len(), expected, "one container per task: {exited:?}");
+    for container in exited {
+        assert_eq!(
+            container.code,
+            0,
+            "{} exited with {}:\n{}",
+            container.name,
+            container.code,
+            logs(&[])
+        );
+    }
+    for (service, listening) in [
+        ("scheduler", "ps-scheduler listening"),
+        ("server", "ps-server listening"),
+    ] {
+        let logs = logs(&[service]);
+        let lines: Vec<&str> = logs.lines().filter(|l| l.contains(listening)).collect();
+        assert!(
+            !lines.is_empty() && lines.iter().all(|l| l.contains("tls=true")),
+            "{service} did not serve over TLS:\n{logs}"
+        );
+    }
+}
+
 /// The lowest step of the live workers in `status` (what `ps-scheduler status`
 /// prints), once it lists `workers` live ones.
 pub fn lowest_live_step(status: &str, workers: usize) -> Option<u64> {

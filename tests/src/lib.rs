@@ -142,20 +142,12 @@ pub fn metric_sample(text: &str, series: &str) -> Option<f64> {
         .and_then(|value| value.parse().ok())
 }
 
-/// `GET path` over HTTP/1.1 from `addr`: the status line and the body.
+/// `GET path` from `addr`: the status line and the body.
 ///
 /// # Panics
 /// When the connection or the response fails.
 pub async fn http_get(addr: &str, path: &str) -> (String, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("send");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
-    let (head, body) = response.split_once("\r\n\r\n").expect("a full response");
-    (
-        head.lines().next().unwrap_or_default().to_string(),
-        body.to_string(),
-    )
+    ps_common::metrics::http_get(addr, path)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
 }

@@ -3,7 +3,6 @@
 //! answers. Blocking, like the rest of the compose helpers.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 /// A Prometheus server's HTTP API at `addr` (`HOST:PORT`).
@@ -33,27 +32,17 @@ impl PrometheusApi {
 
     /// `GET path` as JSON, or why not (the server may still be starting).
     fn get(&self, path: &str) -> Result<serde_json::Value, String> {
-        let mut stream = std::net::TcpStream::connect(&self.addr)
-            .map_err(|e| format!("connect to {}: {e}", self.addr))?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
             .map_err(|e| e.to_string())?;
-        // HTTP/1.0: the answer comes whole, ended by the close, never chunked.
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr);
-        stream
-            .write_all(request.as_bytes())
-            .map_err(|e| format!("send: {e}"))?;
-        let mut response = String::new();
-        stream
-            .read_to_string(&mut response)
-            .map_err(|e| format!("read: {e}"))?;
-        let (head, body) = response
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| format!("not an HTTP answer: {response:?}"))?;
-        if !head.lines().next().unwrap_or_default().contains(" 200 ") {
-            return Err(format!("{head}\n{body}"));
+        let (status, body) = runtime
+            .block_on(ps_common::metrics::http_get(&self.addr, path))
+            .map_err(|e| format!("GET {path} from {}: {e}", self.addr))?;
+        if !status.contains(" 200 ") {
+            return Err(format!("{status}\n{body}"));
         }
-        serde_json::from_str(body).map_err(|e| format!("not JSON ({e}): {body}"))
+        serde_json::from_str(&body).map_err(|e| format!("not JSON ({e}): {body}"))
     }
 
     /// Every active target.

@@ -21,7 +21,7 @@
 
 use std::time::{Duration, Instant};
 
-use ps_tests::compose::{Compose, docker_available, lowest_live_step};
+use ps_tests::compose::{Compose, assert_finished_over_tls, docker_available, lowest_live_step};
 use ps_tests::prometheus::PrometheusApi;
 
 const LIMIT: Duration = Duration::from_secs(240);
@@ -50,28 +50,7 @@ fn cluster_trains(name: &str, workers: usize) -> f64 {
 /// every one of `workers` reached 0.95; returns the lowest accuracy.
 fn trained(cluster: &Compose, workers: usize) -> f64 {
     let exited = cluster.wait_exited(&["worker", "server", "scheduler"], LIMIT);
-    assert_eq!(exited.len(), workers + 3, "{exited:?}");
-    for container in &exited {
-        assert_eq!(
-            container.code,
-            0,
-            "{} exited with {}:\n{}",
-            container.name,
-            container.code,
-            cluster.logs(&[])
-        );
-    }
-    for (service, listening) in [
-        ("scheduler", "ps-scheduler listening"),
-        ("server", "ps-server listening"),
-    ] {
-        let logs = cluster.logs(&[service]);
-        let line = logs.lines().find(|l| l.contains(listening));
-        assert!(
-            line.is_some_and(|l| l.contains("tls=true")),
-            "{service} did not serve over TLS:\n{logs}"
-        );
-    }
+    assert_finished_over_tls(&exited, workers + 3, |services| cluster.logs(services));
     let summaries = cluster.json_lines("worker");
     assert_eq!(summaries.len(), workers, "{}", cluster.logs(&["worker"]));
     let mut ranks: Vec<u64> = summaries

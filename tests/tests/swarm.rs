@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use ps_tests::compose::{Compose, lowest_live_step};
+use ps_tests::compose::{Compose, assert_finished_over_tls, lowest_live_step};
 use ps_tests::swarm::{Stack, Swarm, engine_available};
 
 const LIMIT: Duration = Duration::from_secs(240);
@@ -81,32 +81,7 @@ fn accuracies(stack: &Stack, at_least: f64) -> Vec<f64> {
 /// Returns the lowest accuracy.
 fn trains(stack: &Stack) -> f64 {
     let exited = stack.wait_done(&["worker", "server", "scheduler"], LIMIT);
-    assert_eq!(
-        exited.len(),
-        WORKERS + 3,
-        "one container per task: {exited:?}"
-    );
-    for container in &exited {
-        assert_eq!(
-            container.code,
-            0,
-            "{} exited with {}:\n{}",
-            container.name,
-            container.code,
-            stack.logs(&[])
-        );
-    }
-    for (service, listening) in [
-        ("scheduler", "ps-scheduler listening"),
-        ("server", "ps-server listening"),
-    ] {
-        let logs = stack.logs(&[service]);
-        let lines: Vec<&str> = logs.lines().filter(|l| l.contains(listening)).collect();
-        assert!(
-            !lines.is_empty() && lines.iter().all(|l| l.contains("tls=true")),
-            "{service} did not serve over TLS:\n{logs}"
-        );
-    }
+    assert_finished_over_tls(&exited, WORKERS + 3, |services| stack.logs(services));
     accuracies(stack, 0.95)
         .into_iter()
         .fold(f64::INFINITY, f64::min)
