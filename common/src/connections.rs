@@ -1,32 +1,46 @@
-//! [`bounded`]: a server's accepted connections, at most `max` open at once.
+//! [`bounded`]: a server's accepted connections, at most `max` open at once,
+//! each closed once it has had no request for the idle limit.
 //!
 //! A connection accepted past the limit is closed at once (and said so at
 //! WARN), so a client that opens connections without end cannot exhaust the
 //! server's sockets or memory; an open connection gives its place back when it
 //! closes. HTTP/2 keep-alive pings (see `TransportConfig`) close peers that stop
-//! answering, so dead connections do not hold places for long.
+//! answering, so dead connections do not hold places for long; the idle limit
+//! closes live ones that hold a place without asking anything
+//! ([`crate::idle`] counts each connection's requests in flight).
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::Connected;
+
+use crate::idle::{Activity, Tracked};
 
 /// An accepted connection holding one place under the limit until it closes.
 #[derive(Debug)]
 pub struct Counted<IO> {
     io: IO,
     _place: OwnedSemaphorePermit,
+    activity: Arc<Activity>,
+    idle_limit: Option<Duration>,
+    /// When to look at the connection's activity again.
+    watchdog: Option<Pin<Box<Sleep>>>,
 }
 
-/// `incoming`, passing at most `max` connections open at once; `who` names the
-/// server in the warning about a refused one.
+/// `incoming`, passing at most `max` connections open at once, and ending each
+/// one that has had no request in flight for `idle_limit` (never when `None`);
+/// `who` names the server in the warning about a refused one.
 pub fn bounded<S, IO>(
     incoming: S,
     max: usize,
+    idle_limit: Option<Duration>,
     who: String,
 ) -> impl Stream<Item = std::io::Result<Counted<IO>>>
 where
@@ -39,7 +53,13 @@ where
             Err(error) => return Some(Err(error)),
         };
         match Arc::clone(&places).try_acquire_owned() {
-            Ok(place) => Some(Ok(Counted { io, _place: place })),
+            Ok(place) => Some(Ok(Counted {
+                io,
+                _place: place,
+                activity: Arc::new(Activity::default()),
+                idle_limit,
+                watchdog: None,
+            })),
             Err(_) => {
                 tracing::warn!(
                     max,
@@ -52,20 +72,58 @@ where
 }
 
 impl<IO: Connected> Connected for Counted<IO> {
-    type ConnectInfo = IO::ConnectInfo;
+    type ConnectInfo = Tracked<IO::ConnectInfo>;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        Tracked::new(self.io.connect_info(), Arc::clone(&self.activity))
+    }
+}
+
+impl<IO> Counted<IO> {
+    /// Whether the connection has been idle past its limit; otherwise arms the
+    /// watchdog for when it could be, and polls it.
+    fn idle_past_limit(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(limit) = self.idle_limit else {
+            return false;
+        };
+        loop {
+            // With requests in flight, look again a whole limit later.
+            let wait = match self.activity.idle_for() {
+                Some(idle) if idle >= limit => return true,
+                Some(idle) => limit - idle,
+                None => limit,
+            };
+            let deadline = tokio::time::Instant::now() + wait;
+            let watchdog = self
+                .watchdog
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if watchdog.is_elapsed() {
+                watchdog.as_mut().reset(deadline);
+            }
+            if watchdog.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+        }
     }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
+    /// Reads from the connection; when nothing comes and the connection has
+    /// been idle past its limit, ends it (the end of its input, after which
+    /// HTTP/2 closes it).
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let this = self.as_mut().get_mut();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Pending if this.idle_past_limit(cx) => {
+                tracing::debug!(limit = ?this.idle_limit, "closing a connection with no request for the idle limit");
+                Poll::Ready(Ok(()))
+            }
+            read => read,
+        }
     }
 }
 

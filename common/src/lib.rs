@@ -8,7 +8,8 @@
 //! - [`processes`]: real `ps-server` and `ps-scheduler` processes on loopback ports.
 //! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
 //! - [`rng`]: a small deterministic random generator for data and payloads.
-//! - [`connections`]: a server's connections, at most `--max-connections` at once.
+//! - [`connections`]: a server's connections, at most `--max-connections` at once, idle ones closed.
+//! - [`idle`]: each connection's requests in flight, counted by a layer every server runs.
 //! - [`certs`]: a cluster's CA and node certificate, for `ps-scheduler certs` and `ps-local --tls`.
 //! - [`security_args`]: the `--tls-*` flags and cluster token every program takes.
 //! - [`plot_style`]: the font and palette of every chart.
@@ -19,6 +20,7 @@ pub mod certs;
 pub mod connections;
 pub mod fixtures;
 pub mod health;
+pub mod idle;
 pub mod metrics;
 pub mod plot_style;
 pub mod process;

@@ -315,11 +315,9 @@ struct ThroughputArgs {
 /// Whether `ps-throughput`'s servers serve metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum MetricsMode {
-    /// No metrics listener.
+    // Variants without doc comments: `-h` and `--help` print the same (tests/tests/cli_style.rs).
     Off,
-    /// Metrics on, scraped every second.
     On,
-    /// Off and on in turn, with the cost of metrics.
     Compare,
 }
 

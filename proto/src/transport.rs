@@ -35,6 +35,29 @@ pub const DEFAULT_STREAM_WINDOW_BYTES: u32 = 4 << 20;
 /// HTTP/2's initial connection window, by default.
 pub const DEFAULT_CONNECTION_WINDOW_BYTES: u32 = 128 << 20;
 
+/// How long a server keeps a connection that asks nothing, by default.
+pub const DEFAULT_IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// An idle limit: `None` is none. A name of its own, so that clap takes the
+/// parser's `Option` as the value rather than as an optional flag.
+pub type IdleLimit = Option<Duration>;
+
+/// `--idle-connection-timeout`: a duration (`5m`, `90s`), or `0` or `never`
+/// for no limit.
+///
+/// # Errors
+/// When `text` is neither.
+pub fn parse_idle_timeout(text: &str) -> Result<IdleLimit, String> {
+    match text.trim() {
+        "0" | "never" => Ok(None),
+        other => match humantime::parse_duration(other) {
+            Ok(duration) if duration.is_zero() => Ok(None),
+            Ok(duration) => Ok(Some(duration)),
+            Err(e) => Err(format!("{e} (give a duration such as 5m or 90s, or never)")),
+        },
+    }
+}
+
 /// HTTP/2 and gRPC settings shared by servers and clients.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransportConfig {
@@ -60,6 +83,9 @@ pub struct TransportConfig {
     pub token: Option<ClusterToken>,
     /// The most connections a server keeps open; more are closed as they come.
     pub max_connections: usize,
+    /// A server closes a connection that has had no request in flight this
+    /// long; never when `None`.
+    pub idle_connection_timeout: Option<Duration>,
 }
 
 impl Default for TransportConfig {
@@ -76,6 +102,7 @@ impl Default for TransportConfig {
             tls: None,
             token: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            idle_connection_timeout: Some(DEFAULT_IDLE_CONNECTION_TIMEOUT),
         }
     }
 }
@@ -210,6 +237,17 @@ pub fn http_uri(addr: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn idle_timeouts_read_as_durations_or_never() {
+        assert_eq!(parse_idle_timeout("5m"), Ok(Some(Duration::from_secs(300))));
+        assert_eq!(parse_idle_timeout("90s"), Ok(Some(Duration::from_secs(90))));
+        assert_eq!(parse_idle_timeout("never"), Ok(None));
+        assert_eq!(parse_idle_timeout("0"), Ok(None));
+        assert_eq!(parse_idle_timeout("0s"), Ok(None));
+        let error = parse_idle_timeout("soon").unwrap_err();
+        assert!(error.contains("5m"), "{error}");
+    }
 
     #[test]
     fn payloads_leave_room_for_names_shapes_and_framing() {

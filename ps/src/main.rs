@@ -122,6 +122,10 @@ struct Args {
     /// The most connections this server keeps open; more are closed as they come.
     #[arg(long, env = "PS_MAX_CONNECTIONS", default_value_t = ps_proto::transport::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Close a connection that has had no request in flight this long (for
+    /// example 5m or 90s; 0 or never: keep it).
+    #[arg(long, env = "PS_IDLE_CONNECTION_TIMEOUT", default_value = "5m", value_parser = ps_proto::transport::parse_idle_timeout)]
+    idle_connection_timeout: ps_proto::transport::IdleLimit,
     #[command(flatten)]
     security: SecurityArgs,
 }
@@ -190,6 +194,7 @@ impl Args {
             max_frame_bytes: self.max_frame,
             adaptive_window: self.adaptive_window,
             max_connections: self.max_connections,
+            idle_connection_timeout: self.idle_connection_timeout,
             ..TransportConfig::default()
         };
         self.security.apply(Role::Server, &mut transport)?;

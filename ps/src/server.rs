@@ -110,11 +110,13 @@ pub async fn run_with_metrics(
     let router = config
         .transport
         .server()?
+        .layer(ps_common::idle::TrackRequestsLayer)
         .add_service(health_service)
         .add_service(config.transport.guarded(service.into_server()));
     let incoming = ps_common::connections::bounded(
         TcpIncoming::from(listener).with_nodelay(Some(true)),
         config.transport.max_connections,
+        config.transport.idle_connection_timeout,
         format!("ps-server at {addr}"),
     );
     let stop_on_signal = stop_waits.clone();

@@ -309,3 +309,85 @@ async fn connections_past_the_limit_are_closed_and_the_open_ones_keep_working() 
     );
     server.stop().await;
 }
+
+/// A server with an idle limit of `idle` and a BSP group of two workers.
+async fn server_closing_idle_connections(idle: Duration) -> TestServer {
+    let mut config = ps_server::ServerConfig {
+        workers: 2,
+        ..ps_server::ServerConfig::default()
+    };
+    config.transport.idle_connection_timeout = Some(idle);
+    TestServer::start(config).await
+}
+
+/// A connection that opens HTTP/2 and then asks nothing is closed by the
+/// server once the idle limit has passed, not before. A client whose own
+/// connection was closed the same way finds out on its next call (tonic
+/// reports the closed connection once, as `CANCELLED`); candle-ps's clients
+/// take that as transient and retry, and the retry reconnects and is served.
+#[tokio::test]
+async fn a_connection_that_asks_nothing_is_closed_after_the_idle_limit() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let idle = Duration::from_millis(300);
+    let server = server_closing_idle_connections(idle).await;
+    let mut silent = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    // The client preface and an empty SETTINGS frame, then nothing.
+    silent
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let opened = std::time::Instant::now();
+    let mut sink = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(30), silent.read_to_end(&mut sink)).await;
+    assert!(
+        closed.is_ok(),
+        "the silent connection was still open after 30 s"
+    );
+    let lasted = opened.elapsed();
+    assert!(
+        lasted >= idle,
+        "closed after {lasted:?}, before the idle limit"
+    );
+    // The test's own client was idle as long: retried as PsClient retries, it
+    // reconnects and is served.
+    let stats = ps_client::retry::RetryPolicy::default()
+        .run("Stats", || {
+            let mut client = server.client.clone();
+            async move { client.stats(ps_proto::v1::StatsRequest {}).await }
+        })
+        .await;
+    assert_eq!(
+        stats.expect("served after reconnecting").into_inner().keys,
+        0
+    );
+    server.stop().await;
+}
+
+/// A pull the server holds for a BSP step longer than the idle limit keeps
+/// its connection: a request in flight is not idleness.
+#[tokio::test]
+async fn a_pull_held_past_the_idle_limit_keeps_its_connection() {
+    let server = server_closing_idle_connections(Duration::from_millis(200)).await;
+    server.register(vec![param("w", &[1.0; 2], sgd(1.0))]).await;
+    let mut first = server.client.clone();
+    first
+        .push(push(0, 0, vec![tensor("w", &[1.0; 2])]))
+        .await
+        .expect("worker 0's push");
+    let held = tokio::spawn(async move { first.pull(pull_request(&["w"], 1, 10_000)).await });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!held.is_finished(), "the pull waits for worker 1");
+    let other = TransportConfig::default()
+        .endpoint(http_uri(&server.addr.to_string()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    ps_proto::v1::parameter_server_client::ParameterServerClient::new(other)
+        .push(push(1, 0, vec![tensor("w", &[3.0; 2])]))
+        .await
+        .expect("worker 1's push");
+    let pulled = held.await.unwrap().expect("the held pull is answered");
+    assert_eq!(pulled.into_inner().tensors[0].version, 1);
+    server.stop().await;
+}

@@ -102,3 +102,36 @@ async fn tls_to_a_plain_port_fails() {
     assert!(result.is_err(), "a plain server passed a TLS handshake");
     server.stop().await;
 }
+
+/// Over TLS too, a pull held for a BSP step past the idle limit keeps its
+/// connection: the request is counted in flight through TLS's connection
+/// information.
+#[tokio::test]
+async fn a_pull_held_over_tls_past_the_idle_limit_keeps_its_connection() {
+    let mut transport = transport(Some(certs().tls_config(false)));
+    transport.idle_connection_timeout = Some(Duration::from_millis(200));
+    let server = TestServer::start(ServerConfig {
+        transport,
+        workers: 2,
+        ..ServerConfig::default()
+    })
+    .await;
+    server.register(vec![param("w", &[1.0; 2], sgd(1.0))]).await;
+    let mut first = server.client.clone();
+    first
+        .push(push(0, 0, vec![tensor("w", &[1.0; 2])]))
+        .await
+        .expect("worker 0's push");
+    let held = tokio::spawn(async move { first.pull(pull_request(&["w"], 1, 10_000)).await });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!held.is_finished(), "the pull waits for worker 1");
+    server
+        .client
+        .clone()
+        .push(push(1, 0, vec![tensor("w", &[3.0; 2])]))
+        .await
+        .expect("worker 1's push");
+    let pulled = held.await.unwrap().expect("the held pull is answered");
+    assert_eq!(pulled.into_inner().tensors[0].version, 1);
+    server.stop().await;
+}

@@ -66,6 +66,10 @@ struct Cli {
     /// The most connections the scheduler keeps open; more are closed as they come.
     #[arg(long, env = "PS_MAX_CONNECTIONS", default_value_t = ps_proto::transport::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Close a connection that has had no request in flight this long (for
+    /// example 5m or 90s; 0 or never: keep it).
+    #[arg(long, env = "PS_IDLE_CONNECTION_TIMEOUT", default_value = "5m", value_parser = ps_proto::transport::parse_idle_timeout)]
+    idle_connection_timeout: ps_proto::transport::IdleLimit,
     #[command(flatten)]
     security: SecurityArgs,
 }
@@ -232,6 +236,7 @@ async fn main() -> anyhow::Result<()> {
     ps_common::process::init_tracing();
     let mut transport = TransportConfig {
         max_connections: cli.max_connections,
+        idle_connection_timeout: cli.idle_connection_timeout,
         ..TransportConfig::default()
     };
     cli.security.apply(Role::Server, &mut transport)?;

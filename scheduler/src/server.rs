@@ -84,11 +84,13 @@ pub async fn run_with_metrics(
     let incoming = ps_common::connections::bounded(
         TcpIncoming::from(listener).with_nodelay(Some(true)),
         config.transport.max_connections,
+        config.transport.idle_connection_timeout,
         format!("ps-scheduler at {addr}"),
     );
     let served = config
         .transport
         .server()?
+        .layer(ps_common::idle::TrackRequestsLayer)
         .add_service(health_service)
         .add_service(
             config
