@@ -81,19 +81,51 @@ pub fn part_bytes(total: usize, servers: usize, max_part_bytes: usize) -> usize 
 /// no part above `max_part_bytes` ([`MAX_PART_BYTES`] unless a caller needs
 /// smaller parts). Deterministic: the same input gives the same plan.
 pub fn plan(params: &[Param], servers: usize, max_part_bytes: usize) -> Vec<Assignment> {
-    let servers = servers.max(1);
+    plan_cut_for(params, servers, servers, max_part_bytes)
+}
+
+/// How many parts a plan over `servers` servers cuts each parameter into,
+/// counted without planning (what a map of them will weigh).
+pub fn part_counts(params: &[Param], servers: usize, max_part_bytes: usize) -> Vec<usize> {
+    let threshold = threshold_for(params, servers, max_part_bytes);
+    params
+        .iter()
+        .map(|param| parts_of(param, servers.max(1), threshold))
+        .collect()
+}
+
+fn threshold_for(params: &[Param], servers: usize, max_part_bytes: usize) -> usize {
     let total: usize = params.iter().map(Param::bytes).sum();
-    let threshold = part_bytes(total, servers, max_part_bytes);
+    part_bytes(total, servers.max(1), max_part_bytes)
+}
+
+/// The parts of `param` over `servers` servers with split threshold `threshold`.
+fn parts_of(param: &Param, servers: usize, threshold: usize) -> usize {
+    if servers == 1 || param.bytes() <= threshold {
+        1
+    } else {
+        param.bytes().div_ceil(threshold).min(param.elements).max(1)
+    }
+}
+
+/// [`plan`] over `servers` servers, with parts cut as [`plan`] cuts them for
+/// `cut_for` servers (at most `servers`): coarser parts, fewer of them, when
+/// a plan as fine as `servers` calls for would make too large a map.
+pub fn plan_cut_for(
+    params: &[Param],
+    servers: usize,
+    cut_for: usize,
+    max_part_bytes: usize,
+) -> Vec<Assignment> {
+    let servers = servers.max(1);
+    let cut_for = cut_for.clamp(1, servers);
+    let threshold = threshold_for(params, cut_for, max_part_bytes);
     let mut pieces: Vec<Assignment> = Vec::new();
     for (index, param) in params.iter().enumerate() {
-        let parts = if servers == 1 || param.bytes() <= threshold {
-            1
-        } else {
-            param.bytes().div_ceil(threshold).min(param.elements)
-        };
-        for part in 0..parts.max(1) {
-            let start = param.elements * part / parts.max(1);
-            let end = param.elements * (part + 1) / parts.max(1);
+        let parts = parts_of(param, servers, threshold);
+        for part in 0..parts {
+            let start = param.elements * part / parts;
+            let end = param.elements * (part + 1) / parts;
             pieces.push(Assignment {
                 param: index,
                 part: part as u32,

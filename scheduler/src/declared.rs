@@ -4,7 +4,7 @@
 //! bound.
 
 use ps_proto::codec::DType;
-use ps_proto::placement::{MAX_PART_BYTES, Param, plan};
+use ps_proto::placement::{MAX_PART_BYTES, Param, part_counts};
 use ps_proto::transport::DEFAULT_MAX_MESSAGE_BYTES;
 use ps_proto::v1;
 use tonic::Status;
@@ -72,20 +72,48 @@ pub fn declared_params(
     Ok(params)
 }
 
+/// Bytes the parts of a map of `params` over `servers` servers take, counted
+/// without planning it.
+pub fn map_parts_bytes(params: &[Param], servers: usize) -> usize {
+    part_counts(params, servers, MAX_PART_BYTES)
+        .iter()
+        .zip(params)
+        .map(|(parts, param)| parts.saturating_mul(param.name.len() + PART_OVERHEAD_BYTES))
+        .fold(0, usize::saturating_add)
+}
+
+/// The most servers, up to `servers`, for which a map of `params` cut as
+/// finely as that many servers call for fits in [`MAX_MAP_PARTS_BYTES`]; at
+/// least 1. More servers cut parameters finer, so a map over servers that
+/// joined after the model was declared could outgrow one message: its parts
+/// are cut for this many instead (coarser, and still spread over every server).
+pub fn finest_fitting_cut(params: &[Param], servers: usize) -> usize {
+    let fits = |n: usize| map_parts_bytes(params, n) <= MAX_MAP_PARTS_BYTES;
+    if fits(servers) {
+        return servers.max(1);
+    }
+    // More servers never make fewer parts: the largest count that fits, by halves.
+    let (mut fitting, mut too_many) = (1, servers);
+    while too_many - fitting > 1 {
+        let middle = fitting + (too_many - fitting) / 2;
+        match fits(middle) {
+            true => fitting = middle,
+            false => too_many = middle,
+        }
+    }
+    fitting
+}
+
 /// Refuses a model whose shard map over `servers` would not fit in one message.
 fn check_map_size(params: &[Param], servers: usize) -> Result<(), Status> {
-    let parts = plan(params, servers, MAX_PART_BYTES);
-    let bytes: usize = parts
-        .iter()
-        .map(|a| params[a.param].name.len() + PART_OVERHEAD_BYTES)
-        .sum();
+    let bytes = map_parts_bytes(params, servers);
     if bytes > MAX_MAP_PARTS_BYTES {
+        let parts: usize = part_counts(params, servers, MAX_PART_BYTES).iter().sum();
         return Err(Status::invalid_argument(format!(
-            "the model's {} parameters make a shard map of {} parts ({bytes} bytes) over {servers} \
+            "the model's {} parameters make a shard map of {parts} parts ({bytes} bytes) over {servers} \
              servers, past the {MAX_MAP_PARTS_BYTES} bytes one map may take; declare fewer \
              parameters, shorter names or a smaller model",
             params.len(),
-            parts.len(),
         )));
     }
     Ok(())

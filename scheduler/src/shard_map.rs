@@ -4,7 +4,9 @@
 //! who is alive.
 
 use ps_proto::ids::{MapVersion, Rank, ServerId};
-use ps_proto::placement::{Assignment, MAX_PART_BYTES, Param, plan};
+use ps_proto::placement::{Assignment, MAX_PART_BYTES, Param, plan_cut_for};
+
+use crate::declared::finest_fitting_cut;
 
 /// A published placement: servers, parts, live workers.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -58,7 +60,17 @@ pub fn next_map(
 ) -> Option<ShardMap> {
     let assignments = match previous {
         Some(map) if map.servers == servers && map.params == params => map.assignments.clone(),
-        _ => plan(params, servers.len(), MAX_PART_BYTES),
+        _ => {
+            let cut_for = finest_fitting_cut(params, servers.len());
+            if cut_for < servers.len() {
+                tracing::warn!(
+                    servers = servers.len(),
+                    cut_for,
+                    "the model cut as finely as every server calls for would make a shard map past one message; its parts are cut as for fewer servers"
+                );
+            }
+            plan_cut_for(params, servers.len(), cut_for, MAX_PART_BYTES)
+        }
     };
     let next = ShardMap {
         version: previous.map_or(MapVersion(0), |m| m.version).next(),
@@ -141,5 +153,49 @@ mod tests {
         assert_eq!(next.version, MapVersion(2));
         assert!(next.assignments.iter().all(|a| a.server == 0));
         assert_eq!(next.owned_by(0), (2, 800_000));
+    }
+
+    /// 200 parameters of 16 MiB under 256-byte names: cut for two servers the
+    /// map is small, cut as finely as 1,024 servers call for it would be about
+    /// 12 MB.
+    fn wide_model() -> Vec<Param> {
+        (0..200)
+            .map(|i| Param {
+                name: format!("{i:0>256}"),
+                elements: 4 << 20,
+                elem_size: 4,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn servers_that_join_after_the_declaration_never_grow_the_map_past_one_message() {
+        use crate::declared::{MAX_MAP_PARTS_BYTES, finest_fitting_cut, map_parts_bytes};
+        let params = wide_model();
+        assert_eq!(
+            finest_fitting_cut(&params, 2),
+            2,
+            "two servers cut as usual"
+        );
+        assert!(map_parts_bytes(&params, 1024) > MAX_MAP_PARTS_BYTES);
+        let map = next_map(None, servers(1024), &params, group(&[0, 1])).expect("a map");
+        let weight: usize = map
+            .assignments
+            .iter()
+            .map(|a| params[a.param].name.len() + 32)
+            .sum();
+        assert!(weight <= MAX_MAP_PARTS_BYTES, "{weight} bytes of parts");
+        for index in 0..1024 {
+            assert!(map.owned_by(index).0 > 0, "server {index} holds nothing");
+        }
+        for (i, param) in params.iter().enumerate() {
+            let placed: usize = map
+                .assignments
+                .iter()
+                .filter(|a| a.param == i)
+                .map(|a| a.len)
+                .sum();
+            assert_eq!(placed, param.elements, "{} placed once", param.name);
+        }
     }
 }
