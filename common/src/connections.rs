@@ -80,30 +80,27 @@ impl<IO: Connected> Connected for Counted<IO> {
 }
 
 impl<IO> Counted<IO> {
-    /// Whether the connection has been idle past its limit; otherwise arms the
-    /// watchdog for when it could be, and polls it.
+    /// Whether the connection has been idle past its limit. Looks at its
+    /// activity only when the watchdog fires (first a whole limit after the
+    /// connection opened, then when it could next be past it), so a read that
+    /// finds nothing costs one timer poll.
     fn idle_past_limit(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(limit) = self.idle_limit else {
             return false;
         };
-        loop {
+        let watchdog = self
+            .watchdog
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        while watchdog.as_mut().poll(cx).is_ready() {
             // With requests in flight, look again a whole limit later.
             let wait = match self.activity.idle_for() {
                 Some(idle) if idle >= limit => return true,
                 Some(idle) => limit - idle,
                 None => limit,
             };
-            let deadline = tokio::time::Instant::now() + wait;
-            let watchdog = self
-                .watchdog
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-            if watchdog.is_elapsed() {
-                watchdog.as_mut().reset(deadline);
-            }
-            if watchdog.as_mut().poll(cx).is_pending() {
-                return false;
-            }
+            watchdog.as_mut().reset(tokio::time::Instant::now() + wait);
         }
+        false
     }
 }
 

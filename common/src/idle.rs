@@ -8,8 +8,8 @@
 //! BSP step, keeps its connection busy however long it takes.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -21,14 +21,18 @@ use tonic::transport::server::TlsConnectInfo;
 #[derive(Debug)]
 pub struct Activity {
     in_flight: AtomicUsize,
-    idle_since: Mutex<Instant>,
+    /// When the connection opened.
+    opened: Instant,
+    /// When its last request ended, in nanoseconds after `opened`.
+    idle_since_ns: AtomicU64,
 }
 
 impl Default for Activity {
     fn default() -> Self {
         Self {
             in_flight: AtomicUsize::new(0),
-            idle_since: Mutex::new(Instant::now()),
+            opened: Instant::now(),
+            idle_since_ns: AtomicU64::new(0),
         }
     }
 }
@@ -39,8 +43,8 @@ impl Activity {
         if self.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }
-        let since = *self.idle_since.lock().unwrap_or_else(|p| p.into_inner());
-        Some(since.elapsed())
+        let since = Duration::from_nanos(self.idle_since_ns.load(Ordering::Acquire));
+        Some(self.opened.elapsed().saturating_sub(since))
     }
 
     /// Counts a request in flight until the returned guard is dropped.
@@ -58,7 +62,8 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         // The idle time starts before the count says idle, so a watchdog that
         // sees no request never reads an older start.
-        *self.0.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        let now = u64::try_from(self.0.opened.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.0.idle_since_ns.fetch_max(now, Ordering::AcqRel);
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
