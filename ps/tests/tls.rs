@@ -116,22 +116,6 @@ async fn a_pull_held_over_tls_past_the_idle_limit_keeps_its_connection() {
         ..ServerConfig::default()
     })
     .await;
-    server.register(vec![param("w", &[1.0; 2], sgd(1.0))]).await;
-    let mut first = server.client.clone();
-    first
-        .push(push(0, 0, vec![tensor("w", &[1.0; 2])]))
-        .await
-        .expect("worker 0's push");
-    let held = tokio::spawn(async move { first.pull(pull_request(&["w"], 1, 10_000)).await });
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    assert!(!held.is_finished(), "the pull waits for worker 1");
-    server
-        .client
-        .clone()
-        .push(push(1, 0, vec![tensor("w", &[3.0; 2])]))
-        .await
-        .expect("worker 1's push");
-    let pulled = held.await.unwrap().expect("the held pull is answered");
-    assert_eq!(pulled.into_inner().tensors[0].version, 1);
+    a_held_pull_outlasts_the_idle_limit(&server, server.client.clone()).await;
     server.stop().await;
 }

@@ -296,3 +296,28 @@ pub fn push_chunks(
         })
         .collect()
 }
+
+/// A BSP step of two workers on `server` (an idle limit far below a second):
+/// worker 0 pushes and pulls the step on the server's own client, and the pull
+/// is held for 800 ms, past the limit; then worker 1 pushes through `second`,
+/// and the held pull must be answered with the step, its connection kept.
+pub async fn a_held_pull_outlasts_the_idle_limit(
+    server: &TestServer,
+    mut second: ParameterServerClient<Channel>,
+) {
+    server.register(vec![param("w", &[1.0; 2], sgd(1.0))]).await;
+    let mut first = server.client.clone();
+    first
+        .push(push(0, 0, vec![tensor("w", &[1.0; 2])]))
+        .await
+        .expect("worker 0's push");
+    let held = tokio::spawn(async move { first.pull(pull_request(&["w"], 1, 10_000)).await });
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    assert!(!held.is_finished(), "the pull waits for worker 1");
+    second
+        .push(push(1, 0, vec![tensor("w", &[3.0; 2])]))
+        .await
+        .expect("worker 1's push");
+    let pulled = held.await.unwrap().expect("the held pull is answered");
+    assert_eq!(pulled.into_inner().tensors[0].version, 1);
+}
