@@ -275,20 +275,44 @@ impl Assembler {
     /// # Errors
     /// Any [`ChunkError`] except `Incomplete` and `EmptyStream`.
     pub fn add(&mut self, header: ChunkHeader, offset: u64, data: Bytes) -> Result<(), ChunkError> {
-        let partial = match self.partials.get_mut(&header.key) {
-            Some(partial) => partial,
-            None => {
-                self.order.push(header.key.clone());
-                let partial = Partial {
-                    cursor: ChunkCursor::new(header.clone()),
-                    segments: Vec::new(),
-                };
-                self.partials.entry(header.key.clone()).or_insert(partial)
-            }
-        };
+        let partial = self.partial(&header);
         partial.cursor.advance(&header, offset, data.len())?;
         partial.segments.push(data);
         Ok(())
+    }
+
+    /// Adds the bytes at `offset` of the tensor described by `header`, given
+    /// as the pieces they arrived in. Pieces are kept as they are; only an
+    /// element cut between two pieces is copied, into a piece of its own, so
+    /// that every piece holds whole elements.
+    ///
+    /// # Errors
+    /// As [`Assembler::add`].
+    pub fn add_pieces(
+        &mut self,
+        header: ChunkHeader,
+        offset: u64,
+        pieces: Vec<Bytes>,
+    ) -> Result<(), ChunkError> {
+        let len = pieces.iter().map(Bytes::len).sum();
+        let partial = self.partial(&header);
+        partial.cursor.advance(&header, offset, len)?;
+        partial
+            .segments
+            .extend(whole_elements(pieces, header.dtype.size()));
+        Ok(())
+    }
+
+    fn partial(&mut self, header: &ChunkHeader) -> &mut Partial {
+        if !self.partials.contains_key(&header.key) {
+            self.order.push(header.key.clone());
+        }
+        self.partials
+            .entry(header.key.clone())
+            .or_insert_with(|| Partial {
+                cursor: ChunkCursor::new(header.clone()),
+                segments: Vec::new(),
+            })
     }
 
     /// Bytes received so far, over all tensors.
@@ -324,6 +348,36 @@ impl Assembler {
         }
         Ok(tensors)
     }
+}
+
+/// `pieces` (whole elements of `size` bytes in all) as pieces that each hold
+/// whole elements: an element cut between pieces is copied into a piece of its
+/// own, and nothing else is copied.
+fn whole_elements(pieces: Vec<Bytes>, size: usize) -> Vec<Bytes> {
+    let mut out = Vec::with_capacity(pieces.len() * 2);
+    let mut straddling: Vec<u8> = Vec::new();
+    for mut piece in pieces {
+        if !straddling.is_empty() {
+            let take = (size - straddling.len()).min(piece.len());
+            straddling.extend_from_slice(&piece.split_to(take));
+            if straddling.len() < size {
+                continue;
+            }
+            out.push(Bytes::from(std::mem::take(&mut straddling)));
+        }
+        let tail = piece.len() % size;
+        let whole = piece.split_to(piece.len() - tail);
+        if !whole.is_empty() {
+            out.push(whole);
+        }
+        straddling.extend_from_slice(&piece);
+    }
+    if !straddling.is_empty() {
+        // Only when the pieces were not whole elements in all; the cursor has
+        // refused that already, so this is kept for the length check to see.
+        out.push(Bytes::from(straddling));
+    }
+    out
 }
 
 /// Cuts `data` (the bytes of the tensor `header`) into `(offset, bytes)` pieces of at
@@ -385,6 +439,33 @@ mod tests {
 
     fn bytes_of(values: &[f32]) -> Bytes {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn pieces_cut_inside_elements_are_mended_and_the_rest_kept_in_place() {
+        let values: Vec<f32> = (0..100).map(|i| i as f32 * 0.5).collect();
+        let data = bytes_of(&values);
+        let cuts = [0, 3, 5, 6, 161, 200, 400];
+        let pieces: Vec<Bytes> = cuts.windows(2).map(|w| data.slice(w[0]..w[1])).collect();
+        let mut assembler = Assembler::new();
+        assembler
+            .add_pieces(header(100), 0, pieces.clone())
+            .expect("whole elements in all");
+        let (_, tensor) = assembler.finish().unwrap().remove(0);
+        assert_eq!(tensor.to_f32_vec(), values);
+        assert!(tensor.segments().iter().all(|s| s.len() % 4 == 0));
+        let shared = tensor
+            .segments()
+            .iter()
+            .any(|s| s.as_ptr() == pieces[4].slice(3..).as_ptr());
+        assert!(shared, "the long piece is kept where it arrived");
+
+        let mut assembler = Assembler::new();
+        let ragged = vec![data.slice(0..6)];
+        assert!(matches!(
+            assembler.add_pieces(header(100), 0, ragged),
+            Err(ChunkError::Misaligned { len: 6, .. })
+        ));
     }
 
     #[test]

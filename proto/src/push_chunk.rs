@@ -1,0 +1,269 @@
+//! Decoding a `ps.v1.PushChunk` that arrived in several pieces (the HTTP/2
+//! data frames of a stream) without joining them: the chunk's tensor bytes are
+//! handed on as the very pieces they arrived in, and only the few small fields
+//! around them are copied and decoded by prost.
+//!
+//! Protobuf's rules hold: fields may come in any order, a repeated message
+//! field is merged (decoding the concatenation of its occurrences), a repeated
+//! `bytes` field keeps its last value, and unknown fields are skipped.
+
+use bytes::Bytes;
+use prost::Message;
+
+use crate::rope::Rope;
+use crate::v1;
+
+/// `PushChunk.chunk`.
+const PUSH_CHUNK_CHUNK: u64 = 3;
+/// `TensorChunk.data`.
+const TENSOR_CHUNK_DATA: u64 = 6;
+/// Wire type of length-delimited fields.
+const LENGTH_DELIMITED: u64 = 2;
+
+/// Why the bytes of a message are not a `PushChunk`.
+#[derive(Debug, thiserror::Error)]
+pub enum FieldError {
+    /// The message ended inside a field.
+    #[error("the message ends inside {what}")]
+    Truncated {
+        /// What was being read.
+        what: &'static str,
+    },
+    /// A varint longer than ten bytes.
+    #[error("a varint runs past ten bytes")]
+    LongVarint,
+    /// A wire type protobuf does not have, or a deprecated group.
+    #[error("field {tag} has wire type {wire_type}, which ps.v1 messages never use")]
+    WireType {
+        /// The field's number.
+        tag: u64,
+        /// The wire type found.
+        wire_type: u64,
+    },
+    /// A length that does not fit in memory.
+    #[error("field {tag} declares {len} bytes")]
+    Length {
+        /// The field's number.
+        tag: u64,
+        /// The length declared.
+        len: u64,
+    },
+    /// The small fields did not decode.
+    #[error(transparent)]
+    Prost(#[from] prost::DecodeError),
+}
+
+/// Decodes a `PushChunk` from `message`: the message with its chunk's `data`
+/// left empty, and that data as the pieces it arrived in.
+///
+/// # Errors
+/// [`FieldError`] when the bytes are not a `PushChunk`.
+pub fn decode_push_chunk(message: Rope) -> Result<(v1::PushChunk, Vec<Bytes>), FieldError> {
+    let (rest, chunks) = divert_field(message, PUSH_CHUNK_CHUNK)?;
+    let mut push = v1::PushChunk::decode(rest.as_slice())?;
+    if chunks.is_empty() {
+        return Ok((push, Vec::new()));
+    }
+    let mut chunk = Rope::new();
+    for occurrence in chunks {
+        for piece in occurrence.into_pieces() {
+            chunk.push(piece);
+        }
+    }
+    let (rest, data) = divert_field(chunk, TENSOR_CHUNK_DATA)?;
+    push.chunk = Some(v1::TensorChunk::decode(rest.as_slice())?);
+    let data = data.into_iter().last().map(Rope::into_pieces);
+    Ok((push, data.unwrap_or_default()))
+}
+
+/// Splits a message into the raw bytes of every field but `tag` (to be decoded
+/// by prost) and each occurrence of the length-delimited field `tag`, uncopied.
+fn divert_field(mut message: Rope, tag: u64) -> Result<(Vec<u8>, Vec<Rope>), FieldError> {
+    let mut rest = Vec::new();
+    let mut diverted = Vec::new();
+    while !message.is_empty() {
+        let key = read_varint(&mut message, "a field key")?;
+        let (field, wire_type) = (key >> 3, key & 7);
+        if field == tag && wire_type == LENGTH_DELIMITED {
+            let len = read_length(&mut message, field)?;
+            let value = message.split_to(len).ok_or(FieldError::Truncated {
+                what: "a length-delimited field",
+            })?;
+            diverted.push(value);
+            continue;
+        }
+        write_varint(key, &mut rest);
+        copy_value(&mut message, field, wire_type, &mut rest)?;
+    }
+    Ok((rest, diverted))
+}
+
+/// Copies the value of a field of `wire_type` from `message` to `out`.
+fn copy_value(
+    message: &mut Rope,
+    tag: u64,
+    wire_type: u64,
+    out: &mut Vec<u8>,
+) -> Result<(), FieldError> {
+    let fixed = |message: &mut Rope, out: &mut Vec<u8>, n, what| {
+        if message.copy_to(n, out) {
+            Ok(())
+        } else {
+            Err(FieldError::Truncated { what })
+        }
+    };
+    match wire_type {
+        0 => {
+            let value = read_varint(message, "a varint field")?;
+            write_varint(value, out);
+            Ok(())
+        }
+        1 => fixed(message, out, 8, "a 64-bit field"),
+        LENGTH_DELIMITED => {
+            let len = read_length(message, tag)?;
+            write_varint(len as u64, out);
+            fixed(message, out, len, "a length-delimited field")
+        }
+        5 => fixed(message, out, 4, "a 32-bit field"),
+        wire_type => Err(FieldError::WireType { tag, wire_type }),
+    }
+}
+
+fn read_length(message: &mut Rope, tag: u64) -> Result<usize, FieldError> {
+    let len = read_varint(message, "a field length")?;
+    usize::try_from(len).map_err(|_| FieldError::Length { tag, len })
+}
+
+/// Reads a base-128 varint.
+fn read_varint(message: &mut Rope, what: &'static str) -> Result<u64, FieldError> {
+    let mut value = 0u64;
+    for shift in (0..70).step_by(7) {
+        let byte = message.read_u8().ok_or(FieldError::Truncated { what })?;
+        value |= u64::from(byte & 0x7f) << shift.min(63);
+        if byte & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    Err(FieldError::LongVarint)
+}
+
+fn write_varint(mut value: u64, out: &mut Vec<u8>) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn push_chunk(data: Vec<u8>, name: String, shape: Vec<u64>) -> v1::PushChunk {
+        v1::PushChunk {
+            worker_id: 3,
+            step: 77,
+            map_version: 9,
+            chunk: Some(v1::TensorChunk {
+                name,
+                part: 2,
+                dtype: 1,
+                shape,
+                offset: 4096,
+                data: Bytes::from(data),
+            }),
+        }
+    }
+
+    /// `bytes` cut at each of `cuts` (positions taken modulo its length).
+    fn cut(bytes: &[u8], cuts: &[usize]) -> Rope {
+        let mut at: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+        at.extend([0, bytes.len()]);
+        at.sort_unstable();
+        let whole = Bytes::copy_from_slice(bytes);
+        let mut rope = Rope::new();
+        for pair in at.windows(2) {
+            rope.push(whole.slice(pair[0]..pair[1]));
+        }
+        rope
+    }
+
+    fn decoded(rope: Rope) -> v1::PushChunk {
+        let (mut push, data) = decode_push_chunk(rope).expect("a valid PushChunk");
+        if let Some(chunk) = &mut push.chunk {
+            assert!(chunk.data.is_empty(), "the data is handed on as pieces");
+            chunk.data = Bytes::from(data.concat());
+        }
+        push
+    }
+
+    proptest! {
+        #[test]
+        fn any_cut_decodes_as_prost_does(
+            data in proptest::collection::vec(any::<u8>(), 0..3000),
+            name in "[a-z.]{0,40}",
+            shape in proptest::collection::vec(any::<u64>(), 0..4),
+            cuts in proptest::collection::vec(any::<usize>(), 0..12),
+        ) {
+            let message = push_chunk(data, name, shape);
+            let wire = message.encode_to_vec();
+            prop_assert_eq!(decoded(cut(&wire, &cuts)), message);
+        }
+
+        #[test]
+        fn arbitrary_bytes_decode_as_prost_does_or_are_refused(
+            wire in proptest::collection::vec(any::<u8>(), 0..200),
+            cuts in proptest::collection::vec(any::<usize>(), 0..6),
+        ) {
+            let ours = decode_push_chunk(cut(&wire, &cuts));
+            match v1::PushChunk::decode(wire.as_slice()) {
+                Ok(theirs) => {
+                    let (mut push, data) = ours.expect("prost decoded it");
+                    if let Some(chunk) = &mut push.chunk {
+                        chunk.data = Bytes::from(data.concat());
+                    }
+                    prop_assert_eq!(push, theirs);
+                }
+                Err(_) => prop_assert!(ours.is_err()),
+            }
+        }
+    }
+
+    #[test]
+    fn the_data_stays_in_the_pieces_it_arrived_in() {
+        let message = push_chunk(vec![7u8; 1 << 16], "w".into(), vec![1 << 14]);
+        let wire = Bytes::from(message.encode_to_vec());
+        let mut rope = Rope::new();
+        rope.push(wire.slice(..1000));
+        rope.push(wire.slice(1000..));
+        let (_, data) = decode_push_chunk(rope).expect("a valid PushChunk");
+        assert_eq!(data.len(), 2);
+        let received = wire.as_ptr_range();
+        for piece in &data {
+            let inside =
+                received.start <= piece.as_ptr() && piece.as_ptr_range().end <= received.end;
+            assert!(inside, "each piece points into the received bytes: no copy");
+        }
+        assert_eq!(data.iter().map(Bytes::len).sum::<usize>(), 1 << 16);
+    }
+
+    #[test]
+    fn repeated_fields_follow_protobuf_merging() {
+        let first = push_chunk(vec![1; 8], "a".into(), vec![2]);
+        let second = v1::PushChunk {
+            chunk: Some(v1::TensorChunk {
+                part: 5,
+                data: Bytes::from_static(&[2; 4]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut wire = first.encode_to_vec();
+        wire.extend(second.encode_to_vec());
+        let theirs = v1::PushChunk::decode(wire.as_slice()).expect("valid");
+        assert_eq!(decoded(cut(&wire, &[3, 17])), theirs);
+        let chunk = theirs.chunk.expect("merged");
+        assert_eq!((chunk.part, &chunk.data[..]), (5, &[2u8; 4][..]));
+    }
+}

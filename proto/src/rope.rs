@@ -1,0 +1,174 @@
+//! [`Rope`]: bytes received in several [`Bytes`] pieces (HTTP/2 data frames),
+//! read and split without joining them, so a large field can be taken out of a
+//! message as the very buffers it arrived in.
+
+use std::collections::VecDeque;
+
+use bytes::{Buf, Bytes};
+
+/// A sequence of byte pieces read front to back as one byte string.
+#[derive(Debug, Default, Clone)]
+pub struct Rope {
+    pieces: VecDeque<Bytes>,
+    len: usize,
+}
+
+impl Rope {
+    /// An empty rope.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes left to read.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether every byte has been read.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `piece` at the end.
+    pub fn push(&mut self, piece: Bytes) {
+        if !piece.is_empty() {
+            self.len += piece.len();
+            self.pieces.push_back(piece);
+        }
+    }
+
+    /// The first `N` bytes, left in place; `None` when fewer are left.
+    pub fn peek<const N: usize>(&self) -> Option<[u8; N]> {
+        if self.len < N {
+            return None;
+        }
+        let mut out = [0u8; N];
+        let mut filled = 0;
+        for piece in &self.pieces {
+            let n = piece.len().min(N - filled);
+            out[filled..filled + n].copy_from_slice(&piece[..n]);
+            filled += n;
+            if filled == N {
+                break;
+            }
+        }
+        Some(out)
+    }
+
+    /// Reads one byte.
+    pub fn read_u8(&mut self) -> Option<u8> {
+        let front = self.pieces.front_mut()?;
+        let byte = front.get_u8();
+        if front.is_empty() {
+            self.pieces.pop_front();
+        }
+        self.len -= 1;
+        Some(byte)
+    }
+
+    /// Skips `n` bytes; `false` (and nothing skipped) when fewer are left.
+    pub fn skip(&mut self, n: usize) -> bool {
+        self.split_to(n).is_some()
+    }
+
+    /// Appends the next `n` bytes to `out`; `false` (and nothing read) when
+    /// fewer are left.
+    pub fn copy_to(&mut self, n: usize, out: &mut Vec<u8>) -> bool {
+        let Some(taken) = self.split_to(n) else {
+            return false;
+        };
+        for piece in &taken.pieces {
+            out.extend_from_slice(piece);
+        }
+        true
+    }
+
+    /// The next `n` bytes as a rope of their own, sharing the pieces (no copy);
+    /// `None` (and nothing read) when fewer are left.
+    pub fn split_to(&mut self, n: usize) -> Option<Rope> {
+        if n > self.len {
+            return None;
+        }
+        let mut taken = Rope::new();
+        while taken.len < n {
+            let Some(mut front) = self.pieces.pop_front() else {
+                break;
+            };
+            let wanted = n - taken.len;
+            if front.len() > wanted {
+                let head = front.split_to(wanted);
+                self.pieces.push_front(front);
+                taken.push(head);
+            } else {
+                taken.push(front);
+            }
+        }
+        self.len -= n;
+        Some(taken)
+    }
+
+    /// The pieces, in order.
+    pub fn into_pieces(self) -> Vec<Bytes> {
+        self.pieces.into()
+    }
+}
+
+impl From<Bytes> for Rope {
+    fn from(piece: Bytes) -> Self {
+        let mut rope = Rope::new();
+        rope.push(piece);
+        rope
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rope_of(pieces: &[&'static [u8]]) -> Rope {
+        let mut rope = Rope::new();
+        for piece in pieces {
+            rope.push(Bytes::from_static(piece));
+        }
+        rope
+    }
+
+    fn joined(rope: Rope) -> Vec<u8> {
+        rope.into_pieces().concat()
+    }
+
+    #[test]
+    fn splits_across_pieces_without_copying_them() {
+        let first = Bytes::from_static(b"abcd");
+        let mut rope = Rope::from(first.clone());
+        rope.push(Bytes::from_static(b"efgh"));
+        let head = rope.split_to(6).expect("six bytes are there");
+        let pieces = head.into_pieces();
+        assert_eq!(pieces.len(), 2);
+        assert_eq!(
+            pieces[0].as_ptr(),
+            first.as_ptr(),
+            "the first piece is shared"
+        );
+        assert_eq!(pieces.concat(), b"abcdef");
+        assert_eq!(joined(rope), b"gh");
+    }
+
+    #[test]
+    fn reading_past_the_end_takes_nothing() {
+        let mut rope = rope_of(&[b"ab", b"c"]);
+        assert!(rope.split_to(4).is_none());
+        assert_eq!(rope.peek::<4>(), None);
+        let mut out = Vec::new();
+        assert!(!rope.copy_to(4, &mut out));
+        assert!(out.is_empty());
+        assert_eq!(rope.len(), 3);
+        assert_eq!(rope.peek::<3>(), Some(*b"abc"));
+        assert_eq!(rope.read_u8(), Some(b'a'));
+        assert!(rope.skip(1));
+        assert!(rope.copy_to(1, &mut out));
+        assert_eq!(out, b"c");
+        assert!(rope.is_empty());
+        assert_eq!(rope.read_u8(), None);
+    }
+}
