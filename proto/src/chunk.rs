@@ -286,6 +286,8 @@ impl Assembler {
     /// element cut between two pieces is copied, into a piece of its own, so
     /// that every piece holds whole elements.
     ///
+    /// Returns the pieces as kept, each of whole elements.
+    ///
     /// # Errors
     /// As [`Assembler::add`].
     pub fn add_pieces(
@@ -293,14 +295,15 @@ impl Assembler {
         header: ChunkHeader,
         offset: u64,
         pieces: Vec<Bytes>,
-    ) -> Result<(), ChunkError> {
+    ) -> Result<&[Bytes], ChunkError> {
         let len = pieces.iter().map(Bytes::len).sum();
         let partial = self.partial(&header);
         partial.cursor.advance(&header, offset, len)?;
+        let first = partial.segments.len();
         partial
             .segments
             .extend(whole_elements(pieces, header.dtype.size()));
-        Ok(())
+        Ok(&partial.segments[first..])
     }
 
     fn partial(&mut self, header: &ChunkHeader) -> &mut Partial {

@@ -11,7 +11,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 
-use crate::grpc_frames::message_prefix;
+use crate::grpc_frames::{PREFIX_BYTES, message_prefix};
 use crate::v1;
 
 /// `PullChunk.chunk`.
@@ -19,33 +19,27 @@ const PULL_CHUNK_CHUNK: u32 = 1;
 /// `TensorChunk.data`.
 const TENSOR_CHUNK_DATA: u32 = 6;
 
-/// The gRPC message of `chunk` (whose own `data` is ignored) carrying `data`:
-/// a small head, then `data` itself.
-pub fn framed_pull_chunk(version: u64, chunk: &v1::TensorChunk, data: Bytes) -> [Bytes; 2] {
-    let small = v1::TensorChunk {
-        data: Bytes::new(),
-        ..chunk.clone()
+/// The gRPC message of `message`: a small head, then its chunk's data itself.
+pub fn framed_pull_chunk(mut message: v1::PullChunk) -> [Bytes; 2] {
+    let Some(mut chunk) = message.chunk.take() else {
+        let mut whole = BytesMut::new();
+        whole.put_slice(&message_prefix(message.encoded_len()));
+        message.encode(&mut whole).expect("BytesMut grows");
+        return [whole.freeze(), Bytes::new()];
     };
+    let data = std::mem::take(&mut chunk.data);
     let data_head = key_len(TENSOR_CHUNK_DATA) + encoded_len_varint(data.len() as u64);
-    let chunk_len = small.encoded_len() + data_head + data.len();
-    let outer = v1::PullChunk {
-        chunk: None,
-        version,
-    };
-    let message_len = outer.encoded_len()
+    let chunk_len = chunk.encoded_len() + data_head + data.len();
+    let message_len = message.encoded_len()
         + key_len(PULL_CHUNK_CHUNK)
         + encoded_len_varint(chunk_len as u64)
         + chunk_len;
-    let mut head = BytesMut::with_capacity(message_len - data.len() + 5);
+    let mut head = BytesMut::with_capacity(PREFIX_BYTES + message_len - data.len());
     head.put_slice(&message_prefix(message_len));
-    outer
-        .encode(&mut head)
-        .expect("the buffer was sized for it");
+    message.encode(&mut head).expect("BytesMut grows");
     encode_key(PULL_CHUNK_CHUNK, WireType::LengthDelimited, &mut head);
     encode_varint(chunk_len as u64, &mut head);
-    small
-        .encode(&mut head)
-        .expect("the buffer was sized for it");
+    chunk.encode(&mut head).expect("BytesMut grows");
     encode_key(TENSOR_CHUNK_DATA, WireType::LengthDelimited, &mut head);
     encode_varint(data.len() as u64, &mut head);
     [head.freeze(), data]
@@ -79,15 +73,28 @@ mod tests {
                 offset,
                 data: Bytes::from(data),
             };
-            let [head, data] = framed_pull_chunk(version, &chunk, chunk.data.clone());
+            let message = v1::PullChunk { chunk: Some(chunk.clone()), version };
+            let [head, data] = framed_pull_chunk(message.clone());
             prop_assert_eq!(data.as_ptr(), chunk.data.as_ptr(), "the data is not copied");
             let mut reader = MessageReader::new(usize::MAX);
             reader.push(head);
             reader.push(data);
-            let message = reader.next_message().unwrap().expect("one whole message");
-            let decoded = v1::PullChunk::decode(message.into_pieces().concat().as_slice()).unwrap();
-            prop_assert_eq!(decoded, v1::PullChunk { chunk: Some(chunk), version });
+            let received = reader.next_message().unwrap().expect("one whole message");
+            let decoded = v1::PullChunk::decode(received.into_pieces().concat().as_slice()).unwrap();
+            prop_assert_eq!(decoded, message);
             prop_assert_eq!(reader.finish(), Ok(()));
         }
+    }
+
+    #[test]
+    fn a_chunkless_message_is_framed_whole() {
+        let message = v1::PullChunk {
+            chunk: None,
+            version: 7,
+        };
+        let [head, data] = framed_pull_chunk(message.clone());
+        assert!(data.is_empty());
+        assert_eq!(&head[..5], &message_prefix(message.encoded_len()));
+        assert_eq!(v1::PullChunk::decode(&head[5..]).unwrap(), message);
     }
 }

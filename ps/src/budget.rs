@@ -130,7 +130,7 @@ impl Charge {
     }
 }
 
-/// A response stream that holds its [`Charge`] until it is dropped: a pull's
+/// A response stream (or the iterator of its messages) that holds its [`Charge`] until it is dropped: a pull's
 /// chunks share the snapshot they were cut from, which a newer version may have
 /// replaced in the key, so it stays charged until the last chunk is gone.
 #[derive(Debug)]
@@ -154,6 +154,18 @@ impl<S: Stream + Unpin> Stream for Charged<S> {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
         Pin::new(&mut self.inner).poll_next(cx)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.inner.size_hint()
+    }
+}
+
+impl<I: Iterator> Iterator for Charged<I> {
+    type Item = I::Item;
+
+    fn next(&mut self) -> Option<I::Item> {
+        self.inner.next()
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

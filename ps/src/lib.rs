@@ -21,6 +21,8 @@
 //! - [`step_waits`]: how long BSP steps waited, and for whom.
 //! - [`wire`]: `ps.v1` messages to and from the domain types.
 //! - [`service`]: the gRPC handlers.
+//! - [`data_path`]: `PushStream` and `PullStream` served from and into HTTP/2 frames in place.
+//! - `push_source`: where a push stream's chunks come from.
 //! - [`server`]: [`server::run`], serving a shard with health and clean shutdown.
 //! - [`error`]: why a request is refused, as precise gRPC statuses.
 
@@ -30,6 +32,7 @@ pub mod checkpoint;
 pub mod checkpointer;
 pub mod config;
 pub mod consistency;
+pub mod data_path;
 pub mod entry;
 pub mod error;
 pub mod export;
@@ -41,6 +44,7 @@ pub mod metrics;
 pub mod optimizer;
 pub mod param;
 pub mod push_buffer;
+mod push_source;
 pub mod restore;
 pub mod server;
 pub mod service;

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::stream;
 use prost::Message;
 use std::collections::HashSet;
@@ -28,8 +29,14 @@ use crate::group::Ranks;
 use crate::metrics::ServerMetrics;
 use crate::param::ParamSpec;
 use crate::push_buffer::{PushBuffer, Reservation};
+use crate::push_source::PushChunks;
 use crate::store::{Pulled, Pushed, Store};
 use crate::wire;
+
+/// A pull's chunks, holding the charge for the values they share.
+pub(crate) type PullChunks = Charged<std::vec::IntoIter<v1::PullChunk>>;
+/// One message of a `PullStream` answer, as tonic sends it.
+type PullAnswer = Result<v1::PullChunk, Status>;
 
 /// Pushes carrying at least this many bytes are applied off the async threads.
 const BLOCKING_APPLY_BYTES: usize = 4 << 20;
@@ -92,6 +99,11 @@ impl ParameterService {
             metrics.answered(rpc, code, started.elapsed());
         }
         answer
+    }
+
+    /// The largest message this service takes or sends.
+    pub(crate) fn max_message_bytes(&self) -> usize {
+        self.config.transport.max_message_bytes
     }
 
     fn stream_chunk_bytes(&self, requested: u64) -> usize {
@@ -271,7 +283,7 @@ async fn read_register_stream(
 /// and each chunk is scanned for NaN and infinity as it arrives.
 async fn read_push_stream(
     store: &Store,
-    stream: &mut Streaming<v1::PushChunk>,
+    stream: &mut impl PushChunks,
     idle: Duration,
     buffered: &mut Charge,
     room: Option<&Reservation>,
@@ -281,7 +293,7 @@ async fn read_push_stream(
     let mut checked = HashSet::new();
     let mut origin = None;
     let mut index = 0;
-    while let Some(message) = next_message(stream, idle).await? {
+    while let Some((message, data)) = stream.next_chunk(idle).await? {
         let sender = (Rank(message.worker_id), Step(message.step));
         let (worker, step) = *origin.get_or_insert(sender);
         if sender != (worker, step) {
@@ -302,25 +314,78 @@ async fn read_push_stream(
         if checked.insert(header.key.clone()) {
             store.check_gradient_header(&header)?;
         }
-        carried = carried.saturating_add(chunk.data.len());
+        let len: usize = data.iter().map(Bytes::len).sum();
+        carried = carried.saturating_add(len);
         if let Some(room) = room.filter(|room| carried > room.declared) {
             return Err(Error::PushOverDeclared {
                 declared: room.declared,
             });
         }
-        buffered.grow(chunk.data.len(), || {
+        buffered.grow(len, || {
             format!("buffering a push stream from worker {worker} for step {step}")
         })?;
         // Scanned once the assembler has taken it, so that its offset is known to
-        // be whole elements inside the gradient.
-        assembler.add(header.clone(), chunk.offset, chunk.data.clone())?;
-        store.check_gradient_chunk(&header, chunk.offset, &chunk.data)?;
+        // be whole elements inside the gradient, and so is each piece it kept.
+        let mut offset = chunk.offset;
+        for piece in assembler.add_pieces(header.clone(), chunk.offset, data)? {
+            store.check_gradient_chunk(&header, offset, piece)?;
+            offset += piece.len() as u64;
+        }
         index += 1;
     }
     let (worker, step) = origin.ok_or(Error::EmptyRequest {
         what: "the push stream carried no chunks",
     })?;
     Ok((worker, step, assembler.finish()?))
+}
+
+impl ParameterService {
+    /// `PushStream` over chunks from any source: tonic's stream, or the
+    /// request's HTTP/2 frames read in place ([`crate::data_path`]).
+    pub(crate) async fn push_chunks(
+        &self,
+        request: Request<impl PushChunks>,
+    ) -> Result<Response<v1::PushResponse>, Status> {
+        let started = Instant::now();
+        require_role(&request, Role::Worker, "PushStream")?;
+        let idle = self.config.stream_idle_timeout;
+        let result = async {
+            let room = match declared_push_bytes(&request)? {
+                Some(bytes) => Some(self.push_buffer.reserve(bytes).await),
+                None => None,
+            };
+            let mut buffered = self.store.budget().charge(0, String::new)?;
+            let stream = &mut request.into_inner();
+            let (worker, step, grads) =
+                read_push_stream(&self.store, stream, idle, &mut buffered, room.as_ref()).await?;
+            self.apply_push(worker, step, grads, true).await
+        }
+        .await;
+        self.answer("PushStream", started, result.map(wire::push_response))
+    }
+
+    /// `PullStream`'s chunks, each sharing the stored values, with the metadata
+    /// of the answer; the charge for the values is held by the chunks.
+    pub(crate) async fn pull_chunks(
+        &self,
+        request: &v1::PullRequest,
+    ) -> Result<Response<PullChunks>, Status> {
+        let started = Instant::now();
+        let chunk_bytes = self.stream_chunk_bytes(request.chunk_bytes);
+        let pulled = self.pull_values(request, usize::MAX).await;
+        let mut waited = Duration::ZERO;
+        let result = pulled.map(|(pulled, charge, wait)| {
+            waited = wait;
+            let chunks: Vec<_> = pulled
+                .iter()
+                .flat_map(|p| wire::pull_chunks(p, chunk_bytes))
+                .collect();
+            Charged::new(chunks.into_iter(), charge)
+        });
+        let mut answer = self.answer("PullStream", started, result)?;
+        metadata::set_pull_waited(answer.metadata_mut(), waited);
+        Ok(answer)
+    }
 }
 
 #[tonic::async_trait]
@@ -408,22 +473,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<Streaming<v1::PushChunk>>,
     ) -> Result<Response<v1::PushResponse>, Status> {
-        let started = Instant::now();
-        require_role(&request, Role::Worker, "PushStream")?;
-        let idle = self.config.stream_idle_timeout;
-        let result = async {
-            let room = match declared_push_bytes(&request)? {
-                Some(bytes) => Some(self.push_buffer.reserve(bytes).await),
-                None => None,
-            };
-            let mut buffered = self.store.budget().charge(0, String::new)?;
-            let stream = &mut request.into_inner();
-            let (worker, step, grads) =
-                read_push_stream(&self.store, stream, idle, &mut buffered, room.as_ref()).await?;
-            self.apply_push(worker, step, grads, true).await
-        }
-        .await;
-        self.answer("PushStream", started, result.map(wire::push_response))
+        self.push_chunks(request).await
     }
 
     async fn pull(
@@ -452,28 +502,14 @@ impl ParameterServer for ParameterService {
     }
 
     type PullStreamStream =
-        Charged<stream::Iter<std::vec::IntoIter<Result<v1::PullChunk, Status>>>>;
+        stream::Iter<std::iter::Map<PullChunks, fn(v1::PullChunk) -> PullAnswer>>;
 
     async fn pull_stream(
         &self,
         request: Request<v1::PullRequest>,
     ) -> Result<Response<Self::PullStreamStream>, Status> {
-        let started = Instant::now();
-        let chunk_bytes = self.stream_chunk_bytes(request.get_ref().chunk_bytes);
-        let pulled = self.pull_values(request.get_ref(), usize::MAX).await;
-        let mut waited = Duration::ZERO;
-        let result = pulled.map(|(pulled, charge, wait)| {
-            waited = wait;
-            let chunks: Vec<_> = pulled
-                .iter()
-                .flat_map(|p| wire::pull_chunks(p, chunk_bytes))
-                .map(Ok)
-                .collect();
-            Charged::new(stream::iter(chunks), charge)
-        });
-        let mut answer = self.answer("PullStream", started, result)?;
-        metadata::set_pull_waited(answer.metadata_mut(), waited);
-        Ok(answer)
+        let answer = self.pull_chunks(request.get_ref()).await?;
+        Ok(answer.map(|chunks| stream::iter(chunks.map(Ok as fn(_) -> _))))
     }
 
     async fn stats(

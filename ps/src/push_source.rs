@@ -1,0 +1,96 @@
+//! [`PushChunks`]: where the chunks of a `PushStream` come from. Either tonic's
+//! [`Streaming`], which has copied each message into one buffer, or
+//! [`FramedPushChunks`], which cuts them out of the HTTP/2 data frames as they
+//! arrived and hands each chunk's tensor bytes on as those frames' own memory.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use ps_proto::grpc_frames::{FrameError, MessageReader};
+use ps_proto::push_chunk::decode_push_chunk;
+use ps_proto::v1;
+use tonic::body::Body;
+use tonic::{Status, Streaming};
+
+use crate::error::{Error, Result};
+
+/// A source of push chunks: each with its tensor bytes taken out of the
+/// message, as one or more pieces.
+pub(crate) trait PushChunks: Send {
+    /// The next chunk, or `None` at the end of the stream; ended with
+    /// [`Error::StreamIdle`] when nothing arrives for `idle`.
+    fn next_chunk(
+        &mut self,
+        idle: Duration,
+    ) -> impl Future<Output = Result<Option<(v1::PushChunk, Vec<Bytes>)>>> + Send;
+}
+
+impl PushChunks for Streaming<v1::PushChunk> {
+    async fn next_chunk(&mut self, idle: Duration) -> Result<Option<(v1::PushChunk, Vec<Bytes>)>> {
+        let message = match tokio::time::timeout(idle, self.message()).await {
+            Ok(message) => message?,
+            Err(_) => return Err(Error::StreamIdle { idle }),
+        };
+        Ok(message.map(|mut message| {
+            let data = message
+                .chunk
+                .as_mut()
+                .map(|chunk| std::mem::take(&mut chunk.data));
+            (message, data.into_iter().collect())
+        }))
+    }
+}
+
+/// The chunks of a `PushStream` request body, read frame by frame.
+#[derive(Debug)]
+pub(crate) struct FramedPushChunks {
+    body: Body,
+    reader: MessageReader,
+}
+
+impl FramedPushChunks {
+    /// Chunks from `body`, refusing messages over `limit` bytes.
+    pub(crate) fn new(body: Body, limit: usize) -> Self {
+        Self {
+            body,
+            reader: MessageReader::new(limit),
+        }
+    }
+}
+
+impl PushChunks for FramedPushChunks {
+    async fn next_chunk(&mut self, idle: Duration) -> Result<Option<(v1::PushChunk, Vec<Bytes>)>> {
+        loop {
+            if let Some(message) = self.reader.next_message().map_err(refused)? {
+                let decoded = decode_push_chunk(message).map_err(|error| {
+                    Status::invalid_argument(format!("a PushChunk that does not decode: {error}"))
+                })?;
+                return Ok(Some(decoded));
+            }
+            let frame = match tokio::time::timeout(idle, self.body.frame()).await {
+                Err(_) => return Err(Error::StreamIdle { idle }),
+                Ok(None) => {
+                    self.reader.finish().map_err(refused)?;
+                    return Ok(None);
+                }
+                Ok(Some(frame)) => frame?,
+            };
+            if let Ok(data) = frame.into_data() {
+                self.reader.push(data);
+            }
+        }
+    }
+}
+
+/// The status for bytes that are not gRPC messages this server takes, with
+/// the codes tonic gives the same faults.
+pub(crate) fn refused(error: FrameError) -> Status {
+    let message = error.to_string();
+    match error {
+        FrameError::TooLarge { .. } => Status::out_of_range(message),
+        FrameError::Compressed { .. } => Status::unimplemented(message),
+        FrameError::Truncated { .. } => Status::invalid_argument(message),
+    }
+}
