@@ -6,6 +6,7 @@
 //! - [`control`]: the control plane — ranks, heartbeats, leaving, shard maps.
 //! - `shards`: servers and placement, with the fan-out of register, push and pull.
 //! - `fan_out`: requests to several servers at once, failing at the first error.
+//! - `framed`: push and pull streams written and read as HTTP/2 frames, without copying tensors.
 //! - [`wire`]: the messages and chunk streams for placed parameter parts.
 //! - [`placement`]: which server holds which part of which parameter.
 //! - [`repair`]: repairing placement after a stale map or a lost server.
@@ -19,6 +20,7 @@ pub mod connection;
 pub mod control;
 pub mod error;
 pub(crate) mod fan_out;
+pub(crate) mod framed;
 pub mod optim;
 pub mod placement;
 pub mod repair;

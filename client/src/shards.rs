@@ -9,8 +9,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
+use prost::Message;
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::auth::AuthChannel;
+use ps_proto::chunk_decode::decode_pull_chunk;
+use ps_proto::chunk_encode::{framed_message, framed_push_chunk};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::metadata;
@@ -18,17 +21,27 @@ use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use tonic::Status;
+use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 
 use crate::config::ClientConfig;
 use crate::error::{ClientError, settled};
 use crate::fan_out::all_or_first_error;
+use crate::framed::{FramedAnswer, start_framed};
 use crate::placement::{Placed, Placement};
 use crate::retry::RetryPolicy;
 use crate::wire::{
     MalformedReply, PartData, PartSink, PulledParam, cut_into_parts, register_chunks, spec_of,
     tensor_chunks, tensor_of, write_pull_chunk, write_pulled,
 };
+
+const PUSH_STREAM: &str = "/ps.v1.ParameterServer/PushStream";
+const PULL_STREAM: &str = "/ps.v1.ParameterServer/PullStream";
+
+/// Pushes and pulls of this many bytes or more go as framed streams, whose
+/// tensor bytes are never copied on the way ([`crate::framed`]); smaller ones
+/// go as unary calls, whose fixed cost is lower.
+const FRAMED_FROM_BYTES: usize = 64 << 10;
 
 /// The smallest group of keys sent as a request of its own: below this, a
 /// request's fixed cost outweighs what overlapping it with another saves.
@@ -61,18 +74,24 @@ fn in_groups<T>(items: Vec<T>, bytes: impl Fn(&T) -> usize, groups: usize) -> Ve
 pub(crate) struct Server {
     pub(crate) addr: String,
     client: ParameterServerClient<AuthChannel>,
+    /// The same channel, for the calls written as frames ([`crate::framed`]).
+    channel: AuthChannel,
+    limit: usize,
 }
 
 impl Server {
     /// The parameter server at `addr` over `channel`, with the configured message limits.
     pub(crate) fn new(addr: &str, channel: Channel, transport: &TransportConfig) -> Self {
         let limit = transport.max_message_bytes;
-        let client = ParameterServerClient::new(transport.authed(channel))
+        let channel = transport.authed(channel);
+        let client = ParameterServerClient::new(channel.clone())
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
         Server {
             addr: addr.to_string(),
             client,
+            channel,
+            limit,
         }
     }
 
@@ -116,6 +135,40 @@ impl Server {
             .map(tonic::Response::into_inner)
     }
 
+    /// Starts `path` with the framed request `pieces`, retried by `retry`
+    /// until the server answers (refusals named by `what`); the answer is then
+    /// read message by message.
+    pub(crate) async fn start_framed(
+        &self,
+        retry: RetryPolicy,
+        what: &'static str,
+        path: &'static str,
+        metadata: MetadataMap,
+        pieces: Vec<Bytes>,
+    ) -> Result<FramedAnswer, ClientError> {
+        retry
+            .run(what, || {
+                let pieces = futures::stream::iter(pieces.clone());
+                start_framed(
+                    self.channel.clone(),
+                    path,
+                    metadata.clone(),
+                    pieces,
+                    self.limit,
+                )
+            })
+            .await
+            .map_err(|status| self.failed(what, status))
+    }
+
+    fn failed(&self, what: &'static str, status: Status) -> ClientError {
+        ClientError::Rpc {
+            what,
+            addr: self.addr.clone(),
+            status,
+        }
+    }
+
     /// [`Server::call`], keeping the answer's metadata.
     pub(crate) async fn answer<T, F, Fut>(
         &self,
@@ -130,11 +183,7 @@ impl Server {
         retry
             .run(what, || call(self.client.clone()))
             .await
-            .map_err(|status| ClientError::Rpc {
-                what,
-                addr: self.addr.clone(),
-                status,
-            })
+            .map_err(|status| self.failed(what, status))
     }
 }
 
@@ -146,7 +195,10 @@ pub(crate) struct Shards {
     retry: RetryPolicy,
     chunk_bytes: usize,
     requests_per_server: usize,
+    /// Registrations of more bytes go as streams.
     unary_limit: usize,
+    /// Pushes and pulls of fewer bytes go unary; the rest as framed streams.
+    unary_below: usize,
     pull_timeout: Duration,
 }
 
@@ -161,6 +213,7 @@ impl Shards {
             chunk_bytes: config.chunk_bytes,
             requests_per_server: config.requests_per_server,
             unary_limit: config.transport.payload_limit(),
+            unary_below: FRAMED_FROM_BYTES.min(config.transport.payload_limit() + 1),
             pull_timeout: config.pull_timeout,
         }
     }
@@ -330,7 +383,7 @@ impl Shards {
         grads: Vec<v1::Tensor>,
     ) -> Result<usize, ClientError> {
         let bytes: usize = grads.iter().map(|t| t.data.len()).sum();
-        let response = if bytes <= self.unary_limit {
+        let response = if bytes < self.unary_below {
             let request = v1::PushRequest {
                 map_version: self.map_version.get(),
                 worker_id: worker.get(),
@@ -344,26 +397,40 @@ impl Shards {
                 })
                 .await?
         } else {
-            let chunks: Vec<v1::PushChunk> = grads
+            let pieces: Vec<Bytes> = grads
                 .iter()
                 .flat_map(|t| tensor_chunks(t, self.chunk_bytes))
-                .map(|chunk| v1::PushChunk {
-                    map_version: self.map_version.get(),
-                    worker_id: worker.get(),
-                    step: step.get(),
-                    chunk: Some(chunk),
+                .flat_map(|chunk| {
+                    framed_push_chunk(v1::PushChunk {
+                        map_version: self.map_version.get(),
+                        worker_id: worker.get(),
+                        step: step.get(),
+                        chunk: Some(chunk),
+                    })
                 })
                 .collect();
-            server
-                .call(self.retry, "PushStream", |mut c| {
-                    // The server reserves room for this many bytes before it reads any.
-                    let mut request = tonic::Request::new(tokio_stream::iter(chunks.clone()));
-                    request
-                        .metadata_mut()
-                        .insert(metadata::PUSH_BYTES, (bytes as u64).into());
-                    async move { c.push_stream(request).await }
-                })
-                .await?
+            // The server reserves room for this many bytes before it reads any.
+            let mut metadata = MetadataMap::new();
+            metadata.insert(metadata::PUSH_BYTES, (bytes as u64).into());
+            let retry = self.retry;
+            let (what, path) = ("PushStream", PUSH_STREAM);
+            let mut answer = server
+                .start_framed(retry, what, path, metadata, pieces)
+                .await?;
+            let failed = |status| server.failed(what, status);
+            let message = answer.next_message().await.map_err(failed)?;
+            let malformed = |reason: String| ClientError::Protocol {
+                what,
+                addr: server.addr.clone(),
+                reason,
+            };
+            let message = message.ok_or_else(|| malformed("no answer".to_string()))?;
+            let response = v1::PushResponse::decode(message.into_pieces().concat().as_slice())
+                .map_err(|e| malformed(e.to_string()))?;
+            if answer.next_message().await.map_err(failed)?.is_some() {
+                return Err(malformed("more than one answer".to_string()));
+            }
+            response
         };
         Ok(response.keys.iter().filter(|k| k.accepted).count())
     }
@@ -436,7 +503,7 @@ impl Shards {
             reason: malformed.to_string(),
         };
         let waited;
-        if bytes <= self.unary_limit {
+        if bytes < self.unary_below {
             let response = server
                 .answer(self.pull_retry(), "Pull", |mut c| {
                     let request = request.clone();
@@ -447,21 +514,23 @@ impl Shards {
             let tensors = response.into_inner().tensors;
             write_pulled(&mut sinks, tensors).map_err(|e| protocol("Pull", e))?;
         } else {
-            let answer = server
-                .answer(self.pull_retry(), "PullStream", |mut c| {
-                    let request = request.clone();
-                    async move { c.pull_stream(request).await }
-                })
+            let (what, path) = ("PullStream", PULL_STREAM);
+            let request = framed_message(&request);
+            let mut answer = server
+                .start_framed(
+                    self.pull_retry(),
+                    what,
+                    path,
+                    MetadataMap::new(),
+                    vec![request],
+                )
                 .await?;
             waited = metadata::pull_waited(answer.metadata());
-            let mut stream = answer.into_inner();
-            let broken = |status| ClientError::Rpc {
-                what: "PullStream",
-                addr: server.addr.clone(),
-                status,
-            };
-            while let Some(message) = stream.message().await.map_err(broken)? {
-                write_pull_chunk(&mut sinks, message).map_err(|e| protocol("PullStream", e))?;
+            let failed = |status| server.failed(what, status);
+            while let Some(message) = answer.next_message().await.map_err(failed)? {
+                let (chunk, data) =
+                    decode_pull_chunk(message).map_err(|e| protocol(what, e.into()))?;
+                write_pull_chunk(&mut sinks, chunk, data).map_err(|e| protocol(what, e))?;
             }
         }
         let versions = sinks

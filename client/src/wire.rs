@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use ps_proto::chunk::{ChunkCursor, ChunkError, ChunkHeader, to_wire_chunks};
+use ps_proto::chunk::{ChunkCursor, ChunkError, ChunkHeader, to_wire_chunks, whole_elements};
+use ps_proto::chunk_decode::FieldError;
 use ps_proto::codec::{CodecError, TensorData, wire_shape};
 use ps_proto::ids::{MapVersion, Version};
 use ps_proto::key::ParamKey;
@@ -32,6 +33,9 @@ pub(crate) enum MalformedReply {
     /// A tensor that was not asked for.
     #[error("{0} came back, but it was not asked for")]
     Unasked(ParamKey),
+    /// A chunk message that does not decode.
+    #[error(transparent)]
+    Fields(#[from] FieldError),
 }
 
 /// A parameter's values as pulled, reassembled from its parts.
@@ -136,17 +140,20 @@ impl<'a> PartSink<'a> {
 
     /// Writes the next chunk, `data` at byte `offset` of a tensor sent as
     /// `header`, at `version`.
+    /// `data` may come as several pieces (the frames it arrived in).
     pub(crate) fn write(
         &mut self,
         header: &ChunkHeader,
         offset: u64,
-        data: Bytes,
+        data: Vec<Bytes>,
         version: Version,
     ) -> Result<(), MalformedReply> {
-        self.cursor.advance(header, offset, data.len())?;
+        let len = data.iter().map(Bytes::len).sum();
+        self.cursor.advance(header, offset, len)?;
         let dtype = header.dtype;
         let first = offset as usize / dtype.size();
-        let chunk = TensorData::new(dtype, vec![data.len() / dtype.size()], data)?;
+        let segments = whole_elements(data, dtype.size());
+        let chunk = TensorData::from_segments(dtype, vec![len / dtype.size()], segments)?;
         let values = &mut self.values[first..first + chunk.len()];
         chunk.for_each_f32_block(|start, block| {
             values[start..start + block.len()].copy_from_slice(block);
@@ -173,22 +180,29 @@ pub(crate) fn write_pulled(
             .ok_or(MalformedReply::Missing("a PulledTensor without a tensor"))?;
         let header =
             ChunkHeader::from_wire(&tensor.name, tensor.part, tensor.dtype, &tensor.shape)?;
-        sink_for(sinks, &header.key)?.write(&header, 0, tensor.data, Version(pulled.version))?;
+        sink_for(sinks, &header.key)?.write(
+            &header,
+            0,
+            vec![tensor.data],
+            Version(pulled.version),
+        )?;
     }
     Ok(())
 }
 
-/// Writes one streamed pull chunk into `sinks` (found by key).
+/// Writes one streamed pull chunk into `sinks` (found by key): `message`, its
+/// chunk's data given apart as `data`, the pieces it arrived in.
 pub(crate) fn write_pull_chunk(
     sinks: &mut [PartSink<'_>],
     message: v1::PullChunk,
+    data: Vec<Bytes>,
 ) -> Result<(), MalformedReply> {
     let chunk = message
         .chunk
         .ok_or(MalformedReply::Missing("a PullChunk without a chunk"))?;
     let header = ChunkHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
     let version = Version(message.version);
-    sink_for(sinks, &header.key)?.write(&header, chunk.offset, chunk.data, version)
+    sink_for(sinks, &header.key)?.write(&header, chunk.offset, data, version)
 }
 
 fn sink_for<'s, 'a>(
@@ -303,7 +317,7 @@ mod tests {
                 chunk("b", 0, 2, 0, &[r, -r]),
             ];
             for message in parts {
-                write_pull_chunk(&mut sinks, message).unwrap();
+                write_cut(&mut sinks, message).unwrap();
             }
             let versions: Vec<Version> = sinks.iter().map(|s| s.finish().unwrap()).collect();
             assert!(versions.contains(&Version(4)) && versions.contains(&Version(5)));
@@ -324,6 +338,21 @@ mod tests {
         }
     }
 
+    /// Writes `message` as a framed pull hands it on: its data apart, cut at
+    /// byte 3 (inside the first element) into two pieces.
+    fn write_cut(
+        sinks: &mut [PartSink<'_>],
+        mut message: v1::PullChunk,
+    ) -> Result<(), MalformedReply> {
+        let data = message
+            .chunk
+            .as_mut()
+            .map(|chunk| std::mem::take(&mut chunk.data))
+            .unwrap_or_default();
+        let cut = data.len().min(3);
+        write_pull_chunk(sinks, message, vec![data.slice(..cut), data.slice(cut..)])
+    }
+
     #[test]
     fn a_malformed_reply_is_refused_by_name() {
         let placement = placement();
@@ -333,7 +362,7 @@ mod tests {
             .map(|(_, sink)| sink)
             .collect();
         let refusal = |sinks: &mut [PartSink<'_>], message| {
-            write_pull_chunk(sinks, message).unwrap_err().to_string()
+            write_cut(sinks, message).unwrap_err().to_string()
         };
         let unasked = refusal(&mut sinks, chunk("v", 0, 3, 0, &[1.0]));
         assert!(unasked.contains("not asked for"), "{unasked}");
@@ -349,7 +378,7 @@ mod tests {
         };
         assert!(refusal(&mut sinks, missing).contains("without a chunk"));
 
-        write_pull_chunk(&mut sinks, chunk("w", 1, 3, 0, &[1.0])).unwrap();
+        write_cut(&mut sinks, chunk("w", 1, 3, 0, &[1.0])).unwrap();
         let short = sinks
             .iter()
             .find(|s| s.key().part == 1 && s.key().name == "w")

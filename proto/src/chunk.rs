@@ -356,7 +356,7 @@ impl Assembler {
 /// `pieces` (whole elements of `size` bytes in all) as pieces that each hold
 /// whole elements: an element cut between pieces is copied into a piece of its
 /// own, and nothing else is copied.
-fn whole_elements(pieces: Vec<Bytes>, size: usize) -> Vec<Bytes> {
+pub fn whole_elements(pieces: Vec<Bytes>, size: usize) -> Vec<Bytes> {
     let mut out = Vec::with_capacity(pieces.len() * 2);
     let mut straddling: Vec<u8> = Vec::new();
     for mut piece in pieces {

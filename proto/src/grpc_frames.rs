@@ -10,6 +10,8 @@
 
 use bytes::Bytes;
 
+use tonic::{Code, Status};
+
 use crate::rope::Rope;
 
 /// The compression flag and length in front of every gRPC message.
@@ -44,6 +46,21 @@ pub enum FrameError {
         /// The bytes of the unfinished message that did arrive.
         left: usize,
     },
+}
+
+impl FrameError {
+    /// The status for this fault, with the codes tonic gives the same faults;
+    /// `truncated` is the code for a stream that ended inside a message (the
+    /// sender's fault: `INVALID_ARGUMENT` from a server, `INTERNAL` from a
+    /// client, as tonic says).
+    pub fn into_status(self, truncated: Code) -> Status {
+        let message = self.to_string();
+        match self {
+            FrameError::TooLarge { .. } => Status::out_of_range(message),
+            FrameError::Compressed { .. } => Status::unimplemented(message),
+            FrameError::Truncated { .. } => Status::new(truncated, message),
+        }
+    }
 }
 
 /// Cuts gRPC messages out of the data frames of one HTTP/2 stream.

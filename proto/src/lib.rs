@@ -9,12 +9,14 @@
 //! - [`ids`]: named numbers — [`ids::Rank`], [`ids::Step`], [`ids::Version`], [`ids::MapVersion`], [`ids::ServerId`].
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
 //! - [`transport`]: one place for HTTP/2 windows, frame sizes, message limits and keep-alive.
-//! - [`grpc_frames`], [`rope`], [`push_chunk`], [`pull_chunk`]: the tensor data
+//! - [`grpc_frames`], [`rope`], [`chunk_decode`], [`chunk_encode`]: the tensor data
 //!   path's messages read out of HTTP/2 frames and written into them without
 //!   copying their tensor bytes.
 
 pub mod auth;
 pub mod chunk;
+pub mod chunk_decode;
+pub mod chunk_encode;
 pub mod codec;
 pub mod consistency;
 pub mod fuzzing;
@@ -23,8 +25,6 @@ pub mod ids;
 pub mod key;
 pub mod metadata;
 pub mod placement;
-pub mod pull_chunk;
-pub mod push_chunk;
 pub mod rope;
 pub mod tls;
 pub mod transport;

@@ -20,8 +20,8 @@ use http::{HeaderMap, Request, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use prost::Message;
-use ps_proto::grpc_frames::{MessageReader, message_prefix};
-use ps_proto::pull_chunk::framed_pull_chunk;
+use ps_proto::chunk_encode::{framed_message, framed_pull_chunk};
+use ps_proto::grpc_frames::MessageReader;
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_server::ParameterServerServer;
 use tonic::body::Body;
@@ -83,7 +83,7 @@ async fn push_stream(service: &ParameterService, request: Request<Body>) -> Resp
     match service.push_chunks(request).await {
         Ok(answer) => {
             let (metadata, message, _) = answer.into_parts();
-            let head = framed(&message);
+            let head = framed_message(&message);
             grpc_response(metadata.into_headers(), stream::iter([head]))
         }
         Err(status) => status.into_http(),
@@ -129,16 +129,6 @@ fn grpc_response(
     let mut response = Response::new(Body::new(StreamBody::new(frames)));
     *response.headers_mut() = headers;
     response
-}
-
-/// `message` as one framed gRPC message.
-fn framed(message: &impl Message) -> Bytes {
-    let mut bytes = Vec::with_capacity(5 + message.encoded_len());
-    bytes.extend(message_prefix(message.encoded_len()));
-    message
-        .encode(&mut bytes)
-        .expect("the vector grows as needed");
-    Bytes::from(bytes)
 }
 
 /// The one message of a unary request body.

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use ps_proto::chunk_decode::decode_push_chunk;
 use ps_proto::grpc_frames::{FrameError, MessageReader};
-use ps_proto::push_chunk::decode_push_chunk;
 use ps_proto::v1;
 use tonic::body::Body;
-use tonic::{Status, Streaming};
+use tonic::{Code, Status, Streaming};
 
 use crate::error::{Error, Result};
 
@@ -84,13 +84,7 @@ impl PushChunks for FramedPushChunks {
     }
 }
 
-/// The status for bytes that are not gRPC messages this server takes, with
-/// the codes tonic gives the same faults.
+/// The status for bytes that are not gRPC messages this server takes.
 pub(crate) fn refused(error: FrameError) -> Status {
-    let message = error.to_string();
-    match error {
-        FrameError::TooLarge { .. } => Status::out_of_range(message),
-        FrameError::Compressed { .. } => Status::unimplemented(message),
-        FrameError::Truncated { .. } => Status::invalid_argument(message),
-    }
+    error.into_status(Code::InvalidArgument)
 }

@@ -1,7 +1,8 @@
-//! Encoding a `ps.v1.PullChunk` as a gRPC message in two pieces: the few bytes
-//! of prefix and small fields, then the chunk's data itself, shared and not
-//! copied. tonic's encoder copies every message into one buffer; a pull of a
-//! large key sends the stored values as they are.
+//! Encoding a `ps.v1.PullChunk` or `ps.v1.PushChunk` as a gRPC message in two
+//! pieces: the few bytes of prefix and small fields, then the chunk's data
+//! itself, shared and not copied. tonic's encoder copies every message into one
+//! buffer; here a pull of a large key sends the stored values as they are, and
+//! a push sends the gradient's own bytes.
 //!
 //! The data field is written last, inside the chunk field written last:
 //! protobuf lets fields come in any order, so any decoder reads the same
@@ -16,28 +17,50 @@ use crate::v1;
 
 /// `PullChunk.chunk`.
 const PULL_CHUNK_CHUNK: u32 = 1;
+/// `PushChunk.chunk`.
+const PUSH_CHUNK_CHUNK: u32 = 3;
 /// `TensorChunk.data`.
 const TENSOR_CHUNK_DATA: u32 = 6;
 
 /// The gRPC message of `message`: a small head, then its chunk's data itself.
 pub fn framed_pull_chunk(mut message: v1::PullChunk) -> [Bytes; 2] {
-    let Some(mut chunk) = message.chunk.take() else {
-        let mut whole = BytesMut::new();
-        whole.put_slice(&message_prefix(message.encoded_len()));
-        message.encode(&mut whole).expect("BytesMut grows");
-        return [whole.freeze(), Bytes::new()];
+    let chunk = message.chunk.take();
+    framed_with_chunk(&message, PULL_CHUNK_CHUNK, chunk)
+}
+
+/// The gRPC message of `message`: a small head, then its chunk's data itself.
+pub fn framed_push_chunk(mut message: v1::PushChunk) -> [Bytes; 2] {
+    let chunk = message.chunk.take();
+    framed_with_chunk(&message, PUSH_CHUNK_CHUNK, chunk)
+}
+
+/// `message` as one framed gRPC message (for the small ones).
+pub fn framed_message(message: &impl Message) -> Bytes {
+    let mut framed = BytesMut::with_capacity(PREFIX_BYTES + message.encoded_len());
+    framed.put_slice(&message_prefix(message.encoded_len()));
+    message.encode(&mut framed).expect("BytesMut grows");
+    framed.freeze()
+}
+
+/// `outer` (its chunk field left out) with `chunk` written last as field
+/// `chunk_tag`, the chunk's data last in it.
+fn framed_with_chunk(
+    outer: &impl Message,
+    chunk_tag: u32,
+    chunk: Option<v1::TensorChunk>,
+) -> [Bytes; 2] {
+    let Some(mut chunk) = chunk else {
+        return [framed_message(outer), Bytes::new()];
     };
     let data = std::mem::take(&mut chunk.data);
     let data_head = key_len(TENSOR_CHUNK_DATA) + encoded_len_varint(data.len() as u64);
     let chunk_len = chunk.encoded_len() + data_head + data.len();
-    let message_len = message.encoded_len()
-        + key_len(PULL_CHUNK_CHUNK)
-        + encoded_len_varint(chunk_len as u64)
-        + chunk_len;
+    let message_len =
+        outer.encoded_len() + key_len(chunk_tag) + encoded_len_varint(chunk_len as u64) + chunk_len;
     let mut head = BytesMut::with_capacity(PREFIX_BYTES + message_len - data.len());
     head.put_slice(&message_prefix(message_len));
-    message.encode(&mut head).expect("BytesMut grows");
-    encode_key(PULL_CHUNK_CHUNK, WireType::LengthDelimited, &mut head);
+    outer.encode(&mut head).expect("BytesMut grows");
+    encode_key(chunk_tag, WireType::LengthDelimited, &mut head);
     encode_varint(chunk_len as u64, &mut head);
     chunk.encode(&mut head).expect("BytesMut grows");
     encode_key(TENSOR_CHUNK_DATA, WireType::LengthDelimited, &mut head);
@@ -84,6 +107,28 @@ mod tests {
             prop_assert_eq!(decoded, message);
             prop_assert_eq!(reader.finish(), Ok(()));
         }
+    }
+
+    #[test]
+    fn a_push_chunk_decodes_as_the_message_prost_writes() {
+        let message = v1::PushChunk {
+            worker_id: 4,
+            step: 99,
+            map_version: 2,
+            chunk: Some(v1::TensorChunk {
+                name: "w".into(),
+                part: 1,
+                dtype: 1,
+                shape: vec![3],
+                offset: 0,
+                data: Bytes::from_static(&[1; 12]),
+            }),
+        };
+        let [head, data] = framed_push_chunk(message.clone());
+        assert_eq!(data.len(), 12);
+        let wire = [head, data].concat();
+        assert_eq!(&wire[..5], &message_prefix(wire.len() - 5));
+        assert_eq!(v1::PushChunk::decode(&wire[5..]).unwrap(), message);
     }
 
     #[test]

@@ -1,7 +1,7 @@
-//! Decoding a `ps.v1.PushChunk` that arrived in several pieces (the HTTP/2
-//! data frames of a stream) without joining them: the chunk's tensor bytes are
-//! handed on as the very pieces they arrived in, and only the few small fields
-//! around them are copied and decoded by prost.
+//! Decoding a `ps.v1.PushChunk` or `ps.v1.PullChunk` that arrived in several
+//! pieces (the HTTP/2 data frames of a stream) without joining them: the
+//! chunk's tensor bytes are handed on as the very pieces they arrived in, and
+//! only the few small fields around them are copied and decoded by prost.
 //!
 //! Protobuf's rules hold: fields may come in any order, a repeated message
 //! field is merged (decoding the concatenation of its occurrences), a repeated
@@ -15,12 +15,14 @@ use crate::v1;
 
 /// `PushChunk.chunk`.
 const PUSH_CHUNK_CHUNK: u64 = 3;
+/// `PullChunk.chunk`.
+const PULL_CHUNK_CHUNK: u64 = 1;
 /// `TensorChunk.data`.
 const TENSOR_CHUNK_DATA: u64 = 6;
 /// Wire type of length-delimited fields.
 const LENGTH_DELIMITED: u64 = 2;
 
-/// Why the bytes of a message are not a `PushChunk`.
+/// Why the bytes of a message are not the chunk message expected.
 #[derive(Debug, thiserror::Error)]
 pub enum FieldError {
     /// The message ended inside a field.
@@ -59,10 +61,41 @@ pub enum FieldError {
 /// # Errors
 /// [`FieldError`] when the bytes are not a `PushChunk`.
 pub fn decode_push_chunk(message: Rope) -> Result<(v1::PushChunk, Vec<Bytes>), FieldError> {
-    let (rest, chunks) = divert_field(message, PUSH_CHUNK_CHUNK)?;
-    let mut push = v1::PushChunk::decode(rest.as_slice())?;
+    decode_with_chunk(
+        message,
+        PUSH_CHUNK_CHUNK,
+        |push: &mut v1::PushChunk, chunk| {
+            push.chunk = Some(chunk);
+        },
+    )
+}
+
+/// Decodes a `PullChunk` from `message`, as [`decode_push_chunk`] does a
+/// `PushChunk`.
+///
+/// # Errors
+/// [`FieldError`] when the bytes are not a `PullChunk`.
+pub fn decode_pull_chunk(message: Rope) -> Result<(v1::PullChunk, Vec<Bytes>), FieldError> {
+    decode_with_chunk(
+        message,
+        PULL_CHUNK_CHUNK,
+        |pull: &mut v1::PullChunk, chunk| {
+            pull.chunk = Some(chunk);
+        },
+    )
+}
+
+/// Decodes a message whose field `chunk_tag` is a `TensorChunk`, putting the
+/// chunk (its data left empty) in place with `set_chunk`.
+fn decode_with_chunk<M: Message + Default>(
+    message: Rope,
+    chunk_tag: u64,
+    set_chunk: impl FnOnce(&mut M, v1::TensorChunk),
+) -> Result<(M, Vec<Bytes>), FieldError> {
+    let (rest, chunks) = divert_field(message, chunk_tag)?;
+    let mut decoded = M::decode(rest.as_slice())?;
     if chunks.is_empty() {
-        return Ok((push, Vec::new()));
+        return Ok((decoded, Vec::new()));
     }
     let mut chunk = Rope::new();
     for occurrence in chunks {
@@ -71,9 +104,9 @@ pub fn decode_push_chunk(message: Rope) -> Result<(v1::PushChunk, Vec<Bytes>), F
         }
     }
     let (rest, data) = divert_field(chunk, TENSOR_CHUNK_DATA)?;
-    push.chunk = Some(v1::TensorChunk::decode(rest.as_slice())?);
+    set_chunk(&mut decoded, v1::TensorChunk::decode(rest.as_slice())?);
     let data = data.into_iter().last().map(Rope::into_pieces);
-    Ok((push, data.unwrap_or_default()))
+    Ok((decoded, data.unwrap_or_default()))
 }
 
 /// Splits a message into the raw bytes of every field but `tag` (to be decoded
@@ -246,6 +279,21 @@ mod tests {
             assert!(inside, "each piece points into the received bytes: no copy");
         }
         assert_eq!(data.iter().map(Bytes::len).sum::<usize>(), 1 << 16);
+    }
+
+    #[test]
+    fn a_pull_chunk_decodes_with_its_data_left_in_place() {
+        let message = v1::PullChunk {
+            chunk: push_chunk(vec![5u8; 4000], "p".into(), vec![1000]).chunk,
+            version: 12,
+        };
+        let wire = message.encode_to_vec();
+        let (mut decoded, data) = decode_pull_chunk(cut(&wire, &[7, 2100])).unwrap();
+        assert_eq!(data.len(), 2, "the data arrived in two pieces and stays so");
+        if let Some(chunk) = &mut decoded.chunk {
+            chunk.data = Bytes::from(data.concat());
+        }
+        assert_eq!(decoded, message);
     }
 
     #[test]

@@ -1,0 +1,136 @@
+//! [`start_framed`]: one gRPC call whose request body is written, and whose
+//! answer is read, as HTTP/2 data frames, without tonic's codec: a push sends
+//! each gradient chunk's own bytes behind a few bytes of header, and a pull
+//! hands each chunk's values on as the frames they arrived in, to be written
+//! once, into the caller's buffer.
+//!
+//! The messages are the same `ps.v1` messages any gRPC client sends; only the
+//! copies are gone. The call goes through the same channel, token and
+//! timeouts as every other call.
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use http::header::{CONTENT_TYPE, HeaderValue, TE};
+use http::{Method, Request, StatusCode, Uri, Version};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use ps_proto::auth::AuthChannel;
+use ps_proto::grpc_frames::{FrameError, MessageReader};
+use ps_proto::rope::Rope;
+use tonic::body::Body;
+use tonic::codegen::Service;
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Status};
+
+/// Calls `path` (`/package.Service/Method`) on `channel` with `metadata` and
+/// the request body `pieces` (whole framed messages, in order), and waits for
+/// the answer's headers.
+///
+/// # Errors
+/// The status the server answered before any message (a refusal), or a
+/// transport failure as tonic reports it, or an answer that is not gRPC.
+pub(crate) async fn start_framed(
+    mut channel: AuthChannel,
+    path: &'static str,
+    metadata: MetadataMap,
+    pieces: impl Stream<Item = Bytes> + Send + 'static,
+    limit: usize,
+) -> Result<FramedAnswer, Status> {
+    let frames = pieces
+        .filter(|piece| std::future::ready(!piece.is_empty()))
+        .map(|piece| Ok::<_, Status>(Frame::data(piece)));
+    let mut request = Request::new(Body::new(StreamBody::new(frames)));
+    *request.method_mut() = Method::POST;
+    *request.uri_mut() = Uri::from_static(path);
+    *request.version_mut() = Version::HTTP_2;
+    *request.headers_mut() = metadata.into_headers();
+    let headers = request.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(TE, HeaderValue::from_static("trailers"));
+
+    std::future::poll_fn(|cx| channel.poll_ready(cx))
+        .await
+        .map_err(|error| Status::from_error(error.into()))?;
+    let response = channel
+        .call(request)
+        .await
+        .map_err(|error| Status::from_error(error.into()))?;
+    let (parts, body) = response.into_parts();
+    if parts.status != StatusCode::OK {
+        return Err(Status::unknown(format!(
+            "the server answered HTTP {} instead of gRPC",
+            parts.status
+        )));
+    }
+    // A status among the headers is a trailers-only answer: no message follows.
+    let ended = match Status::from_header_map(&parts.headers) {
+        Some(status) if status.code() != Code::Ok => return Err(status),
+        Some(_) => true,
+        None => false,
+    };
+    Ok(FramedAnswer {
+        metadata: MetadataMap::from_headers(parts.headers),
+        body: Body::new(body),
+        reader: MessageReader::new(limit),
+        ended,
+    })
+}
+
+/// The answer of a call begun by [`start_framed`], read message by message.
+#[derive(Debug)]
+pub(crate) struct FramedAnswer {
+    metadata: MetadataMap,
+    body: Body,
+    reader: MessageReader,
+    ended: bool,
+}
+
+impl FramedAnswer {
+    /// The answer's metadata.
+    pub(crate) fn metadata(&self) -> &MetadataMap {
+        &self.metadata
+    }
+
+    /// The next message, as the frame pieces it arrived in; `None` once the
+    /// answer ended with an OK status.
+    ///
+    /// # Errors
+    /// The status the answer ended with, a broken transport, or bytes that are
+    /// not gRPC messages.
+    pub(crate) async fn next_message(&mut self) -> Result<Option<Rope>, Status> {
+        loop {
+            let truncated = |e: FrameError| e.into_status(Code::Internal);
+            if let Some(message) = self.reader.next_message().map_err(truncated)? {
+                return Ok(Some(message));
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            let Some(frame) = self.body.frame().await else {
+                return Err(Status::internal(
+                    "the answer ended without trailers, so without a status",
+                ));
+            };
+            let trailers = match frame?.into_data() {
+                Ok(data) => {
+                    self.reader.push(data);
+                    continue;
+                }
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => trailers,
+                    Err(_) => continue,
+                },
+            };
+            self.reader.finish().map_err(truncated)?;
+            match Status::from_header_map(&trailers) {
+                Some(status) if status.code() == Code::Ok => self.ended = true,
+                Some(status) => return Err(status),
+                None => {
+                    return Err(Status::internal(
+                        "the answer's trailers carry no grpc-status",
+                    ));
+                }
+            }
+        }
+    }
+}
