@@ -4,6 +4,7 @@
 //! the same machine in the same run. With metrics on, the servers serve
 //! Prometheus metrics and are scraped every second, which is what metrics cost.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -12,7 +13,7 @@ use anyhow::Context;
 use bytes::Bytes;
 use futures::future::try_join_all;
 use ps_client::placement::ParamInfo;
-use ps_client::{ClientConfig, PsClient};
+use ps_client::{ClientConfig, PsClient, PulledParam};
 use ps_common::processes::ServerProcess;
 use ps_proto::codec::{DType, encode_f32};
 use ps_proto::ids::{Rank, Step, Version};
@@ -97,6 +98,9 @@ struct Worker {
     client: PsClient,
     rank: Rank,
     grads: Vec<(String, Bytes)>,
+    /// The values pulled, their buffers reused from step to step as a
+    /// training loop that keeps them does (`PsClient::pull_into`).
+    pulled: tokio::sync::Mutex<BTreeMap<String, PulledParam>>,
     phases: Mutex<Phases>,
 }
 
@@ -144,6 +148,7 @@ impl Worker {
             client,
             rank: Rank(rank),
             grads,
+            pulled: tokio::sync::Mutex::default(),
             phases: Mutex::default(),
         })
     }
@@ -152,7 +157,11 @@ impl Worker {
         let pushing = Instant::now();
         self.client.push(self.rank, step, &self.grads).await?;
         let pulling = Instant::now();
-        let (_, waited) = self.client.pull_waiting(Version::after(step)).await?;
+        let mut pulled = self.pulled.lock().await;
+        let waited = self
+            .client
+            .pull_into(Version::after(step), &mut pulled)
+            .await?;
         let pulled = pulling.elapsed();
         let mut phases = self.phases.lock().unwrap_or_else(|p| p.into_inner());
         phases.push += pulling - pushing;
