@@ -1,5 +1,6 @@
 //! Exactly-once gradient application under injected faults. Four workers push
-//! 1,000 steps each through [`FaultyProxy`], which delays traffic and cuts
+//! 1,000 steps each (of a small key, unary pushes) or 150 (of a 128 KiB key,
+//! pushed as framed streams of 32 KiB chunks) through [`FaultyProxy`], which delays traffic and cuts
 //! connections as answers come back (so the server applied a push whose
 //! acknowledgement was lost, and the client retries it); every seventh push is
 //! also sent twice on purpose. Under ASP with SGD (lr 1) every push of a gradient
@@ -19,23 +20,41 @@ use ps_server::{Consistency, ServerConfig};
 use ps_tests::faults::{FaultPlan, FaultyProxy};
 
 const WORKERS: u32 = 4;
-const STEPS: u64 = 1000;
-const LEN: usize = 8;
 
-fn ones() -> Vec<(String, Bytes)> {
-    let bytes: Vec<u8> = std::iter::repeat_n(1.0f32.to_le_bytes(), LEN)
+/// The key pushed: its length, and the pushes each worker makes.
+#[derive(Debug, Clone, Copy)]
+struct Key {
+    len: usize,
+    steps: u64,
+}
+
+/// A key small enough for unary pushes.
+const SMALL: Key = Key {
+    len: 8,
+    steps: 1000,
+};
+/// A 128 KiB key, pushed as framed streams of four chunks.
+const LARGE: Key = Key {
+    len: 32 << 10,
+    steps: 150,
+};
+
+fn ones(key: Key) -> Vec<(String, Bytes)> {
+    let bytes: Vec<u8> = std::iter::repeat_n(1.0f32.to_le_bytes(), key.len)
         .flatten()
         .collect();
     vec![("w".to_string(), Bytes::from(bytes))]
 }
 
-async fn client(addr: &str) -> PsClient {
-    let mut client = PsClient::connect(ClientConfig::new(vec![addr.to_string()]))
+async fn client(addr: &str, key: Key) -> PsClient {
+    let mut config = ClientConfig::new(vec![addr.to_string()]);
+    config.chunk_bytes = 32 << 10;
+    let mut client = PsClient::connect(config)
         .await
         .expect("connect through the proxy");
     let info = ParamInfo {
         name: "w".into(),
-        shape: vec![LEN],
+        shape: vec![key.len],
         dtype: DType::F32,
     };
     client.place(&[info]).await.expect("place");
@@ -44,8 +63,8 @@ async fn client(addr: &str) -> PsClient {
 
 /// Pushes `(worker, step)` until the server acknowledges it, as the trainer does
 /// when the client's own retries run out; returns how many keys took it.
-async fn push_until_acknowledged(client: &PsClient, worker: u32, step: u64) -> usize {
-    let grads = ones();
+async fn push_until_acknowledged(client: &PsClient, key: Key, worker: u32, step: u64) -> usize {
+    let grads = ones(key);
     for _ in 0..20 {
         match client.push(Rank(worker), Step(step), &grads).await {
             Ok(accepted) => return accepted,
@@ -60,13 +79,13 @@ async fn push_until_acknowledged(client: &PsClient, worker: u32, step: u64) -> u
 }
 
 /// Returns how many pushes the worker sent twice on purpose.
-async fn worker(addr: String, rank: u32) -> u64 {
-    let client = client(&addr).await;
+async fn worker(addr: String, key: Key, rank: u32) -> u64 {
+    let client = client(&addr, key).await;
     let mut repeated = 0;
-    for step in 0..STEPS {
-        push_until_acknowledged(&client, rank, step).await;
+    for step in 0..key.steps {
+        push_until_acknowledged(&client, key, rank, step).await;
         if step % 7 == 0 {
-            let again = push_until_acknowledged(&client, rank, step).await;
+            let again = push_until_acknowledged(&client, key, rank, step).await;
             assert_eq!(again, 0, "a repeated push ({rank}, {step}) was taken again");
             repeated += 1;
         }
@@ -76,6 +95,17 @@ async fn worker(addr: String, rank: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_gradient_is_applied_exactly_once_through_cuts_delays_and_duplicates() {
+    applied_exactly_once(SMALL).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_streamed_gradient_is_applied_exactly_once_through_cuts_delays_and_duplicates() {
+    applied_exactly_once(LARGE).await;
+}
+
+/// Workers push `key` through the faulty proxy; every push must be applied
+/// exactly once.
+async fn applied_exactly_once(key: Key) {
     let config = ServerConfig {
         consistency: Consistency::Asp,
         workers: 1,
@@ -90,22 +120,22 @@ async fn every_gradient_is_applied_exactly_once_through_cuts_delays_and_duplicat
         seed: 0x00C0_FFEE,
     };
     let proxy = FaultyProxy::start(server, plan).await.expect("a proxy");
-    let direct = client(&servers.addrs()[0]).await;
-    let zeros = vec![("w".to_string(), Bytes::from(vec![0u8; LEN * 4]))];
+    let direct = client(&servers.addrs()[0], key).await;
+    let zeros = vec![("w".to_string(), Bytes::from(vec![0u8; key.len * 4]))];
     direct
         .register(&zeros, &optim::sgd(1.0))
         .await
         .expect("register");
 
     let tasks: Vec<_> = (0..WORKERS)
-        .map(|rank| tokio::spawn(worker(proxy.addr.to_string(), rank)))
+        .map(|rank| tokio::spawn(worker(proxy.addr.to_string(), key, rank)))
         .collect();
     let mut repeated = 0;
     for task in tasks {
         repeated += task.await.expect("a worker task panicked");
     }
 
-    let pushes = u64::from(WORKERS) * STEPS;
+    let pushes = u64::from(WORKERS) * key.steps;
     let pulled = direct.pull(Version(0)).await.expect("pull directly");
     let w = &pulled["w"];
     assert_eq!(
