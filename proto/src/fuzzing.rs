@@ -6,8 +6,11 @@ use bytes::Bytes;
 use prost::Message;
 
 use crate::chunk::Assembler;
+use crate::chunk_decode::{decode_pull_chunk, decode_push_chunk};
 use crate::codec::TensorData;
+use crate::grpc_frames::MessageReader;
 use crate::placement::{Param, plan};
+use crate::rope::Rope;
 use crate::v1;
 
 /// A `Tensor` message decoded from `data`: either refused, or a tensor whose
@@ -48,6 +51,63 @@ pub fn chunk_stream(data: &[u8]) -> bool {
     let assembled: usize = tensors.iter().map(|(_, t)| t.byte_len()).sum();
     assert_eq!(assembled, carried);
     true
+}
+
+/// gRPC messages cut out of `data` (its first byte sets where the HTTP/2
+/// frames are cut) and each decoded as a `PushChunk` and a `PullChunk` with
+/// the data left in the frames: each decodes exactly as prost decodes the
+/// joined bytes, or is refused where prost refuses them. The number of
+/// messages read.
+pub fn framed_chunks(data: &[u8]) -> usize {
+    let Some((&cut, wire)) = data.split_first() else {
+        return 0;
+    };
+    let wire = Bytes::copy_from_slice(wire);
+    let step = usize::from(cut) + 1;
+    let mut reader = MessageReader::new(1 << 20);
+    let mut messages = 0;
+    for start in (0..wire.len()).step_by(step) {
+        reader.push(wire.slice(start..(start + step).min(wire.len())));
+        loop {
+            match reader.next_message() {
+                Ok(Some(message)) => {
+                    agrees_with_prost(message.clone(), decode_push_chunk, |m, data| {
+                        if let Some(chunk) = m.chunk.as_mut() {
+                            chunk.data = data;
+                        }
+                    });
+                    agrees_with_prost(message, decode_pull_chunk, |m, data| {
+                        if let Some(chunk) = m.chunk.as_mut() {
+                            chunk.data = data;
+                        }
+                    });
+                    messages += 1;
+                }
+                Ok(None) => break,
+                Err(_) => return messages,
+            }
+        }
+    }
+    messages
+}
+
+/// Checks `decode` on `message` against prost on its joined bytes, putting
+/// the data pieces back in place with `put_data`.
+fn agrees_with_prost<M: Message + Default + PartialEq + std::fmt::Debug, E>(
+    message: Rope,
+    decode: impl Fn(Rope) -> Result<(M, Vec<Bytes>), E>,
+    put_data: impl Fn(&mut M, Bytes),
+) {
+    let joined = message.clone().into_pieces().concat();
+    match (decode(message), M::decode(joined.as_slice())) {
+        (Ok((mut ours, data)), Ok(theirs)) => {
+            put_data(&mut ours, Bytes::from(data.concat()));
+            assert_eq!(ours, theirs, "the framed decode differs from prost's");
+        }
+        (Err(_), Err(_)) => {}
+        (Ok(_), Err(_)) => panic!("the framed decode took bytes prost refuses"),
+        (Err(_), Ok(_)) => panic!("the framed decode refused bytes prost takes"),
+    }
 }
 
 /// Parameters and a server count read from `data`, planned: every element of
@@ -91,6 +151,38 @@ pub fn placement(data: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk_encode::framed_push_chunk;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn arbitrary_frames_never_panic(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+            framed_chunks(&data);
+        }
+
+        #[test]
+        fn framed_pushes_are_read_back_whatever_the_cut(
+            cut in any::<u8>(),
+            data in proptest::collection::vec(any::<u8>(), 0..600),
+            count in 1usize..4,
+        ) {
+            let message = v1::PushChunk {
+                worker_id: 1,
+                step: 2,
+                map_version: 3,
+                chunk: Some(v1::TensorChunk {
+                    name: "w".into(),
+                    data: Bytes::from(data),
+                    ..Default::default()
+                }),
+            };
+            let mut input = vec![cut];
+            for _ in 0..count {
+                input.extend(framed_push_chunk(message.clone()).concat());
+            }
+            prop_assert_eq!(framed_chunks(&input), count);
+        }
+    }
 
     #[test]
     fn well_formed_inputs_reach_the_code_under_test() {

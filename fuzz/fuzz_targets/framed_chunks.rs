@@ -1,0 +1,7 @@
+//! gRPC messages cut out of arbitrarily cut HTTP/2 frames, each decoded as a
+//! push and a pull chunk with its data left in the frames, checked against prost.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let _messages = ps_proto::fuzzing::framed_chunks(data);
+});
