@@ -34,6 +34,19 @@ fn f32s(values: &[f32]) -> Bytes {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
+    stale_map_refused_then_refreshed(2).await;
+}
+
+/// The same with a 128 KiB key, pushed and pulled as framed streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_map_is_refused_on_a_framed_stream_then_refreshed() {
+    stale_map_refused_then_refreshed(32 << 10).await;
+}
+
+/// A worker of a key of `len` elements pushes with a map that a second
+/// worker's leaving made stale: refused with the new version, refreshed, and
+/// the gradient taken exactly once.
+async fn stale_map_refused_then_refreshed(len: usize) {
     let addr = scheduler(2).await;
     let servers = LocalServers::start_following(
         1,
@@ -55,13 +68,13 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
     client
         .place(&[ParamInfo {
             name: "w".into(),
-            shape: vec![2],
+            shape: vec![len],
             dtype: DType::F32,
         }])
         .await
         .unwrap();
     client
-        .register(&[("w".into(), f32s(&[1.0, 1.0]))], &ps_client::sgd(1.0))
+        .register(&[("w".into(), f32s(&vec![1.0; len]))], &ps_client::sgd(1.0))
         .await
         .unwrap();
 
@@ -106,7 +119,7 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
 
     // Until the server applies the new map, pushes with the old one go through; after,
     // they are refused with the version to fetch.
-    let grads = [("w".to_string(), f32s(&[0.5, 0.5]))];
+    let grads = [("w".to_string(), f32s(&vec![0.5; len]))];
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut taken_before = 0;
     let stale = loop {
@@ -135,7 +148,7 @@ async fn a_stale_map_is_refused_then_refreshed_and_the_group_shrinks() {
     let pulled = client.pull(Version(1)).await.unwrap();
     assert_eq!(
         pulled["w"].values,
-        vec![0.5, 0.5],
+        vec![0.5; len],
         "step 0 completed with the one live worker, applied once"
     );
     servers.shutdown().await.unwrap();
