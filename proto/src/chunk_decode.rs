@@ -31,8 +31,8 @@ pub enum FieldError {
         /// What was being read.
         what: &'static str,
     },
-    /// A varint longer than ten bytes.
-    #[error("a varint runs past ten bytes")]
+    /// A varint longer than ten bytes, or past 64 bits.
+    #[error("a varint runs past ten bytes or 64 bits")]
     LongVarint,
     /// A wire type protobuf does not have, or a deprecated group.
     #[error("field {tag} has wire type {wire_type}, which ps.v1 messages never use")]
@@ -181,13 +181,17 @@ fn read_length(message: &mut Rope, tag: u64) -> Result<usize, FieldError> {
     usize::try_from(len).map_err(|_| FieldError::Length { tag, len })
 }
 
-/// Reads a base-128 varint.
+/// Reads a base-128 varint as prost does: at most ten bytes, the tenth
+/// holding only the 64th bit.
 fn read_varint(message: &mut Rope, what: &'static str) -> Result<u64, FieldError> {
     let mut value = 0u64;
-    for shift in (0..70).step_by(7) {
+    for count in 0..10 {
         let byte = message.read_u8().ok_or(FieldError::Truncated { what })?;
-        value |= u64::from(byte & 0x7f) << shift.min(63);
+        value |= u64::from(byte & 0x7f) << (count * 7);
         if byte & 0x80 == 0 {
+            if count == 9 && byte >= 0x02 {
+                return Err(FieldError::LongVarint);
+            }
             return Ok(value);
         }
     }
@@ -308,6 +312,22 @@ mod tests {
             chunk.data = Bytes::from(data.concat());
         }
         assert_eq!(decoded, message);
+    }
+
+    #[test]
+    fn a_varint_past_64_bits_is_refused_as_prost_refuses_it() {
+        // Field 1 with a ten-byte varint whose last byte sets bits past the
+        // 64th. Found by the framed_chunks fuzz target.
+        let wire = [
+            0x08, 0xff, 0xbc, 0xbc, 0xbc, 0xbc, 0xc0, 0xbc, 0xff, 0xff, 0x77,
+        ];
+        assert!(v1::PushChunk::decode(&wire[..]).is_err());
+        assert!(decode_push_chunk(cut(&wire, &[4])).is_err());
+        let mut largest = wire;
+        largest[10] = 0x01;
+        let theirs = v1::PushChunk::decode(&largest[..]).expect("bit 64 alone is a u64");
+        let (ours, _) = decode_push_chunk(cut(&largest, &[4])).expect("taken as prost takes it");
+        assert_eq!(ours, theirs);
     }
 
     #[test]

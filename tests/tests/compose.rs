@@ -214,7 +214,14 @@ fn the_compose_cluster_trains_at_two_and_three_workers_and_survives_killed_conta
         return;
     }
     Compose::build_images();
-    let first = Compose::up("candle-ps-e2e-default", &[], &[("PS_JOB_ID", "first")]);
+    // 150 epochs, as the chaos runs train, so the job outlasts several of
+    // Prometheus's one-second scrapes: a rate needs two samples of a worker's
+    // series, and the default 30 epochs of digits can end within a second.
+    let first = Compose::up(
+        "candle-ps-e2e-default",
+        &[],
+        &[("PS_JOB_ID", "first"), ("PS_EPOCHS", "150")],
+    );
     let prometheus = first.prometheus();
     let targets = prometheus.wait_up(
         &[
