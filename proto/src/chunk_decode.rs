@@ -42,6 +42,12 @@ pub enum FieldError {
         /// The wire type found.
         wire_type: u64,
     },
+    /// A message field that appears more than once.
+    #[error("field {tag} appears more than once")]
+    Repeated {
+        /// The field's number.
+        tag: u64,
+    },
     /// A length that does not fit in memory.
     #[error("field {tag} declares {len} bytes")]
     Length {
@@ -106,17 +112,16 @@ fn split_chunk_data<M: Message + Default>(
     chunk_tag: u64,
     chunk_of: impl Fn(&mut M) -> &mut Option<v1::TensorChunk>,
 ) -> Result<(M, Vec<Bytes>), FieldError> {
-    let (rest, chunks) = divert_field(message, chunk_tag)?;
+    let (rest, mut chunks) = divert_field(message, chunk_tag)?;
     let mut decoded = M::decode(rest.as_slice())?;
-    if chunks.is_empty() {
+    // Protobuf merges a repeated message field, but prost checks each
+    // occurrence on its own: several are left to prost.
+    if chunks.len() > 1 {
+        return Err(FieldError::Repeated { tag: chunk_tag });
+    }
+    let Some(chunk) = chunks.pop() else {
         return Ok((decoded, Vec::new()));
-    }
-    let mut chunk = Rope::new();
-    for occurrence in chunks {
-        for piece in occurrence.into_pieces() {
-            chunk.push(piece);
-        }
-    }
+    };
     let (rest, data) = divert_field(chunk, TENSOR_CHUNK_DATA)?;
     *chunk_of(&mut decoded) = Some(v1::TensorChunk::decode(rest.as_slice())?);
     let data = data.into_iter().last().map(Rope::into_pieces);
@@ -328,6 +333,15 @@ mod tests {
         let theirs = v1::PushChunk::decode(&largest[..]).expect("bit 64 alone is a u64");
         let (ours, _) = decode_push_chunk(cut(&largest, &[4])).expect("taken as prost takes it");
         assert_eq!(ours, theirs);
+    }
+
+    #[test]
+    fn a_chunk_field_given_twice_is_taken_or_refused_as_prost_does() {
+        // The first occurrence alone is cut short, though the two together
+        // would decode. Found by the framed_chunks fuzz target.
+        let wire = [0x1a, 0x01, 0x5a, 0x1a, 0x01, 0x00];
+        assert!(v1::PushChunk::decode(&wire[..]).is_err());
+        assert!(decode_push_chunk(cut(&wire, &[2])).is_err());
     }
 
     #[test]
