@@ -1,4 +1,5 @@
-//! [`PushChunks`]: where the chunks of a `PushStream` come from. Either tonic's
+//! [`PushChunks`]: where the chunks of a `PushStream` come from, and
+//! [`next_message`], a tonic stream's next message within the idle limit. Either tonic's
 //! [`Streaming`], which has copied each message into one buffer, or
 //! [`FramedPushChunks`], which cuts them out of the HTTP/2 data frames as they
 //! arrived and hands each chunk's tensor bytes on as those frames' own memory.
@@ -27,12 +28,20 @@ pub(crate) trait PushChunks: Send {
     ) -> impl Future<Output = Result<Option<(v1::PushChunk, Vec<Bytes>)>>> + Send;
 }
 
+/// The stream's next message, or `StreamIdle` when none comes within `idle`.
+pub(crate) async fn next_message<T: prost::Message + Default>(
+    stream: &mut Streaming<T>,
+    idle: Duration,
+) -> Result<Option<T>> {
+    match tokio::time::timeout(idle, stream.message()).await {
+        Ok(message) => Ok(message?),
+        Err(_) => Err(Error::StreamIdle { idle }),
+    }
+}
+
 impl PushChunks for Streaming<v1::PushChunk> {
     async fn next_chunk(&mut self, idle: Duration) -> Result<Option<(v1::PushChunk, Vec<Bytes>)>> {
-        let message = match tokio::time::timeout(idle, self.message()).await {
-            Ok(message) => message?,
-            Err(_) => return Err(Error::StreamIdle { idle }),
-        };
+        let message = next_message(self, idle).await?;
         Ok(message.map(|mut message| {
             let data = message
                 .chunk

@@ -29,7 +29,7 @@ use crate::group::Ranks;
 use crate::metrics::ServerMetrics;
 use crate::param::ParamSpec;
 use crate::push_buffer::{PushBuffer, Reservation};
-use crate::push_source::PushChunks;
+use crate::push_source::{PushChunks, next_message};
 use crate::store::{Pulled, Pushed, Store};
 use crate::wire;
 
@@ -205,17 +205,6 @@ impl ParameterService {
             metrics.pulled(bytes);
         }
         Ok((pulled, charge, waited))
-    }
-}
-
-/// The stream's next message, or `StreamIdle` when none comes within `idle`.
-async fn next_message<T: prost::Message + Default>(
-    stream: &mut Streaming<T>,
-    idle: Duration,
-) -> Result<Option<T>> {
-    match tokio::time::timeout(idle, stream.message()).await {
-        Ok(message) => Ok(message?),
-        Err(_) => Err(Error::StreamIdle { idle }),
     }
 }
 
