@@ -15,7 +15,7 @@ use http::{Method, Request, StatusCode, Uri, Version};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use ps_proto::auth::AuthChannel;
-use ps_proto::grpc_frames::{FrameError, MessageReader};
+use ps_proto::grpc_frames::{FrameError, GRPC_CONTENT_TYPE, MessageReader};
 use ps_proto::rope::Rope;
 use tonic::body::Body;
 use tonic::codegen::Service;
@@ -45,7 +45,7 @@ pub(crate) async fn start_framed(
     *request.version_mut() = Version::HTTP_2;
     *request.headers_mut() = metadata.into_headers();
     let headers = request.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(GRPC_CONTENT_TYPE));
     headers.insert(TE, HeaderValue::from_static("trailers"));
 
     std::future::poll_fn(|cx| channel.poll_ready(cx))

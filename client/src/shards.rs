@@ -14,6 +14,7 @@ use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::auth::AuthChannel;
 use ps_proto::chunk_decode::decode_pull_chunk;
 use ps_proto::chunk_encode::{framed_message, framed_push_chunk};
+use ps_proto::grpc_frames::{PULL_STREAM_PATH, PUSH_STREAM_PATH};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::metadata;
@@ -34,9 +35,6 @@ use crate::wire::{
     MalformedReply, PartData, PartSink, PulledParam, cut_into_parts, register_chunks, spec_of,
     tensor_chunks, tensor_of, write_pull_chunk, write_pulled,
 };
-
-const PUSH_STREAM: &str = "/ps.v1.ParameterServer/PushStream";
-const PULL_STREAM: &str = "/ps.v1.ParameterServer/PullStream";
 
 /// Pushes and pulls of this many bytes or more go as framed streams, whose
 /// tensor bytes are never copied on the way ([`crate::framed`]); smaller ones
@@ -413,7 +411,7 @@ impl Shards {
             let mut metadata = MetadataMap::new();
             metadata.insert(metadata::PUSH_BYTES, (bytes as u64).into());
             let retry = self.retry;
-            let (what, path) = ("PushStream", PUSH_STREAM);
+            let (what, path) = ("PushStream", PUSH_STREAM_PATH);
             let mut answer = server
                 .start_framed(retry, what, path, metadata, pieces)
                 .await?;
@@ -514,7 +512,7 @@ impl Shards {
             let tensors = response.into_inner().tensors;
             write_pulled(&mut sinks, tensors).map_err(|e| protocol("Pull", e))?;
         } else {
-            let (what, path) = ("PullStream", PULL_STREAM);
+            let (what, path) = ("PullStream", PULL_STREAM_PATH);
             let request = framed_message(&request);
             let mut answer = server
                 .start_framed(

@@ -139,8 +139,8 @@ impl<'a> PartSink<'a> {
     }
 
     /// Writes the next chunk, `data` at byte `offset` of a tensor sent as
-    /// `header`, at `version`.
-    /// `data` may come as several pieces (the frames it arrived in).
+    /// `header`, at `version`; `data` may come as several pieces (the frames
+    /// it arrived in).
     pub(crate) fn write(
         &mut self,
         header: &ChunkHeader,

@@ -17,6 +17,17 @@ use crate::rope::Rope;
 /// The compression flag and length in front of every gRPC message.
 pub const PREFIX_BYTES: usize = 5;
 
+/// The content type of every gRPC request and answer.
+pub const GRPC_CONTENT_TYPE: &str = "application/grpc";
+
+/// The HTTP/2 path of `ps.v1.ParameterServer/PushStream`, served and called
+/// as frames.
+pub const PUSH_STREAM_PATH: &str = "/ps.v1.ParameterServer/PushStream";
+
+/// The HTTP/2 path of `ps.v1.ParameterServer/PullStream`, served and called
+/// as frames.
+pub const PULL_STREAM_PATH: &str = "/ps.v1.ParameterServer/PullStream";
+
 /// Why the bytes of a stream are not a sequence of gRPC messages this server
 /// reads.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -130,9 +130,10 @@ impl Charge {
     }
 }
 
-/// A response stream (or the iterator of its messages) that holds its [`Charge`] until it is dropped: a pull's
-/// chunks share the snapshot they were cut from, which a newer version may have
-/// replaced in the key, so it stays charged until the last chunk is gone.
+/// A response stream (or the iterator of its messages) that holds its
+/// [`Charge`] until it is dropped: a pull's chunks share the snapshot they were
+/// cut from, which a newer version may have replaced in the key, so it stays
+/// charged until the last chunk is gone.
 #[derive(Debug)]
 pub struct Charged<S> {
     inner: S,

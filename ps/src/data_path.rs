@@ -21,7 +21,7 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use prost::Message;
 use ps_proto::chunk_encode::{framed_message, framed_pull_chunk};
-use ps_proto::grpc_frames::MessageReader;
+use ps_proto::grpc_frames::{GRPC_CONTENT_TYPE, MessageReader, PULL_STREAM_PATH, PUSH_STREAM_PATH};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_server::ParameterServerServer;
 use tonic::body::Body;
@@ -31,10 +31,6 @@ use tonic::{Code, Status};
 
 use crate::push_source::{FramedPushChunks, refused};
 use crate::service::{ParameterService, PullChunks};
-
-const PUSH_STREAM: &str = "/ps.v1.ParameterServer/PushStream";
-const PULL_STREAM: &str = "/ps.v1.ParameterServer/PullStream";
-const GRPC_CONTENT_TYPE: HeaderValue = HeaderValue::from_static("application/grpc");
 
 /// The `ps.v1.ParameterServer` service, its data path served in place.
 #[derive(Debug, Clone)]
@@ -69,8 +65,8 @@ impl Service<Request<Body>> for DataPath {
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let service = self.service.clone();
         match request.uri().path() {
-            PUSH_STREAM => Box::pin(async move { Ok(push_stream(&service, request).await) }),
-            PULL_STREAM => Box::pin(async move { Ok(pull_stream(&service, request).await) }),
+            PUSH_STREAM_PATH => Box::pin(async move { Ok(push_stream(&service, request).await) }),
+            PULL_STREAM_PATH => Box::pin(async move { Ok(pull_stream(&service, request).await) }),
             _ => self.generated.call(request),
         }
     }
@@ -120,7 +116,7 @@ fn grpc_response(
     mut headers: HeaderMap,
     body: impl futures::Stream<Item = Bytes> + Send + 'static,
 ) -> Response<Body> {
-    headers.insert(CONTENT_TYPE, GRPC_CONTENT_TYPE);
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(GRPC_CONTENT_TYPE));
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from(Code::Ok as i32));
     let frames = body
