@@ -155,9 +155,7 @@ impl<'a> PartSink<'a> {
         let segments = whole_elements(data, dtype.size());
         let chunk = TensorData::from_segments(dtype, vec![len / dtype.size()], segments)?;
         let values = &mut self.values[first..first + chunk.len()];
-        chunk.for_each_f32_block(|start, block| {
-            values[start..start + block.len()].copy_from_slice(block);
-        });
+        chunk.for_each_f32_run(|start, run| run.copy_to(&mut values[start..start + run.len()]));
         self.version = Some(self.version.map_or(version, |v| v.min(version)));
         Ok(())
     }

@@ -3,10 +3,11 @@
 //!
 //! A [`TensorData`] is a validated tensor whose bytes may live in several
 //! [`Bytes`] segments (the chunks of a stream, sliced straight out of receive
-//! buffers). Reading it as `f32` never copies when a segment is `f32` and
-//! 4-byte aligned. An unaligned `f32` segment is copied in bulk (one `memcpy` per
-//! block) into an aligned stack buffer, never decoded element by element; half
-//! precision is widened in a tight loop per block. No path allocates.
+//! buffers). Reading it as `f32` never copies an `f32` segment, aligned or not:
+//! [`TensorData::for_each_f32_run`] hands out aligned segments as `&[f32]` and
+//! unaligned ones as little-endian `[u8; 4]` elements, which a loop loads with
+//! unaligned vector loads. Half precision is widened in a tight loop per block
+//! through a stack buffer. No path allocates.
 
 use bytes::Bytes;
 use half::{bf16, f16};
@@ -261,6 +262,27 @@ impl TensorData {
         }
     }
 
+    /// Calls `f(first_element_index, run)` over consecutive runs of elements that
+    /// together cover every element in order. An `f32` segment is one run where it
+    /// lies, aligned or not; half precision is widened block by block through a
+    /// stack buffer. Neither copies nor allocates for `f32`.
+    pub fn for_each_f32_run(&self, mut f: impl FnMut(usize, F32Run<'_>)) {
+        let mut index = 0;
+        for segment in &self.segments {
+            let mut each = |run: F32Run<'_>| {
+                let len = run.len();
+                f(index, run);
+                index += len;
+            };
+            match self.dtype {
+                DType::F32 => each(F32Run::of_le_bytes(segment)),
+                dtype => for_each_segment_block(dtype, segment, |values| {
+                    each(F32Run::Values(values));
+                }),
+            }
+        }
+    }
+
     /// Calls `f(first_element_index, values)` over consecutive blocks that together
     /// cover every element in order, decoding half precision and unaligned data
     /// through a stack buffer (no heap allocation).
@@ -342,6 +364,62 @@ fn first_all_ones<const N: usize>(bytes: &[u8], mask: u32) -> Option<usize> {
                 .position(bits)
                 .map(|i| run_index * RUN + i)
         })
+}
+
+/// Consecutive `f32` elements of a tensor, as they lie in memory.
+#[derive(Debug, Clone, Copy)]
+pub enum F32Run<'a> {
+    /// Aligned values (or half precision already widened).
+    Values(&'a [f32]),
+    /// Little-endian `f32` elements at any alignment.
+    LittleEndian(&'a [[u8; 4]]),
+}
+
+impl<'a> F32Run<'a> {
+    /// The elements of little-endian `f32` bytes: values where they are aligned
+    /// (on a little-endian machine), bytes otherwise. A trailing partial element
+    /// is left out.
+    pub fn of_le_bytes(bytes: &'a [u8]) -> Self {
+        let whole = &bytes[..bytes.len() - bytes.len() % 4];
+        match bytemuck::try_cast_slice::<u8, f32>(whole) {
+            Ok(values) if cfg!(target_endian = "little") => F32Run::Values(values),
+            _ => F32Run::LittleEndian(bytemuck::cast_slice(whole)),
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            F32Run::Values(values) => values.len(),
+            F32Run::LittleEndian(elements) => elements.len(),
+        }
+    }
+
+    /// True for a run of no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes the run into `out`, which must be exactly as long: one `memcpy` on
+    /// a little-endian machine, whatever the alignment.
+    ///
+    /// # Panics
+    /// When `out`'s length differs from the run's.
+    pub fn copy_to(&self, out: &mut [f32]) {
+        match self {
+            F32Run::Values(values) => out.copy_from_slice(values),
+            F32Run::LittleEndian(elements) if cfg!(target_endian = "little") => {
+                let bytes: &[u8] = bytemuck::cast_slice(elements);
+                bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(bytes);
+            }
+            F32Run::LittleEndian(elements) => {
+                assert_eq!(out.len(), elements.len(), "copy_to: lengths differ");
+                for (out, element) in out.iter_mut().zip(elements.iter()) {
+                    *out = f32::from_le_bytes(*element);
+                }
+            }
+        }
+    }
 }
 
 /// Encodes `values` as little-endian bytes of `dtype`.
@@ -437,6 +515,38 @@ mod tests {
             blocks += 1;
         });
         assert_eq!(blocks, 1);
+    }
+
+    #[test]
+    fn runs_cover_every_element_in_place_however_aligned() {
+        let values: Vec<f32> = (0..3001).map(|i| i as f32 * 0.25 - 9.0).collect();
+        let mut raw = vec![0u8];
+        raw.extend(f32_bytes(&values));
+        let buffer = Bytes::from(raw);
+        // Two odd-addressed segments, cut between elements.
+        let parts = vec![buffer.slice(1..4001), buffer.slice(4001..)];
+        let tensor = TensorData::from_segments(DType::F32, vec![3001], parts).unwrap();
+        let mut out = vec![0f32; values.len()];
+        let mut starts = Vec::new();
+        tensor.for_each_f32_run(|start, run| {
+            let F32Run::LittleEndian(elements) = run else {
+                panic!("an odd-addressed segment came out as aligned values");
+            };
+            let bytes: &[u8] = bytemuck::cast_slice(elements);
+            let lies = buffer[1 + start * 4..].as_ptr();
+            assert_eq!(bytes.as_ptr(), lies, "read where it lies");
+            run.copy_to(&mut out[start..start + run.len()]);
+            starts.push(start);
+        });
+        assert_eq!(starts, vec![0, 1000]);
+        assert_eq!(out, values);
+
+        for dtype in [DType::F16, DType::BF16] {
+            let half = TensorData::from_f32(dtype, vec![4], &[0.5, -2.0, 1024.0, 0.0]);
+            let mut out = [1f32; 4];
+            half.for_each_f32_run(|start, run| run.copy_to(&mut out[start..start + run.len()]));
+            assert_eq!(out, [0.5, -2.0, 1024.0, 0.0], "{dtype}");
+        }
     }
 
     #[test]

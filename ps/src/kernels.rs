@@ -1,7 +1,11 @@
-//! The optimizers' arithmetic over one aligned block of a key: plain loops over
-//! slices, written so the compiler vectorises them, and compiled once more for
-//! the widest vector unit the processor has (AVX2 and FMA on x86-64, chosen at
-//! run time through `pulp`), so one binary is fast on every machine.
+//! The optimizers' arithmetic over one run of a key: plain loops over slices,
+//! written so the compiler vectorises them, and compiled once more for the widest
+//! vector unit the processor has (AVX2 and FMA on x86-64, chosen at run time
+//! through `pulp`), so one binary is fast on every machine.
+//!
+//! The gradient is read where it lies: aligned `f32` values, or little-endian
+//! bytes at any address straight out of the receive buffers ([`Lane`]), loaded
+//! with unaligned vector loads instead of being copied to an aligned buffer first.
 //!
 //! SGD and momentum compute in `f64` and round once to `f32`. Adam's moments,
 //! square root and division run in `f32` lanes (twice as many per instruction,
@@ -10,6 +14,27 @@
 //! either way (`optimizer` tests).
 
 use pulp::Arch;
+
+/// One gradient element as it lies in memory.
+pub(crate) trait Lane: Copy {
+    /// Its value.
+    fn value(self) -> f32;
+}
+
+impl Lane for f32 {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        self
+    }
+}
+
+/// A little-endian `f32` at any alignment.
+impl Lane for [u8; 4] {
+    #[inline(always)]
+    fn value(self) -> f32 {
+        f32::from_le_bytes(self)
+    }
+}
 
 /// SGD: `w -= lr * (scale * g + weight_decay * w)`.
 #[derive(Debug, Clone, Copy)]
@@ -72,39 +97,47 @@ impl Adam {
 }
 
 /// Applies SGD to `w` with gradient block `g` (same length).
-pub(crate) fn sgd(w: &mut [f32], g: &[f32], k: Sgd) {
+pub(crate) fn sgd<G: Lane>(w: &mut [f32], g: &[G], k: Sgd) {
     Arch::new().dispatch(|| {
         for (w, &g) in w.iter_mut().zip(g) {
             let w64 = f64::from(*w);
-            *w = (w64 - k.lr * (k.scale * f64::from(g) + k.weight_decay * w64)) as f32;
+            *w = (w64 - k.lr * (k.scale * f64::from(g.value()) + k.weight_decay * w64)) as f32;
         }
     });
 }
 
 /// Applies momentum SGD to `w` and its buffer `b` with gradient block `g`.
-pub(crate) fn momentum(w: &mut [f32], b: &mut [f32], g: &[f32], k: Momentum) {
-    Arch::new().dispatch(|| {
-        for ((w, b), &g) in w.iter_mut().zip(b.iter_mut()).zip(g) {
-            let w64 = f64::from(*w);
-            let g = k.scale * f64::from(g) + k.weight_decay * w64;
-            let b64 = k.momentum * f64::from(*b) + g;
-            let step = if k.nesterov {
-                g + k.momentum * b64
-            } else {
-                b64
-            };
-            *b = b64 as f32;
-            *w = (w64 - k.lr * step) as f32;
-        }
-    });
+pub(crate) fn momentum<G: Lane>(w: &mut [f32], b: &mut [f32], g: &[G], k: Momentum) {
+    match k.nesterov {
+        true => Arch::new().dispatch(|| momentum_loop::<G, true>(w, b, g, k)),
+        false => Arch::new().dispatch(|| momentum_loop::<G, false>(w, b, g, k)),
+    }
+}
+
+/// Momentum's loop with Nesterov chosen outside it, so that it vectorises.
+#[inline(always)]
+fn momentum_loop<G: Lane, const NESTEROV: bool>(
+    w: &mut [f32],
+    b: &mut [f32],
+    g: &[G],
+    k: Momentum,
+) {
+    for ((w, b), &g) in w.iter_mut().zip(b.iter_mut()).zip(g) {
+        let w64 = f64::from(*w);
+        let g = k.scale * f64::from(g.value()) + k.weight_decay * w64;
+        let b64 = k.momentum * f64::from(*b) + g;
+        let step = if NESTEROV { g + k.momentum * b64 } else { b64 };
+        *b = b64 as f32;
+        *w = (w64 - k.lr * step) as f32;
+    }
 }
 
 /// Applies Adam(W) to `w` and its moments `m`, `v` with gradient block `g`.
-pub(crate) fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: Adam) {
+pub(crate) fn adam<G: Lane>(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[G], k: Adam) {
     Arch::new().dispatch(|| {
         let moments = m.iter_mut().zip(v.iter_mut());
         for ((w, (m, v)), &g) in w.iter_mut().zip(moments).zip(g) {
-            let g = k.scale * g;
+            let g = k.scale * g.value();
             let m1 = k.beta1 * *m + k.one_minus_beta1 * g;
             let v1 = k.beta2 * *v + k.one_minus_beta2 * (g * g);
             let step = (m1 * k.m_scale) / ((v1 * k.v_scale).sqrt() + k.eps);
@@ -115,10 +148,10 @@ pub(crate) fn adam(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[f32], k: Ad
 }
 
 /// Adds `scale * g` into `sum`.
-pub(crate) fn add_scaled(sum: &mut [f32], g: &[f32], scale: f32) {
+pub(crate) fn add_scaled<G: Lane>(sum: &mut [f32], g: &[G], scale: f32) {
     Arch::new().dispatch(|| {
         for (s, &g) in sum.iter_mut().zip(g) {
-            *s += scale * g;
+            *s += scale * g.value();
         }
     });
 }

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use ps_proto::codec::TensorData;
+use ps_proto::codec::{F32Run, TensorData};
 use ps_proto::v1;
 
 use crate::kernels;
@@ -241,18 +241,30 @@ pub enum Gradient<'a> {
     Dense(&'a [f32]),
 }
 
+/// Runs `$body` with `$g` bound to an [`F32Run`]'s elements, whichever way they
+/// lie, so that each kernel is compiled for both.
+macro_rules! with_lanes {
+    ($run:expr, |$g:ident| $body:expr) => {
+        match $run {
+            F32Run::Values($g) => $body,
+            F32Run::LittleEndian($g) => $body,
+        }
+    };
+}
+
 impl Gradient<'_> {
-    fn for_each_block(self, mut f: impl FnMut(usize, &[f32])) {
+    fn for_each_run(self, mut f: impl FnMut(usize, F32Run<'_>)) {
         match self {
-            Gradient::Wire(tensor) => tensor.for_each_f32_block(f),
-            Gradient::Dense(values) => f(0, values),
+            Gradient::Wire(tensor) => tensor.for_each_f32_run(f),
+            Gradient::Dense(values) => f(0, F32Run::Values(values)),
         }
     }
 
     /// Adds `scale * gradient` into `sum`.
     pub fn add_scaled_into(self, sum: &mut [f32], scale: f32) {
-        self.for_each_block(|start, g| {
-            kernels::add_scaled(&mut sum[start..start + g.len()], g, scale);
+        self.for_each_run(|start, g| {
+            let sum = &mut sum[start..start + g.len()];
+            with_lanes!(g, |g| kernels::add_scaled(sum, g, scale));
         });
     }
 }
@@ -335,8 +347,9 @@ impl Optimizer {
                     weight_decay,
                     scale: f64::from(scale),
                 };
-                grad.for_each_block(|start, g| {
-                    kernels::sgd(&mut values[start..start + g.len()], g, k);
+                grad.for_each_run(|start, g| {
+                    let values = &mut values[start..start + g.len()];
+                    with_lanes!(g, |g| kernels::sgd(values, g, k));
                 });
             }
             OptimizerSpec::Momentum {
@@ -353,9 +366,10 @@ impl Optimizer {
                     scale: f64::from(scale),
                 };
                 let buffer = &mut self.first;
-                grad.for_each_block(|start, g| {
+                grad.for_each_run(|start, g| {
                     let range = start..start + g.len();
-                    kernels::momentum(&mut values[range.clone()], &mut buffer[range], g, k);
+                    let (values, buffer) = (&mut values[range.clone()], &mut buffer[range]);
+                    with_lanes!(g, |g| kernels::momentum(values, buffer, g, k));
                 });
             }
             OptimizerSpec::Adam {
@@ -368,10 +382,11 @@ impl Optimizer {
                 let t = i32::try_from(self.updates).unwrap_or(i32::MAX);
                 let k = kernels::Adam::new((lr, beta1, beta2, eps, weight_decay), t, scale);
                 let (m, v) = (&mut self.first, &mut self.second);
-                grad.for_each_block(|start, g| {
+                grad.for_each_run(|start, g| {
                     let range = start..start + g.len();
                     let (m, v) = (&mut m[range.clone()], &mut v[range.clone()]);
-                    kernels::adam(&mut values[range], m, v, g, k);
+                    let values = &mut values[range];
+                    with_lanes!(g, |g| kernels::adam(values, m, v, g, k));
                 });
             }
         }
@@ -515,6 +530,17 @@ mod tests {
         ]
     }
 
+    /// `values` as a wire tensor read from frames: at an odd address, in two
+    /// segments cut between elements.
+    fn unaligned_in_two_segments(values: &[f32]) -> TensorData {
+        let mut raw = vec![0u8];
+        raw.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        let raw = bytes::Bytes::from(raw);
+        let cut = 1 + 4 * (values.len() / 3);
+        let segments = vec![raw.slice(1..cut), raw.slice(cut..)];
+        TensorData::from_segments(DType::F32, vec![values.len()], segments).unwrap()
+    }
+
     #[test]
     fn matches_float64_reference_over_many_steps() {
         let n = 2048;
@@ -525,7 +551,10 @@ mod tests {
             let mut reference = Reference::new(spec.clone(), &init);
             for step in 0..10 {
                 let grad = noise(100 + step, n);
-                let wire = TensorData::from_f32(DType::F32, vec![n], &grad);
+                let wire = match step % 2 {
+                    0 => TensorData::from_f32(DType::F32, vec![n], &grad),
+                    _ => unaligned_in_two_segments(&grad),
+                };
                 optimizer.apply(&mut values, Gradient::Wire(&wire), 1.0);
                 reference.step(&grad.iter().map(|&g| g as f64).collect::<Vec<_>>());
             }
