@@ -400,6 +400,17 @@ impl<'a> F32Run<'a> {
         self.len() == 0
     }
 
+    /// Elements `range` of the run.
+    ///
+    /// # Panics
+    /// When `range` reaches past the run.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Self {
+        match self {
+            F32Run::Values(values) => F32Run::Values(&values[range]),
+            F32Run::LittleEndian(elements) => F32Run::LittleEndian(&elements[range]),
+        }
+    }
+
     /// Writes the run into `out`, which must be exactly as long: one `memcpy` on
     /// a little-endian machine, whatever the alignment.
     ///

@@ -96,6 +96,33 @@ impl Adam {
     }
 }
 
+/// One update's arithmetic, whichever optimizer it is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kernel {
+    Sgd(Sgd),
+    Momentum(Momentum),
+    Adam(Adam),
+}
+
+impl Kernel {
+    /// Applies the update to one run of elements: `w` the values, `first` and
+    /// `second` the optimizer's state for the same elements (empty where the
+    /// optimizer keeps none), `g` the gradient.
+    pub(crate) fn run<G: Lane>(
+        self,
+        w: &mut [f32],
+        first: &mut [f32],
+        second: &mut [f32],
+        g: &[G],
+    ) {
+        match self {
+            Kernel::Sgd(k) => sgd(w, g, k),
+            Kernel::Momentum(k) => momentum(w, first, g, k),
+            Kernel::Adam(k) => adam(w, first, second, g, k),
+        }
+    }
+}
+
 /// Applies SGD to `w` with gradient block `g` (same length).
 pub(crate) fn sgd<G: Lane>(w: &mut [f32], g: &[G], k: Sgd) {
     Arch::new().dispatch(|| {

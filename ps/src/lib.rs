@@ -42,6 +42,7 @@ pub mod group;
 mod kernels;
 pub mod metrics;
 pub mod optimizer;
+pub mod parallel;
 pub mod param;
 pub mod push_buffer;
 mod push_source;

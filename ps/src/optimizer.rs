@@ -5,11 +5,13 @@
 //! candle-nn's `AdamW` (decoupled weight decay, bias correction), term by term.
 
 use std::fmt;
+use std::ops::Range;
 
-use ps_proto::codec::{F32Run, TensorData};
+use ps_proto::codec::{DType, F32Run, TensorData};
 use ps_proto::v1;
 
-use crate::kernels;
+use crate::kernels::{self, Kernel};
+use crate::parallel;
 
 /// An optimizer and its hyper-parameters, validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -253,18 +255,38 @@ macro_rules! with_lanes {
 }
 
 impl Gradient<'_> {
-    fn for_each_run(self, mut f: impl FnMut(usize, F32Run<'_>)) {
+    /// True when the gradient is `f32`, read where it lies: a part of it costs
+    /// only its own elements (half precision is widened from the start).
+    fn is_f32(self) -> bool {
         match self {
-            Gradient::Wire(tensor) => tensor.for_each_f32_run(f),
-            Gradient::Dense(values) => f(0, F32Run::Values(values)),
+            Gradient::Wire(tensor) => tensor.dtype() == DType::F32,
+            Gradient::Dense(_) => true,
         }
     }
 
-    /// Adds `scale * gradient` into `sum`.
+    /// Calls `f(start, run)` over the runs of elements `range`, with `start`
+    /// counted from `range.start`.
+    fn for_each_run_in(self, range: Range<usize>, mut f: impl FnMut(usize, F32Run<'_>)) {
+        match self {
+            Gradient::Dense(values) => f(0, F32Run::Values(&values[range])),
+            Gradient::Wire(tensor) => tensor.for_each_f32_run(|start, run| {
+                let from = start.max(range.start);
+                let to = (start + run.len()).min(range.end);
+                if from < to {
+                    f(from - range.start, run.slice(from - start..to - start));
+                }
+            }),
+        }
+    }
+
+    /// Adds `scale * gradient` into `sum`, in parts on several cores for a large key.
     pub fn add_scaled_into(self, sum: &mut [f32], scale: f32) {
-        self.for_each_run(|start, g| {
-            let sum = &mut sum[start..start + g.len()];
-            with_lanes!(g, |g| kernels::add_scaled(sum, g, scale));
+        let parts = parallel::parts(sum.len(), self.is_f32());
+        parallel::split(parts, sum, &mut [], &mut [], |part| {
+            self.for_each_run_in(part.range(), |start, g| {
+                let sum = &mut part.values[start..start + g.len()];
+                with_lanes!(g, |g| kernels::add_scaled(sum, g, scale));
+            });
         });
     }
 }
@@ -338,40 +360,42 @@ impl Optimizer {
     ///
     /// Each element's arithmetic runs in `f64` and is stored back as `f32`, so the
     /// result is the exact update rounded once, not a chain of `f32` roundings.
+    /// A large key is updated in parts on several cores ([`crate::parallel`]).
     pub fn apply(&mut self, values: &mut [f32], grad: Gradient<'_>, scale: f32) {
         self.updates += 1;
+        let kernel = self.kernel(scale);
+        let parts = parallel::parts(values.len(), grad.is_f32());
+        parallel::split(parts, values, &mut self.first, &mut self.second, |part| {
+            grad.for_each_run_in(part.range(), |start, g| {
+                let range = start..start + g.len();
+                let w = &mut part.values[range.clone()];
+                let first = state_window(part.first, range.clone());
+                let second = state_window(part.second, range);
+                with_lanes!(g, |g| kernel.run(w, first, second, g));
+            });
+        });
+    }
+
+    /// The arithmetic of the next update (`self.updates` already counts it).
+    fn kernel(&self, scale: f32) -> Kernel {
         match self.spec {
-            OptimizerSpec::Sgd { lr, weight_decay } => {
-                let k = kernels::Sgd {
-                    lr,
-                    weight_decay,
-                    scale: f64::from(scale),
-                };
-                grad.for_each_run(|start, g| {
-                    let values = &mut values[start..start + g.len()];
-                    with_lanes!(g, |g| kernels::sgd(values, g, k));
-                });
-            }
+            OptimizerSpec::Sgd { lr, weight_decay } => Kernel::Sgd(kernels::Sgd {
+                lr,
+                weight_decay,
+                scale: f64::from(scale),
+            }),
             OptimizerSpec::Momentum {
                 lr,
                 momentum,
                 weight_decay,
                 nesterov,
-            } => {
-                let k = kernels::Momentum {
-                    lr,
-                    momentum,
-                    weight_decay,
-                    nesterov,
-                    scale: f64::from(scale),
-                };
-                let buffer = &mut self.first;
-                grad.for_each_run(|start, g| {
-                    let range = start..start + g.len();
-                    let (values, buffer) = (&mut values[range.clone()], &mut buffer[range]);
-                    with_lanes!(g, |g| kernels::momentum(values, buffer, g, k));
-                });
-            }
+            } => Kernel::Momentum(kernels::Momentum {
+                lr,
+                momentum,
+                weight_decay,
+                nesterov,
+                scale: f64::from(scale),
+            }),
             OptimizerSpec::Adam {
                 lr,
                 beta1,
@@ -381,22 +405,25 @@ impl Optimizer {
             } => {
                 let t = i32::try_from(self.updates).unwrap_or(i32::MAX);
                 let k = kernels::Adam::new((lr, beta1, beta2, eps, weight_decay), t, scale);
-                let (m, v) = (&mut self.first, &mut self.second);
-                grad.for_each_run(|start, g| {
-                    let range = start..start + g.len();
-                    let (m, v) = (&mut m[range.clone()], &mut v[range.clone()]);
-                    let values = &mut values[range];
-                    with_lanes!(g, |g| kernels::adam(values, m, v, g, k));
-                });
+                Kernel::Adam(k)
             }
         }
+    }
+}
+
+/// `range` of an optimizer state buffer, or the empty buffer of a state the
+/// optimizer does not keep.
+fn state_window(state: &mut [f32], range: std::ops::Range<usize>) -> &mut [f32] {
+    if state.is_empty() {
+        state
+    } else {
+        &mut state[range]
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ps_proto::codec::DType;
 
     /// An independent float64 re-implementation, written from the formulas.
     struct Reference {
@@ -560,6 +587,29 @@ mod tests {
             }
             assert_close(&values, &reference.w, &spec.to_string());
         }
+    }
+
+    #[test]
+    fn a_key_updated_in_parts_on_several_cores_matches_the_reference() {
+        let n = 2 * crate::parallel::PARALLEL_FROM_ELEMENTS + 5;
+        for spec in specs() {
+            let init: Vec<f32> = noise(3, n).iter().map(|x| 1.0 + 0.5 * x).collect();
+            let mut values = init.clone();
+            let mut optimizer = Optimizer::new(spec.clone(), n);
+            let mut reference = Reference::new(spec.clone(), &init);
+            for step in 0..2 {
+                let grad = noise(200 + step, n);
+                let wire = unaligned_in_two_segments(&grad);
+                optimizer.apply(&mut values, Gradient::Wire(&wire), 1.0);
+                reference.step(&grad.iter().map(|&g| g as f64).collect::<Vec<_>>());
+            }
+            assert_close(&values, &reference.w, &spec.to_string());
+        }
+        let mut sum = vec![1f32; n];
+        let grad = noise(7, n);
+        Gradient::Wire(&unaligned_in_two_segments(&grad)).add_scaled_into(&mut sum, 2.0);
+        let want: Vec<f32> = grad.iter().map(|g| 1.0 + 2.0 * g).collect();
+        assert_eq!(sum, want, "accumulated in parts");
     }
 
     #[test]
