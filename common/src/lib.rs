@@ -8,6 +8,7 @@
 //! - [`processes`]: real `ps-server` and `ps-scheduler` processes on loopback ports.
 //! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
 //! - [`rng`]: a small deterministic random generator for data and payloads.
+//! - [`runtime`]: the tokio runtime of each program, half a thread per core by default.
 //! - [`connections`]: a server's connections, at most `--max-connections` at once, idle ones closed.
 //! - [`idle`]: each connection's requests in flight, counted by a layer every server runs.
 //! - [`certs`]: a cluster's CA and node certificate, for `ps-scheduler certs` and `ps-local --tls`.
@@ -27,6 +28,7 @@ pub mod process;
 pub mod processes;
 pub mod rendezvous;
 pub mod rng;
+pub mod runtime;
 pub mod security_args;
 pub mod size;
 pub mod text_format;

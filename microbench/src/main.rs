@@ -44,6 +44,11 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Runtime threads of this process (default: half the cores, at least one).
+    /// Given as PS_RUNTIME_THREADS, it sizes the ps-servers and worker processes
+    /// that a run starts as well.
+    #[arg(long, global = true, env = "PS_RUNTIME_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    runtime_threads: Option<u16>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -602,9 +607,13 @@ async fn run_tcp_check(args: TcpCheckArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    ps_common::runtime::block_on(cli.runtime_threads.map(usize::from), run(cli))
+        .context("ps-microbench: cannot start the tokio runtime")?
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     ps_common::process::init_tracing();
     // The parameter-server loops run on the runtime's worker threads, beside
     // the connections they drive. Left on the main thread (where `#[tokio::main]`

@@ -35,6 +35,11 @@ struct Args {
     /// Address to listen on.
     #[arg(long, env = "PS_LISTEN", default_value = "0.0.0.0:7070")]
     listen: String,
+    /// Threads serving connections (default: half the cores, at least one).
+    /// Updates of large keys run on other threads, one per core. A server with a
+    /// machine to itself may serve more connections faster with one per core.
+    #[arg(long, env = "PS_RUNTIME_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    runtime_threads: Option<u16>,
     /// The scheduler to register with and follow (membership, live workers).
     #[arg(long, env = "PS_SCHEDULER")]
     scheduler: Option<String>,
@@ -237,9 +242,13 @@ fn advertised(args: &Args, local: std::net::SocketAddr) -> anyhow::Result<String
     })
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    ps_common::runtime::block_on(args.runtime_threads.map(usize::from), serve(args))
+        .context("ps-server: cannot start the tokio runtime")?
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
     ps_common::process::init_tracing();
     let config = args.config().context("ps-server")?;
     match &args.command {
