@@ -66,6 +66,45 @@ proptest! {
         }
     }
 
+    /// A tensor in segments cut anywhere between elements, at any alignment,
+    /// reads the same through its runs (in place) as through decoded blocks,
+    /// and every run slices where it is asked to.
+    #[test]
+    fn runs_read_what_blocks_read_at_any_cut_and_alignment(
+        values in proptest::collection::vec(any::<f32>(), 0..2000),
+        dtype in dtype(),
+        misalign in 0usize..4,
+        cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..5),
+    ) {
+        let encoded = encode_f32(dtype, &values);
+        let mut shifted = vec![0u8; misalign];
+        shifted.extend_from_slice(&encoded);
+        let buffer = Bytes::from(shifted).slice(misalign..);
+        let size = dtype.size();
+        let mut ends: Vec<usize> = cuts.iter().map(|c| c.index(values.len() + 1) * size).collect();
+        ends.push(buffer.len());
+        ends.sort_unstable();
+        let mut start = 0;
+        let segments: Vec<Bytes> = ends.into_iter().map(|end| {
+            let segment = buffer.slice(start..end);
+            start = end;
+            segment
+        }).collect();
+        let tensor = TensorData::from_segments(dtype, vec![values.len()], segments).unwrap();
+        let mut read = vec![f32::NAN; values.len()];
+        let mut halves = vec![f32::NAN; values.len()];
+        tensor.for_each_f32_run(|first, run| {
+            run.copy_to(&mut read[first..first + run.len()]);
+            let mid = run.len() / 2;
+            run.slice(0..mid).copy_to(&mut halves[first..first + mid]);
+            run.slice(mid..run.len()).copy_to(&mut halves[first + mid..first + run.len()]);
+        });
+        let blocks = tensor.to_f32_vec();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(&read), bits(&blocks));
+        prop_assert_eq!(bits(&halves), bits(&blocks));
+    }
+
     /// A tensor cut into chunks of any size and assembled again is the same bytes.
     #[test]
     fn split_then_assembled_round_trips(
