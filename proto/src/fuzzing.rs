@@ -14,7 +14,8 @@ use crate::rope::Rope;
 use crate::v1;
 
 /// A `Tensor` message decoded from `data`: either refused, or a tensor whose
-/// bytes fill its shape, every element of which can be read. True when taken.
+/// bytes fill its shape, every element of which can be read, the same in place
+/// (`for_each_f32_run`) as decoded. True when taken.
 pub fn tensor(data: &[u8]) -> bool {
     let Ok(message) = v1::Tensor::decode(data) else {
         return false;
@@ -24,7 +25,12 @@ pub fn tensor(data: &[u8]) -> bool {
     };
     assert_eq!(tensor.byte_len(), message.data.len());
     assert_eq!(tensor.len() * tensor.dtype().size(), tensor.byte_len());
-    assert_eq!(tensor.to_f32_vec().len(), tensor.len());
+    let decoded = tensor.to_f32_vec();
+    assert_eq!(decoded.len(), tensor.len());
+    let mut in_place = vec![0f32; tensor.len()];
+    tensor.for_each_f32_run(|first, run| run.copy_to(&mut in_place[first..first + run.len()]));
+    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&in_place), bits(&decoded), "runs read what blocks decode");
     if let Some((index, value)) = tensor.first_non_finite() {
         assert!(index < tensor.len() && !value.is_finite());
     }
