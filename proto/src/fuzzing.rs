@@ -30,7 +30,11 @@ pub fn tensor(data: &[u8]) -> bool {
     let mut in_place = vec![0f32; tensor.len()];
     tensor.for_each_f32_run(|first, run| run.copy_to(&mut in_place[first..first + run.len()]));
     let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&in_place), bits(&decoded), "runs read what blocks decode");
+    assert_eq!(
+        bits(&in_place),
+        bits(&decoded),
+        "runs read what blocks decode"
+    );
     if let Some((index, value)) = tensor.first_non_finite() {
         assert!(index < tensor.len() && !value.is_finite());
     }
