@@ -568,21 +568,23 @@ mod tests {
         TensorData::from_segments(DType::F32, vec![values.len()], segments).unwrap()
     }
 
-    #[test]
-    fn matches_float64_reference_over_many_steps() {
-        let n = 2048;
+    /// Applies `steps` gradients (noise seeded `grad_seed + step`, on wire as
+    /// `wire(step, grad)`) to a key of `n` elements (initial noise seeded
+    /// `init_seed`) under every spec, and checks each against the reference.
+    fn assert_matches_reference(
+        n: usize,
+        (init_seed, grad_seed): (u64, u64),
+        steps: u64,
+        wire: impl Fn(u64, &[f32]) -> TensorData,
+    ) {
         for spec in specs() {
-            let init: Vec<f32> = noise(1, n).iter().map(|x| 1.0 + 0.5 * x).collect();
+            let init: Vec<f32> = noise(init_seed, n).iter().map(|x| 1.0 + 0.5 * x).collect();
             let mut values = init.clone();
             let mut optimizer = Optimizer::new(spec.clone(), n);
             let mut reference = Reference::new(spec.clone(), &init);
-            for step in 0..10 {
-                let grad = noise(100 + step, n);
-                let wire = match step % 2 {
-                    0 => TensorData::from_f32(DType::F32, vec![n], &grad),
-                    _ => unaligned_in_two_segments(&grad),
-                };
-                optimizer.apply(&mut values, Gradient::Wire(&wire), 1.0);
+            for step in 0..steps {
+                let grad = noise(grad_seed + step, n);
+                optimizer.apply(&mut values, Gradient::Wire(&wire(step, &grad)), 1.0);
                 reference.step(&grad.iter().map(|&g| g as f64).collect::<Vec<_>>());
             }
             assert_close(&values, &reference.w, &spec.to_string());
@@ -590,21 +592,18 @@ mod tests {
     }
 
     #[test]
+    fn matches_float64_reference_over_many_steps() {
+        let n = 2048;
+        assert_matches_reference(n, (1, 100), 10, |step, grad| match step % 2 {
+            0 => TensorData::from_f32(DType::F32, vec![n], grad),
+            _ => unaligned_in_two_segments(grad),
+        });
+    }
+
+    #[test]
     fn a_key_updated_in_parts_on_several_cores_matches_the_reference() {
         let n = 2 * crate::parallel::PARALLEL_FROM_ELEMENTS + 5;
-        for spec in specs() {
-            let init: Vec<f32> = noise(3, n).iter().map(|x| 1.0 + 0.5 * x).collect();
-            let mut values = init.clone();
-            let mut optimizer = Optimizer::new(spec.clone(), n);
-            let mut reference = Reference::new(spec.clone(), &init);
-            for step in 0..2 {
-                let grad = noise(200 + step, n);
-                let wire = unaligned_in_two_segments(&grad);
-                optimizer.apply(&mut values, Gradient::Wire(&wire), 1.0);
-                reference.step(&grad.iter().map(|&g| g as f64).collect::<Vec<_>>());
-            }
-            assert_close(&values, &reference.w, &spec.to_string());
-        }
+        assert_matches_reference(n, (3, 200), 2, |_, grad| unaligned_in_two_segments(grad));
         let mut sum = vec![1f32; n];
         let grad = noise(7, n);
         Gradient::Wire(&unaligned_in_two_segments(&grad)).add_scaled_into(&mut sum, 2.0);
