@@ -11,7 +11,7 @@ use crate::checkpointer::CheckpointConfig;
 use crate::consistency::Consistency;
 use crate::follower::SchedulerLink;
 use crate::param::Group;
-use crate::push_buffer::DEFAULT_PUSH_BUFFER_BYTES;
+use crate::push_buffer::{DEFAULT_PUSH_BUFFER_BYTES, DEFAULT_SERVER_STREAM_WINDOW_BYTES};
 use crate::store::StoreRules;
 
 /// Default largest parameter: 4 GiB of values (Adam keeps two more copies).
@@ -72,7 +72,10 @@ impl Default for ServerConfig {
             push_buffer_bytes: DEFAULT_PUSH_BUFFER_BYTES,
             scheduler: None,
             checkpoint: None,
-            transport: TransportConfig::default(),
+            transport: TransportConfig {
+                stream_window_bytes: DEFAULT_SERVER_STREAM_WINDOW_BYTES,
+                ..TransportConfig::default()
+            },
         }
     }
 }

@@ -109,11 +109,11 @@ struct Args {
     /// A push stream that finds no room waits, unread, so that memory stays
     /// bounded however many pushes are in flight; one larger than this waits
     /// to have it all.
-    #[arg(long, env = "PS_PUSH_BUFFER", value_parser = parse_size, default_value = "32MiB")]
+    #[arg(long, env = "PS_PUSH_BUFFER", value_parser = parse_size, default_value = "16MiB")]
     push_buffer: usize,
     /// HTTP/2 initial stream window. The server takes at most `connection
     /// window / stream window - 1` streams per connection.
-    #[arg(long, alias = "stream-window-bytes", env = "PS_STREAM_WINDOW", value_parser = parse_size_u32, default_value = "4MiB")]
+    #[arg(long, alias = "stream-window-bytes", env = "PS_STREAM_WINDOW", value_parser = parse_size_u32, default_value = "2MiB")]
     stream_window: u32,
     /// HTTP/2 initial connection window.
     #[arg(long, alias = "connection-window-bytes", env = "PS_CONNECTION_WINDOW", value_parser = parse_size_u32, default_value = "128MiB")]
@@ -304,7 +304,11 @@ mod tests {
             ps_server::config::DEFAULT_MAX_TENSOR_BYTES
         );
         assert_eq!(config.chunk_bytes, ps_proto::chunk::DEFAULT_CHUNK_BYTES);
-        assert_eq!(config.transport, TransportConfig::default());
+        assert_eq!(
+            config.push_buffer_bytes,
+            ServerConfig::default().push_buffer_bytes
+        );
+        assert_eq!(config.transport, ServerConfig::default().transport);
     }
 
     #[test]

@@ -19,6 +19,13 @@
 //! to itself, so any push the memory budget allows still goes through. A
 //! stream without the header (a client of another language) reserves nothing
 //! and is bounded by the memory budget alone, as before.
+//!
+//! So a server holds, for push streams, this buffer plus one stream window per
+//! stream that waits. Both defaults are sized for that sum: with 16 MiB here and
+//! 2 MiB stream windows, two workers with eight 8 MiB pushes each in flight
+//! keep a server at 68-70 MiB for 8 MiB of values, within the rule of 1.1 × the
+//! bytes held plus 64 MiB, where 32 MiB and 4 MiB windows took 106 MiB; and
+//! neither measurably cost throughput (docs/benchmarks.md, "Push memory").
 
 use std::sync::Arc;
 
@@ -29,7 +36,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 const UNIT: usize = 1 << 10;
 
 /// The push-stream bytes a server reads ahead of applying them, by default.
-pub const DEFAULT_PUSH_BUFFER_BYTES: usize = 32 << 20;
+pub const DEFAULT_PUSH_BUFFER_BYTES: usize = 16 << 20;
+
+/// A server's HTTP/2 initial stream window, by default: what each push stream
+/// waiting for room here may send ahead. Clients keep
+/// [`ps_proto::transport::DEFAULT_STREAM_WINDOW_BYTES`] for the pulls they receive.
+pub const DEFAULT_SERVER_STREAM_WINDOW_BYTES: u32 = 2 << 20;
 
 /// Room for the bytes of push streams being read, shared by every connection.
 #[derive(Debug, Clone)]
