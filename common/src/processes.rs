@@ -146,17 +146,24 @@ impl ServerProcess {
             .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
         let mut lines = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
         let ready = format!("{name} listening");
+        let mut said = Vec::new();
         let addr = tokio::time::timeout(Duration::from_secs(30), async {
             while let Some(line) = lines.next_line().await.expect("read the log") {
                 if let Some(rest) = line.split("addr=").nth(1).filter(|_| line.contains(&ready)) {
                     return rest.split_whitespace().next().map(str::to_string);
                 }
+                said.push(line);
             }
             None
         })
         .await
         .unwrap_or_else(|_| panic!("{name} did not report its address within 30s"))
-        .unwrap_or_else(|| panic!("{name} exited before listening"));
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} exited before listening; it said:\n{}",
+                said.join("\n")
+            )
+        });
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Self { addr, child }
     }
