@@ -2,6 +2,7 @@
 //! `ps-proto`'s): how a program starts, finds its peers and is stopped.
 //!
 //! - [`size`]: byte sizes as people write them (`64MiB`), for every size flag.
+//! - [`flag`]: on/off flags whose `PS_*` variables take `1`, `yes` and `on` as well as `true`.
 //! - [`process`]: logging set-up, the shutdown signal and `ServeError`, shared by the binaries.
 //! - [`rendezvous`]: waiting for a peer to come up, and naming a peer that is not what was asked for.
 //! - [`health`]: the client side of the gRPC health service, for `health` subcommands.
@@ -20,6 +21,7 @@
 pub mod certs;
 pub mod connections;
 pub mod fixtures;
+pub mod flag;
 pub mod health;
 pub mod idle;
 pub mod metrics;

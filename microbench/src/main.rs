@@ -636,3 +636,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_on_off_flag_takes_one_from_its_variable() {
+        let command = <Cli as clap::CommandFactory>::command();
+        assert!(
+            ps_common::flag::env_flags_refusing_one(&command).is_empty(),
+            "{:?}",
+            ps_common::flag::env_flags_refusing_one(&command)
+        );
+    }
+}

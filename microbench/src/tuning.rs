@@ -3,6 +3,7 @@
 //! measured best on 2-core machines (see docs/benchmarks.md).
 
 use clap::Args;
+use ps_common::flag::env_flag;
 use ps_proto::transport::TransportConfig;
 
 use ps_common::size::parse_size;
@@ -23,7 +24,7 @@ pub struct Tuning {
     #[arg(long, env = "PS_MAX_FRAME", value_parser = parse_size, default_value = "1MiB")]
     pub max_frame: usize,
     /// Let HTTP/2 size its windows adaptively (overrides the windows).
-    #[arg(long, env = "PS_ADAPTIVE_WINDOW")]
+    #[arg(long, env = "PS_ADAPTIVE_WINDOW", value_parser = env_flag())]
     pub adaptive_window: bool,
     /// Size of each message when a payload is streamed in chunks.
     #[arg(long, env = "PS_CHUNK", value_parser = parse_size, default_value = "1MiB")]

@@ -6,6 +6,7 @@
 //! ps-server export --checkpoint-dir /var/lib/candle-ps/checkpoints --out model.safetensors
 //! ```
 
+use ps_common::flag::env_flag;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -52,7 +53,7 @@ struct Args {
     advertise: Option<String>,
     /// Advertise this machine's hostname with the listen port (containers: each
     /// replica of a scaled service is reached by its own hostname).
-    #[arg(long, env = "PS_ADVERTISE_HOSTNAME")]
+    #[arg(long, env = "PS_ADVERTISE_HOSTNAME", value_parser = env_flag())]
     advertise_hostname: bool,
     /// Workers in the BSP/SSP group; gradients are averaged over them.
     #[arg(long, env = "PS_WORKERS", default_value_t = 1)]
@@ -61,7 +62,7 @@ struct Args {
     #[arg(long, env = "PS_CONSISTENCY", default_value = "bsp")]
     consistency: Consistency,
     /// Accept NaN and infinite gradients and initial values instead of refusing them.
-    #[arg(long, env = "PS_ALLOW_NON_FINITE")]
+    #[arg(long, env = "PS_ALLOW_NON_FINITE", value_parser = env_flag())]
     allow_non_finite: bool,
     /// Largest parameter (or partition) that may be registered, for example 4GiB.
     #[arg(long, alias = "max-tensor-bytes", env = "PS_MAX_TENSOR", value_parser = parse_size, default_value = "4GiB")]
@@ -122,7 +123,7 @@ struct Args {
     #[arg(long, alias = "max-frame-bytes", env = "PS_MAX_FRAME", value_parser = parse_size_u32, default_value = "1MiB")]
     max_frame: u32,
     /// Let HTTP/2 size its windows adaptively (overrides the windows).
-    #[arg(long, env = "PS_ADAPTIVE_WINDOW")]
+    #[arg(long, env = "PS_ADAPTIVE_WINDOW", value_parser = env_flag())]
     adaptive_window: bool,
     /// The most connections this server keeps open; more are closed as they come.
     #[arg(long, env = "PS_MAX_CONNECTIONS", default_value_t = ps_proto::transport::DEFAULT_MAX_CONNECTIONS)]
@@ -295,6 +296,16 @@ async fn serve(args: Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_on_off_flag_takes_one_from_its_variable() {
+        let command = <Args as clap::CommandFactory>::command();
+        assert!(
+            ps_common::flag::env_flags_refusing_one(&command).is_empty(),
+            "{:?}",
+            ps_common::flag::env_flags_refusing_one(&command)
+        );
+    }
 
     #[test]
     fn size_flags_default_to_the_library_defaults() {

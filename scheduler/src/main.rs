@@ -7,6 +7,7 @@
 //! ps-scheduler health --server 127.0.0.1:7000
 //! ```
 
+use ps_common::flag::env_flag;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
@@ -61,7 +62,7 @@ struct Cli {
     #[arg(long, env = "PS_STATE_FILE")]
     state_file: Option<std::path::PathBuf>,
     /// Exit once every worker has finished; following servers exit with it.
-    #[arg(long, env = "PS_EXIT_WHEN_DONE")]
+    #[arg(long, env = "PS_EXIT_WHEN_DONE", value_parser = env_flag())]
     exit_when_done: bool,
     /// The most connections the scheduler keeps open; more are closed as they come.
     #[arg(long, env = "PS_MAX_CONNECTIONS", default_value_t = ps_proto::transport::DEFAULT_MAX_CONNECTIONS)]
@@ -288,4 +289,19 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = ps_common::process::shutdown_signal();
     ps_scheduler::run_with_metrics(listener, metrics, config, shutdown).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_on_off_flag_takes_one_from_its_variable() {
+        let command = <Cli as clap::CommandFactory>::command();
+        assert!(
+            ps_common::flag::env_flags_refusing_one(&command).is_empty(),
+            "{:?}",
+            ps_common::flag::env_flags_refusing_one(&command)
+        );
+    }
 }

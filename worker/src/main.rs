@@ -6,6 +6,7 @@
 //! ps-worker --server a:7070,b:7070 --rank 1 --workers 2 --json
 //! ```
 
+use ps_common::flag::env_flag;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,7 +70,7 @@ struct Cli {
     #[arg(long, default_value = "60s", env = "PS_CONNECT_TIMEOUT", value_parser = humantime::parse_duration)]
     connect_timeout: Duration,
     /// Print one JSON summary as the last line of stdout.
-    #[arg(long, env = "PS_JSON")]
+    #[arg(long, env = "PS_JSON", value_parser = env_flag())]
     json: bool,
     #[command(flatten)]
     train: TrainArgs,
@@ -179,4 +180,19 @@ async fn main() -> anyhow::Result<()> {
         () = ps_common::process::shutdown_signal() => anyhow::bail!("interrupted before training finished"),
     };
     print_summary(&summary, cli.json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_on_off_flag_takes_one_from_its_variable() {
+        let command = <Cli as clap::CommandFactory>::command();
+        assert!(
+            ps_common::flag::env_flags_refusing_one(&command).is_empty(),
+            "{:?}",
+            ps_common::flag::env_flags_refusing_one(&command)
+        );
+    }
 }

@@ -7,6 +7,7 @@
 //! ps-local --metrics-listen 127.0.0.1:9100   # scheduler :9100, servers :9101-, workers after
 //! ```
 
+use ps_common::flag::env_flag;
 use std::io::IsTerminal;
 use std::sync::Arc;
 
@@ -33,7 +34,7 @@ struct Cli {
     #[arg(long, default_value = "bsp", env = "PS_CONSISTENCY")]
     consistency: Consistency,
     /// Run without a scheduler (workers place parameters by themselves).
-    #[arg(long, env = "PS_NO_SCHEDULER")]
+    #[arg(long, env = "PS_NO_SCHEDULER", value_parser = env_flag())]
     no_scheduler: bool,
     /// Checkpoint root: each server writes a folder in it, and a last checkpoint
     /// when training ends (`ps-server export` turns them into one model file).
@@ -41,7 +42,7 @@ struct Cli {
     checkpoint_dir: Option<std::path::PathBuf>,
     /// Run every server and channel over TLS, with a CA and certificate made
     /// for this run (and mutual TLS: every client presents one too).
-    #[arg(long, env = "PS_TLS")]
+    #[arg(long, env = "PS_TLS", value_parser = env_flag())]
     tls: bool,
     /// Serve each part's Prometheus metrics (GET /metrics) on its own port,
     /// from this address up: the scheduler, the servers, then the workers by
@@ -49,7 +50,7 @@ struct Cli {
     #[arg(long, env = "PS_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
     /// Print one JSON summary as the last line of stdout.
-    #[arg(long, env = "PS_JSON")]
+    #[arg(long, env = "PS_JSON", value_parser = env_flag())]
     json: bool,
     #[command(flatten)]
     train: TrainArgs,
@@ -111,4 +112,19 @@ async fn main() -> anyhow::Result<()> {
         () = ps_common::process::shutdown_signal() => anyhow::bail!("interrupted before training finished"),
     };
     print_summary(&summary, cli.json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_on_off_flag_takes_one_from_its_variable() {
+        let command = <Cli as clap::CommandFactory>::command();
+        assert!(
+            ps_common::flag::env_flags_refusing_one(&command).is_empty(),
+            "{:?}",
+            ps_common::flag::env_flags_refusing_one(&command)
+        );
+    }
 }
