@@ -5,7 +5,10 @@
 //! measures p50/p99 with one operation in flight, then operations per second
 //! with `--window` in flight. Every server's CPU (cores used) and peak RSS are
 //! read from `/proc` (Linux). With `--tls`, every server and worker talks TLS,
-//! with a CA and certificate made for the run.
+//! with a CA and certificate made for the run. Raw TCP runs once before a size's
+//! phases and once after them; ratios are to the mean of the two, and both are
+//! in the JSON (`servers.tcp_runs_bytes_per_sec`), since this machine's loopback
+//! throughput drifts by a quarter within minutes.
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -246,7 +249,10 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
             .params()
             .map(|p| p.parts.len())
             .sum::<usize>();
-        let tcp = tcp_baseline(size, plan.window, plan.seconds).await?;
+        // Raw TCP before and after the phases, so that the machine drifting
+        // between them shows in the spread instead of in the ratio.
+        let tcp_before = tcp_baseline(size, plan.window, plan.seconds).await?;
+        let mut phases = Vec::new();
         for op in [Op::Push, Op::Pull] {
             let before: Vec<f64> = pids.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
             let wall = Instant::now();
@@ -266,6 +272,11 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
                     })
                 })
                 .collect();
+            phases.push((op, reports, servers_used));
+        }
+        let tcp_after = tcp_baseline(size, plan.window, plan.seconds).await?;
+        let tcp = TcpFigures::mean(&[tcp_before, tcp_after]);
+        for (op, reports, servers_used) in phases {
             rows.push(row(plan, size, op, parts, &reports, &tcp, servers_used));
         }
     }
@@ -314,7 +325,11 @@ fn row(
         p99_us: crate::report::median(&mut p99),
         tcp_p50_us: Some(tcp.p50_us),
         reps: 1,
-        servers: Some(serde_json::json!({ "servers": servers, "workers": workers })),
+        servers: Some(serde_json::json!({
+            "servers": servers,
+            "workers": workers,
+            "tcp_runs_bytes_per_sec": tcp.runs_bytes_per_sec,
+        })),
         ..ResultRow::default()
     }
 }
@@ -362,9 +377,27 @@ fn spawn_workers(
 
 /// Raw TCP in the same run: `window` connections sending `size`-byte messages and
 /// waiting for each acknowledgement, and the median of one at a time.
+/// Raw TCP's throughput (send + ack, `--window` in flight) and latency: of one
+/// run, or the mean of several with each run's throughput kept.
 struct TcpFigures {
     bytes_per_sec: f64,
     p50_us: f64,
+    runs_bytes_per_sec: Vec<f64>,
+}
+
+impl TcpFigures {
+    /// The mean throughput and latency of `runs`, each run's throughput listed.
+    fn mean(runs: &[TcpFigures]) -> TcpFigures {
+        let n = runs.len().max(1) as f64;
+        TcpFigures {
+            bytes_per_sec: runs.iter().map(|r| r.bytes_per_sec).sum::<f64>() / n,
+            p50_us: runs.iter().map(|r| r.p50_us).sum::<f64>() / n,
+            runs_bytes_per_sec: runs
+                .iter()
+                .flat_map(|r| r.runs_bytes_per_sec.clone())
+                .collect(),
+        }
+    }
 }
 
 async fn tcp_baseline(size: usize, window: usize, seconds: f64) -> anyhow::Result<TcpFigures> {
@@ -406,9 +439,11 @@ async fn tcp_baseline(size: usize, window: usize, seconds: f64) -> anyhow::Resul
                 .map(|t| t.join().expect("a TCP thread").unwrap_or(0))
                 .sum()
         });
+        let bytes_per_sec = bytes as f64 / start.elapsed().as_secs_f64();
         Ok(TcpFigures {
-            bytes_per_sec: bytes as f64 / start.elapsed().as_secs_f64(),
+            bytes_per_sec,
             p50_us: crate::report::median(&mut latencies).unwrap_or(0.0),
+            runs_bytes_per_sec: vec![bytes_per_sec],
         })
     })
     .await??;

@@ -326,6 +326,20 @@ fn kv_measures_push_and_pull_by_worker_processes_against_real_servers() {
         assert!(row["p50_us"].as_f64().unwrap() > 0.0, "{row}");
         let servers = row["servers"]["servers"].as_array().unwrap();
         assert_eq!(servers.len(), 2, "{row}");
+        let tcp_runs: Vec<f64> = row["servers"]["tcp_runs_bytes_per_sec"]
+            .as_array()
+            .unwrap_or_else(|| panic!("raw TCP's runs in {row}"))
+            .iter()
+            .map(|run| run.as_f64().unwrap())
+            .collect();
+        assert_eq!(tcp_runs.len(), 2, "raw TCP before and after: {row}");
+        assert!(tcp_runs.iter().all(|run| *run > 0.0), "{row}");
+        let mean = (tcp_runs[0] + tcp_runs[1]) / 2.0;
+        let tcp = row["tcp_throughput_bytes_per_sec"].as_f64().unwrap();
+        assert!(
+            (tcp - mean).abs() <= 1e-9 * mean,
+            "the ratio's TCP is the mean: {row}"
+        );
         assert!(
             servers
                 .iter()
