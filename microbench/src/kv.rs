@@ -376,8 +376,7 @@ fn spawn_workers(
 }
 
 /// Raw TCP in the same run: `window` connections sending `size`-byte messages and
-/// waiting for each acknowledgement, and the median of one at a time.
-/// Raw TCP's throughput (send + ack, `--window` in flight) and latency: of one
+/// waiting for each acknowledgement, and the median of one at a time; of one
 /// run, or the mean of several with each run's throughput kept.
 struct TcpFigures {
     bytes_per_sec: f64,

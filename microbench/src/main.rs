@@ -644,10 +644,7 @@ mod tests {
     #[test]
     fn every_on_off_flag_takes_one_from_its_variable() {
         let command = <Cli as clap::CommandFactory>::command();
-        assert!(
-            ps_common::flag::env_flags_refusing_one(&command).is_empty(),
-            "{:?}",
-            ps_common::flag::env_flags_refusing_one(&command)
-        );
+        let refusing = ps_common::flag::env_flags_refusing_one(&command);
+        assert!(refusing.is_empty(), "{refusing:?}");
     }
 }

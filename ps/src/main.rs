@@ -6,11 +6,11 @@
 //! ps-server export --checkpoint-dir /var/lib/candle-ps/checkpoints --out model.safetensors
 //! ```
 
-use ps_common::flag::env_flag;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use ps_common::flag::env_flag;
 use ps_common::security_args::SecurityArgs;
 use ps_common::size::{parse_size, parse_size_u32};
 use ps_proto::auth::Role;
@@ -300,11 +300,8 @@ mod tests {
     #[test]
     fn every_on_off_flag_takes_one_from_its_variable() {
         let command = <Args as clap::CommandFactory>::command();
-        assert!(
-            ps_common::flag::env_flags_refusing_one(&command).is_empty(),
-            "{:?}",
-            ps_common::flag::env_flags_refusing_one(&command)
-        );
+        let refusing = ps_common::flag::env_flags_refusing_one(&command);
+        assert!(refusing.is_empty(), "{refusing:?}");
     }
 
     #[test]

@@ -23,8 +23,8 @@
 //! So a server holds, for push streams, this buffer plus one stream window per
 //! stream that waits. Both defaults are sized for that sum: with 16 MiB here and
 //! 2 MiB stream windows, two workers with eight 8 MiB pushes each in flight
-//! keep a server at 68-70 MiB for 8 MiB of values, within the rule of 1.1 × the
-//! bytes held plus 64 MiB, where 32 MiB and 4 MiB windows took 106 MiB; and
+//! keep a server at 66-71 MiB for 8 MiB of values, within the rule of 1.1 × the
+//! bytes held plus 64 MiB, where 32 MiB and 4 MiB windows took 104-109 MiB; and
 //! neither measurably cost throughput (docs/benchmarks.md, "Push memory").
 
 use std::sync::Arc;

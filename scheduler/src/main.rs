@@ -7,13 +7,13 @@
 //! ps-scheduler health --server 127.0.0.1:7000
 //! ```
 
-use ps_common::flag::env_flag;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ps_common::certs::{self, ClusterCerts};
+use ps_common::flag::env_flag;
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_common::security_args::SecurityArgs;
 use ps_proto::auth::Role;
@@ -298,10 +298,7 @@ mod tests {
     #[test]
     fn every_on_off_flag_takes_one_from_its_variable() {
         let command = <Cli as clap::CommandFactory>::command();
-        assert!(
-            ps_common::flag::env_flags_refusing_one(&command).is_empty(),
-            "{:?}",
-            ps_common::flag::env_flags_refusing_one(&command)
-        );
+        let refusing = ps_common::flag::env_flags_refusing_one(&command);
+        assert!(refusing.is_empty(), "{refusing:?}");
     }
 }

@@ -6,7 +6,6 @@
 //! ps-worker --server a:7070,b:7070 --rank 1 --workers 2 --json
 //! ```
 
-use ps_common::flag::env_flag;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +14,7 @@ use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use ps_client::Expected;
 use ps_client::{ClientConfig, PsClient};
+use ps_common::flag::env_flag;
 use ps_common::security_args::SecurityArgs;
 use ps_proto::auth::Role;
 use ps_proto::consistency::Consistency;
@@ -189,10 +189,7 @@ mod tests {
     #[test]
     fn every_on_off_flag_takes_one_from_its_variable() {
         let command = <Cli as clap::CommandFactory>::command();
-        assert!(
-            ps_common::flag::env_flags_refusing_one(&command).is_empty(),
-            "{:?}",
-            ps_common::flag::env_flags_refusing_one(&command)
-        );
+        let refusing = ps_common::flag::env_flags_refusing_one(&command);
+        assert!(refusing.is_empty(), "{refusing:?}");
     }
 }

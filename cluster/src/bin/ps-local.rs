@@ -7,7 +7,6 @@
 //! ps-local --metrics-listen 127.0.0.1:9100   # scheduler :9100, servers :9101-, workers after
 //! ```
 
-use ps_common::flag::env_flag;
 use std::io::IsTerminal;
 use std::sync::Arc;
 
@@ -15,6 +14,7 @@ use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use ps_cluster::local::{LocalSpec, LocalSummary, run_local};
 use ps_common::certs::ClusterCerts;
+use ps_common::flag::env_flag;
 use ps_proto::consistency::Consistency;
 use ps_worker::cli::TrainArgs;
 
@@ -121,10 +121,7 @@ mod tests {
     #[test]
     fn every_on_off_flag_takes_one_from_its_variable() {
         let command = <Cli as clap::CommandFactory>::command();
-        assert!(
-            ps_common::flag::env_flags_refusing_one(&command).is_empty(),
-            "{:?}",
-            ps_common::flag::env_flags_refusing_one(&command)
-        );
+        let refusing = ps_common::flag::env_flags_refusing_one(&command);
+        assert!(refusing.is_empty(), "{refusing:?}");
     }
 }
