@@ -8,7 +8,10 @@
 //! with a CA and certificate made for the run. Raw TCP runs once before a size's
 //! phases and once after them; ratios are to the mean of the two, and both are
 //! in the JSON (`servers.tcp_runs_bytes_per_sec`), since this machine's loopback
-//! throughput drifts by a quarter within minutes.
+//! throughput drifts by a quarter within minutes. With `--tls`, the same baseline
+//! also runs over rustls straight on the socket, with the gRPC path's cipher
+//! suites: that is what TLS itself costs here, and each row says how much of it
+//! the gRPC path reaches (`servers.tls_tcp_bytes_per_sec`, `ratio_vs_tls_tcp`).
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -251,7 +254,11 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
             .sum::<usize>();
         // Raw TCP before and after the phases, so that the machine drifting
         // between them shows in the spread instead of in the ratio.
-        let tcp_before = tcp_baseline(size, plan.window, plan.seconds).await?;
+        let tcp_before = tcp_baseline(size, plan.window, plan.seconds, None).await?;
+        let tls_before = match &tls {
+            Some(files) => Some(tcp_baseline(size, plan.window, plan.seconds, Some(files)).await?),
+            None => None,
+        };
         let mut phases = Vec::new();
         for op in [Op::Push, Op::Pull] {
             let before: Vec<f64> = pids.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
@@ -274,10 +281,29 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
                 .collect();
             phases.push((op, reports, servers_used));
         }
-        let tcp_after = tcp_baseline(size, plan.window, plan.seconds).await?;
+        let tls_tcp = match (&tls, tls_before) {
+            (Some(files), Some(before)) => {
+                let after = tcp_baseline(size, plan.window, plan.seconds, Some(files)).await?;
+                Some(TcpFigures::mean(&[before, after]))
+            }
+            _ => None,
+        };
+        let tcp_after = tcp_baseline(size, plan.window, plan.seconds, None).await?;
         let tcp = TcpFigures::mean(&[tcp_before, tcp_after]);
+        let baselines = Baselines {
+            tcp: &tcp,
+            tls_tcp: tls_tcp.as_ref(),
+        };
         for (op, reports, servers_used) in phases {
-            rows.push(row(plan, size, op, parts, &reports, &tcp, servers_used));
+            rows.push(row(
+                plan,
+                size,
+                op,
+                parts,
+                &reports,
+                &baselines,
+                servers_used,
+            ));
         }
     }
     for server in servers {
@@ -286,15 +312,23 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
     Ok(rows)
 }
 
+/// The raw baselines a size's rows are read against.
+struct Baselines<'a> {
+    tcp: &'a TcpFigures,
+    /// The same over TLS, in `--tls` runs.
+    tls_tcp: Option<&'a TcpFigures>,
+}
+
 fn row(
     plan: &KvPlan,
     size: usize,
     op: Op,
     parts: usize,
     reports: &[WorkerReport],
-    tcp: &TcpFigures,
+    baselines: &Baselines<'_>,
     servers: Vec<serde_json::Value>,
 ) -> ResultRow {
+    let tcp = baselines.tcp;
     let ops: u64 = reports.iter().map(|r| r.ops).sum();
     let seconds = reports.iter().map(|r| r.seconds).fold(0.0, f64::max);
     let throughput = (ops as f64 * size as f64) / seconds.max(1e-9);
@@ -304,6 +338,18 @@ fn row(
         .iter()
         .map(|r| serde_json::json!({ "cores": r.cpu_seconds / r.wall_seconds.max(1e-9) }))
         .collect();
+    let mut figures = serde_json::json!({
+        "servers": servers,
+        "workers": workers,
+        "tcp_runs_bytes_per_sec": tcp.runs_bytes_per_sec,
+        "tcp_cores": tcp.cores,
+    });
+    if let Some(tls_tcp) = baselines.tls_tcp {
+        figures["tls_tcp_bytes_per_sec"] = tls_tcp.bytes_per_sec.into();
+        figures["tls_tcp_runs_bytes_per_sec"] = tls_tcp.runs_bytes_per_sec.clone().into();
+        figures["tls_tcp_cores"] = tls_tcp.cores.into();
+        figures["ratio_vs_tls_tcp"] = (throughput / tls_tcp.bytes_per_sec.max(1e-9)).into();
+    }
     ResultRow {
         bench: "kv".into(),
         mode: Some(op.to_string()),
@@ -325,11 +371,7 @@ fn row(
         p99_us: crate::report::median(&mut p99),
         tcp_p50_us: Some(tcp.p50_us),
         reps: 1,
-        servers: Some(serde_json::json!({
-            "servers": servers,
-            "workers": workers,
-            "tcp_runs_bytes_per_sec": tcp.runs_bytes_per_sec,
-        })),
+        servers: Some(figures),
         ..ResultRow::default()
     }
 }
@@ -382,6 +424,9 @@ struct TcpFigures {
     bytes_per_sec: f64,
     p50_us: f64,
     runs_bytes_per_sec: Vec<f64>,
+    /// Cores both ends used together in the throughput phase (they are threads of
+    /// this process): near the machine's count, the baseline is CPU-bound.
+    cores: f64,
 }
 
 impl TcpFigures {
@@ -391,6 +436,7 @@ impl TcpFigures {
         TcpFigures {
             bytes_per_sec: runs.iter().map(|r| r.bytes_per_sec).sum::<f64>() / n,
             p50_us: runs.iter().map(|r| r.p50_us).sum::<f64>() / n,
+            cores: runs.iter().map(|r| r.cores).sum::<f64>() / n,
             runs_bytes_per_sec: runs
                 .iter()
                 .flat_map(|r| r.runs_bytes_per_sec.clone())
@@ -399,12 +445,27 @@ impl TcpFigures {
     }
 }
 
-async fn tcp_baseline(size: usize, window: usize, seconds: f64) -> anyhow::Result<TcpFigures> {
-    let server = BaselineServer::start(std::net::TcpListener::bind("127.0.0.1:0")?)?;
+/// The baseline over plain TCP, or over TLS with `tls`'s certificates.
+async fn tcp_baseline(
+    size: usize,
+    window: usize,
+    seconds: f64,
+    tls: Option<&TlsFiles>,
+) -> anyhow::Result<TcpFigures> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let server = match tls {
+        None => BaselineServer::start(listener)?,
+        Some(files) => BaselineServer::start_tls(listener, files.baseline_server()?)?,
+    };
     let addr = server.addr().to_string();
     let mut peers = Vec::new();
     for _ in 0..window.max(1) {
-        peers.push(TcpPeer::connect(&addr).await?);
+        peers.push(match tls {
+            None => TcpPeer::connect(&addr).await?,
+            Some(files) => {
+                TcpPeer::connect_tls(&addr, files.baseline_client()?, files.server_name()).await?
+            }
+        });
     }
     let phase = Duration::from_secs_f64(seconds);
     let figures = tokio::task::spawn_blocking(move || -> anyhow::Result<TcpFigures> {
@@ -416,6 +477,7 @@ async fn tcp_baseline(size: usize, window: usize, seconds: f64) -> anyhow::Resul
             peers[0].sink(&data)?;
             latencies.push(began.elapsed().as_secs_f64() * 1e6);
         }
+        let cpu_before = process_cpu_seconds();
         let start = Instant::now();
         let end = start + phase;
         let bytes: u64 = std::thread::scope(|scope| {
@@ -438,9 +500,11 @@ async fn tcp_baseline(size: usize, window: usize, seconds: f64) -> anyhow::Resul
                 .map(|t| t.join().expect("a TCP thread").unwrap_or(0))
                 .sum()
         });
-        let bytes_per_sec = bytes as f64 / start.elapsed().as_secs_f64();
+        let wall = start.elapsed().as_secs_f64();
+        let bytes_per_sec = bytes as f64 / wall;
         Ok(TcpFigures {
             bytes_per_sec,
+            cores: (process_cpu_seconds() - cpu_before) / wall,
             p50_us: crate::report::median(&mut latencies).unwrap_or(0.0),
             runs_bytes_per_sec: vec![bytes_per_sec],
         })
@@ -471,8 +535,16 @@ fn proc_cpu_seconds(pid: u32) -> f64 {
 /// The rows as a table with the figures `kv` is for: latency at one in flight,
 /// throughput at the window, raw TCP beside them, and what each process used.
 pub fn table(rows: &[ResultRow]) -> String {
+    let tls_tcp = |row: &ResultRow| {
+        let figures = row.servers.as_ref()?;
+        Some((
+            figures["tls_tcp_bytes_per_sec"].as_f64()?,
+            figures["ratio_vs_tls_tcp"].as_f64()?,
+        ))
+    };
+    let with_tls = rows.iter().any(|row| tls_tcp(row).is_some());
     let mut out = format!(
-        "{:<28} {:>4} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>9} {:>13} {:>18}\n",
+        "{:<28} {:>4} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>9} {:>13} {:>18}",
         "key",
         "op",
         "p50 µs",
@@ -485,6 +557,11 @@ pub fn table(rows: &[ResultRow]) -> String {
         "worker cores",
         "server cores / RSS"
     );
+    out += &if with_tls {
+        format!(" {:>12} {:>6}\n", "TLS TCP GB/s", "ratio")
+    } else {
+        "\n".into()
+    };
     for row in rows {
         let figures = row.servers.clone().unwrap_or_default();
         let servers: Vec<String> = figures["servers"]
@@ -511,7 +588,7 @@ pub fn table(rows: &[ResultRow]) -> String {
             .unwrap_or_default();
         let gb = |v: Option<f64>| v.map_or(0.0, |v| v / 1e9);
         out += &format!(
-            "{:<28} {:>4} {:>9.0} {:>9.0} {:>10.3} {:>9.0} {:>10.3} {:>6.2} {:>9.0} {:>13} {:>18}\n",
+            "{:<28} {:>4} {:>9.0} {:>9.0} {:>10.3} {:>9.0} {:>10.3} {:>6.2} {:>9.0} {:>13} {:>18}",
             row.payload,
             row.mode.as_deref().unwrap_or(""),
             row.p50_us.unwrap_or(0.0),
@@ -524,6 +601,12 @@ pub fn table(rows: &[ResultRow]) -> String {
             workers.join(","),
             servers.join(","),
         );
+        out += &match tls_tcp(row) {
+            Some((bytes_per_sec, ratio)) if with_tls => {
+                format!(" {:>12.3} {ratio:>6.2}\n", bytes_per_sec / 1e9)
+            }
+            _ => "\n".into(),
+        };
     }
     out
 }

@@ -14,10 +14,17 @@
 //!
 //! [`TcpPeer`]'s calls block: run measurement loops on a thread of their own (for
 //! example `tokio::task::spawn_blocking`), never on an async runtime's workers.
+//!
+//! The same protocol runs over TLS ([`BaselineServer::start_tls`],
+//! [`TcpPeer::connect_tls`]): rustls straight over the socket, with the cipher
+//! suites of the gRPC path, is the floor that TLS itself sets on this machine.
 
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
+
+use rustls::pki_types::ServerName;
+use rustls::{ClientConnection, ServerConnection, StreamOwned};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
@@ -58,13 +65,25 @@ impl BaselineServer {
     /// # Errors
     /// When the listener cannot be configured.
     pub fn start(listener: TcpListener) -> io::Result<Self> {
+        Self::serve(listener, None)
+    }
+
+    /// Serves the baseline protocol over TLS, presenting `config`'s certificate.
+    ///
+    /// # Errors
+    /// When the listener cannot be configured.
+    pub fn start_tls(listener: TcpListener, config: Arc<rustls::ServerConfig>) -> io::Result<Self> {
+        Self::serve(listener, Some(config))
+    }
+
+    fn serve(listener: TcpListener, tls: Option<Arc<rustls::ServerConfig>>) -> io::Result<Self> {
         listener.set_nonblocking(false)?;
         let addr = listener.local_addr()?;
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = Arc::clone(&stopping);
         let acceptor = std::thread::Builder::new()
             .name("tcp-baseline".into())
-            .spawn(move || accept_loop(&listener, &stop))?;
+            .spawn(move || accept_loop(&listener, &stop, tls.as_ref()))?;
         Ok(Self {
             addr,
             stopping,
@@ -89,17 +108,22 @@ impl Drop for BaselineServer {
     }
 }
 
-fn accept_loop(listener: &TcpListener, stopping: &AtomicBool) {
+fn accept_loop(
+    listener: &TcpListener,
+    stopping: &AtomicBool,
+    tls: Option<&Arc<rustls::ServerConfig>>,
+) {
     for stream in listener.incoming() {
         if stopping.load(Ordering::SeqCst) {
             return;
         }
         match stream {
             Ok(stream) => {
+                let tls = tls.cloned();
                 let spawned = std::thread::Builder::new()
                     .name("tcp-baseline-conn".into())
                     .spawn(move || {
-                        if let Err(error) = serve_connection(stream) {
+                        if let Err(error) = serve_socket(stream, tls) {
                             tracing::debug!(%error, "tcp baseline connection ended");
                         }
                     });
@@ -112,10 +136,19 @@ fn accept_loop(listener: &TcpListener, stopping: &AtomicBool) {
     }
 }
 
-fn serve_connection(stream: TcpStream) -> io::Result<()> {
+fn serve_socket(stream: TcpStream, tls: Option<Arc<rustls::ServerConfig>>) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_nodelay(true)?;
-    let mut write = stream.try_clone()?;
+    match tls {
+        None => serve_connection(stream),
+        Some(config) => {
+            let session = ServerConnection::new(config).map_err(io::Error::other)?;
+            serve_connection(StreamOwned::new(session, stream))
+        }
+    }
+}
+
+fn serve_connection(stream: impl Read + Write) -> io::Result<()> {
     let mut read = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
     let mut buffer = Vec::new();
     let mut streamed = 0u64;
@@ -139,6 +172,7 @@ fn serve_connection(stream: TcpStream) -> io::Result<()> {
             buffer.resize(len, 0);
         }
         read.read_exact(&mut buffer[..len])?;
+        let write = read.get_mut();
         match header[0] {
             ECHO => write.write_all(&buffer[..len])?,
             SINK => write.write_all(&(len as u64).to_le_bytes())?,
@@ -167,9 +201,40 @@ fn frame_len(header: &[u8; HEADER_BYTES]) -> io::Result<usize> {
         })
 }
 
+/// A socket, or TLS over one.
+enum PeerStream {
+    Plain(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Read for PeerStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            PeerStream::Plain(stream) => stream.read(buf),
+            PeerStream::Tls(stream) => stream.read(buf),
+        }
+    }
+}
+
+impl Write for PeerStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            PeerStream::Plain(stream) => stream.write(buf),
+            PeerStream::Tls(stream) => stream.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            PeerStream::Plain(stream) => stream.flush(),
+            PeerStream::Tls(stream) => stream.flush(),
+        }
+    }
+}
+
 /// A blocking client connection to the baseline server.
 pub struct TcpPeer {
-    stream: TcpStream,
+    stream: PeerStream,
     buffer: Vec<u8>,
     pending: Vec<u8>,
 }
@@ -192,11 +257,51 @@ impl TcpPeer {
     pub fn from_stream(stream: TcpStream) -> io::Result<Self> {
         stream.set_nonblocking(false)?;
         stream.set_nodelay(true)?;
-        Ok(Self {
+        Ok(Self::over(PeerStream::Plain(stream)))
+    }
+
+    /// Connects to `addr` over TLS, checking the server's certificate for
+    /// `server_name` against `config`'s roots; the handshake completes before this
+    /// returns.
+    ///
+    /// # Errors
+    /// When the connection or the handshake fails.
+    pub async fn connect_tls(
+        addr: &str,
+        config: Arc<rustls::ClientConfig>,
+        server_name: &str,
+    ) -> io::Result<Self> {
+        let stream = tokio::net::TcpStream::connect(addr).await?.into_std()?;
+        let name = ServerName::try_from(server_name.to_string())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        tokio::task::spawn_blocking(move || {
+            stream.set_nonblocking(false)?;
+            stream.set_nodelay(true)?;
+            let session = ClientConnection::new(config, name).map_err(io::Error::other)?;
+            let mut tls = StreamOwned::new(session, stream);
+            while tls.conn.is_handshaking() {
+                tls.conn.complete_io(&mut tls.sock)?;
+            }
+            Ok(Self::over(PeerStream::Tls(Box::new(tls))))
+        })
+        .await
+        .map_err(io::Error::other)?
+    }
+
+    fn over(stream: PeerStream) -> Self {
+        Self {
             stream,
             buffer: Vec::new(),
             pending: Vec::new(),
-        })
+        }
+    }
+
+    /// The cipher suite a TLS connection agreed on; `None` over plain TCP.
+    pub fn cipher_suite(&self) -> Option<rustls::CipherSuite> {
+        match &self.stream {
+            PeerStream::Plain(_) => None,
+            PeerStream::Tls(tls) => tls.conn.negotiated_cipher_suite().map(|s| s.suite()),
+        }
     }
 
     fn send(&mut self, op: u8, data: &[u8]) -> io::Result<()> {

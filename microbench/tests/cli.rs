@@ -347,6 +347,44 @@ fn kv_measures_push_and_pull_by_worker_processes_against_real_servers() {
             "{row}"
         );
         assert_eq!(row["servers"]["workers"].as_array().unwrap().len(), 2);
+        assert!(row["servers"]["tcp_cores"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(
+            row["servers"].get("tls_tcp_bytes_per_sec").is_none(),
+            "no TLS baseline without --tls: {row}"
+        );
+    }
+}
+
+#[test]
+fn kv_over_tls_reads_each_row_against_raw_tls_as_well_as_raw_tcp() {
+    let rows = microbench(&[
+        "kv",
+        "--tls",
+        "--sizes",
+        "256KiB",
+        "--window",
+        "2",
+        "--seconds",
+        "0.3",
+        "--json",
+    ]);
+    assert_eq!(rows.len(), 2, "a push row and a pull row: {rows:?}");
+    for row in &rows {
+        assert_eq!(row["encoding"], "f32 tls", "{row}");
+        let figures = &row["servers"];
+        let tls_runs = figures["tls_tcp_runs_bytes_per_sec"]
+            .as_array()
+            .unwrap_or_else(|| panic!("raw TLS's runs in {row}"));
+        assert_eq!(tls_runs.len(), 2, "raw TLS before and after: {row}");
+        let tls_tcp = figures["tls_tcp_bytes_per_sec"].as_f64().unwrap();
+        assert!(tls_tcp > 0.0, "{row}");
+        assert!(figures["tls_tcp_cores"].as_f64().unwrap() > 0.0, "{row}");
+        let throughput = row["throughput_bytes_per_sec"].as_f64().unwrap();
+        let ratio = figures["ratio_vs_tls_tcp"].as_f64().unwrap();
+        assert!(
+            (ratio - throughput / tls_tcp).abs() <= 1e-9 * ratio,
+            "the ratio is to the raw TLS mean: {row}"
+        );
     }
 }
 

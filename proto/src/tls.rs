@@ -8,7 +8,13 @@
 //! hostnames, pod IPs) that nobody can know when the certificates are made, and
 //! a certificate signed by the cluster's own CA for the cluster's name is what
 //! makes a peer a member.
+//!
+//! Every connection prefers AES-128-GCM (see [`install_cipher_preference`]).
 
+use std::sync::Once;
+
+use rustls::CipherSuite;
+use rustls::crypto::CryptoProvider;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 /// The name every certificate `ps-scheduler certs` writes carries, and the name
@@ -74,6 +80,7 @@ impl TlsConfig {
     /// # Errors
     /// `NoIdentity` when there is no certificate to present.
     pub fn server(&self) -> Result<ServerTlsConfig, TlsError> {
+        install_cipher_preference();
         let identity = self.identity.as_ref().ok_or(TlsError::NoIdentity)?;
         let mut config = ServerTlsConfig::new().identity(identity.to_tonic());
         if let Some(client_ca) = &self.client_ca {
@@ -84,6 +91,7 @@ impl TlsConfig {
 
     /// tonic's settings for a channel that trusts [`TlsConfig::ca`].
     pub fn client(&self) -> ClientTlsConfig {
+        install_cipher_preference();
         let mut config = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca))
             .domain_name(self.server_name.clone());
@@ -91,5 +99,64 @@ impl TlsConfig {
             config = config.identity(identity.to_tonic());
         }
         config
+    }
+}
+
+/// The suite every connection offers first: AES-128-GCM needs 10 AES rounds per
+/// block against AES-256-GCM's 14, and the cipher is the largest single cost of a
+/// TLS stream on the server (docs/security.md). Both are TLS 1.3's standard AEADs.
+pub const PREFERRED_CIPHER_SUITE: CipherSuite = CipherSuite::TLS13_AES_128_GCM_SHA256;
+
+/// ring's provider with [`PREFERRED_CIPHER_SUITE`] moved to the front; the other
+/// suites keep their order.
+pub fn preferred_provider() -> CryptoProvider {
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider
+        .cipher_suites
+        .sort_by_key(|suite| suite.suite() != PREFERRED_CIPHER_SUITE);
+    provider
+}
+
+/// Makes [`preferred_provider`] the process's rustls provider, which tonic's TLS
+/// settings use for every server and channel (a client offers its suites in
+/// order and the server takes the first it supports). [`TlsConfig::server`] and
+/// [`TlsConfig::client`] call it, so a process never needs to; a provider the
+/// process installed earlier stays.
+pub fn install_cipher_preference() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        // An error means a provider is already installed, which is the caller's choice.
+        let _ = preferred_provider().install_default();
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preferred_suite_comes_first_and_no_suite_is_lost() {
+        let provider = preferred_provider();
+        let default = rustls::crypto::ring::default_provider();
+        assert_eq!(provider.cipher_suites[0].suite(), PREFERRED_CIPHER_SUITE);
+        assert_eq!(provider.cipher_suites.len(), default.cipher_suites.len());
+        assert!(
+            default.cipher_suites[0].suite() != PREFERRED_CIPHER_SUITE,
+            "ring's own order would already pick it; this module would be moot"
+        );
+    }
+
+    #[test]
+    fn building_a_tonic_config_installs_the_preference() {
+        let config = TlsConfig {
+            ca: Vec::new(),
+            identity: None,
+            client_ca: None,
+            client_identity: None,
+            server_name: DEFAULT_SERVER_NAME.into(),
+        };
+        let _ = config.client();
+        let installed = CryptoProvider::get_default().expect("a process provider");
+        assert_eq!(installed.cipher_suites[0].suite(), PREFERRED_CIPHER_SUITE);
     }
 }
