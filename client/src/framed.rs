@@ -8,12 +8,15 @@
 //! copies are gone. The call goes through the same channel, token and
 //! timeouts as every other call.
 
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
 use http::header::{CONTENT_TYPE, HeaderValue, TE};
 use http::{Method, Request, StatusCode, Uri, Version};
-use http_body::Frame;
-use http_body_util::{BodyExt, StreamBody};
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
 use ps_proto::auth::AuthChannel;
 use ps_proto::grpc_frames::{FrameError, GRPC_CONTENT_TYPE, MessageReader};
 use ps_proto::rope::Rope;
@@ -33,13 +36,10 @@ pub(crate) async fn start_framed(
     mut channel: AuthChannel,
     path: &'static str,
     metadata: MetadataMap,
-    pieces: impl Stream<Item = Bytes> + Send + 'static,
+    pieces: Vec<Bytes>,
     limit: usize,
 ) -> Result<FramedAnswer, Status> {
-    let frames = pieces
-        .filter(|piece| std::future::ready(!piece.is_empty()))
-        .map(|piece| Ok::<_, Status>(Frame::data(piece)));
-    let mut request = Request::new(Body::new(StreamBody::new(frames)));
+    let mut request = Request::new(Body::new(Pieces::new(pieces)));
     *request.method_mut() = Method::POST;
     *request.uri_mut() = Uri::from_static(path);
     *request.version_mut() = Version::HTTP_2;
@@ -74,6 +74,48 @@ pub(crate) async fn start_framed(
         reader: MessageReader::new(limit),
         ended,
     })
+}
+
+/// A request body of pieces known in advance. It says it has ended as soon as
+/// its last piece is taken, so that HTTP/2 marks the last data frame as the
+/// stream's end instead of sending an empty frame (and, often, a write of its
+/// own) after it.
+struct Pieces {
+    queue: VecDeque<Bytes>,
+    remaining: u64,
+}
+
+impl Pieces {
+    fn new(pieces: Vec<Bytes>) -> Self {
+        let queue: VecDeque<Bytes> = pieces.into_iter().filter(|p| !p.is_empty()).collect();
+        let remaining = queue.iter().map(|p| p.len() as u64).sum();
+        Self { queue, remaining }
+    }
+}
+
+impl http_body::Body for Pieces {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        let piece = this.queue.pop_front().map(|piece| {
+            this.remaining -= piece.len() as u64;
+            Ok(Frame::data(piece))
+        });
+        Poll::Ready(piece)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
 }
 
 /// The answer of a call begun by [`start_framed`], read message by message.
@@ -132,5 +174,38 @@ impl FramedAnswer {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pieces_end_with_their_last_piece_and_say_their_size() {
+        let mut body = Pieces::new(vec![
+            Bytes::from_static(b"abc"),
+            Bytes::new(),
+            Bytes::from_static(b"de"),
+        ]);
+        assert_eq!(http_body::Body::size_hint(&body).exact(), Some(5));
+        assert!(!http_body::Body::is_end_stream(&body));
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&first[..], b"abc");
+        assert!(!http_body::Body::is_end_stream(&body), "one piece is left");
+        let last = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&last[..], b"de", "the empty piece is skipped");
+        assert!(
+            http_body::Body::is_end_stream(&body),
+            "ended as soon as the last piece is taken, so it carries END_STREAM"
+        );
+        assert_eq!(http_body::Body::size_hint(&body).exact(), Some(0));
+        assert!(body.frame().await.is_none());
+    }
+
+    #[test]
+    fn a_body_of_no_pieces_has_ended_before_it_starts() {
+        let body = Pieces::new(vec![Bytes::new()]);
+        assert!(http_body::Body::is_end_stream(&body));
     }
 }

@@ -9,12 +9,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use prost::Message;
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::auth::AuthChannel;
 use ps_proto::chunk_decode::decode_pull_chunk;
 use ps_proto::chunk_encode::{framed_message, framed_push_chunk};
-use ps_proto::grpc_frames::{PULL_STREAM_PATH, PUSH_STREAM_PATH};
+use ps_proto::grpc_frames::{PULL_PATH, PULL_STREAM_PATH, PUSH_PATH, PUSH_STREAM_PATH};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::metadata;
@@ -32,8 +31,8 @@ use crate::framed::{FramedAnswer, start_framed};
 use crate::placement::{Placed, Placement};
 use crate::retry::RetryPolicy;
 use crate::wire::{
-    MalformedReply, PartData, PartSink, PulledParam, cut_into_parts, register_chunks, spec_of,
-    tensor_chunks, tensor_of, write_pull_chunk, write_pulled,
+    MalformedReply, PartData, PartSink, PulledParam, cut_into_parts, decode_whole, register_chunks,
+    spec_of, tensor_chunks, tensor_of, write_pull_chunk, write_pulled,
 };
 
 /// Pushes and pulls of this many bytes or more go as framed streams, whose
@@ -146,12 +145,11 @@ impl Server {
     ) -> Result<FramedAnswer, ClientError> {
         retry
             .run(what, || {
-                let pieces = futures::stream::iter(pieces.clone());
                 start_framed(
                     self.channel.clone(),
                     path,
                     metadata.clone(),
-                    pieces,
+                    pieces.clone(),
                     self.limit,
                 )
             })
@@ -381,19 +379,18 @@ impl Shards {
         grads: Vec<v1::Tensor>,
     ) -> Result<usize, ClientError> {
         let bytes: usize = grads.iter().map(|t| t.data.len()).sum();
-        let response = if bytes < self.unary_below {
+        // Small pushes are one unary message; larger ones stream their chunks,
+        // the server reserving room for `bytes` before it reads any. Both go
+        // out as HTTP/2 frames written here, the last marked as the end.
+        let (what, path, metadata, pieces) = if bytes < self.unary_below {
             let request = v1::PushRequest {
                 map_version: self.map_version.get(),
                 worker_id: worker.get(),
                 step: step.get(),
                 grads,
             };
-            server
-                .call(self.retry, "Push", |mut c| {
-                    let request = request.clone();
-                    async move { c.push(request).await }
-                })
-                .await?
+            let pieces = vec![framed_message(&request)];
+            ("Push", PUSH_PATH, MetadataMap::new(), pieces)
         } else {
             let pieces: Vec<Bytes> = grads
                 .iter()
@@ -407,29 +404,26 @@ impl Shards {
                     })
                 })
                 .collect();
-            // The server reserves room for this many bytes before it reads any.
             let mut metadata = MetadataMap::new();
             metadata.insert(metadata::PUSH_BYTES, (bytes as u64).into());
-            let retry = self.retry;
-            let (what, path) = ("PushStream", PUSH_STREAM_PATH);
-            let mut answer = server
-                .start_framed(retry, what, path, metadata, pieces)
-                .await?;
-            let failed = |status| server.failed(what, status);
-            let message = answer.next_message().await.map_err(failed)?;
-            let malformed = |reason: String| ClientError::Protocol {
-                what,
-                addr: server.addr.clone(),
-                reason,
-            };
-            let message = message.ok_or_else(|| malformed("no answer".to_string()))?;
-            let response = v1::PushResponse::decode(message.into_pieces().concat().as_slice())
-                .map_err(|e| malformed(e.to_string()))?;
-            if answer.next_message().await.map_err(failed)?.is_some() {
-                return Err(malformed("more than one answer".to_string()));
-            }
-            response
+            ("PushStream", PUSH_STREAM_PATH, metadata, pieces)
         };
+        let mut answer = server
+            .start_framed(self.retry, what, path, metadata, pieces)
+            .await?;
+        let failed = |status| server.failed(what, status);
+        let message = answer.next_message().await.map_err(failed)?;
+        let malformed = |reason: String| ClientError::Protocol {
+            what,
+            addr: server.addr.clone(),
+            reason,
+        };
+        let message = message.ok_or_else(|| malformed("no answer".to_string()))?;
+        let response: v1::PushResponse =
+            decode_whole(message).map_err(|e| malformed(e.to_string()))?;
+        if answer.next_message().await.map_err(failed)?.is_some() {
+            return Err(malformed("more than one answer".to_string()));
+        }
         Ok(response.keys.iter().filter(|k| k.accepted).count())
     }
 
@@ -500,32 +494,30 @@ impl Shards {
             addr: server.addr.clone(),
             reason: malformed.to_string(),
         };
-        let waited;
-        if bytes < self.unary_below {
-            let response = server
-                .answer(self.pull_retry(), "Pull", |mut c| {
-                    let request = request.clone();
-                    async move { c.pull(request).await }
-                })
-                .await?;
-            waited = metadata::pull_waited(response.metadata());
-            let tensors = response.into_inner().tensors;
-            write_pulled(&mut sinks, tensors).map_err(|e| protocol("Pull", e))?;
+        // Small pulls are answered in one message; larger ones as a stream of
+        // chunks, each written into its sink as it arrives.
+        let (what, path) = if bytes < self.unary_below {
+            ("Pull", PULL_PATH)
         } else {
-            let (what, path) = ("PullStream", PULL_STREAM_PATH);
-            let request = framed_message(&request);
-            let mut answer = server
-                .start_framed(
-                    self.pull_retry(),
-                    what,
-                    path,
-                    MetadataMap::new(),
-                    vec![request],
-                )
-                .await?;
-            waited = metadata::pull_waited(answer.metadata());
-            let failed = |status| server.failed(what, status);
-            while let Some(message) = answer.next_message().await.map_err(failed)? {
+            ("PullStream", PULL_STREAM_PATH)
+        };
+        let mut answer = server
+            .start_framed(
+                self.pull_retry(),
+                what,
+                path,
+                MetadataMap::new(),
+                vec![framed_message(&request)],
+            )
+            .await?;
+        let waited = metadata::pull_waited(answer.metadata());
+        let failed = |status| server.failed(what, status);
+        while let Some(message) = answer.next_message().await.map_err(failed)? {
+            if path == PULL_PATH {
+                let response: v1::PullResponse =
+                    decode_whole(message).map_err(|e| protocol(what, e.into()))?;
+                write_pulled(&mut sinks, response.tensors).map_err(|e| protocol(what, e))?;
+            } else {
                 let (chunk, data) =
                     decode_pull_chunk(message).map_err(|e| protocol(what, e.into()))?;
                 write_pull_chunk(&mut sinks, chunk, data).map_err(|e| protocol(what, e))?;

@@ -36,6 +36,21 @@ pub(crate) enum MalformedReply {
     /// A chunk message that does not decode.
     #[error(transparent)]
     Fields(#[from] FieldError),
+    /// A whole answer that does not decode.
+    #[error("the answer does not decode: {0}")]
+    Decode(#[from] prost::DecodeError),
+}
+
+/// A whole gRPC message as `M`, decoded from the frame pieces it arrived in
+/// (where they lie when it came in one piece, as small answers do).
+pub(crate) fn decode_whole<M: prost::Message + Default>(
+    message: ps_proto::rope::Rope,
+) -> Result<M, prost::DecodeError> {
+    let mut pieces = message.into_pieces();
+    match pieces.len() {
+        1 => M::decode(pieces.pop().expect("one piece")),
+        _ => M::decode(pieces.concat().as_slice()),
+    }
 }
 
 /// A parameter's values as pulled, reassembled from its parts.

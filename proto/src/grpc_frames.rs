@@ -20,9 +20,17 @@ pub const PREFIX_BYTES: usize = 5;
 /// The content type of every gRPC request and answer.
 pub const GRPC_CONTENT_TYPE: &str = "application/grpc";
 
+/// The HTTP/2 path of `ps.v1.ParameterServer/Push`, called as frames (a small
+/// push is one message; tonic serves it).
+pub const PUSH_PATH: &str = "/ps.v1.ParameterServer/Push";
+
 /// The HTTP/2 path of `ps.v1.ParameterServer/PushStream`, served and called
 /// as frames.
 pub const PUSH_STREAM_PATH: &str = "/ps.v1.ParameterServer/PushStream";
+
+/// The HTTP/2 path of `ps.v1.ParameterServer/Pull`, called as frames (a small
+/// pull is answered in one message; tonic serves it).
+pub const PULL_PATH: &str = "/ps.v1.ParameterServer/Pull";
 
 /// The HTTP/2 path of `ps.v1.ParameterServer/PullStream`, served and called
 /// as frames.
