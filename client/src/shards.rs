@@ -496,7 +496,8 @@ impl Shards {
         };
         // Small pulls are answered in one message; larger ones as a stream of
         // chunks, each written into its sink as it arrives.
-        let (what, path) = if bytes < self.unary_below {
+        let unary = bytes < self.unary_below;
+        let (what, path) = if unary {
             ("Pull", PULL_PATH)
         } else {
             ("PullStream", PULL_STREAM_PATH)
@@ -513,7 +514,7 @@ impl Shards {
         let waited = metadata::pull_waited(answer.metadata());
         let failed = |status| server.failed(what, status);
         while let Some(message) = answer.next_message().await.map_err(failed)? {
-            if path == PULL_PATH {
+            if unary {
                 let response: v1::PullResponse =
                     decode_whole(message).map_err(|e| protocol(what, e.into()))?;
                 write_pulled(&mut sinks, response.tensors).map_err(|e| protocol(what, e))?;

@@ -16,6 +16,7 @@
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -458,13 +459,15 @@ async fn tcp_baseline(
         Some(files) => BaselineServer::start_tls(listener, files.baseline_server()?)?,
     };
     let addr = server.addr().to_string();
+    let client = match tls {
+        Some(files) => Some((files.baseline_client()?, files.server_name())),
+        None => None,
+    };
     let mut peers = Vec::new();
     for _ in 0..window.max(1) {
-        peers.push(match tls {
+        peers.push(match &client {
             None => TcpPeer::connect(&addr).await?,
-            Some(files) => {
-                TcpPeer::connect_tls(&addr, files.baseline_client()?, files.server_name()).await?
-            }
+            Some((config, name)) => TcpPeer::connect_tls(&addr, Arc::clone(config), name).await?,
         });
     }
     let phase = Duration::from_secs_f64(seconds);

@@ -22,11 +22,11 @@
 use std::io::{self, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 
 use rustls::pki_types::ServerName;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 
 const ECHO: u8 = 1;
 const SINK: u8 = 2;

@@ -48,9 +48,7 @@ impl TlsFiles {
         args.extend(["--tls-key".into(), self.path(NODE_KEY_FILE)]);
         args
     }
-}
 
-impl TlsFiles {
     /// The raw TLS baseline's server settings: this run's node certificate.
     ///
     /// # Errors
