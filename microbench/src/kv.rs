@@ -12,6 +12,10 @@
 //! also runs over rustls straight on the socket, with the gRPC path's cipher
 //! suites: that is what TLS itself costs here, and each row says how much of it
 //! the gRPC path reaches (`servers.tls_tcp_bytes_per_sec`, `ratio_vs_tls_tcp`).
+//! With `--sgd-floor`, raw TCP runs a third time with a receiver that applies
+//! every message with the server's SGD before acknowledging it: the least any
+//! parameter server that applies each push does on these cores, read against
+//! each push row (`servers.tcp_sgd_bytes_per_sec`, `ratio_vs_tcp_sgd`).
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -70,6 +74,8 @@ pub struct KvPlan {
     pub seconds: f64,
     /// Run the servers and workers over TLS.
     pub tls: bool,
+    /// Also run the raw TCP baseline whose receiver applies SGD.
+    pub sgd_floor: bool,
 }
 
 /// What one worker process measured, printed as one JSON line.
@@ -255,10 +261,15 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
             .sum::<usize>();
         // Raw TCP before and after the phases, so that the machine drifting
         // between them shows in the spread instead of in the ratio.
-        let tcp_before = tcp_baseline(size, plan.window, plan.seconds, None).await?;
+        let baseline = |kind| tcp_baseline(size, plan.window, plan.seconds, kind);
+        let tcp_before = baseline(Baseline::Tcp).await?;
         let tls_before = match &tls {
-            Some(files) => Some(tcp_baseline(size, plan.window, plan.seconds, Some(files)).await?),
+            Some(files) => Some(baseline(Baseline::Tls(files)).await?),
             None => None,
+        };
+        let sgd_before = match plan.sgd_floor {
+            true => Some(baseline(Baseline::TcpSgd).await?),
+            false => None,
         };
         let mut phases = Vec::new();
         for op in [Op::Push, Op::Pull] {
@@ -284,16 +295,24 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
         }
         let tls_tcp = match (&tls, tls_before) {
             (Some(files), Some(before)) => {
-                let after = tcp_baseline(size, plan.window, plan.seconds, Some(files)).await?;
+                let after = baseline(Baseline::Tls(files)).await?;
                 Some(TcpFigures::mean(&[before, after]))
             }
             _ => None,
         };
-        let tcp_after = tcp_baseline(size, plan.window, plan.seconds, None).await?;
+        let tcp_sgd = match sgd_before {
+            Some(before) => Some(TcpFigures::mean(&[
+                before,
+                baseline(Baseline::TcpSgd).await?,
+            ])),
+            None => None,
+        };
+        let tcp_after = baseline(Baseline::Tcp).await?;
         let tcp = TcpFigures::mean(&[tcp_before, tcp_after]);
         let baselines = Baselines {
             tcp: &tcp,
             tls_tcp: tls_tcp.as_ref(),
+            tcp_sgd: tcp_sgd.as_ref(),
         };
         for (op, reports, servers_used) in phases {
             rows.push(row(
@@ -318,6 +337,8 @@ struct Baselines<'a> {
     tcp: &'a TcpFigures,
     /// The same over TLS, in `--tls` runs.
     tls_tcp: Option<&'a TcpFigures>,
+    /// Plain TCP with SGD applied by the receiver, in `--sgd-floor` runs.
+    tcp_sgd: Option<&'a TcpFigures>,
 }
 
 fn row(
@@ -350,6 +371,13 @@ fn row(
         figures["tls_tcp_runs_bytes_per_sec"] = tls_tcp.runs_bytes_per_sec.clone().into();
         figures["tls_tcp_cores"] = tls_tcp.cores.into();
         figures["ratio_vs_tls_tcp"] = (throughput / tls_tcp.bytes_per_sec.max(1e-9)).into();
+    }
+    if let Some(tcp_sgd) = baselines.tcp_sgd.filter(|_| op == Op::Push) {
+        figures["tcp_sgd_bytes_per_sec"] = tcp_sgd.bytes_per_sec.into();
+        figures["tcp_sgd_runs_bytes_per_sec"] = tcp_sgd.runs_bytes_per_sec.clone().into();
+        figures["tcp_sgd_cores"] = tcp_sgd.cores.into();
+        figures["tcp_sgd_p50_us"] = tcp_sgd.p50_us.into();
+        figures["ratio_vs_tcp_sgd"] = (throughput / tcp_sgd.bytes_per_sec.max(1e-9)).into();
     }
     ResultRow {
         bench: "kv".into(),
@@ -446,13 +474,32 @@ impl TcpFigures {
     }
 }
 
-/// The baseline over plain TCP, or over TLS with `tls`'s certificates.
+/// Which raw baseline runs.
+#[derive(Clone, Copy)]
+enum Baseline<'a> {
+    /// Plain TCP.
+    Tcp,
+    /// TLS with the run's certificates.
+    Tls(&'a TlsFiles),
+    /// Plain TCP, each message applied with SGD before it is acknowledged.
+    TcpSgd,
+}
+
+/// One raw baseline's figures.
 async fn tcp_baseline(
     size: usize,
     window: usize,
     seconds: f64,
-    tls: Option<&TlsFiles>,
+    kind: Baseline<'_>,
 ) -> anyhow::Result<TcpFigures> {
+    let tls = match kind {
+        Baseline::Tls(files) => Some(files),
+        Baseline::Tcp | Baseline::TcpSgd => None,
+    };
+    let send = match kind {
+        Baseline::TcpSgd => TcpPeer::apply,
+        Baseline::Tcp | Baseline::Tls(_) => TcpPeer::sink,
+    };
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let server = match tls {
         None => BaselineServer::start(listener)?,
@@ -477,7 +524,7 @@ async fn tcp_baseline(
         let end = Instant::now() + phase;
         while Instant::now() < end {
             let began = Instant::now();
-            peers[0].sink(&data)?;
+            send(&mut peers[0], &data)?;
             latencies.push(began.elapsed().as_secs_f64() * 1e6);
         }
         let cpu_before = process_cpu_seconds();
@@ -491,7 +538,7 @@ async fn tcp_baseline(
                     scope.spawn(move || -> std::io::Result<u64> {
                         let mut sent = 0;
                         while Instant::now() < end {
-                            peer.sink(data)?;
+                            send(peer, data)?;
                             sent += data.len() as u64;
                         }
                         Ok(sent)
@@ -538,14 +585,14 @@ fn proc_cpu_seconds(pid: u32) -> f64 {
 /// The rows as a table with the figures `kv` is for: latency at one in flight,
 /// throughput at the window, raw TCP beside them, and what each process used.
 pub fn table(rows: &[ResultRow]) -> String {
-    let tls_tcp = |row: &ResultRow| {
+    let extra = |row: &ResultRow, speed: &str, ratio: &str| {
         let figures = row.servers.as_ref()?;
-        Some((
-            figures["tls_tcp_bytes_per_sec"].as_f64()?,
-            figures["ratio_vs_tls_tcp"].as_f64()?,
-        ))
+        Some((figures[speed].as_f64()?, figures[ratio].as_f64()?))
     };
+    let tls_tcp = |row: &ResultRow| extra(row, "tls_tcp_bytes_per_sec", "ratio_vs_tls_tcp");
+    let tcp_sgd = |row: &ResultRow| extra(row, "tcp_sgd_bytes_per_sec", "ratio_vs_tcp_sgd");
     let with_tls = rows.iter().any(|row| tls_tcp(row).is_some());
+    let with_sgd = rows.iter().any(|row| tcp_sgd(row).is_some());
     let mut out = format!(
         "{:<28} {:>4} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>9} {:>13} {:>18}",
         "key",
@@ -560,11 +607,13 @@ pub fn table(rows: &[ResultRow]) -> String {
         "worker cores",
         "server cores / RSS"
     );
-    out += &if with_tls {
-        format!(" {:>12} {:>6}\n", "TLS TCP GB/s", "ratio")
-    } else {
-        "\n".into()
-    };
+    if with_tls {
+        out += &format!(" {:>12} {:>6}", "TLS TCP GB/s", "ratio");
+    }
+    if with_sgd {
+        out += &format!(" {:>12} {:>6}", "TCP+SGD GB/s", "ratio");
+    }
+    out += "\n";
     for row in rows {
         let figures = row.servers.clone().unwrap_or_default();
         let servers: Vec<String> = figures["servers"]
@@ -604,12 +653,16 @@ pub fn table(rows: &[ResultRow]) -> String {
             workers.join(","),
             servers.join(","),
         );
-        out += &match tls_tcp(row) {
-            Some((bytes_per_sec, ratio)) if with_tls => {
-                format!(" {:>12.3} {ratio:>6.2}\n", bytes_per_sec / 1e9)
-            }
-            _ => "\n".into(),
-        };
+        for (present, figures) in [(with_tls, tls_tcp(row)), (with_sgd, tcp_sgd(row))] {
+            out += &match figures {
+                Some((bytes_per_sec, ratio)) => {
+                    format!(" {:>12.3} {ratio:>6.2}", bytes_per_sec / 1e9)
+                }
+                None if present => format!(" {:>12} {:>6}", "-", "-"),
+                None => String::new(),
+            };
+        }
+        out += "\n";
     }
     out
 }

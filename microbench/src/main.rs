@@ -243,6 +243,11 @@ struct KvArgs {
     /// the run (compare with a run without it).
     #[arg(long)]
     tls: bool,
+    /// Also run raw TCP whose receiver applies every message with the server's
+    /// SGD before acknowledging it: the floor for any parameter server that
+    /// applies each push on these cores, read against each push row.
+    #[arg(long)]
+    sgd_floor: bool,
 }
 
 #[derive(Debug, Args)]
@@ -529,6 +534,7 @@ async fn run_kv(args: KvArgs) -> anyhow::Result<()> {
         window: args.window,
         seconds: args.seconds,
         tls: args.tls,
+        sgd_floor: args.sgd_floor,
     };
     let rows = kv::run(&plan).await?;
     if args.json {

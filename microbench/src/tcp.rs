@@ -8,8 +8,10 @@
 //! misaligned stream; see docs/benchmarks.md).
 //!
 //! Ops: `ECHO` sends the bytes back; `SINK` answers an 8-byte acknowledgement;
-//! `STREAM` answers nothing (pipelined), and `FLUSH` answers the bytes received
-//! since the last `FLUSH`. Small frames go out in one write, and pipelined ones are
+//! `APPLY` does too, once it has applied the bytes as a little-endian `f32`
+//! gradient to the connection's own values with the parameter server's SGD
+//! ([`ApplyingSink`]); `STREAM` answers nothing (pipelined), and `FLUSH` answers
+//! the bytes received since the last `FLUSH`. Small frames go out in one write, and pipelined ones are
 //! gathered into larger writes, as real peers would.
 //!
 //! [`TcpPeer`]'s calls block: run measurement loops on a thread of their own (for
@@ -25,6 +27,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
+use bytes::Bytes;
+use ps_proto::codec::{DType, TensorData};
+use ps_server::optimizer::{Gradient, Optimizer, OptimizerSpec};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 
@@ -32,6 +37,7 @@ const ECHO: u8 = 1;
 const SINK: u8 = 2;
 const STREAM: u8 = 3;
 const FLUSH: u8 = 4;
+const APPLY: u8 = 5;
 const HEADER_BYTES: usize = 16;
 
 /// Pipelined (`STREAM`) messages are gathered into writes of about this size, as a
@@ -152,6 +158,7 @@ fn serve_connection(stream: impl Read + Write) -> io::Result<()> {
     let mut read = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
     let mut buffer = Vec::new();
     let mut streamed = 0u64;
+    let mut applying = ApplyingSink::default();
     loop {
         let mut header = [0u8; HEADER_BYTES];
         // With nothing buffered (after a large frame) the header is read straight
@@ -176,6 +183,10 @@ fn serve_connection(stream: impl Read + Write) -> io::Result<()> {
         match header[0] {
             ECHO => write.write_all(&buffer[..len])?,
             SINK => write.write_all(&(len as u64).to_le_bytes())?,
+            APPLY => {
+                buffer = applying.apply(std::mem::take(&mut buffer), len)?;
+                write.write_all(&(len as u64).to_le_bytes())?;
+            }
             STREAM => streamed += len as u64,
             FLUSH => write.write_all(&std::mem::take(&mut streamed).to_le_bytes())?,
             other => {
@@ -185,6 +196,43 @@ fn serve_connection(stream: impl Read + Write) -> io::Result<()> {
                 ));
             }
         }
+    }
+}
+
+/// What a parameter server must do with every push, and nothing else: the
+/// connection's own `f32` values, updated by the server's SGD kernel (the same
+/// code, split over the same cores) with each `APPLY` payload as the gradient.
+#[derive(Default)]
+struct ApplyingSink {
+    values: Vec<f32>,
+    optimizer: Option<Optimizer>,
+}
+
+impl ApplyingSink {
+    /// Applies the first `len` bytes of `buffer` and hands the buffer back for
+    /// the next frame.
+    fn apply(&mut self, buffer: Vec<u8>, len: usize) -> io::Result<Vec<u8>> {
+        let elements = len / 4;
+        if len % 4 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("an APPLY frame of {len} bytes is not whole f32 elements"),
+            ));
+        }
+        if self.values.len() != elements {
+            self.values = vec![0.5; elements];
+            let spec =
+                OptimizerSpec::from_proto(Some(&ps_client::sgd(0.01))).map_err(io::Error::other)?;
+            self.optimizer = Some(Optimizer::new(spec, elements));
+        }
+        let bytes = Bytes::from(buffer);
+        let gradient = TensorData::new(DType::F32, vec![elements], bytes.slice(..len))
+            .map_err(io::Error::other)?;
+        if let Some(optimizer) = &mut self.optimizer {
+            optimizer.apply(&mut self.values, Gradient::Wire(&gradient), 1.0);
+        }
+        drop(gradient);
+        Ok(bytes.try_into_mut().map(Vec::from).unwrap_or_default())
     }
 }
 
@@ -347,6 +395,17 @@ impl TcpPeer {
         self.read_ack()
     }
 
+    /// Sends `data` as a gradient the server applies with SGD before it
+    /// acknowledges it: the least a parameter server does with a push.
+    ///
+    /// # Errors
+    /// When the connection fails.
+    pub fn apply(&mut self, data: &[u8]) -> io::Result<u64> {
+        self.write_pending()?;
+        self.send(APPLY, data)?;
+        self.read_ack()
+    }
+
     /// Sends `data` without waiting for the server (small messages are batched into
     /// larger writes).
     ///
@@ -415,6 +474,47 @@ mod tests {
         peer.stream(&vec![3; STREAM_BATCH_BYTES]).unwrap();
         assert_eq!(peer.flush().unwrap(), 1000 + STREAM_BATCH_BYTES as u64);
         assert_eq!(peer.flush().unwrap(), 0);
+    }
+
+    #[test]
+    fn an_applied_frame_is_acknowledged_after_sgd_changes_the_values() {
+        let (_server, mut peer) = server();
+        let gradient: Vec<u8> = [1.0f32, -2.0, 0.0]
+            .iter()
+            .flat_map(|g| g.to_le_bytes())
+            .collect();
+        assert_eq!(peer.apply(&gradient).unwrap(), 12);
+        assert_eq!(peer.sink(&[0; 16]).unwrap(), 16, "the connection goes on");
+
+        let mut sink = ApplyingSink::default();
+        let buffer = sink.apply(gradient.clone(), gradient.len()).unwrap();
+        assert_eq!(buffer, gradient, "the buffer comes back for the next frame");
+        assert_eq!(
+            sink.values,
+            [0.5 - 0.01, 0.5 + 0.02, 0.5],
+            "sgd(0.01) from 0.5"
+        );
+        sink.apply(buffer, 4).unwrap();
+        assert_eq!(
+            sink.values,
+            [0.49],
+            "a frame of another size starts new values"
+        );
+    }
+
+    #[test]
+    fn an_applied_frame_of_part_of_an_element_ends_the_connection() {
+        let (_server, mut peer) = server();
+        assert!(
+            peer.apply(&[0; 6]).is_err(),
+            "6 bytes are not whole f32 elements"
+        );
+        let mut sink = ApplyingSink::default();
+        let refused = sink.apply(vec![0; 6], 6).unwrap_err();
+        assert!(
+            refused.to_string().contains("not whole f32 elements"),
+            "{refused}"
+        );
     }
 
     #[test]

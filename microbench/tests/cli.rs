@@ -389,6 +389,46 @@ fn kv_over_tls_reads_each_row_against_raw_tls_as_well_as_raw_tcp() {
 }
 
 #[test]
+fn kv_with_the_sgd_floor_reads_each_push_against_raw_tcp_that_applies_sgd() {
+    let rows = microbench(&[
+        "kv",
+        "--sgd-floor",
+        "--sizes",
+        "256KiB",
+        "--window",
+        "2",
+        "--seconds",
+        "0.3",
+        "--json",
+    ]);
+    let ops: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(ops, ["push", "pull"], "{rows:?}");
+    let (push, pull) = (&rows[0]["servers"], &rows[1]["servers"]);
+    let runs = push["tcp_sgd_runs_bytes_per_sec"]
+        .as_array()
+        .unwrap_or_else(|| panic!("the floor's runs in {push}"));
+    assert_eq!(runs.len(), 2, "the floor before and after: {push}");
+    let floor = push["tcp_sgd_bytes_per_sec"].as_f64().unwrap();
+    let mean = runs.iter().map(|r| r.as_f64().unwrap()).sum::<f64>() / 2.0;
+    assert!(
+        floor > 0.0 && (floor - mean).abs() <= 1e-9 * floor,
+        "{push}"
+    );
+    assert!(push["tcp_sgd_cores"].as_f64().unwrap() > 0.0, "{push}");
+    assert!(push["tcp_sgd_p50_us"].as_f64().unwrap() > 0.0, "{push}");
+    let throughput = rows[0]["throughput_bytes_per_sec"].as_f64().unwrap();
+    let ratio = push["ratio_vs_tcp_sgd"].as_f64().unwrap();
+    assert!(
+        (ratio - throughput / floor).abs() <= 1e-9 * ratio,
+        "the ratio is to the floor's mean: {push}"
+    );
+    assert!(
+        pull.get("tcp_sgd_bytes_per_sec").is_none(),
+        "a pull applies nothing, so it is not read against the floor: {pull}"
+    );
+}
+
+#[test]
 fn apply_measures_every_optimizer_against_a_memcpy_of_the_same_key() {
     let rows = microbench(&["apply", "--size", "1MiB", "--reps", "3", "--json"]);
     let passes: Vec<&str> = rows.iter().map(|r| r["pass"].as_str().unwrap()).collect();
