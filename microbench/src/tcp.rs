@@ -11,8 +11,8 @@
 //! `APPLY` does too, once it has applied the bytes as a little-endian `f32`
 //! gradient to the connection's own values with the parameter server's SGD
 //! ([`ApplyingSink`]); `STREAM` answers nothing (pipelined), and `FLUSH` answers
-//! the bytes received since the last `FLUSH`. Small frames go out in one write, and pipelined ones are
-//! gathered into larger writes, as real peers would.
+//! the bytes received since the last `FLUSH`. Small frames go out in one write,
+//! and pipelined ones are gathered into larger writes, as real peers would.
 //!
 //! [`TcpPeer`]'s calls block: run measurement loops on a thread of their own (for
 //! example `tokio::task::spawn_blocking`), never on an async runtime's workers.
