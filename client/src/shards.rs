@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
+use prost::Message;
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::auth::AuthChannel;
 use ps_proto::chunk_decode::decode_pull_chunk;
@@ -31,8 +32,8 @@ use crate::framed::{FramedAnswer, start_framed};
 use crate::placement::{Placed, Placement};
 use crate::retry::RetryPolicy;
 use crate::wire::{
-    MalformedReply, PartData, PartSink, PulledParam, cut_into_parts, decode_whole, register_chunks,
-    spec_of, tensor_chunks, tensor_of, write_pull_chunk, write_pulled,
+    MalformedReply, PartData, PartSink, PulledParam, cut_into_parts, register_chunks, spec_of,
+    tensor_chunks, tensor_of, write_pull_chunk, write_pulled,
 };
 
 /// Pushes and pulls of this many bytes or more go as framed streams, whose
@@ -419,8 +420,8 @@ impl Shards {
             reason,
         };
         let message = message.ok_or_else(|| malformed("no answer".to_string()))?;
-        let response: v1::PushResponse =
-            decode_whole(message).map_err(|e| malformed(e.to_string()))?;
+        let response =
+            v1::PushResponse::decode(message.into_bytes()).map_err(|e| malformed(e.to_string()))?;
         if answer.next_message().await.map_err(failed)?.is_some() {
             return Err(malformed("more than one answer".to_string()));
         }
@@ -515,8 +516,8 @@ impl Shards {
         let failed = |status| server.failed(what, status);
         while let Some(message) = answer.next_message().await.map_err(failed)? {
             if unary {
-                let response: v1::PullResponse =
-                    decode_whole(message).map_err(|e| protocol(what, e.into()))?;
+                let response = v1::PullResponse::decode(message.into_bytes())
+                    .map_err(|e| protocol(what, e.into()))?;
                 write_pulled(&mut sinks, response.tensors).map_err(|e| protocol(what, e))?;
             } else {
                 let (chunk, data) =

@@ -41,18 +41,6 @@ pub(crate) enum MalformedReply {
     Decode(#[from] prost::DecodeError),
 }
 
-/// A whole gRPC message as `M`, decoded from the frame pieces it arrived in
-/// (where they lie when it came in one piece, as small answers do).
-pub(crate) fn decode_whole<M: prost::Message + Default>(
-    message: ps_proto::rope::Rope,
-) -> Result<M, prost::DecodeError> {
-    let mut pieces = message.into_pieces();
-    match pieces.len() {
-        1 => M::decode(pieces.pop().expect("one piece")),
-        _ => M::decode(pieces.concat().as_slice()),
-    }
-}
-
 /// A parameter's values as pulled, reassembled from its parts.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PulledParam {

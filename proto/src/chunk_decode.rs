@@ -98,7 +98,7 @@ fn decode_with_chunk<M: Message + Default>(
     if let Ok(split) = split_chunk_data(message.clone(), chunk_tag, &chunk_of) {
         return Ok(split);
     }
-    let mut decoded = M::decode(message.into_pieces().concat().as_slice())?;
+    let mut decoded = M::decode(message.into_bytes())?;
     let data = chunk_of(&mut decoded)
         .as_mut()
         .map(|chunk| std::mem::take(&mut chunk.data));

@@ -111,6 +111,15 @@ impl Rope {
     pub fn into_pieces(self) -> Vec<Bytes> {
         self.pieces.into()
     }
+
+    /// The whole byte string as one buffer: the piece itself when there is
+    /// one (as for a message that came in one frame), else the pieces joined.
+    pub fn into_bytes(mut self) -> Bytes {
+        match self.pieces.len() {
+            1 => self.pieces.pop_front().unwrap_or_default(),
+            _ => Bytes::from(self.into_pieces().concat()),
+        }
+    }
 }
 
 impl From<Bytes> for Rope {
@@ -152,6 +161,15 @@ mod tests {
         );
         assert_eq!(pieces.concat(), b"abcdef");
         assert_eq!(joined(rope), b"gh");
+    }
+
+    #[test]
+    fn a_rope_of_one_piece_is_that_piece_and_of_several_is_them_joined() {
+        let piece = Bytes::from_static(b"abcd");
+        let whole = Rope::from(piece.clone()).into_bytes();
+        assert_eq!(whole.as_ptr(), piece.as_ptr(), "one piece is not copied");
+        assert_eq!(rope_of(&[b"ab", b"c", b"de"]).into_bytes(), &b"abcde"[..]);
+        assert!(Rope::new().into_bytes().is_empty());
     }
 
     #[test]

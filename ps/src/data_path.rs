@@ -142,6 +142,6 @@ async fn read_unary<M: Message + Default>(mut body: Body, limit: usize) -> Resul
     reader
         .finish()
         .map_err(|_| Status::invalid_argument("the request carried more than its one message"))?;
-    M::decode(message.into_pieces().concat().as_slice())
+    M::decode(message.into_bytes())
         .map_err(|e| Status::invalid_argument(format!("the request does not decode: {e}")))
 }
