@@ -267,9 +267,10 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
             Some(files) => Some(baseline(Baseline::Tls(files)).await?),
             None => None,
         };
-        let sgd_before = match plan.sgd_floor {
-            true => Some(baseline(Baseline::TcpSgd).await?),
-            false => None,
+        let sgd_before = if plan.sgd_floor {
+            Some(baseline(Baseline::TcpSgd).await?)
+        } else {
+            None
         };
         let mut phases = Vec::new();
         for op in [Op::Push, Op::Pull] {

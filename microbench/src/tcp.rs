@@ -158,7 +158,7 @@ fn serve_connection(stream: impl Read + Write) -> io::Result<()> {
     let mut read = BufReader::with_capacity(READ_BUFFER_BYTES, stream);
     let mut buffer = Vec::new();
     let mut streamed = 0u64;
-    let mut applying = ApplyingSink::default();
+    let mut applying = ApplyingSink::new()?;
     loop {
         let mut header = [0u8; HEADER_BYTES];
         // With nothing buffered (after a large frame) the header is read straight
@@ -202,13 +202,24 @@ fn serve_connection(stream: impl Read + Write) -> io::Result<()> {
 /// What a parameter server must do with every push, and nothing else: the
 /// connection's own `f32` values, updated by the server's SGD kernel (the same
 /// code, split over the same cores) with each `APPLY` payload as the gradient.
-#[derive(Default)]
 struct ApplyingSink {
     values: Vec<f32>,
-    optimizer: Option<Optimizer>,
+    optimizer: Optimizer,
 }
 
 impl ApplyingSink {
+    /// SGD at a learning rate of 0.01, over no values until the first frame.
+    fn new() -> io::Result<Self> {
+        Ok(Self {
+            values: Vec::new(),
+            optimizer: Optimizer::new(Self::spec()?, 0),
+        })
+    }
+
+    fn spec() -> io::Result<OptimizerSpec> {
+        OptimizerSpec::from_proto(Some(&ps_client::sgd(0.01))).map_err(io::Error::other)
+    }
+
     /// Applies the first `len` bytes of `buffer` and hands the buffer back for
     /// the next frame.
     fn apply(&mut self, buffer: Vec<u8>, len: usize) -> io::Result<Vec<u8>> {
@@ -221,16 +232,13 @@ impl ApplyingSink {
         }
         if self.values.len() != elements {
             self.values = vec![0.5; elements];
-            let spec =
-                OptimizerSpec::from_proto(Some(&ps_client::sgd(0.01))).map_err(io::Error::other)?;
-            self.optimizer = Some(Optimizer::new(spec, elements));
+            self.optimizer = Optimizer::new(Self::spec()?, elements);
         }
         let bytes = Bytes::from(buffer);
         let gradient = TensorData::new(DType::F32, vec![elements], bytes.slice(..len))
             .map_err(io::Error::other)?;
-        if let Some(optimizer) = &mut self.optimizer {
-            optimizer.apply(&mut self.values, Gradient::Wire(&gradient), 1.0);
-        }
+        self.optimizer
+            .apply(&mut self.values, Gradient::Wire(&gradient), 1.0);
         drop(gradient);
         Ok(bytes.try_into_mut().map(Vec::from).unwrap_or_default())
     }
@@ -486,7 +494,7 @@ mod tests {
         assert_eq!(peer.apply(&gradient).unwrap(), 12);
         assert_eq!(peer.sink(&[0; 16]).unwrap(), 16, "the connection goes on");
 
-        let mut sink = ApplyingSink::default();
+        let mut sink = ApplyingSink::new().unwrap();
         let buffer = sink.apply(gradient.clone(), gradient.len()).unwrap();
         assert_eq!(buffer, gradient, "the buffer comes back for the next frame");
         assert_eq!(
@@ -509,7 +517,7 @@ mod tests {
             peer.apply(&[0; 6]).is_err(),
             "6 bytes are not whole f32 elements"
         );
-        let mut sink = ApplyingSink::default();
+        let mut sink = ApplyingSink::new().unwrap();
         let refused = sink.apply(vec![0; 6], 6).unwrap_err();
         assert!(
             refused.to_string().contains("not whole f32 elements"),

@@ -355,11 +355,11 @@ fn kv_measures_push_and_pull_by_worker_processes_against_real_servers() {
     }
 }
 
-#[test]
-fn kv_over_tls_reads_each_row_against_raw_tls_as_well_as_raw_tcp() {
-    let rows = microbench(&[
+/// `kv` with `flag` over one 256 KiB key, two operations in flight, briefly.
+fn kv_of_one_small_key(flag: &str) -> Vec<serde_json::Value> {
+    microbench(&[
         "kv",
-        "--tls",
+        flag,
         "--sizes",
         "256KiB",
         "--window",
@@ -367,7 +367,12 @@ fn kv_over_tls_reads_each_row_against_raw_tls_as_well_as_raw_tcp() {
         "--seconds",
         "0.3",
         "--json",
-    ]);
+    ])
+}
+
+#[test]
+fn kv_over_tls_reads_each_row_against_raw_tls_as_well_as_raw_tcp() {
+    let rows = kv_of_one_small_key("--tls");
     assert_eq!(rows.len(), 2, "a push row and a pull row: {rows:?}");
     for row in &rows {
         assert_eq!(row["encoding"], "f32 tls", "{row}");
@@ -390,17 +395,7 @@ fn kv_over_tls_reads_each_row_against_raw_tls_as_well_as_raw_tcp() {
 
 #[test]
 fn kv_with_the_sgd_floor_reads_each_push_against_raw_tcp_that_applies_sgd() {
-    let rows = microbench(&[
-        "kv",
-        "--sgd-floor",
-        "--sizes",
-        "256KiB",
-        "--window",
-        "2",
-        "--seconds",
-        "0.3",
-        "--json",
-    ]);
+    let rows = kv_of_one_small_key("--sgd-floor");
     let ops: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
     assert_eq!(ops, ["push", "pull"], "{rows:?}");
     let (push, pull) = (&rows[0]["servers"], &rows[1]["servers"]);
