@@ -10,12 +10,15 @@
 # (the sources), not from .dockerignore (which admits only the staged static binaries).
 #
 # CUDA_COMPUTE_CAP is the GPU's compute capability without the dot (80 for A100,
-# 90 for H100): candle's kernels are compiled for it.
+# 90 for H100 and H200): candle's MoE kernels are compiled to machine code for
+# it, the rest to PTX. The pins match scripts/gpu.sh (docs/gpu.md): CUDA 13.0,
+# which the driver of the GPU machines this project is tried on (580) runs, and
+# compute capability 90.
 
-ARG CUDA_VERSION=12.4.1
-FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu22.04 AS build
-ARG CUDA_COMPUTE_CAP=80
-ENV CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP}
+ARG CUDA_VERSION=13.0.0
+FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
+ARG CUDA_COMPUTE_CAP=90
+ENV CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP} CUDARC_CUDA_VERSION=13000
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         ca-certificates curl build-essential pkg-config \
@@ -28,7 +31,7 @@ COPY . .
 RUN cargo build --release --locked -p ps-worker --features cuda \
     && cp target/release/ps-worker /ps-worker
 
-FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu22.04
+FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04
 COPY --from=build /ps-worker /ps-worker
 USER 65534:65534
 ENV RUST_LOG=info

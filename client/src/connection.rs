@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 
 use crate::config::ClientConfig;
 use crate::control::{Directory, Expected, GroupInfo, SchedulerLink, join_group};
-use crate::error::ClientError;
+use crate::error::{ClientError, Rpc};
 use crate::fan_out::all_or_first_error;
 use crate::placement::{ParamInfo, Part, Placement};
 use crate::shards::{Server, Shards};
@@ -276,7 +276,7 @@ impl PsClient {
         let placement =
             Placement::from_map(&link.params, &parts, servers.len()).map_err(|reason| {
                 ClientError::Protocol {
-                    what: "GetShardMap",
+                    what: Rpc::GetShardMap,
                     addr: link.addr.clone(),
                     reason,
                 }

@@ -17,7 +17,7 @@ use ps_proto::v1::scheduler_client::SchedulerClient;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
-use crate::error::ClientError;
+use crate::error::{ClientError, Rpc};
 use crate::placement::ParamInfo;
 use crate::retry::RetryPolicy;
 use crate::shards::Server;
@@ -124,7 +124,7 @@ pub(crate) async fn join_group(
         rank: expected.rank.map(Rank::get),
     };
     let response = server
-        .call(retry, "JoinGroup", |mut client| {
+        .call(retry, Rpc::JoinGroup, |mut client| {
             let request = request.clone();
             async move { client.join_group(request).await }
         })
@@ -133,7 +133,7 @@ pub(crate) async fn join_group(
         .consistency
         .parse()
         .map_err(|reason| ClientError::Protocol {
-            what: "JoinGroup",
+            what: Rpc::JoinGroup,
             addr: server.addr.clone(),
             reason,
         })?;
@@ -163,7 +163,7 @@ impl SchedulerLink {
         }
     }
 
-    fn rpc(&self, what: &'static str, status: tonic::Status) -> ClientError {
+    fn rpc(&self, what: Rpc, status: tonic::Status) -> ClientError {
         ClientError::Rpc {
             what,
             addr: self.addr.clone(),
@@ -186,7 +186,7 @@ impl SchedulerLink {
         let deadline = tokio::time::Instant::now() + wait;
         let response = loop {
             let registered = retry
-                .run("RegisterWorker", || {
+                .run(Rpc::RegisterWorker.name(), || {
                     let (mut s, r) = (self.client.clone(), request.clone());
                     async move { s.register_worker(r).await }
                 })
@@ -204,7 +204,7 @@ impl SchedulerLink {
                 }
                 other => {
                     break other
-                        .map_err(|s| self.rpc("RegisterWorker", s))?
+                        .map_err(|s| self.rpc(Rpc::RegisterWorker, s))?
                         .into_inner();
                 }
             }
@@ -213,7 +213,7 @@ impl SchedulerLink {
             .consistency
             .parse()
             .map_err(|reason| ClientError::Protocol {
-                what: "RegisterWorker",
+                what: Rpc::RegisterWorker,
                 addr: self.addr.clone(),
                 reason,
             })?;
@@ -261,12 +261,12 @@ impl SchedulerLink {
             .collect();
         let declare = v1::DeclareParamsRequest { params: declared };
         retry
-            .run("DeclareParams", || {
+            .run(Rpc::DeclareParams.name(), || {
                 let (mut s, r) = (self.client.clone(), declare.clone());
                 async move { s.declare_params(r).await }
             })
             .await
-            .map_err(|s| self.rpc("DeclareParams", s))?;
+            .map_err(|s| self.rpc(Rpc::DeclareParams, s))?;
         self.params = params.to_vec();
         Ok(())
     }
@@ -284,13 +284,13 @@ impl SchedulerLink {
             timeout_ms: wait.as_millis() as u64,
         };
         retry
-            .run("GetShardMap", || {
+            .run(Rpc::GetShardMap.name(), || {
                 let mut s = self.client.clone();
                 async move { s.get_shard_map(request).await }
             })
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| self.rpc("GetShardMap", status))
+            .map_err(|status| self.rpc(Rpc::GetShardMap, status))
     }
 
     /// Tells the scheduler this worker is done, so the group stops waiting for

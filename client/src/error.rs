@@ -1,5 +1,6 @@
 //! [`ClientError`]: why a call to the cluster failed, and [`Recovery`]: the one
-//! classifier that says what a worker does about it.
+//! classifier that says what a worker does about it ([`Repair`] for what a
+//! placement repair fixes).
 
 use ps_common::rendezvous::RendezvousError;
 use ps_proto::ids::{MapVersion, Step, Version};
@@ -7,6 +8,55 @@ use ps_proto::metadata;
 use tonic::Status;
 
 use crate::retry::is_transient;
+
+/// The calls a client makes to the cluster, as its errors name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rpc {
+    /// A server's `JoinGroup`.
+    JoinGroup,
+    /// A server's `Register`.
+    Register,
+    /// A server's `RegisterStream`.
+    RegisterStream,
+    /// A server's `Push`.
+    Push,
+    /// A server's `PushStream`.
+    PushStream,
+    /// A server's `Pull`.
+    Pull,
+    /// A server's `PullStream`.
+    PullStream,
+    /// The scheduler's `RegisterWorker`.
+    RegisterWorker,
+    /// The scheduler's `DeclareParams`.
+    DeclareParams,
+    /// The scheduler's `GetShardMap`.
+    GetShardMap,
+}
+
+impl Rpc {
+    /// The method's name in `ps.v1`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rpc::JoinGroup => "JoinGroup",
+            Rpc::Register => "Register",
+            Rpc::RegisterStream => "RegisterStream",
+            Rpc::Push => "Push",
+            Rpc::PushStream => "PushStream",
+            Rpc::Pull => "Pull",
+            Rpc::PullStream => "PullStream",
+            Rpc::RegisterWorker => "RegisterWorker",
+            Rpc::DeclareParams => "DeclareParams",
+            Rpc::GetShardMap => "GetShardMap",
+        }
+    }
+}
+
+impl std::fmt::Display for Rpc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// Why a parameter-server call failed.
 #[derive(Debug, thiserror::Error)]
@@ -22,8 +72,8 @@ pub enum ClientError {
     /// A server refused or failed a request.
     #[error("{what} on {addr} failed: {code:?}: {message}", code = status.code(), message = status.message())]
     Rpc {
-        /// What was being done.
-        what: &'static str,
+        /// The call.
+        what: Rpc,
         /// The server's address.
         addr: String,
         /// Its answer.
@@ -35,8 +85,8 @@ pub enum ClientError {
     /// A server answered with something that does not fit the request.
     #[error("{addr} answered {what} with an unexpected response: {reason}")]
     Protocol {
-        /// What was being done.
-        what: &'static str,
+        /// The call.
+        what: Rpc,
         /// The server's address.
         addr: String,
         /// What does not fit.
@@ -48,7 +98,8 @@ pub enum ClientError {
 }
 
 /// What a worker at some step does about a failed call. Each error has exactly
-/// one answer, so callers never depend on the order of their checks.
+/// one answer, so callers never depend on the order of their checks; the
+/// [`Recovering`](crate::recovery::Recovering) machine acts on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recovery {
     /// The group completed this worker's step without it (it was declared dead
@@ -58,6 +109,15 @@ pub enum Recovery {
         /// The group's step.
         step: Step,
     },
+    /// Placement can be repaired, and the call repeated.
+    Repair(Repair),
+    /// Nothing placement can repair: the request or the job is wrong.
+    Fatal,
+}
+
+/// A failure a placement repair fixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repair {
     /// A server routes by a newer shard map: fetch it, then register this
     /// worker's copy of the keys.
     StaleMap {
@@ -76,16 +136,6 @@ pub enum Recovery {
     /// A server is unreachable after the retries: wait for a map without it, or
     /// its return at its address, then register the keys again.
     ServerLost,
-    /// Nothing placement can repair: the request or the job is wrong.
-    Fatal,
-}
-
-impl Recovery {
-    /// True when a placement repair can help: everything but a rejoin (only the
-    /// caller can load the group's step) and a fatal error.
-    pub fn is_repairable(self) -> bool {
-        !matches!(self, Recovery::Fatal | Recovery::Rejoin { .. })
-    }
 }
 
 impl ClientError {
@@ -98,22 +148,35 @@ impl ClientError {
                     step: Step(key_version.get()),
                 }
             } else {
-                Recovery::KeyBehind {
+                Recovery::Repair(Repair::KeyBehind {
                     version: key_version,
-                }
+                })
             };
         }
         if let Some(version) = self.stale_map() {
-            return Recovery::StaleMap { version };
+            return Recovery::Repair(Repair::StaleMap { version });
         }
+        self.server_fault()
+            .map_or(Recovery::Fatal, Recovery::Repair)
+    }
+
+    /// A server that lacks keys or cannot be reached, as its status alone
+    /// tells (no version named).
+    fn server_fault(&self) -> Option<Repair> {
         match self {
             ClientError::Rpc { status, .. } if status.code() == tonic::Code::NotFound => {
-                Recovery::KeysMissing
+                Some(Repair::KeysMissing)
             }
-            ClientError::Rpc { status, .. } if is_transient(status) => Recovery::ServerLost,
-            ClientError::Connect { .. } => Recovery::ServerLost,
-            _ => Recovery::Fatal,
+            ClientError::Rpc { status, .. } if is_transient(status) => Some(Repair::ServerLost),
+            ClientError::Connect { .. } => Some(Repair::ServerLost),
+            _ => None,
         }
+    }
+
+    /// True while a server that was lost still looks lost: unreachable, or
+    /// not yet holding the keys, whatever step the worker is at.
+    pub(crate) fn still_lost(&self) -> bool {
+        self.key_version().is_none() && self.stale_map().is_none() && self.server_fault().is_some()
     }
 
     /// The newer shard-map version a server named when it refused this client's map.
@@ -138,7 +201,7 @@ impl ClientError {
 
     /// True when the scheduler had no newer shard map within the wait.
     pub(crate) fn no_newer_map(&self) -> bool {
-        matches!(self, ClientError::Rpc { what: "GetShardMap", status, .. } if status.code() == tonic::Code::DeadlineExceeded)
+        matches!(self, ClientError::Rpc { what: Rpc::GetShardMap, status, .. } if status.code() == tonic::Code::DeadlineExceeded)
     }
 }
 
@@ -177,7 +240,7 @@ mod tests {
             status.metadata_mut().insert(*key, value);
         }
         ClientError::Rpc {
-            what: "Push",
+            what: Rpc::Push,
             addr: "s0:1".into(),
             status,
         }
@@ -193,25 +256,34 @@ mod tests {
             ),
             (
                 rpc(Code::FailedPrecondition, &[(metadata::KEY_VERSION, 10)]),
-                Recovery::KeyBehind {
+                Recovery::Repair(Repair::KeyBehind {
                     version: Version(10),
-                },
+                }),
             ),
             (
                 rpc(Code::FailedPrecondition, &[(metadata::KEY_VERSION, 3)]),
-                Recovery::KeyBehind {
+                Recovery::Repair(Repair::KeyBehind {
                     version: Version(3),
-                },
+                }),
             ),
             (
                 rpc(Code::FailedPrecondition, &[(metadata::MAP_VERSION, 4)]),
-                Recovery::StaleMap {
+                Recovery::Repair(Repair::StaleMap {
                     version: MapVersion(4),
-                },
+                }),
             ),
-            (rpc(Code::NotFound, &[]), Recovery::KeysMissing),
-            (rpc(Code::Unavailable, &[]), Recovery::ServerLost),
-            (rpc(Code::Cancelled, &[]), Recovery::ServerLost),
+            (
+                rpc(Code::NotFound, &[]),
+                Recovery::Repair(Repair::KeysMissing),
+            ),
+            (
+                rpc(Code::Unavailable, &[]),
+                Recovery::Repair(Repair::ServerLost),
+            ),
+            (
+                rpc(Code::Cancelled, &[]),
+                Recovery::Repair(Repair::ServerLost),
+            ),
             (rpc(Code::InvalidArgument, &[]), Recovery::Fatal),
             (rpc(Code::FailedPrecondition, &[]), Recovery::Fatal),
             (rpc(Code::DeadlineExceeded, &[]), Recovery::Fatal),
@@ -219,6 +291,11 @@ mod tests {
         ];
         for (error, expected) in cases {
             assert_eq!(error.recovery(step), expected, "{error}");
+            let lost = matches!(
+                expected,
+                Recovery::Repair(Repair::KeysMissing | Repair::ServerLost)
+            );
+            assert_eq!(error.still_lost(), lost, "{error}");
         }
     }
 

@@ -10,6 +10,7 @@
 //! - [`wire`]: the messages and chunk streams for placed parameter parts.
 //! - [`placement`]: which server holds which part of which parameter.
 //! - [`repair`]: repairing placement after a stale map or a lost server.
+//! - [`recovery`]: [`Recovering`], the state machine that decides between attempts, repairs and giving up.
 //! - [`error`]: [`ClientError`], and [`Recovery`], what to do about one.
 //! - [`retry`]: bounded backoff for transient failures.
 //! - [`config`]: [`ClientConfig`] and its defaults.
@@ -23,6 +24,7 @@ pub(crate) mod fan_out;
 pub(crate) mod framed;
 pub mod optim;
 pub mod placement;
+pub mod recovery;
 pub mod repair;
 pub mod retry;
 pub(crate) mod shards;
@@ -31,7 +33,8 @@ pub mod wire;
 pub use config::{ClientConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUESTS_PER_SERVER};
 pub use connection::PsClient;
 pub use control::{Expected, GroupInfo};
-pub use error::{ClientError, Recovery};
+pub use error::{ClientError, Recovery, Repair, Rpc};
 pub use optim::{adam, momentum, sgd};
+pub use recovery::{Action, Outcome, Recovering};
 pub use repair::{LocalCopy, RepairBudget};
 pub use wire::PulledParam;

@@ -1,5 +1,6 @@
 //! Placement repair: what a worker does after a call failed for a reason a
-//! repair can fix ([`crate::Recovery`]), so that it can repeat the call.
+//! repair can fix ([`Repair`]), so that it can repeat the call. Which repair,
+//! and whether to go on, is the [`Recovering`] machine's decision.
 //!
 //! - The shard map moved on: fetch the newer map.
 //! - A server lacks keys it should hold (it restarted empty, or just took them
@@ -22,7 +23,8 @@ use ps_proto::ids::{Step, Version};
 use ps_proto::v1;
 
 use crate::connection::PsClient;
-use crate::error::{ClientError, Recovery};
+use crate::error::{ClientError, Repair};
+use crate::recovery::{Action, Outcome, Recovering};
 
 /// How long each wait for a newer shard map lasts before checking whether an
 /// unreachable server is back at its address.
@@ -54,7 +56,13 @@ impl Default for RepairBudget {
 }
 
 impl RepairBudget {
-    fn spend(&mut self) -> bool {
+    /// A budget of `repairs` repairs.
+    pub fn new(repairs: usize) -> Self {
+        Self { left: repairs }
+    }
+
+    /// Takes one repair from the budget; false when none was left.
+    pub(crate) fn spend(&mut self) -> bool {
         let spent = self.left > 0;
         self.left = self.left.saturating_sub(1);
         spent
@@ -62,42 +70,48 @@ impl RepairBudget {
 }
 
 impl PsClient {
-    /// After `error` failed an operation of a worker at `step`: repairs placement
-    /// when that can help, so the caller can repeat the operation; otherwise (or
-    /// when the budget is spent) returns the error. [`Recovery::Rejoin`] is
-    /// returned too: only the caller can load the group's step.
+    /// Makes `repair`, which `recovering` asked for after `error` failed an
+    /// operation of a worker at `step`, and any further repair it asks for when
+    /// one fails in turn; `Ok` when the operation can be repeated, otherwise
+    /// the error to give up with.
     ///
     /// # Errors
-    /// The error to give up with.
+    /// The last error, when `recovering` gives up.
     pub async fn recover(
         &mut self,
+        recovering: &mut Recovering,
+        mut repair: Repair,
         mut error: ClientError,
         step: Step,
-        budget: &mut RepairBudget,
         copy: &LocalCopy,
     ) -> Result<(), ClientError> {
         loop {
-            let recovery = error.recovery(step);
-            if !recovery.is_repairable() || !budget.spend() {
-                return Err(error);
-            }
-            match self.repair(recovery, &error, step, copy).await {
-                Ok(()) => return Ok(()),
-                Err(next) => error = next,
+            let outcome = match self.repair(repair, &error, step, copy).await {
+                Ok(()) => Outcome::Succeeded,
+                Err(failed) => {
+                    let recovery = failed.recovery(step);
+                    error = failed;
+                    Outcome::Failed(recovery)
+                }
+            };
+            match recovering.step(outcome) {
+                Some(Action::Attempt) => return Ok(()),
+                Some(Action::Repair(next)) => repair = next,
+                Some(Action::Rejoin(_) | Action::Done) | None => return Err(error),
             }
         }
     }
 
-    /// One repair for `recovery`.
+    /// One repair.
     async fn repair(
         &mut self,
-        recovery: Recovery,
+        repair: Repair,
         error: &ClientError,
         step: Step,
         copy: &LocalCopy,
     ) -> Result<(), ClientError> {
-        match recovery {
-            Recovery::StaleMap { version } => {
+        match repair {
+            Repair::StaleMap { version } => {
                 tracing::info!(
                     %step,
                     %version,
@@ -105,22 +119,21 @@ impl PsClient {
                 );
                 self.refresh(version).await?;
             }
-            Recovery::KeyBehind { version } => tracing::warn!(
+            Repair::KeyBehind { version } => tracing::warn!(
                 %step,
                 key_version = %version,
                 loaded = %copy.version,
                 "a parameter server holds an older version of a key than this worker; offering this worker's copy"
             ),
-            Recovery::KeysMissing => tracing::warn!(
+            Repair::KeysMissing => tracing::warn!(
                 %step,
                 %error,
                 "a parameter server lacks keys (it restarted, or took them over); restoring them"
             ),
-            Recovery::ServerLost => {
+            Repair::ServerLost => {
                 tracing::warn!(%step, %error, "a parameter server looks lost; waiting for a new shard map or its return, then restoring its keys");
                 return self.await_placement(copy).await;
             }
-            Recovery::Rejoin { .. } | Recovery::Fatal => unreachable!("not repairable"),
         }
         self.offer(copy).await
     }
@@ -169,7 +182,7 @@ impl PsClient {
             match self.refresh_within(next, PLACEMENT_PROBE).await {
                 Ok(()) => return self.offer(copy).await,
                 Err(error) if error.no_newer_map() => {}
-                Err(error) if still_lost(&error) && Instant::now() < deadline => {
+                Err(error) if error.still_lost() && Instant::now() < deadline => {
                     if !said_waiting {
                         tracing::info!(%error, "a server of the new shard map cannot be reached yet; waiting for it, or for a newer map");
                         said_waiting = true;
@@ -184,18 +197,9 @@ impl PsClient {
                     tracing::info!("the parameter server is back at its address; keys restored");
                     return Ok(());
                 }
-                Err(error) if still_lost(&error) && Instant::now() < deadline => {}
+                Err(error) if error.still_lost() && Instant::now() < deadline => {}
                 Err(error) => return Err(error),
             }
         }
     }
-}
-
-/// True while a server that was lost still looks lost (unreachable, or not yet
-/// holding the keys).
-fn still_lost(error: &ClientError) -> bool {
-    matches!(
-        error.recovery(Step(0)),
-        Recovery::ServerLost | Recovery::KeysMissing
-    )
 }

@@ -1,7 +1,8 @@
 //! [`Shards`]: the parameter servers a client routes to, where each parameter's
 //! parts live on them, and the shard-map version it routes by; with the fan-out
-//! of register, push and pull to every server at once, unary below the message
-//! limit and streamed in chunks above it. A push or pull sends each server's
+//! of register, push and pull to every server at once: a request of less than
+//! `FRAMED_FROM_BYTES` (64 KiB) as one unary call, a larger one streamed in
+//! chunks. A push or pull sends each server's
 //! keys as a few concurrent requests of similar size, so that no stage waits
 //! for the whole of the one before.
 
@@ -26,7 +27,7 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 
 use crate::config::ClientConfig;
-use crate::error::{ClientError, settled};
+use crate::error::{ClientError, Rpc, settled};
 use crate::fan_out::all_or_first_error;
 use crate::framed::{FramedAnswer, start_framed};
 use crate::placement::{Placed, Placement};
@@ -36,9 +37,10 @@ use crate::wire::{
     tensor_chunks, tensor_of, write_pull_chunk, write_pulled,
 };
 
-/// Pushes and pulls of this many bytes or more go as framed streams, whose
-/// tensor bytes are never copied on the way ([`crate::framed`]); smaller ones
-/// go as unary calls, whose fixed cost is lower.
+/// Pushes and pulls of this many bytes or more go to `PushStream` and
+/// `PullStream` in chunks; smaller ones to the unary `Push` and `Pull`, whose
+/// fixed cost is lower. Both are sent framed, their tensor bytes never copied
+/// on the way ([`crate::framed`]).
 const FRAMED_FROM_BYTES: usize = 64 << 10;
 
 /// The smallest group of keys sent as a request of its own: below this, a
@@ -121,7 +123,7 @@ impl Server {
     pub(crate) async fn call<T, F, Fut>(
         &self,
         retry: RetryPolicy,
-        what: &'static str,
+        what: Rpc,
         call: F,
     ) -> Result<T, ClientError>
     where
@@ -139,13 +141,13 @@ impl Server {
     pub(crate) async fn start_framed(
         &self,
         retry: RetryPolicy,
-        what: &'static str,
+        what: Rpc,
         path: &'static str,
         metadata: MetadataMap,
         pieces: Vec<Bytes>,
     ) -> Result<FramedAnswer, ClientError> {
         retry
-            .run(what, || {
+            .run(what.name(), || {
                 start_framed(
                     self.channel.clone(),
                     path,
@@ -158,7 +160,7 @@ impl Server {
             .map_err(|status| self.failed(what, status))
     }
 
-    fn failed(&self, what: &'static str, status: Status) -> ClientError {
+    fn failed(&self, what: Rpc, status: Status) -> ClientError {
         ClientError::Rpc {
             what,
             addr: self.addr.clone(),
@@ -170,7 +172,7 @@ impl Server {
     pub(crate) async fn answer<T, F, Fut>(
         &self,
         retry: RetryPolicy,
-        what: &'static str,
+        what: Rpc,
         call: F,
     ) -> Result<tonic::Response<T>, ClientError>
     where
@@ -178,7 +180,7 @@ impl Server {
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         retry
-            .run(what, || call(self.client.clone()))
+            .run(what.name(), || call(self.client.clone()))
             .await
             .map_err(|status| self.failed(what, status))
     }
@@ -323,7 +325,7 @@ impl Shards {
                 restore_version: restore_version.get(),
             };
             server
-                .call(self.retry, "Register", |mut c| {
+                .call(self.retry, Rpc::Register, |mut c| {
                     let request = request.clone();
                     async move { c.register(request).await }
                 })
@@ -335,7 +337,7 @@ impl Shards {
                 .flat_map(|(spec, data)| register_chunks(spec, data, self.chunk_bytes, versions))
                 .collect();
             server
-                .call(self.retry, "RegisterStream", |mut c| {
+                .call(self.retry, Rpc::RegisterStream, |mut c| {
                     let chunks = chunks.clone();
                     async move { c.register_stream(tokio_stream::iter(chunks)).await }
                 })
@@ -391,7 +393,7 @@ impl Shards {
                 grads,
             };
             let pieces = vec![framed_message(&request)];
-            ("Push", PUSH_PATH, MetadataMap::new(), pieces)
+            (Rpc::Push, PUSH_PATH, MetadataMap::new(), pieces)
         } else {
             let pieces: Vec<Bytes> = grads
                 .iter()
@@ -407,7 +409,7 @@ impl Shards {
                 .collect();
             let mut metadata = MetadataMap::new();
             metadata.insert(metadata::PUSH_BYTES, (bytes as u64).into());
-            ("PushStream", PUSH_STREAM_PATH, metadata, pieces)
+            (Rpc::PushStream, PUSH_STREAM_PATH, metadata, pieces)
         };
         let mut answer = server
             .start_framed(self.retry, what, path, metadata, pieces)
@@ -499,9 +501,9 @@ impl Shards {
         // chunks, each written into its sink as it arrives.
         let unary = bytes < self.unary_below;
         let (what, path) = if unary {
-            ("Pull", PULL_PATH)
+            (Rpc::Pull, PULL_PATH)
         } else {
-            ("PullStream", PULL_STREAM_PATH)
+            (Rpc::PullStream, PULL_STREAM_PATH)
         };
         let mut answer = server
             .start_framed(
@@ -528,7 +530,7 @@ impl Shards {
         let versions = sinks
             .iter()
             .map(|sink| {
-                let version = sink.finish().map_err(|e| protocol("Pull", e))?;
+                let version = sink.finish().map_err(|e| protocol(Rpc::Pull, e))?;
                 Ok((sink.key().clone(), version))
             })
             .collect::<Result<_, ClientError>>()?;

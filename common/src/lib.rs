@@ -13,11 +13,13 @@
 //! - [`connections`]: a server's connections, at most `--max-connections` at once, idle ones closed.
 //! - [`idle`]: each connection's requests in flight, counted by a layer every server runs.
 //! - [`certs`]: a cluster's CA and node certificate, for `ps-scheduler certs` and `ps-local --tls`.
+//! - [`access`]: which role may call each gRPC method, and every answer's metrics, in one layer.
 //! - [`security_args`]: the `--tls-*` flags and cluster token every program takes.
 //! - [`plot_style`]: the font and palette of every chart.
 //! - [`metrics`]: the Prometheus endpoint and build information of every program,
 //!   and [`text_format`], its classic text format for scrapers that do not ask for OpenMetrics.
 
+pub mod access;
 pub mod certs;
 pub mod connections;
 pub mod fixtures;

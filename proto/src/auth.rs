@@ -7,8 +7,8 @@
 //! no secret. The comparison takes the same time whatever the token sent.
 //!
 //! A token may give servers and workers different secrets ([`ClusterToken`]);
-//! handlers then check the [`Role`] a request's secret grants with
-//! [`require_role`].
+//! [`RequireToken`] records the roles a request's secret grants ([`Granted`]),
+//! and `ps_common::access` checks each method's [`Role`] against them.
 
 use std::sync::Arc;
 
@@ -35,7 +35,8 @@ pub enum Role {
 }
 
 impl Role {
-    fn name(self) -> &'static str {
+    /// The role's name, as the cluster token's lines spell it.
+    pub fn name(self) -> &'static str {
         match self {
             Role::Server => "server",
             Role::Worker => "worker",
@@ -44,7 +45,7 @@ impl Role {
 }
 
 /// The roles the credential of a request granted. [`RequireToken`] puts it in
-/// the request's extensions; handlers read it with [`require_role`].
+/// the request's extensions; `ps_common::access` checks each method's role with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Granted {
     server: bool,
@@ -57,7 +58,8 @@ impl Granted {
         worker: true,
     };
 
-    fn only(role: Role) -> Self {
+    /// The roles of a secret that grants only `role`.
+    pub fn only(role: Role) -> Self {
         Granted {
             server: role == Role::Server,
             worker: role == Role::Worker,
@@ -256,22 +258,6 @@ impl Interceptor for RequireToken {
     }
 }
 
-/// Refuses `request` with `PERMISSION_DENIED` when its credential does not
-/// grant `role` (`what` names the call). Without a cluster token every request
-/// may do everything.
-///
-/// # Errors
-/// The status to answer with.
-pub fn require_role<T>(request: &Request<T>, role: Role, what: &str) -> Result<(), Status> {
-    match request.extensions().get::<Granted>() {
-        Some(granted) if !granted.allows(role) => Err(Status::permission_denied(format!(
-            "{what} is for a {0}, and this request carries another role's secret: give the {0} the `{0}=` line of the cluster token",
-            role.name()
-        ))),
-        _ => Ok(()),
-    }
-}
-
 /// Whether two secrets are equal, compared in time that depends only on their
 /// lengths, not on where they differ.
 pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
@@ -337,14 +323,15 @@ mod tests {
     }
 
     #[test]
-    fn a_request_without_the_role_is_permission_denied() {
-        let mut request = Request::new(());
-        assert!(require_role(&request, Role::Server, "RegisterServer").is_ok());
-        request.extensions_mut().insert(Granted::only(Role::Worker));
-        assert!(require_role(&request, Role::Worker, "Push").is_ok());
-        let status = require_role(&request, Role::Server, "RegisterServer").unwrap_err();
-        assert_eq!(status.code(), tonic::Code::PermissionDenied);
-        assert!(status.message().contains("server="), "{}", status.message());
+    fn a_role_secret_grants_its_role_alone() {
+        for role in [Role::Server, Role::Worker] {
+            let other = match role {
+                Role::Server => Role::Worker,
+                Role::Worker => Role::Server,
+            };
+            assert!(Granted::only(role).allows(role));
+            assert!(!Granted::only(role).allows(other));
+        }
     }
 
     #[test]

@@ -9,6 +9,9 @@
 //! - [`ids`]: named numbers — [`ids::Rank`], [`ids::Step`], [`ids::Version`], [`ids::MapVersion`], [`ids::ServerId`].
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
 //! - [`transport`]: one place for HTTP/2 windows, frame sizes, message limits and keep-alive.
+//! - [`auth`]: the cluster token and the roles its secrets grant.
+//! - [`tls`]: TLS settings, certificates and the preferred cipher suite.
+//! - [`fuzzing`]: entry points for the fuzzers of the wire decoders.
 //! - [`grpc_frames`], [`rope`], [`chunk_decode`], [`chunk_encode`]: the tensor data
 //!   path's messages read out of HTTP/2 frames and written into them without
 //!   copying their tensor bytes.

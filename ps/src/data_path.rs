@@ -40,10 +40,11 @@ pub struct DataPath {
 }
 
 impl DataPath {
-    /// `service`, with the configured message limits.
+    /// `service`, with the configured message limits. Served behind the
+    /// access layer: [`ParameterService::into_server`].
     pub fn new(service: ParameterService) -> Self {
         Self {
-            generated: service.clone().into_server(),
+            generated: service.clone().generated(),
             service,
         }
     }

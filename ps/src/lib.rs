@@ -20,12 +20,22 @@
 //! - [`store`]: all keys; all-or-nothing register and push, waiting pulls.
 //! - [`step_waits`]: how long BSP steps waited, and for whom.
 //! - [`wire`]: `ps.v1` messages to and from the domain types.
-//! - [`service`]: the gRPC handlers.
+//! - [`service`]: the gRPC handlers, and [`service::ParameterService::into_server`], the one server stack.
+//! - `admission`: the one admission step (map version, then memory budget) of data-carrying requests.
+//! - `stream_reads`: reading a whole register or push stream, message by message.
+//! - [`methods`]: who may call each method (the access layer's table).
 //! - [`data_path`]: `PushStream` and `PullStream` served from and into HTTP/2 frames in place.
-//! - `push_source`: where a push stream's chunks come from.
+//! - `push_source`: a push stream's chunks cut out of its HTTP/2 frames.
 //! - [`server`]: [`server::run`], serving a shard with health and clean shutdown.
 //! - [`error`]: why a request is refused, as precise gRPC statuses.
+//! - [`budget`]: the memory budget, and the charges requests and keys hold against it.
+//! - [`push_buffer`]: how many bytes of push streams a server reads ahead of applying them.
+//! - [`values`]: a key's values, shared copy-on-write with the pulls sending them.
+//! - [`parallel`]: splitting an update of a large key over cores.
+//! - [`metrics`]: the Prometheus metrics a server serves on `--metrics-listen`.
+//! - [`fuzzing`]: entry points for the fuzzers and property tests.
 
+mod admission;
 pub mod applied_map;
 pub mod budget;
 pub mod checkpoint;
@@ -40,6 +50,7 @@ pub mod follower;
 pub mod fuzzing;
 pub mod group;
 mod kernels;
+pub mod methods;
 pub mod metrics;
 pub mod optimizer;
 pub mod parallel;
@@ -51,6 +62,7 @@ pub mod server;
 pub mod service;
 pub mod step_waits;
 pub mod store;
+mod stream_reads;
 pub mod values;
 pub mod wire;
 

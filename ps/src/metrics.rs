@@ -13,6 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use ps_common::access::Answers;
 use ps_common::metrics::{Exposition, gauge, register_build_info, registered};
 use tonic::Code;
 
@@ -107,16 +108,6 @@ impl ServerMetrics {
         };
         (metrics, Exposition::new(registry, refresh))
     }
-
-    /// Records one answered request.
-    pub fn answered(&self, rpc: &'static str, code: Code, took: Duration) {
-        let labels = [("rpc", rpc), ("code", code_name(code))];
-        self.requests.get_or_create(&labels).inc();
-        self.latency
-            .get_or_create(&[("rpc", rpc)])
-            .observe(took.as_secs_f64());
-    }
-
     /// Records a push of `bytes` applied in `took`.
     pub fn pushed(&self, bytes: usize, took: Duration) {
         self.push_bytes.inc_by(bytes as u64);
@@ -241,6 +232,17 @@ fn code_name(code: Code) -> &'static str {
         Code::Unavailable => "UNAVAILABLE",
         Code::DataLoss => "DATA_LOSS",
         Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+impl Answers for ServerMetrics {
+    /// Records a request to `method` answered with `code` after `took`.
+    fn answered(&self, method: &'static str, code: Code, took: Duration) {
+        let labels = [("rpc", method), ("code", code_name(code))];
+        self.requests.get_or_create(&labels).inc();
+        self.latency
+            .get_or_create(&[("rpc", method)])
+            .observe(took.as_secs_f64());
     }
 }
 

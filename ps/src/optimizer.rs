@@ -1,6 +1,7 @@
 //! Server-side optimizers: SGD, SGD with momentum, and Adam(W).
 //!
-//! Values and optimizer state are kept in `f32` whatever the wire dtype. The
+//! Values and optimizer state are kept in `f32` whatever the wire dtype; which
+//! parts of each update run in `f64` is the kernels' (`kernels`). The
 //! arithmetic follows PyTorch's `SGD` (momentum, Nesterov, L2 weight decay) and
 //! candle-nn's `AdamW` (decoupled weight decay, bias correction), term by term.
 

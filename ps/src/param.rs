@@ -82,7 +82,9 @@ impl ParamSpec {
 pub struct Group {
     /// Consistency model.
     pub consistency: Consistency,
-    /// Number of workers; gradients are scaled by `1 / workers`.
+    /// Number of workers. Under ASP and SSP each gradient is applied scaled by
+    /// `1 / workers`; a BSP step is the mean over the workers that pushed it
+    /// (`1 / pushed`, which is `1 / workers` unless the live set shrank).
     pub workers: u32,
 }
 

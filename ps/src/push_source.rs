@@ -1,10 +1,8 @@
-//! [`PushChunks`]: where the chunks of a `PushStream` come from, and
-//! [`next_message`], a tonic stream's next message within the idle limit. Either tonic's
-//! [`Streaming`], which has copied each message into one buffer, or
-//! [`FramedPushChunks`], which cuts them out of the HTTP/2 data frames as they
-//! arrived and hands each chunk's tensor bytes on as those frames' own memory.
+//! [`FramedPushChunks`]: a `PushStream`'s chunks cut out of the HTTP/2 data
+//! frames as they arrived, each chunk's tensor bytes handed on as those frames'
+//! own memory; and [`next_message`], a tonic stream's next message within the
+//! idle limit (`RegisterStream`'s, which tonic reads).
 
-use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,17 +15,6 @@ use tonic::{Code, Status, Streaming};
 
 use crate::error::{Error, Result};
 
-/// A source of push chunks: each with its tensor bytes taken out of the
-/// message, as one or more pieces.
-pub(crate) trait PushChunks: Send {
-    /// The next chunk, or `None` at the end of the stream; ended with
-    /// [`Error::StreamIdle`] when nothing arrives for `idle`.
-    fn next_chunk(
-        &mut self,
-        idle: Duration,
-    ) -> impl Future<Output = Result<Option<(v1::PushChunk, Vec<Bytes>)>>> + Send;
-}
-
 /// The stream's next message, or `StreamIdle` when none comes within `idle`.
 pub(crate) async fn next_message<T: prost::Message + Default>(
     stream: &mut Streaming<T>,
@@ -36,19 +23,6 @@ pub(crate) async fn next_message<T: prost::Message + Default>(
     match tokio::time::timeout(idle, stream.message()).await {
         Ok(message) => Ok(message?),
         Err(_) => Err(Error::StreamIdle { idle }),
-    }
-}
-
-impl PushChunks for Streaming<v1::PushChunk> {
-    async fn next_chunk(&mut self, idle: Duration) -> Result<Option<(v1::PushChunk, Vec<Bytes>)>> {
-        let message = next_message(self, idle).await?;
-        Ok(message.map(|mut message| {
-            let data = message
-                .chunk
-                .as_mut()
-                .map(|chunk| std::mem::take(&mut chunk.data));
-            (message, data.into_iter().collect())
-        }))
     }
 }
 
@@ -67,10 +41,14 @@ impl FramedPushChunks {
             reader: MessageReader::new(limit),
         }
     }
-}
 
-impl PushChunks for FramedPushChunks {
-    async fn next_chunk(&mut self, idle: Duration) -> Result<Option<(v1::PushChunk, Vec<Bytes>)>> {
+    /// The next chunk, with its tensor bytes taken out of the message as the
+    /// frames' own pieces, or `None` at the end of the stream; ended with
+    /// [`Error::StreamIdle`] when nothing arrives for `idle`.
+    pub(crate) async fn next_chunk(
+        &mut self,
+        idle: Duration,
+    ) -> Result<Option<(v1::PushChunk, Vec<Bytes>)>> {
         loop {
             if let Some(message) = self.reader.next_message().map_err(refused)? {
                 let decoded = decode_push_chunk(message).map_err(|error| {

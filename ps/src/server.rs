@@ -16,7 +16,6 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::checkpointer::Checkpointer;
 use crate::config::ServerConfig;
-use crate::data_path::DataPath;
 use crate::follower::{await_scheduler, follow};
 use crate::metrics::ServerMetrics;
 use crate::service::ParameterService;
@@ -113,7 +112,7 @@ pub async fn run_with_metrics(
         .server()?
         .layer(ps_common::idle::TrackRequestsLayer)
         .add_service(health_service)
-        .add_service(config.transport.guarded(DataPath::new(service)));
+        .add_service(config.transport.guarded(service.into_server()));
     let incoming = ps_common::connections::bounded(
         TcpIncoming::from(listener).with_nodelay(Some(true)),
         config.transport.max_connections,

@@ -10,6 +10,7 @@
 //! - [`status_table`]: the table `ps-scheduler status` prints, with rates for `--watch`.
 //! - [`shared_state`]: what the handlers and the expiry ticker share.
 //! - [`service`]: the gRPC layer over the shared state; waits with deadlines.
+//! - [`methods`]: who may call each method (the access layer's table).
 //! - [`server`]: [`server::run`], serving the scheduler with an expiry ticker.
 //! - [`config`]: settings and their validation.
 //! - [`group`]: fixed and elastic worker-group sizes.
@@ -19,6 +20,7 @@ pub mod config;
 pub mod declared;
 pub mod group;
 pub mod membership;
+pub mod methods;
 pub mod metrics;
 pub mod owners;
 pub mod placement;

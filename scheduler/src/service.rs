@@ -1,5 +1,6 @@
-//! [`SchedulerService`]: the thin gRPC layer over the [`SchedulerState`]. Each
-//! handler validates, calls the membership under its lock (never across
+//! [`SchedulerService`]: the thin gRPC layer over the [`SchedulerState`]. Who may
+//! call each method is the access layer's ([`crate::methods`]). Each handler
+//! validates, calls the membership under its lock (never across
 //! `.await`), and maps the outcome to a precise status. Waits (for a map, for a
 //! barrier) watch a change counter and end at their deadline with a message
 //! naming what is missing.
@@ -7,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ps_proto::auth::{Role, require_role};
+use ps_common::access::Access;
 use ps_proto::ids::{MapVersion, Rank, ServerId, Step};
 use ps_proto::v1;
 use ps_proto::v1::scheduler_server::{Scheduler, SchedulerServer};
@@ -44,12 +45,14 @@ impl SchedulerService {
     }
 
     /// The tonic server, reading and writing messages of up to the
-    /// transport's limit.
-    pub fn into_server(self) -> SchedulerServer<Self> {
+    /// transport's limit, behind the access layer that checks each method's
+    /// role ([`crate::methods::METHODS`]).
+    pub fn into_server(self) -> Access<SchedulerServer<Self>> {
         let limit = self.state.config.transport.max_message_bytes;
-        SchedulerServer::new(self)
+        let server = SchedulerServer::new(self)
             .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit)
+            .max_encoding_message_size(limit);
+        Access::new(server, crate::methods::METHODS, None)
     }
 }
 
@@ -131,7 +134,6 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<v1::RegisterServerRequest>,
     ) -> Result<Response<v1::RegisterServerResponse>, Status> {
-        require_role(&request, Role::Server, "RegisterServer")?;
         let addr = request.into_inner().addr;
         if addr.is_empty() || addr.len() > MAX_ADDRESS_BYTES {
             return Err(Status::invalid_argument(format!(
@@ -160,7 +162,6 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<v1::RegisterWorkerRequest>,
     ) -> Result<Response<v1::RegisterWorkerResponse>, Status> {
-        require_role(&request, Role::Worker, "RegisterWorker")?;
         let client_id = request.into_inner().client_id;
         if client_id.is_empty() {
             return Err(Status::invalid_argument(
@@ -243,7 +244,6 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<v1::DeclareParamsRequest>,
     ) -> Result<Response<v1::DeclareParamsResponse>, Status> {
-        require_role(&request, Role::Worker, "DeclareParams")?;
         let declared = request.into_inner().params;
         let servers = self.state.read(Membership::planning_servers);
         let params = declared_params(declared, servers)?;
@@ -288,7 +288,6 @@ impl Scheduler for SchedulerService {
         &self,
         request: Request<v1::BarrierRequest>,
     ) -> Result<Response<v1::BarrierResponse>, Status> {
-        require_role(&request, Role::Worker, "Barrier")?;
         let request = request.into_inner();
         if request.name.is_empty() {
             return Err(Status::invalid_argument("a barrier needs a name"));

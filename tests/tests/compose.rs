@@ -92,7 +92,7 @@ fn prometheus_kept_the_run(prometheus: &PrometheusApi) {
         push_bytes.iter().all(|(_, bytes)| *bytes > 0.0),
         "{push_bytes:?}"
     );
-    for phase in ["compute", "push", "wait", "pull", "apply"] {
+    for phase in ["compute", "gather", "push", "wait", "pull", "apply"] {
         let series =
             format!("candle_ps_worker_step_phase_duration_seconds_count{{phase=\"{phase}\"}}");
         let steps = over_the_run(&series);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use ps_client::placement::ParamInfo;
-use ps_client::{ClientConfig, PsClient, Recovery, optim};
+use ps_client::{ClientConfig, PsClient, Recovery, Repair, optim};
 use ps_cluster::servers::LocalServers;
 use ps_proto::codec::DType;
 use ps_proto::ids::{Rank, Step, Version};
@@ -70,7 +70,7 @@ async fn push_until_acknowledged(client: &PsClient, key: Key, worker: u32, step:
             Ok(accepted) => return accepted,
             Err(error) => assert_eq!(
                 error.recovery(Step(step)),
-                Recovery::ServerLost,
+                Recovery::Repair(Repair::ServerLost),
                 "a non-transient failure: {error}"
             ),
         }

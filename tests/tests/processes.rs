@@ -48,13 +48,15 @@ async fn a_server_and_two_workers_with_no_other_flags_reach_95_percent() {
 fn time_split_adds_up(split: &serde_json::Value) {
     let share = |part: &str| split[part]["share"].as_f64().unwrap_or(-1.0);
     let seconds = |part: &str| split[part]["seconds"].as_f64().unwrap_or(-1.0);
-    let parts = ["compute", "push", "wait", "pull", "apply", "other"];
+    let parts = [
+        "compute", "gather", "push", "wait", "pull", "apply", "other",
+    ];
     let total: f64 = parts.iter().map(|p| share(p)).sum();
     assert!(
         (total - 1.0).abs() < 1e-6,
         "shares add up to {total}: {split}"
     );
-    for part in ["compute", "push", "pull", "apply"] {
+    for part in ["compute", "gather", "push", "pull", "apply"] {
         assert!(seconds(part) > 0.0, "no time in {part}: {split}");
     }
     assert!(seconds("wait") >= 0.0, "{split}");
@@ -198,7 +200,7 @@ async fn a_worker_serves_its_steps_and_time_split_as_prometheus_metrics() {
         metric_sample(&text, "candle_ps_worker_loss").is_some_and(f64::is_finite),
         "{text}"
     );
-    for phase in ["compute", "push", "wait", "pull", "apply"] {
+    for phase in ["compute", "gather", "push", "wait", "pull", "apply"] {
         let count =
             format!("candle_ps_worker_step_phase_duration_seconds_count{{phase=\"{phase}\"}}");
         assert!(

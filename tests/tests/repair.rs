@@ -8,7 +8,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use ps_client::placement::ParamInfo;
 use ps_client::retry::RetryPolicy;
-use ps_client::{ClientConfig, ClientError, LocalCopy, PsClient, Recovery, RepairBudget, sgd};
+use ps_client::{
+    Action, ClientConfig, ClientError, LocalCopy, Outcome, PsClient, Recovering, Recovery, Repair,
+    RepairBudget, sgd,
+};
 use ps_proto::codec::DType;
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::{Rank, Step, Version};
@@ -76,6 +79,22 @@ async fn pull_w(client: &PsClient) -> (Vec<f32>, u64) {
     (pulled.values, pulled.version.get())
 }
 
+/// What a worker's recovery does after `error` failed step `step`, driving
+/// `recovering` as the trainer does: `Ok` when placement was repaired and the
+/// step can be repeated, otherwise the error it gives up with.
+async fn recover(
+    client: &mut PsClient,
+    recovering: &mut Recovering,
+    error: ClientError,
+    step: Step,
+    copy: &LocalCopy,
+) -> Result<(), ClientError> {
+    match recovering.step(Outcome::Failed(error.recovery(step))) {
+        Some(Action::Repair(repair)) => client.recover(recovering, repair, error, step, copy).await,
+        _ => Err(error),
+    }
+}
+
 #[tokio::test]
 async fn a_server_restarted_empty_gets_the_keys_back_from_the_workers_copy() {
     let server = Loopback::start(asp());
@@ -90,11 +109,14 @@ async fn a_server_restarted_empty_gets_the_keys_back_from_the_workers_copy() {
     server.restart();
     let grads = [("w".into(), f32s(&[0.25; 4]))];
     let error = client.push(Rank(0), Step(1), &grads).await.unwrap_err();
-    assert_eq!(error.recovery(Step(1)), Recovery::KeysMissing, "{error}");
-    let mut budget = RepairBudget::default();
+    assert_eq!(
+        error.recovery(Step(1)),
+        Recovery::Repair(Repair::KeysMissing),
+        "{error}"
+    );
+    let mut recovering = Recovering::step_of_group(RepairBudget::default());
     let held = copy(&values, version);
-    client
-        .recover(error, Step(1), &mut budget, &held)
+    recover(&mut client, &mut recovering, error, Step(1), &held)
         .await
         .expect("repaired");
     assert_eq!(client.push(Rank(0), Step(1), &grads).await.unwrap(), 1);
@@ -112,19 +134,17 @@ async fn a_server_gone_for_good_ends_the_repair_within_its_budget() {
     server.stop();
     let grads = [("w".into(), f32s(&[0.5; 4]))];
     let error = client.push(Rank(0), Step(0), &grads).await.unwrap_err();
-    assert_eq!(error.recovery(Step(0)), Recovery::ServerLost, "{error}");
-    let mut budget = RepairBudget::default();
-    let gave_up = client
-        .recover(error, Step(0), &mut budget, &initial)
+    let lost = Recovery::Repair(Repair::ServerLost);
+    assert_eq!(error.recovery(Step(0)), lost, "{error}");
+    let mut recovering = Recovering::step_of_group(RepairBudget::default());
+    let gave_up = recover(&mut client, &mut recovering, error, Step(0), &initial)
         .await
         .unwrap_err();
-    assert_eq!(gave_up.recovery(Step(0)), Recovery::ServerLost, "{gave_up}");
-    assert!(
-        client
-            .recover(gave_up, Step(0), &mut budget, &initial)
-            .await
-            .is_err(),
-        "budget spent"
+    assert_eq!(gave_up.recovery(Step(0)), lost, "{gave_up}");
+    assert_eq!(
+        recovering.ready(),
+        None,
+        "budget spent: the recovery gave up"
     );
 }
 
@@ -136,13 +156,15 @@ async fn a_request_error_is_not_repaired() {
     let error = client.push(Rank(0), Step(0), &wrong).await.unwrap_err();
     assert!(matches!(error, ClientError::Rpc { .. }));
     assert_eq!(error.recovery(Step(0)), Recovery::Fatal, "{error}");
-    let mut budget = RepairBudget::default();
-    let returned = client
-        .recover(error, Step(0), &mut budget, &initial)
+    let mut recovering = Recovering::step_of_group(RepairBudget::new(0));
+    let returned = recover(&mut client, &mut recovering, error, Step(0), &initial)
         .await
         .unwrap_err();
-    assert_eq!(returned.recovery(Step(0)), Recovery::Fatal);
-    assert_eq!(budget, RepairBudget::default(), "no repair was spent");
+    assert_eq!(
+        returned.recovery(Step(0)),
+        Recovery::Fatal,
+        "given up with no repair, with a budget of none"
+    );
 }
 
 /// The chaos run that hung: one server holds a BSP pull for a push that will
@@ -194,7 +216,7 @@ async fn a_pull_fails_at_the_first_servers_error_while_another_server_holds_it()
     assert!(
         matches!(
             error.recovery(Step(0)),
-            Recovery::ServerLost | Recovery::KeysMissing
+            Recovery::Repair(Repair::ServerLost | Repair::KeysMissing)
         ),
         "{error}"
     );

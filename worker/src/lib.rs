@@ -6,14 +6,16 @@
 //! - [`cli`]: the training flags shared by `ps-worker` and `ps-local`.
 //! - [`model`]: an MLP built from candle-nn.
 //! - [`data`]: shipped, generated and file-based data sets.
+//! - [`host_copy`]: moving a step's tensors between the device and host buffers.
 //! - [`device`]: choosing the candle device from `cpu` or `cuda:N`.
-//! - [`step_time`]: where the training time goes (compute, push, wait, pull, apply).
+//! - [`step_time`]: where the training time goes (compute, gather, push, wait, pull, apply).
 //! - [`metrics`]: the Prometheus metrics a worker serves on `--metrics-listen`.
 //! - [`report`]: the CSV files and charts `--out DIR` writes.
 
 pub mod cli;
 pub mod data;
 pub mod device;
+pub mod host_copy;
 pub mod metrics;
 pub mod model;
 pub mod report;

@@ -18,7 +18,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use ps_common::metrics::{Exposition, register_build_info, registered};
 
-use crate::step_time::StepTimes;
+use crate::step_time::{PHASES, StepTimes};
 
 /// Labels naming one phase of a step.
 type Phase = Vec<(&'static str, &'static str)>;
@@ -97,13 +97,7 @@ impl WorkerMetrics {
     /// The phases are recorded before the step is counted, so a scrape never
     /// shows more steps than phase samples.
     pub fn step(&self, times: &StepTimes, examples: usize, loss: f64) {
-        for (phase, took) in [
-            ("compute", times.compute),
-            ("push", times.push),
-            ("wait", times.wait),
-            ("pull", times.pull),
-            ("apply", times.apply),
-        ] {
+        for (phase, took) in PHASES.into_iter().zip(times.phases()) {
             self.observe(phase, took);
         }
         self.loss.set(loss);
@@ -132,6 +126,7 @@ mod tests {
         let (metrics, exposition) = WorkerMetrics::new();
         let times = StepTimes {
             compute: Duration::from_millis(3),
+            gather: Duration::from_micros(300),
             push: Duration::from_millis(2),
             wait: Duration::from_millis(5),
             pull: Duration::from_millis(1),
@@ -165,7 +160,7 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from:\n{text}");
         }
-        for phase in ["compute", "push", "wait", "pull", "apply"] {
+        for phase in PHASES {
             assert!(text.contains(&format!("phase=\"{phase}\"")), "{text}");
         }
     }

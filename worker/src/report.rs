@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use ps_common::plot_style::{COLORS, register_font};
 
-use crate::step_time::StepTimes;
+use crate::step_time::{PHASES, StepTimes};
 
 /// One epoch's outcome.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -50,17 +50,11 @@ fn whole(x: &f64) -> String {
     format!("{x:.0}")
 }
 
-const PHASES: [&str; 5] = ["compute", "push", "wait", "pull", "apply"];
+/// How many phases a step is split into.
+const PHASE_COUNT: usize = PHASES.len();
 
-fn phases(times: &StepTimes) -> [f64; 5] {
-    [
-        times.compute,
-        times.push,
-        times.wait,
-        times.pull,
-        times.apply,
-    ]
-    .map(|d| d.as_secs_f64())
+fn phases(times: &StepTimes) -> [f64; PHASE_COUNT] {
+    times.phases().map(|d| d.as_secs_f64())
 }
 
 impl RunRecord {
@@ -112,12 +106,12 @@ impl RunRecord {
         text
     }
 
-    /// The mean step time of each phase, per epoch: `(epoch, [seconds; 5])`.
-    fn mean_split_by_epoch(&self) -> Vec<(u64, [f64; 5])> {
-        let mut by_epoch: std::collections::BTreeMap<u64, ([f64; 5], usize)> =
+    /// The mean step time of each phase, per epoch: `(epoch, [seconds; PHASE_COUNT])`.
+    fn mean_split_by_epoch(&self) -> Vec<(u64, [f64; PHASE_COUNT])> {
+        let mut by_epoch: std::collections::BTreeMap<u64, ([f64; PHASE_COUNT], usize)> =
             std::collections::BTreeMap::new();
         for s in &self.steps {
-            let (sums, count) = by_epoch.entry(s.epoch).or_insert(([0.0; 5], 0));
+            let (sums, count) = by_epoch.entry(s.epoch).or_insert(([0.0; PHASE_COUNT], 0));
             for (sum, value) in sums.iter_mut().zip(phases(&s.times)) {
                 *sum += value;
             }
@@ -240,6 +234,7 @@ mod tests {
                 epoch: step / 2,
                 times: StepTimes {
                     compute: ms(2),
+                    gather: ms(1),
                     push: ms(1),
                     wait: ms(3 + step),
                     pull: ms(1),
@@ -276,9 +271,9 @@ mod tests {
         let lines: Vec<&str> = steps.lines().collect();
         assert_eq!(
             lines[0],
-            "step,epoch,compute_seconds,push_seconds,wait_seconds,pull_seconds,apply_seconds"
+            "step,epoch,compute_seconds,gather_seconds,push_seconds,wait_seconds,pull_seconds,apply_seconds"
         );
-        assert_eq!(lines[4], "3,1,0.002,0.001,0.006,0.001,0");
+        assert_eq!(lines[4], "3,1,0.002,0.001,0.001,0.006,0.001,0");
         for chart in ["training.svg", "time_split.svg"] {
             let svg = std::fs::read_to_string(dir.path().join(chart)).unwrap();
             assert!(
@@ -294,8 +289,8 @@ mod tests {
     fn each_epoch_bar_is_the_mean_step_of_that_epoch() {
         let bars = record().mean_split_by_epoch();
         assert_eq!(bars.len(), 2);
-        // Steps 2 and 3 waited 5 and 6 ms.
-        assert!((bars[1].1[2] - 0.0055).abs() < 1e-12, "{bars:?}");
+        // Steps 2 and 3 waited 5 and 6 ms (wait is the fourth phase).
+        assert!((bars[1].1[3] - 0.0055).abs() < 1e-12, "{bars:?}");
         assert!((bars[0].1[0] - 0.002).abs() < 1e-12, "{bars:?}");
     }
 }

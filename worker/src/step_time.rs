@@ -1,11 +1,14 @@
 //! Where a worker's training time goes, step by step:
 //!
 //! - **compute**: the forward pass, the loss and the backward pass;
+//! - **gather**: copying the gradients off the model's device into the buffers
+//!   the push sends;
 //! - **push**: sending the gradients until every server took them;
 //! - **wait**: the servers holding the pull until its version exists (under
 //!   BSP, until every worker pushed the step), as the servers report it;
 //! - **pull**: the rest of the pull, the values' transfer;
-//! - **apply**: writing the pulled values into the model's variables;
+//! - **apply**: writing the pulled values into the model's variables (onto its
+//!   device);
 //! - **other**: the rest of the wall time (batches, evaluation, repairs).
 //!
 //! `ps-worker --json` reports each part in seconds and as a share of the wall
@@ -20,6 +23,8 @@ use serde::Serialize;
 pub struct StepTimes {
     /// Forward, loss and backward.
     pub compute: Duration,
+    /// Copying gradients off the device into push buffers.
+    pub gather: Duration,
     /// Pushing gradients.
     pub push: Duration,
     /// Pulls held by the servers until their version existed.
@@ -30,7 +35,22 @@ pub struct StepTimes {
     pub apply: Duration,
 }
 
+/// The measured phases, in the order [`StepTimes::phases`] gives them.
+pub const PHASES: [&str; 6] = ["compute", "gather", "push", "wait", "pull", "apply"];
+
 impl StepTimes {
+    /// Each measured phase's time, in the order of [`PHASES`].
+    pub fn phases(&self) -> [Duration; 6] {
+        [
+            self.compute,
+            self.gather,
+            self.push,
+            self.wait,
+            self.pull,
+            self.apply,
+        ]
+    }
+
     /// Books a pull that took `took` in all, of which a server reported it held
     /// it `waited`: the wait (never more than the whole), and the transfer.
     pub fn pulled(&mut self, took: Duration, waited: Duration) {
@@ -44,6 +64,7 @@ impl StepTimes {
     pub fn since(&self, earlier: &StepTimes) -> StepTimes {
         StepTimes {
             compute: self.compute.saturating_sub(earlier.compute),
+            gather: self.gather.saturating_sub(earlier.gather),
             push: self.push.saturating_sub(earlier.push),
             wait: self.wait.saturating_sub(earlier.wait),
             pull: self.pull.saturating_sub(earlier.pull),
@@ -59,9 +80,10 @@ impl StepTimes {
             seconds: d.as_secs_f64(),
             share: d.as_secs_f64() / wall_seconds,
         };
-        let counted = self.compute + self.push + self.wait + self.pull + self.apply;
+        let counted: Duration = self.phases().iter().sum();
         TimeSplit {
             compute: part(self.compute),
+            gather: part(self.gather),
             push: part(self.push),
             wait: part(self.wait),
             pull: part(self.pull),
@@ -85,6 +107,8 @@ pub struct Part {
 pub struct TimeSplit {
     /// Forward, loss and backward.
     pub compute: Part,
+    /// Copying gradients off the device into push buffers.
+    pub gather: Part,
     /// Pushing gradients.
     pub push: Part,
     /// Pulls held until their version existed.
@@ -99,9 +123,10 @@ pub struct TimeSplit {
 
 impl TimeSplit {
     /// The parts in order, named.
-    pub fn parts(&self) -> [(&'static str, Part); 6] {
+    pub fn parts(&self) -> [(&'static str, Part); 7] {
         [
             ("compute", self.compute),
+            ("gather", self.gather),
             ("push", self.push),
             ("wait", self.wait),
             ("pull", self.pull),
@@ -121,15 +146,17 @@ mod tests {
     fn the_parts_and_the_rest_add_up_to_the_wall_time() {
         let mut times = StepTimes {
             compute: 30 * MS,
+            gather: 3 * MS,
             push: 10 * MS,
             apply: 5 * MS,
             ..StepTimes::default()
         };
         times.pulled(40 * MS, 25 * MS);
         let split = times.split(100 * MS);
+        assert!((split.gather.seconds - 0.003).abs() < 1e-9);
         assert!((split.wait.seconds - 0.025).abs() < 1e-9);
         assert!((split.pull.seconds - 0.015).abs() < 1e-9);
-        assert!((split.other.seconds - 0.015).abs() < 1e-9);
+        assert!((split.other.seconds - 0.012).abs() < 1e-9);
         let shares: f64 = split.parts().iter().map(|(_, p)| p.share).sum();
         assert!((shares - 1.0).abs() < 1e-9, "{split:?}");
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Tensor, Var};
+use candle_core::{Tensor, Var};
 use candle_nn::VarMap;
 use ps_proto::codec;
 use ps_proto::ids::{Step, Version};
@@ -25,9 +25,11 @@ use ps_proto::v1;
 
 use ps_client::placement::ParamInfo;
 use ps_client::{
-    ClientConfig, ClientError, GroupInfo, LocalCopy, PsClient, PulledParam, Recovery, RepairBudget,
+    Action, ClientConfig, ClientError, GroupInfo, LocalCopy, Outcome, PsClient, PulledParam,
+    Recovering, RepairBudget,
 };
 
+use crate::host_copy::CopyPlan;
 use crate::step_time::StepTimes;
 
 /// Why a training step failed.
@@ -58,6 +60,10 @@ pub struct PsTrainer {
     /// into the `Var`: its pages are faulted in and zeroed each time (a
     /// bert-base pull ran at half the speed).
     pulled: BTreeMap<String, PulledParam>,
+    /// How tensors cross between the model's device and the host.
+    copy_plan: CopyPlan,
+    /// The host buffer a joined copy gathers pulled values in, reused every step.
+    staging: Vec<f32>,
 }
 
 impl PsTrainer {
@@ -105,6 +111,7 @@ impl PsTrainer {
             })
             .collect();
         client.place(&infos).await?;
+        let copy_plan = copy_plan(&vars);
         let mut trainer = Self {
             client,
             vars,
@@ -116,6 +123,8 @@ impl PsTrainer {
             repairs: 0,
             pulled: BTreeMap::new(),
             created: false,
+            copy_plan,
+            staging: Vec::new(),
         };
         trainer.created = trainer.register_initial().await?;
         let version = trainer.load(Version(0)).await?;
@@ -197,29 +206,47 @@ impl PsTrainer {
     /// # Errors
     /// [`TrainerError`] from candle or the servers.
     pub async fn apply_gradients(&mut self, grads: &GradStore) -> Result<(), TrainerError> {
-        let mut pushed = Vec::with_capacity(self.vars.len());
-        for (name, var) in &self.vars {
-            let bytes = match grads.get(var.as_tensor()) {
-                Some(grad) => tensor_bytes(grad)?,
-                None => tensor_bytes(&var.as_tensor().zeros_like()?)?,
-            };
-            pushed.push((name.clone(), bytes));
-        }
+        let gathering = Instant::now();
+        let pushed = self.gradients(grads)?;
+        self.times.gather += gathering.elapsed();
         let wait_for = self.group.consistency.version_after(self.step);
-        let mut budget = RepairBudget::default();
+        let mut recovering = Recovering::step_of_group(RepairBudget::default());
         loop {
-            match self.push_and_load(&pushed, wait_for).await {
+            let error = match self.push_and_load(&pushed, wait_for).await {
                 Ok(()) => {
                     self.step = self.step.next();
                     return Ok(());
                 }
-                Err(TrainerError::Client(error)) => match error.recovery(self.step) {
-                    Recovery::Rejoin { step } => return self.join_at(step).await,
-                    _ => self.recover(error, &mut budget).await?,
-                },
+                Err(TrainerError::Client(error)) => error,
                 Err(error) => return Err(error),
+            };
+            if let Some(step) = self.recover(&mut recovering, error).await? {
+                return self.join_at(step).await;
             }
         }
+    }
+
+    /// Every variable's gradient (zeros for one without) as host bytes, by name.
+    fn gradients(&self, grads: &GradStore) -> Result<Vec<(String, Bytes)>, TrainerError> {
+        let tensors = self
+            .vars
+            .iter()
+            .map(|(_, var)| match grads.get(var.as_tensor()) {
+                Some(grad) => Ok(grad.clone()),
+                None => var.as_tensor().zeros_like(),
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        self.named(self.copy_plan.to_host(&tensors)?)
+    }
+
+    /// `bytes[i]` named after variable `i`.
+    fn named(&self, bytes: Vec<Bytes>) -> Result<Vec<(String, Bytes)>, TrainerError> {
+        Ok(self
+            .vars
+            .iter()
+            .map(|(name, _)| name.clone())
+            .zip(bytes)
+            .collect())
     }
 
     /// The group completed this worker's step without it (the worker was declared
@@ -264,21 +291,28 @@ impl PsTrainer {
         self.load(Version(0)).await
     }
 
-    /// After a failed attempt: has the client repair placement with this
-    /// worker's copy of the values (see `ps_client::repair`), so the attempt can
-    /// be repeated; the error when no repair can help.
+    /// After `error` failed an attempt: what `recovering` decides. Placement
+    /// is repaired with this worker's copy of the values (`ps_client::repair`)
+    /// until the attempt can be repeated (`None`); a step's recovery may name
+    /// the group's step to rejoin at instead. The error when nothing can help.
     async fn recover(
         &mut self,
+        recovering: &mut Recovering,
         error: ClientError,
-        budget: &mut RepairBudget,
-    ) -> Result<(), TrainerError> {
-        if !error.recovery(self.step).is_repairable() {
-            return Err(error.into());
+    ) -> Result<Option<Step>, TrainerError> {
+        match recovering.step(Outcome::Failed(error.recovery(self.step))) {
+            Some(Action::Repair(repair)) => {
+                let copy = self.local_copy()?;
+                self.repairs += 1;
+                let step = self.step;
+                self.client
+                    .recover(recovering, repair, error, step, &copy)
+                    .await?;
+                Ok(None)
+            }
+            Some(Action::Rejoin(step)) => Ok(Some(step)),
+            Some(Action::Attempt | Action::Done) | None => Err(error.into()),
         }
-        let copy = self.local_copy()?;
-        self.repairs += 1;
-        self.client.recover(error, self.step, budget, &copy).await?;
-        Ok(())
     }
 
     /// Registers every variable with its initial values (placement repaired on the
@@ -286,21 +320,24 @@ impl PsTrainer {
     /// ones taken.
     async fn register_initial(&mut self) -> Result<bool, TrainerError> {
         let initial = self.copy()?;
-        let mut budget = RepairBudget::default();
+        // An operation's recovery never rejoins: it repairs or gives up.
+        let mut recovering = Recovering::operation(RepairBudget::default());
         loop {
             match self.client.register(&initial, &self.optimizer).await {
                 Ok(created) => return Ok(created),
-                Err(error) => self.recover(error, &mut budget).await?,
-            }
+                Err(error) => self.recover(&mut recovering, error).await?,
+            };
         }
     }
 
     /// This worker's values of every variable, by name.
     fn copy(&self) -> Result<Vec<(String, Bytes)>, TrainerError> {
-        self.vars
+        let values: Vec<Tensor> = self
+            .vars
             .iter()
-            .map(|(name, var)| Ok((name.clone(), tensor_bytes(var.as_tensor())?)))
-            .collect()
+            .map(|(_, v)| v.as_tensor().clone())
+            .collect();
+        self.named(self.copy_plan.to_host(&values)?)
     }
 
     /// This worker's copy of every variable at the version it holds, for servers
@@ -316,13 +353,14 @@ impl PsTrainer {
     /// Pulls every variable at `min_version` or later into the `Var`s, repairing
     /// placement on the way when needed; returns the lowest version received.
     async fn load(&mut self, min_version: Version) -> Result<Version, TrainerError> {
-        let mut budget = RepairBudget::default();
+        // An operation's recovery never rejoins: it repairs or gives up.
+        let mut recovering = Recovering::operation(RepairBudget::default());
         loop {
             match self.load_once(min_version).await {
                 Ok(version) => return Ok(version),
-                Err(TrainerError::Client(error)) => self.recover(error, &mut budget).await?,
+                Err(TrainerError::Client(error)) => self.recover(&mut recovering, error).await?,
                 Err(error) => return Err(error),
-            }
+            };
         }
     }
 
@@ -331,17 +369,23 @@ impl PsTrainer {
         let waited = self.client.pull_into(min_version, &mut self.pulled).await?;
         self.times.pulled(pulling.elapsed(), waited);
         let applying = Instant::now();
-        let mut version = Version(u64::MAX);
-        for (name, var) in &self.vars {
-            let PulledParam { values, version: v } = self
-                .pulled
-                .get(name)
-                .expect("the client pulls every placed variable");
-            let tensor =
-                Tensor::from_slice(values, var.shape(), var.device())?.to_dtype(var.dtype())?;
-            var.set(&tensor)?;
-            version = version.min(*v);
-        }
+        let pulled: Vec<&PulledParam> = self
+            .vars
+            .iter()
+            .map(|(name, _)| {
+                self.pulled
+                    .get(name)
+                    .expect("the client pulls every placed variable")
+            })
+            .collect();
+        let vars: Vec<&Var> = self.vars.iter().map(|(_, var)| var).collect();
+        let values: Vec<&[f32]> = pulled.iter().map(|p| p.values.as_slice()).collect();
+        self.copy_plan.to_vars(&vars, &values, &mut self.staging)?;
+        let version = pulled
+            .iter()
+            .map(|p| p.version)
+            .min()
+            .unwrap_or(Version(u64::MAX));
         self.times.apply += applying.elapsed();
         self.loaded = if version == Version(u64::MAX) {
             Version(0)
@@ -352,23 +396,12 @@ impl PsTrainer {
     }
 }
 
-/// A tensor's elements as little-endian `f32` bytes; on little-endian hosts the
-/// buffer candle copies out is handed over without another copy.
-fn tensor_bytes(tensor: &Tensor) -> Result<Bytes, candle_core::Error> {
-    let values: Vec<f32> = tensor.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
-    if cfg!(target_endian = "little") {
-        Ok(Bytes::from_owner(F32Buffer(values)))
-    } else {
-        Ok(codec::encode_f32(codec::DType::F32, &values))
-    }
-}
-
-struct F32Buffer(Vec<f32>);
-
-impl AsRef<[u8]> for F32Buffer {
-    fn as_ref(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.0)
-    }
+/// How the variables' tensors cross to the host: by their device (the CPU's
+/// plan when there are none).
+fn copy_plan(vars: &[(String, Var)]) -> CopyPlan {
+    vars.first().map_or(CopyPlan::PerTensor, |(_, var)| {
+        CopyPlan::for_device(var.device())
+    })
 }
 
 /// A token unique to this process, so that a retried `JoinGroup` keeps its rank.

@@ -1,0 +1,105 @@
+//! `scripts/gpu.sh`, as far as a machine with no GPU can take it: it refuses
+//! clearly without its SDK or its carried programs, and its run's checks (a–d of
+//! docs/gpu.md) pass through the same script with `--dry-run`, the CPU programs
+//! standing in for the CUDA worker.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ps_tests::binary;
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu.sh")
+}
+
+fn gpu_sh(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut command = Command::new("bash");
+    command.arg(script()).args(args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().expect("run bash scripts/gpu.sh")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn without_the_sdk_cargo_is_refused_and_the_sdk_command_named() {
+    let empty = tempfile::tempdir().unwrap();
+    let output = gpu_sh(&["cargo", "build"], &[("PS_CUDA_SDK", empty.path())]);
+    assert!(!output.status.success());
+    let said = stderr(&output);
+    assert!(
+        said.contains("no CUDA SDK under") && said.contains("`scripts/gpu.sh sdk`"),
+        "{said}"
+    );
+}
+
+#[test]
+fn without_the_carried_programs_the_run_names_the_build() {
+    let empty = tempfile::tempdir().unwrap();
+    let output = gpu_sh(&["run"], &[("PS_GPU_CARRY", empty.path())]);
+    assert!(!output.status.success());
+    let said = stderr(&output);
+    assert!(said.contains("`scripts/gpu.sh build`"), "{said}");
+}
+
+#[test]
+fn an_unknown_command_or_flag_is_refused() {
+    let output = gpu_sh(&["deploy"], &[]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr(&output).contains("scripts/gpu.sh build"));
+    let output = gpu_sh(&["run", "--fast"], &[]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("unknown flag --fast"));
+}
+
+/// The run's checks on the CPU programs: digits on the "device" against the CPU,
+/// the large MLP's steps/s and time split, two workers and two servers under BSP
+/// ending with equal parameters, and the copies' share of the step.
+#[test]
+fn the_dry_run_makes_every_check_and_writes_its_figures() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no python3 here to run scripts/gpu_run.py");
+        return;
+    }
+    let worker = binary("ps-worker");
+    binary("ps-server");
+    let programs = worker.parent().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let output = gpu_sh(
+        &["run", "--dry-run", "--quick"],
+        &[("PS_GPU_PROGRAMS", programs), ("OUT", out.path())],
+    );
+    let said = stderr(&output);
+    assert!(output.status.success(), "{said}");
+    let text = std::fs::read_to_string(out.path().join("gpu.json")).expect("gpu.json");
+    let figures: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(figures["device"], "cpu", "{figures}");
+    assert_eq!(figures["failures"], serde_json::json!([]), "{figures}");
+    let checks = &figures["checks"];
+    let digits = &checks["a_digits"];
+    assert!(digits["gap"].as_f64().unwrap() <= 0.02, "{digits}");
+    assert!(
+        digits["device_accuracy"].as_f64().unwrap() > 0.8,
+        "{digits}"
+    );
+    let mlp = &checks["b_large_mlp"];
+    for field in ["device_steps_per_second", "cpu_steps_per_second", "speedup"] {
+        assert!(mlp[field].as_f64().unwrap() > 0.0, "{field}: {mlp}");
+    }
+    assert!(
+        mlp["device_time_split"]["gather"]["seconds"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    let pair = &checks["c_bsp_pair"];
+    assert_eq!(pair["equal"], true, "{pair}");
+    assert_eq!(pair["steps"][0], pair["steps"][1], "{pair}");
+    let copies = &checks["d_device_copies"];
+    let share = copies["copies_share"].as_f64().unwrap();
+    assert!(share > 0.0 && share < 1.0, "{copies}");
+}

@@ -1,0 +1,199 @@
+//! Moving a step's tensors between the model's device and the host buffers the
+//! client sends and receives.
+//!
+//! On the CPU each tensor is copied once into its own buffer, which is already
+//! the least copying there is. On a GPU every copy between device and host is a
+//! transfer with a fixed cost of its own, so a step's gradients are first joined
+//! on the device and come off it in **one** transfer, and the pulled values go
+//! onto it in one transfer and are split there ([`CopyPlan::Joined`]).
+
+use bytes::Bytes;
+use candle_core::{DType, Device, Tensor, Var};
+use ps_proto::codec;
+
+/// How a step's tensors cross between device and host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyPlan {
+    /// One copy per tensor (the CPU: the host is the device).
+    PerTensor,
+    /// All tensors joined on the device and moved in one transfer.
+    Joined,
+}
+
+impl CopyPlan {
+    /// [`CopyPlan::PerTensor`] on the CPU, [`CopyPlan::Joined`] on any other device.
+    pub fn for_device(device: &Device) -> Self {
+        if device.is_cpu() {
+            Self::PerTensor
+        } else {
+            Self::Joined
+        }
+    }
+
+    /// Each tensor's elements as little-endian `f32` bytes, in order.
+    ///
+    /// # Errors
+    /// candle's, when a tensor cannot be read.
+    pub fn to_host(self, tensors: &[Tensor]) -> candle_core::Result<Vec<Bytes>> {
+        match self {
+            Self::PerTensor => tensors.iter().map(tensor_bytes).collect(),
+            Self::Joined => joined_to_host(tensors),
+        }
+    }
+
+    /// Writes `values[i]` (row-major `f32`) into `vars[i]`, on the variable's
+    /// device and in its dtype. `staging` is the host buffer the joined plan
+    /// gathers the values in; it is kept by the caller and reused every step.
+    ///
+    /// # Errors
+    /// candle's, when a length does not match a variable's shape.
+    pub fn to_vars(
+        self,
+        vars: &[&Var],
+        values: &[&[f32]],
+        staging: &mut Vec<f32>,
+    ) -> candle_core::Result<()> {
+        match (self, vars.first()) {
+            (Self::Joined, Some(first)) => joined_to_vars(first.device(), vars, values, staging),
+            _ => vars.iter().zip(values).try_for_each(|(var, values)| {
+                let tensor = Tensor::from_slice(values, var.shape(), var.device())?;
+                var.set(&tensor.to_dtype(var.dtype())?)
+            }),
+        }
+    }
+}
+
+/// One `f32` copy of every tensor joined on its device, then one transfer to the
+/// host; the buffers handed back are slices of that one buffer.
+fn joined_to_host(tensors: &[Tensor]) -> candle_core::Result<Vec<Bytes>> {
+    let flat = tensors
+        .iter()
+        .map(|t| t.flatten_all()?.to_dtype(DType::F32))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    if flat.is_empty() {
+        return Ok(Vec::new());
+    }
+    let all = f32_bytes(Tensor::cat(&flat, 0)?.to_vec1()?);
+    let mut start = 0;
+    Ok(flat
+        .iter()
+        .map(|t| {
+            let end = start + t.elem_count() * 4;
+            let bytes = all.slice(start..end);
+            start = end;
+            bytes
+        })
+        .collect())
+}
+
+/// The values gathered into `staging`, one transfer onto `device`, then each
+/// variable's part narrowed and written on the device.
+fn joined_to_vars(
+    device: &Device,
+    vars: &[&Var],
+    values: &[&[f32]],
+    staging: &mut Vec<f32>,
+) -> candle_core::Result<()> {
+    staging.clear();
+    for v in values {
+        staging.extend_from_slice(v);
+    }
+    let all = Tensor::from_slice(staging, staging.len(), device)?;
+    let mut start = 0;
+    for (var, v) in vars.iter().zip(values) {
+        let part = all.narrow(0, start, v.len())?.reshape(var.shape())?;
+        var.set(&part.to_dtype(var.dtype())?)?;
+        start += v.len();
+    }
+    Ok(())
+}
+
+/// A tensor's elements as little-endian `f32` bytes; on little-endian hosts the
+/// buffer candle copies out is handed over without another copy.
+pub(crate) fn tensor_bytes(tensor: &Tensor) -> candle_core::Result<Bytes> {
+    Ok(f32_bytes(
+        tensor.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?,
+    ))
+}
+
+fn f32_bytes(values: Vec<f32>) -> Bytes {
+    if cfg!(target_endian = "little") {
+        Bytes::from_owner(F32Buffer(values))
+    } else {
+        codec::encode_f32(codec::DType::F32, &values)
+    }
+}
+
+struct F32Buffer(Vec<f32>);
+
+impl AsRef<[u8]> for F32Buffer {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensors() -> Vec<Tensor> {
+        let a = Tensor::arange(0f32, 6.0, &Device::Cpu)
+            .unwrap()
+            .reshape((2, 3))
+            .unwrap();
+        let b = Tensor::new(&[-1.5f32, 2.25], &Device::Cpu).unwrap();
+        let c = Tensor::new(&[[7f64]], &Device::Cpu).unwrap();
+        vec![a, b, c]
+    }
+
+    #[test]
+    fn the_joined_plan_hands_back_what_one_copy_per_tensor_does() {
+        let per_tensor = CopyPlan::PerTensor.to_host(&tensors()).unwrap();
+        let joined = CopyPlan::Joined.to_host(&tensors()).unwrap();
+        assert_eq!(per_tensor, joined);
+        let second: Vec<f32> = joined[1]
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(second, [-1.5, 2.25]);
+        assert_eq!(joined[2].len(), 4, "the f64 tensor goes out as one f32");
+        assert!(CopyPlan::Joined.to_host(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn both_plans_write_each_variable_its_own_values() {
+        for plan in [CopyPlan::PerTensor, CopyPlan::Joined] {
+            let a = Var::zeros((2, 2), DType::F32, &Device::Cpu).unwrap();
+            let b = Var::zeros(3, DType::F64, &Device::Cpu).unwrap();
+            let mut staging = vec![9.0; 100];
+            plan.to_vars(
+                &[&a, &b],
+                &[&[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0]],
+                &mut staging,
+            )
+            .unwrap();
+            assert_eq!(
+                a.as_tensor().to_vec2::<f32>().unwrap(),
+                [[1.0, 2.0], [3.0, 4.0]]
+            );
+            assert_eq!(b.as_tensor().to_vec1::<f64>().unwrap(), [5.0, 6.0, 7.0]);
+            assert_eq!(b.dtype(), DType::F64);
+        }
+    }
+
+    #[test]
+    fn a_length_that_does_not_fit_the_variable_is_an_error() {
+        for plan in [CopyPlan::PerTensor, CopyPlan::Joined] {
+            let a = Var::zeros((2, 2), DType::F32, &Device::Cpu).unwrap();
+            assert!(
+                plan.to_vars(&[&a], &[&[1.0, 2.0]], &mut Vec::new())
+                    .is_err()
+            );
+        }
+    }
+
+    #[test]
+    fn the_cpu_copies_per_tensor() {
+        assert_eq!(CopyPlan::for_device(&Device::Cpu), CopyPlan::PerTensor);
+    }
+}
