@@ -217,6 +217,11 @@ async fn optimizer_state_param_versions_and_checkpoint_times_are_exposed() {
             32.0,
         ),
         ("candle_ps_server_checkpoint_duration_seconds_count", 1.0),
+        // Every method's answers are counted by the access layer, these too.
+        (
+            r#"candle_ps_server_requests_total{rpc="Checkpoint",code="OK"}"#,
+            1.0,
+        ),
     ] {
         assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
     }
