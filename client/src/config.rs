@@ -14,6 +14,46 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Requests a push or pull keeps in flight to one server, by default.
 pub const DEFAULT_REQUESTS_PER_SERVER: usize = 4;
 
+/// Pushes and pulls of this many bytes or more go to `PushStream` and
+/// `PullStream` in chunks; smaller ones to the unary `Push` and `Pull`, whose
+/// fixed cost is lower. Both are sent framed, their tensor bytes never copied
+/// on the way (`framed.rs`).
+pub(crate) const FRAMED_FROM_BYTES: usize = 64 << 10;
+
+/// The smallest group of keys sent as a request of its own: below this, a
+/// request's fixed cost outweighs what overlapping it with another saves.
+pub(crate) const MIN_GROUP_BYTES: usize = 1 << 20;
+
+/// When a request goes as one unary message and when as a stream of chunks:
+/// the client's size rules in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SizeRules {
+    /// The most tensor bytes one message may carry (the transport's limit, less
+    /// the message's own overhead).
+    payload_limit: usize,
+}
+
+impl SizeRules {
+    /// The rules for `config`'s transport.
+    pub(crate) fn of(config: &ClientConfig) -> Self {
+        Self {
+            payload_limit: config.transport.payload_limit(),
+        }
+    }
+
+    /// A registration goes unary whenever one message can carry it: it is
+    /// made once, so only the message limit matters.
+    pub(crate) fn register_is_unary(self, bytes: usize) -> bool {
+        bytes <= self.payload_limit
+    }
+
+    /// A push or pull goes unary below [`FRAMED_FROM_BYTES`], when one message
+    /// can carry it.
+    pub(crate) fn transfer_is_unary(self, bytes: usize) -> bool {
+        bytes < FRAMED_FROM_BYTES && bytes <= self.payload_limit
+    }
+}
+
 /// How a client reaches the parameter servers.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -54,5 +94,23 @@ impl ClientConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             scheduler: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registration_is_unary_up_to_the_payload_limit_and_a_transfer_below_64_kib() {
+        let small = SizeRules {
+            payload_limit: 1000,
+        };
+        assert!(small.register_is_unary(1000) && !small.register_is_unary(1001));
+        assert!(small.transfer_is_unary(1000) && !small.transfer_is_unary(1001));
+        let large = SizeRules::of(&ClientConfig::new(Vec::new()));
+        assert!(large.register_is_unary(FRAMED_FROM_BYTES));
+        assert!(large.transfer_is_unary(FRAMED_FROM_BYTES - 1));
+        assert!(!large.transfer_is_unary(FRAMED_FROM_BYTES));
     }
 }

@@ -143,9 +143,8 @@ impl ClientError {
     pub fn recovery(&self, step: Step) -> Recovery {
         if let Some(key_version) = self.key_version() {
             return if key_version.get() > step.get() {
-                // Version v holds steps 0..v: the group is at step v.
                 Recovery::Rejoin {
-                    step: Step(key_version.get()),
+                    step: key_version.next_step(),
                 }
             } else {
                 Recovery::Repair(Repair::KeyBehind {

@@ -183,7 +183,8 @@ impl Placement {
     }
 
     /// Bytes each server holds.
-    pub fn bytes_per_server(&self) -> Vec<usize> {
+    #[cfg(test)]
+    fn bytes_per_server(&self) -> Vec<usize> {
         let mut load = vec![0; self.servers];
         for placed in self.params.values() {
             for part in &placed.parts {

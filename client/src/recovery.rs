@@ -113,6 +113,9 @@ mod tests {
     });
     const REJOIN: Recovery = Recovery::Rejoin { step: Step(9) };
 
+    /// A named sequence: its budget, the outcomes fed in, the actions asked for.
+    type Case = (&'static str, usize, Vec<Outcome>, Vec<Option<Action>>);
+
     /// The actions a step's recovery with `budget` repairs asks for, given
     /// `outcomes` of each in turn (`None`: give up).
     fn run(budget: usize, outcomes: &[Outcome]) -> Vec<Option<Action>> {
@@ -132,7 +135,7 @@ mod tests {
             Recovery::Repair(repair) => Some(Action::Repair(repair)),
             other => panic!("{other:?} is not repaired"),
         };
-        let table: Vec<(&str, usize, Vec<Outcome>, Vec<Option<Action>>)> = vec![
+        let table: Vec<Case> = vec![
             ("first try", 5, vec![Succeeded], vec![attempt, done]),
             (
                 "map moved",

@@ -1,8 +1,7 @@
 //! [`Shards`]: the parameter servers a client routes to, where each parameter's
 //! parts live on them, and the shard-map version it routes by; with the fan-out
-//! of register, push and pull to every server at once: a request of less than
-//! `FRAMED_FROM_BYTES` (64 KiB) as one unary call, a larger one streamed in
-//! chunks. A push or pull sends each server's
+//! of register, push and pull to every server at once, each request unary or
+//! streamed in chunks by the size rules of `config.rs` ([`SizeRules`]). A push or pull sends each server's
 //! keys as a few concurrent requests of similar size, so that no stage waits
 //! for the whole of the one before.
 
@@ -26,7 +25,7 @@ use tonic::Status;
 use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 
-use crate::config::ClientConfig;
+use crate::config::{ClientConfig, MIN_GROUP_BYTES, SizeRules};
 use crate::error::{ClientError, Rpc, settled};
 use crate::fan_out::all_or_first_error;
 use crate::framed::{FramedAnswer, start_framed};
@@ -36,16 +35,6 @@ use crate::wire::{
     MalformedReply, PartData, PartSink, PulledParam, cut_into_parts, register_chunks, spec_of,
     tensor_chunks, tensor_of, write_pull_chunk, write_pulled,
 };
-
-/// Pushes and pulls of this many bytes or more go to `PushStream` and
-/// `PullStream` in chunks; smaller ones to the unary `Push` and `Pull`, whose
-/// fixed cost is lower. Both are sent framed, their tensor bytes never copied
-/// on the way ([`crate::framed`]).
-const FRAMED_FROM_BYTES: usize = 64 << 10;
-
-/// The smallest group of keys sent as a request of its own: below this, a
-/// request's fixed cost outweighs what overlapping it with another saves.
-const MIN_GROUP_BYTES: usize = 1 << 20;
 
 /// `items`, in order, cut into runs of at least `total / groups` bytes (and at
 /// least [`MIN_GROUP_BYTES`], but for the last run): about `groups` runs, one
@@ -194,10 +183,7 @@ pub(crate) struct Shards {
     retry: RetryPolicy,
     chunk_bytes: usize,
     requests_per_server: usize,
-    /// Registrations of more bytes go as streams.
-    unary_limit: usize,
-    /// Pushes and pulls of fewer bytes go unary; the rest as framed streams.
-    unary_below: usize,
+    sizes: SizeRules,
     pull_timeout: Duration,
 }
 
@@ -211,8 +197,7 @@ impl Shards {
             retry: config.retry,
             chunk_bytes: config.chunk_bytes,
             requests_per_server: config.requests_per_server,
-            unary_limit: config.transport.payload_limit(),
-            unary_below: FRAMED_FROM_BYTES.min(config.transport.payload_limit() + 1),
+            sizes: SizeRules::of(config),
             pull_timeout: config.pull_timeout,
         }
     }
@@ -311,7 +296,7 @@ impl Shards {
         restore_version: Version,
     ) -> Result<bool, ClientError> {
         let bytes: usize = inits.iter().map(|(_, data)| data.len()).sum();
-        let response = if bytes <= self.unary_limit {
+        let response = if self.sizes.register_is_unary(bytes) {
             let params: Vec<_> = inits
                 .into_iter()
                 .map(|(spec, initial)| v1::ParameterInit {
@@ -385,7 +370,7 @@ impl Shards {
         // Small pushes are one unary message; larger ones stream their chunks,
         // the server reserving room for `bytes` before it reads any. Both go
         // out as HTTP/2 frames written here, the last marked as the end.
-        let (what, path, metadata, pieces) = if bytes < self.unary_below {
+        let (what, path, metadata, pieces) = if self.sizes.transfer_is_unary(bytes) {
             let request = v1::PushRequest {
                 map_version: self.map_version.get(),
                 worker_id: worker.get(),
@@ -499,7 +484,7 @@ impl Shards {
         };
         // Small pulls are answered in one message; larger ones as a stream of
         // chunks, each written into its sink as it arrives.
-        let unary = bytes < self.unary_below;
+        let unary = self.sizes.transfer_is_unary(bytes);
         let (what, path) = if unary {
             (Rpc::Pull, PULL_PATH)
         } else {

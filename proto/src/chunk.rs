@@ -409,7 +409,7 @@ pub fn to_wire_chunks(
     data: &Bytes,
     chunk_bytes: usize,
 ) -> Vec<v1::TensorChunk> {
-    let shape: Vec<u64> = header.shape.iter().map(|&d| d as u64).collect();
+    let shape = crate::codec::wire_shape(&header.shape);
     split(header, data, chunk_bytes)
         .into_iter()
         .map(|(offset, data)| v1::TensorChunk {

@@ -90,6 +90,18 @@ impl Version {
         Self(step.0 + 1)
     }
 
+    /// The version that holds steps `0..step`: the one a worker whose next
+    /// step is `step` has loaded.
+    pub const fn before(step: Step) -> Self {
+        Self(step.0)
+    }
+
+    /// The step a worker that loaded this version pushes next: version `v`
+    /// holds steps `0..v`, so the group is at step `v`.
+    pub const fn next_step(self) -> Step {
+        Step(self.0)
+    }
+
     /// The step whose completion gave this version (`None` at version 0).
     pub const fn last_step(self) -> Option<Step> {
         match self.0.checked_sub(1) {
@@ -107,6 +119,13 @@ impl MapVersion {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_version_holds_the_steps_before_it() {
+        assert_eq!(Version::before(Step(4)).next_step(), Step(4));
+        assert_eq!(Version::after(Step(4)), Version::before(Step(5)));
+        assert_eq!(Version::after(Step(4)).last_step(), Some(Step(4)));
+    }
 
     #[test]
     fn display_is_the_plain_integer_so_messages_read_as_before() {

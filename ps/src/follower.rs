@@ -17,7 +17,7 @@ use ps_proto::v1::scheduler_client::SchedulerClient;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-use crate::store::Store;
+use crate::store::{PushLoad, Store};
 
 /// Where the scheduler is and how this shard is reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +64,8 @@ struct Follower {
     interval: Duration,
     map_version: u64,
     reachable: bool,
-    job_done: CancellationToken,
+    /// Cancelled by the shard's shutdown, and by this follower when the job is done.
+    shutdown: CancellationToken,
 }
 
 impl Follower {
@@ -89,7 +90,7 @@ impl Follower {
             }
         };
         let node = Some(v1::heartbeat_request::Node::ServerId(server_id));
-        let (pushes, push_bytes) = self.store.push_load();
+        let PushLoad { pushes, push_bytes } = self.store.push_load();
         let version = match self
             .client
             .heartbeat(v1::HeartbeatRequest {
@@ -106,7 +107,7 @@ impl Follower {
                     server_id,
                     "the scheduler says every worker has finished: shutting down"
                 );
-                self.job_done.cancel();
+                self.shutdown.cancel();
                 return Ok(());
             }
             Ok(response) => response.into_inner().map_version,
@@ -167,8 +168,9 @@ impl Follower {
     }
 }
 
-/// Follows the scheduler until `stop` is cancelled; cancels `job_done` when the
-/// scheduler says every worker has finished and it is exiting.
+/// Follows the scheduler until `shutdown` is cancelled; cancels it itself when
+/// the scheduler says every worker has finished and it is exiting, which begins
+/// the shard's shutdown.
 ///
 /// # Errors
 /// Only when the scheduler address is not a valid URI; an unreachable scheduler is
@@ -177,8 +179,7 @@ pub async fn follow(
     link: SchedulerLink,
     transport: TransportConfig,
     store: Arc<Store>,
-    stop: CancellationToken,
-    job_done: CancellationToken,
+    shutdown: CancellationToken,
 ) -> Result<(), tonic::transport::Error> {
     let channel = transport
         .endpoint(http_uri(&link.scheduler))?
@@ -193,7 +194,7 @@ pub async fn follow(
         interval: Duration::from_millis(500),
         map_version: 0,
         reachable: true,
-        job_done,
+        shutdown: shutdown.clone(),
     };
     loop {
         match follower.beat().await {
@@ -210,7 +211,7 @@ pub async fn follow(
         }
         let store = Arc::clone(&follower.store);
         tokio::select! {
-            () = stop.cancelled() => break,
+            () = shutdown.cancelled() => break,
             () = tokio::time::sleep(follower.interval) => {}
             () = store.map().wanted() => {}
         }

@@ -74,13 +74,31 @@ pub(crate) struct Adam {
     pub scale: f32,
 }
 
+/// Adam(W)'s hyper-parameters, as `OptimizerSpec::Adam` holds them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AdamParams {
+    /// Learning rate.
+    pub lr: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Denominator term.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+}
+
 impl Adam {
     /// The coefficients of update number `t` (from 1).
-    pub(crate) fn new(
-        (lr, beta1, beta2, eps, weight_decay): (f64, f64, f64, f64, f64),
-        t: i32,
-        scale: f32,
-    ) -> Self {
+    pub(crate) fn new(params: AdamParams, t: i32, scale: f32) -> Self {
+        let AdamParams {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = params;
         Self {
             lr,
             decay: 1.0 - lr * weight_decay,

@@ -347,11 +347,6 @@ impl Optimizer {
         })
     }
 
-    /// The hyper-parameters.
-    pub fn spec(&self) -> &OptimizerSpec {
-        &self.spec
-    }
-
     /// Bytes of optimizer state.
     pub fn state_bytes(&self) -> usize {
         (self.first.len() + self.second.len()) * std::mem::size_of::<f32>()
@@ -405,7 +400,14 @@ impl Optimizer {
                 weight_decay,
             } => {
                 let t = i32::try_from(self.updates).unwrap_or(i32::MAX);
-                let k = kernels::Adam::new((lr, beta1, beta2, eps, weight_decay), t, scale);
+                let params = kernels::AdamParams {
+                    lr,
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                };
+                let k = kernels::Adam::new(params, t, scale);
                 Kernel::Adam(k)
             }
         }

@@ -244,11 +244,6 @@ impl KeyState {
         self.version
     }
 
-    /// Bytes held: values, optimizer state, accumulator and pull snapshot.
-    pub fn bytes(&self) -> usize {
-        self.held().total()
-    }
-
     /// Bytes held, by what they hold.
     pub fn held(&self) -> HeldBytes {
         let f32_bytes = std::mem::size_of::<f32>();

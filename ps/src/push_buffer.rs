@@ -71,12 +71,14 @@ impl PushBuffer {
     }
 
     /// The buffer's size in bytes.
-    pub fn capacity(&self) -> usize {
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
         self.units as usize * UNIT
     }
 
     /// Bytes not reserved now.
-    pub fn free(&self) -> usize {
+    #[cfg(test)]
+    fn free(&self) -> usize {
         self.room.available_permits() * UNIT
     }
 

@@ -37,6 +37,11 @@ pub async fn run(
 
 /// [`run`], also serving Prometheus metrics (`GET /metrics`) on `metrics`.
 ///
+/// Two signals order the shutdown: `shutdown_begun` (the caller's `shutdown`
+/// resolved, or the scheduler said the job is done) ends waiting pulls and
+/// starts the grace period; `stopped` (serving ended) stops the background
+/// tasks.
+///
 /// # Errors
 /// As [`run`].
 pub async fn run_with_metrics(
@@ -52,30 +57,103 @@ pub async fn run_with_metrics(
             .map_err(|error| ServeError::Config(format!("--scheduler: {error}")))?;
     }
     let addr = listener.local_addr()?;
-    let stop_waits = CancellationToken::new();
-    let mut store = Store::new(config.store_rules(), stop_waits.clone());
-    if let Some(checkpoint) = &config.checkpoint {
-        store = store.with_archive(&checkpoint.root);
-    }
-    let store = Arc::new(store);
-    let checkpointer = config.checkpoint.clone().map(|checkpoint| {
-        tracing::info!(dir = %checkpoint.dir().display(), every_steps = checkpoint.every_steps, every = ?checkpoint.every, "checkpoints on");
-        Arc::new(Checkpointer::new(Arc::clone(&store), checkpoint))
-    });
-    let checkpoints_stop = CancellationToken::new();
-    let checkpointing = checkpointer
-        .clone()
-        .map(|c| tokio::spawn(c.run(checkpoints_stop.clone())));
-    let job_done = CancellationToken::new();
+    let shutdown_begun = CancellationToken::new();
+    let stopped = CancellationToken::new();
+    let store = open_store(&config, &shutdown_begun);
+    let checkpointer = start_checkpoints(&config, &store, &stopped);
     let follower = config.scheduler.clone().map(|link| {
-        let (store, stop) = (Arc::clone(&store), stop_waits.clone());
-        let transport = config.transport.clone();
-        tokio::spawn(follow(link, transport, store, stop, job_done.clone()))
+        let (store, transport) = (Arc::clone(&store), config.transport.clone());
+        tokio::spawn(follow(link, transport, store, shutdown_begun.clone()))
     });
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<ParameterServerServer<ParameterService>>()
         .await;
+    log_listening(addr, &config);
+    let checkpoint_times = checkpointer.as_ref().map(|(c, _)| c.times().clone());
+    let service = ParameterService::new(
+        Arc::clone(&store),
+        config.clone(),
+        checkpointer.as_ref().map(|(c, _)| Arc::clone(c)),
+    );
+    let service = serve_metrics(service, metrics, &store, checkpoint_times, &stopped);
+    let router = config
+        .transport
+        .server()?
+        .layer(ps_common::idle::TrackRequestsLayer)
+        .add_service(health_service)
+        .add_service(config.transport.guarded(service.into_server()));
+    let incoming = ps_common::connections::bounded(
+        TcpIncoming::from(listener).with_nodelay(Some(true)),
+        config.transport.max_connections,
+        config.transport.idle_connection_timeout,
+        format!("ps-server at {addr}"),
+    );
+    let begun = shutdown_begun.clone();
+    let on_shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = begun.cancelled() => {}
+        }
+        tracing::info!(%addr, "ps-server shutting down: finishing requests in flight");
+        health
+            .set_not_serving::<ParameterServerServer<ParameterService>>()
+            .await;
+        begun.cancel();
+    };
+    let serve = router.serve_with_incoming_shutdown(incoming, on_shutdown);
+    let grace = config.shutdown_grace;
+    // The grace period starts when the shutdown begins.
+    let begun = shutdown_begun.clone();
+    let grace_expired = async move {
+        begun.cancelled().await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        served = serve => served?,
+        () = grace_expired => tracing::warn!(
+            %addr, ?grace, "connections still open after the shutdown grace period; closing them"
+        ),
+    }
+    shutdown_begun.cancel();
+    if let Some(follower) = follower {
+        let _ = follower.await;
+    }
+    stopped.cancel();
+    if let Some((_, checkpointing)) = checkpointer {
+        let _ = checkpointing.await;
+    }
+    tracing::info!(%addr, "ps-server stopped");
+    Ok(())
+}
+
+/// The shard's store: its pull waits end when the shutdown begins, and it
+/// restores keys from the checkpoint folder when there is one.
+fn open_store(config: &ServerConfig, shutdown_begun: &CancellationToken) -> Arc<Store> {
+    let mut store = Store::new(config.store_rules(), shutdown_begun.clone());
+    if let Some(checkpoint) = &config.checkpoint {
+        store = store.with_archive(&checkpoint.root);
+    }
+    Arc::new(store)
+}
+
+/// The checkpointer, when checkpoints are on, with its task (which ends when
+/// `stopped` is cancelled).
+fn start_checkpoints(
+    config: &ServerConfig,
+    store: &Arc<Store>,
+    stopped: &CancellationToken,
+) -> Option<(Arc<Checkpointer>, tokio::task::JoinHandle<()>)> {
+    let checkpoint = config.checkpoint.clone()?;
+    tracing::info!(dir = %checkpoint.dir().display(), every_steps = checkpoint.every_steps, every = ?checkpoint.every, "checkpoints on");
+    let checkpointer = Arc::new(Checkpointer::new(Arc::clone(store), checkpoint));
+    let task = tokio::spawn(Arc::clone(&checkpointer).run(stopped.clone()));
+    Some((checkpointer, task))
+}
+
+/// Says where the shard listens and how it is set up (tests and scripts read
+/// the address from this line).
+fn log_listening(addr: std::net::SocketAddr, config: &ServerConfig) {
     // A server that follows a scheduler takes its group size from the shard maps.
     let workers = match &config.scheduler {
         Some(link) => format!("from the scheduler at {}", link.scheduler),
@@ -91,69 +169,26 @@ pub async fn run_with_metrics(
         "ps-server listening"
     );
     ps_common::process::warn_if_plain(&format!("ps-server at {addr}"), addr, &config.transport);
-    let checkpoint_times = checkpointer.as_ref().map(|c| c.times().clone());
-    let mut service = ParameterService::new(Arc::clone(&store), config.clone(), checkpointer);
-    let metrics_stop = CancellationToken::new();
-    if let Some(listener) = metrics {
-        let (metrics, exposition) = ServerMetrics::new(store, checkpoint_times);
-        service = service.with_metrics(metrics);
-        let stop = metrics_stop.clone();
-        let exposition = Arc::new(exposition);
-        tokio::spawn(ps_common::metrics::serve(
-            listener,
-            exposition,
-            async move {
-                stop.cancelled().await;
-            },
-        ));
-    }
-    let router = config
-        .transport
-        .server()?
-        .layer(ps_common::idle::TrackRequestsLayer)
-        .add_service(health_service)
-        .add_service(config.transport.guarded(service.into_server()));
-    let incoming = ps_common::connections::bounded(
-        TcpIncoming::from(listener).with_nodelay(Some(true)),
-        config.transport.max_connections,
-        config.transport.idle_connection_timeout,
-        format!("ps-server at {addr}"),
-    );
-    let stop_on_signal = stop_waits.clone();
-    let on_shutdown = async move {
-        tokio::select! {
-            () = shutdown => {}
-            () = job_done.cancelled() => {}
-        }
-        tracing::info!(%addr, "ps-server shutting down: finishing requests in flight");
-        health
-            .set_not_serving::<ParameterServerServer<ParameterService>>()
-            .await;
-        stop_on_signal.cancel();
+}
+
+/// `service`, recording its answers in metrics served on `listener` until
+/// `stopped`, when a listener is given.
+fn serve_metrics(
+    service: ParameterService,
+    listener: Option<TcpListener>,
+    store: &Arc<Store>,
+    checkpoint_times: Option<crate::checkpointer::CheckpointTimes>,
+    stopped: &CancellationToken,
+) -> ParameterService {
+    let Some(listener) = listener else {
+        return service;
     };
-    let serve = router.serve_with_incoming_shutdown(incoming, on_shutdown);
-    let grace = config.shutdown_grace;
-    // The grace period starts when shutdown cancels the token.
-    let shutting_down = stop_waits.clone();
-    let grace_expired = async move {
-        shutting_down.cancelled().await;
-        tokio::time::sleep(grace).await;
-    };
-    tokio::select! {
-        served = serve => served?,
-        () = grace_expired => tracing::warn!(
-            %addr, ?grace, "connections still open after the shutdown grace period; closing them"
-        ),
-    }
-    stop_waits.cancel();
-    if let Some(follower) = follower {
-        let _ = follower.await;
-    }
-    metrics_stop.cancel();
-    checkpoints_stop.cancel();
-    if let Some(checkpointing) = checkpointing {
-        let _ = checkpointing.await;
-    }
-    tracing::info!(%addr, "ps-server stopped");
-    Ok(())
+    let (metrics, exposition) = ServerMetrics::new(Arc::clone(store), checkpoint_times);
+    let stopped = stopped.clone();
+    tokio::spawn(ps_common::metrics::serve(
+        listener,
+        Arc::new(exposition),
+        async move { stopped.cancelled().await },
+    ));
+    service.with_metrics(metrics)
 }

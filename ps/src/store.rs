@@ -51,6 +51,15 @@ pub struct KeySummary {
     pub held: HeldBytes,
 }
 
+/// Push requests a store took since it was made, and their gradient bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PushLoad {
+    /// Push requests applied or taken as retries.
+    pub pushes: u64,
+    /// Their gradient bytes.
+    pub push_bytes: u64,
+}
+
 /// What the store holds and has served.
 #[derive(Debug, Clone)]
 pub struct Stats {
@@ -141,12 +150,16 @@ impl Store {
         self
     }
 
+    /// Every stored key, taken out from under the map's lock, so each can then
+    /// be locked on its own.
+    fn all_entries(&self) -> Vec<Arc<Entry>> {
+        let map = self.keys.read().unwrap_or_else(|p| p.into_inner());
+        map.values().cloned().collect()
+    }
+
     /// Every key's state as a checkpoint holds it, each read under its lock.
     pub fn checkpoint_keys(&self) -> Vec<crate::checkpoint::KeyCheckpoint> {
-        let entries: Vec<Arc<Entry>> = {
-            let map = self.keys.read().unwrap_or_else(|p| p.into_inner());
-            map.values().cloned().collect()
-        };
+        let entries = self.all_entries();
         entries
             .iter()
             .map(|entry| entry.lock().checkpoint(&entry.spec))
@@ -188,13 +201,7 @@ impl Store {
     /// only for workers no longer live. Returns how many keys advanced.
     pub fn set_live_workers(&self, live: BTreeSet<Rank>) -> usize {
         *self.live.write().unwrap_or_else(|p| p.into_inner()) = live.clone();
-        let entries: Vec<Arc<Entry>> = self
-            .keys
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let entries = self.all_entries();
         let mut advanced = 0;
         for entry in entries {
             let mut state = entry.lock();
@@ -365,20 +372,7 @@ impl Store {
         let Some(initial) = initial else {
             return Ok(());
         };
-        if initial.dtype() != spec.dtype {
-            return Err(Error::DtypeMismatch {
-                key: spec.key.clone(),
-                expected: spec.dtype,
-                got: initial.dtype(),
-            });
-        }
-        if initial.shape() != spec.shape {
-            return Err(Error::ShapeMismatch {
-                key: spec.key.clone(),
-                expected: spec.shape.clone(),
-                got: initial.shape().to_vec(),
-            });
-        }
+        check_dtype_and_shape(spec, initial.dtype(), initial.shape())?;
         self.check_finite(&spec.key, "initial value", initial)
     }
 
@@ -600,11 +594,11 @@ impl Store {
 
     /// Push requests applied (or taken as retries) and their gradient bytes,
     /// since the store was made: what a server reports with its heartbeats.
-    pub fn push_load(&self) -> (u64, u64) {
-        (
-            self.counters.pushes.load(Ordering::Relaxed),
-            self.counters.push_bytes.load(Ordering::Relaxed),
-        )
+    pub fn push_load(&self) -> PushLoad {
+        PushLoad {
+            pushes: self.counters.pushes.load(Ordering::Relaxed),
+            push_bytes: self.counters.push_bytes.load(Ordering::Relaxed),
+        }
     }
 
     /// How long BSP steps waited for their last push, and whose it was.
@@ -614,10 +608,7 @@ impl Store {
 
     /// What the store holds and has served.
     pub fn stats(&self) -> Stats {
-        let entries: Vec<Arc<Entry>> = {
-            let map = self.keys.read().unwrap_or_else(|p| p.into_inner());
-            map.values().cloned().collect()
-        };
+        let entries = self.all_entries();
         let mut keys: Vec<KeySummary> = entries
             .iter()
             .map(|entry| {

@@ -171,6 +171,66 @@ pub async fn train(
     let per_epoch = steps_per_epoch(data.train.len(), workers, config.batch_size)?;
     let total_steps = per_epoch * config.epochs as u64;
     let shard = data.train.shard(rank, workers);
+    let (varmap, model) = model_and_vars(data, config)?;
+    let mut trainer =
+        PsTrainer::new(client, group, &varmap, config.optimizer.with_lr(config.lr)).await?;
+    tracing::info!(rank, workers, examples = shard.len(), steps = total_steps, dataset = %data.name, "training");
+
+    let bar = progress_bar(config.progress, total_steps, rank);
+    bar.set_position(trainer.step().get().min(total_steps));
+    let started = Instant::now();
+    let mut log = RunLog::default();
+    while trainer.step().get() < total_steps {
+        let (epoch, index) = (
+            trainer.step().get() / per_epoch,
+            trainer.step().get() % per_epoch,
+        );
+        log.enter(epoch);
+        let batch = batch_of(&shard, epoch, index as usize, config, rank);
+        let (x, y) = batch.to_tensors(&config.device)?;
+        let (times_before, repairs_before) = (trainer.step_times(), trainer.repairs());
+        let forward = Instant::now();
+        let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
+        let loss_value = loss.to_scalar::<f32>()? as f64;
+        trainer.add_compute(forward.elapsed());
+        trainer.backward_step(&loss).await?;
+        log.losses.push(loss_value);
+        let step_times = trainer.step_times().since(&times_before);
+        if let Some(metrics) = &config.metrics {
+            metrics.step(&step_times, config.batch_size, loss_value);
+            metrics.repaired(trainer.repairs() - repairs_before);
+        }
+        if config.out.is_some() {
+            let step = trainer.step().get() - 1;
+            let epoch_done = trainer.step().get() % per_epoch == 0;
+            log.record_step(step, epoch, step_times);
+            if epoch_done {
+                log.record_epoch(epoch, accuracy(&model, &data.test, &config.device)?);
+            }
+        }
+        bar.inc(1);
+        let examples = (trainer.step().get() as f64) * config.batch_size as f64;
+        bar.set_message(format!(
+            "loss {:.4}  {:.0} ex/s",
+            log.losses.last().unwrap_or(&0.0),
+            examples / started.elapsed().as_secs_f64()
+        ));
+    }
+    bar.finish_and_clear();
+    let finished = Finished {
+        data,
+        config,
+        varmap: &varmap,
+        model: &model,
+        log,
+        started,
+    };
+    finished.summarise(trainer, rank, workers).await
+}
+
+/// The model on the configured device, its variables loaded from `--load`
+/// when given.
+fn model_and_vars(data: &Dataset, config: &TrainConfig) -> Result<(VarMap, Mlp), TrainError> {
     let mut varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &config.device);
     let model = Mlp::new(vb, data.width(), &config.hidden, data.classes)?;
@@ -182,95 +242,104 @@ pub async fn train(
         })?;
         tracing::info!(path = %path.display(), "starting from saved parameters");
     }
-    let mut trainer =
-        PsTrainer::new(client, group, &varmap, config.optimizer.with_lr(config.lr)).await?;
-    tracing::info!(rank, workers, examples = shard.len(), steps = total_steps, dataset = %data.name, "training");
+    Ok((varmap, model))
+}
 
-    let bar = progress_bar(config.progress, total_steps, rank);
-    bar.set_position(trainer.step().get().min(total_steps));
-    let started = Instant::now();
-    let (mut epoch_losses, mut losses_of) = (Vec::new(), None);
-    let mut record = RunRecord::default();
-    while trainer.step().get() < total_steps {
-        let (epoch, index) = (
-            trainer.step().get() / per_epoch,
-            trainer.step().get() % per_epoch,
-        );
-        // A worker that joins at the group's step may skip into a new epoch.
-        if losses_of != Some(epoch) {
-            epoch_losses.clear();
-            losses_of = Some(epoch);
+/// What the loop keeps of the run: the current epoch's losses and, with
+/// `--out`, every step and epoch.
+#[derive(Default)]
+struct RunLog {
+    losses: Vec<f64>,
+    losses_of: Option<u64>,
+    record: RunRecord,
+}
+
+impl RunLog {
+    /// Starts counting `epoch`'s losses, unless they are counted already (a
+    /// worker that joins at the group's step may skip into a new epoch).
+    fn enter(&mut self, epoch: u64) {
+        if self.losses_of != Some(epoch) {
+            self.losses.clear();
+            self.losses_of = Some(epoch);
         }
-        let batch = batch_of(&shard, epoch, index as usize, config, rank);
-        let (x, y) = batch.to_tensors(&config.device)?;
-        let (times_before, repairs_before) = (trainer.step_times(), trainer.repairs());
-        let forward = Instant::now();
-        let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
-        let loss_value = loss.to_scalar::<f32>()? as f64;
-        trainer.add_compute(forward.elapsed());
-        trainer.backward_step(&loss).await?;
-        epoch_losses.push(loss_value);
-        let step_times = trainer.step_times().since(&times_before);
-        if let Some(metrics) = &config.metrics {
-            metrics.step(&step_times, config.batch_size, loss_value);
-            metrics.repaired(trainer.repairs() - repairs_before);
+    }
+
+    /// The mean loss of the epoch so far.
+    fn mean_loss(&self) -> f64 {
+        self.losses.iter().sum::<f64>() / self.losses.len().max(1) as f64
+    }
+
+    fn record_step(&mut self, step: u64, epoch: u64, times: crate::step_time::StepTimes) {
+        self.record.steps.push(StepRecord { step, epoch, times });
+    }
+
+    fn record_epoch(&mut self, epoch: u64, test_accuracy: f64) {
+        let train_loss = self.mean_loss();
+        self.record.epochs.push(EpochRecord {
+            epoch,
+            train_loss,
+            test_accuracy,
+        });
+    }
+}
+
+/// A run whose steps are done, and what its summary is made from.
+struct Finished<'a> {
+    data: &'a Dataset,
+    config: &'a TrainConfig,
+    varmap: &'a VarMap,
+    model: &'a Mlp,
+    log: RunLog,
+    started: Instant,
+}
+
+impl Finished<'_> {
+    /// Loads the final values, evaluates them, writes `--out` and `--save`,
+    /// leaves the job and says how the run went.
+    async fn summarise(
+        self,
+        mut trainer: PsTrainer,
+        rank: usize,
+        workers: usize,
+    ) -> Result<TrainSummary, TrainError> {
+        let Self {
+            data,
+            config,
+            varmap,
+            model,
+            log,
+            started,
+        } = self;
+        let time_split = trainer.step_times().split(started.elapsed());
+        trainer.refresh().await?;
+        let test_accuracy = accuracy(model, &data.test, &config.device)?;
+        if let Some(dir) = &config.out {
+            let written = log
+                .record
+                .write(dir)
+                .map_err(|e| TrainError::Report(e.to_string()))?;
+            tracing::info!(files = ?written, "wrote the run's loss, accuracy and timings");
         }
-        if config.out.is_some() {
-            let step = trainer.step().get() - 1;
-            record.steps.push(StepRecord {
-                step,
-                epoch,
-                times: step_times,
-            });
-            if trainer.step().get() % per_epoch == 0 {
-                let test_accuracy = accuracy(&model, &data.test, &config.device)?;
-                let train_loss =
-                    epoch_losses.iter().sum::<f64>() / epoch_losses.len().max(1) as f64;
-                record.epochs.push(EpochRecord {
-                    epoch,
-                    train_loss,
-                    test_accuracy,
-                });
-            }
+        if let Some(path) = &config.save {
+            save(varmap, path)?;
+            tracing::info!(path = %path.display(), test_accuracy, "saved the trained parameters");
         }
-        bar.inc(1);
-        let examples = (trainer.step().get() as f64) * config.batch_size as f64;
-        bar.set_message(format!(
-            "loss {:.4}  {:.0} ex/s",
-            epoch_losses.last().unwrap_or(&0.0),
-            examples / started.elapsed().as_secs_f64()
-        ));
+        let wall_seconds = started.elapsed().as_secs_f64();
+        let steps = trainer.step().get();
+        trainer.leave().await;
+        Ok(TrainSummary {
+            dataset: data.name.clone(),
+            rank,
+            workers,
+            test_accuracy,
+            train_loss: log.mean_loss(),
+            steps,
+            batch_size: config.batch_size,
+            wall_seconds,
+            examples_per_second: steps as f64 * config.batch_size as f64 / wall_seconds.max(1e-9),
+            time_split,
+        })
     }
-    bar.finish_and_clear();
-    let time_split = trainer.step_times().split(started.elapsed());
-    trainer.refresh().await?;
-    let test_accuracy = accuracy(&model, &data.test, &config.device)?;
-    if let Some(dir) = &config.out {
-        let written = record
-            .write(dir)
-            .map_err(|e| TrainError::Report(e.to_string()))?;
-        tracing::info!(files = ?written, "wrote the run's loss, accuracy and timings");
-    }
-    if let Some(path) = &config.save {
-        save(&varmap, path)?;
-        tracing::info!(path = %path.display(), test_accuracy, "saved the trained parameters");
-    }
-    let wall_seconds = started.elapsed().as_secs_f64();
-    let train_loss = epoch_losses.iter().sum::<f64>() / epoch_losses.len().max(1) as f64;
-    let steps = trainer.step().get();
-    trainer.leave().await;
-    Ok(TrainSummary {
-        dataset: data.name.clone(),
-        rank,
-        workers,
-        test_accuracy,
-        train_loss,
-        steps,
-        batch_size: config.batch_size,
-        wall_seconds,
-        examples_per_second: steps as f64 * config.batch_size as f64 / wall_seconds.max(1e-9),
-        time_split,
-    })
 }
 
 /// Writes `varmap` to `path` atomically: to a temporary file beside it, then

@@ -129,8 +129,7 @@ impl PsTrainer {
         trainer.created = trainer.register_initial().await?;
         let version = trainer.load(Version(0)).await?;
         if group.consistency.has_group() {
-            // Version v holds steps 0..v: this worker's next step is v.
-            trainer.step = Step(version.get());
+            trainer.step = version.next_step();
         }
         tracing::info!(
             rank = %group.rank,
@@ -260,7 +259,7 @@ impl PsTrainer {
             %step,
             "the group completed this step without this worker; loading the current values and joining at the group's step"
         );
-        self.load(Version(step.get())).await?;
+        self.load(Version::before(step)).await?;
         self.step = step;
         Ok(())
     }
