@@ -48,8 +48,10 @@ STUBS=(
     "curand libcurand.so.10"
     "nvrtc libnvrtc.so.13"
 )
-# What the CUDA ps-worker must need, and nothing else from CUDA.
-CUDA_NEEDED="libcublas.so.13 libcublasLt.so.13 libcuda.so.1 libcudart.so.13 libcurand.so.10 libnvrtc.so.13"
+# What the CUDA ps-worker must need, and nothing else from CUDA: the linker keeps
+# only the libraries whose functions candle calls directly (cuBLASLt comes in
+# through cuBLAS; NVRTC is unused by the kernels candle ships compiled).
+CUDA_NEEDED="libcublas.so.13 libcuda.so.1 libcudart.so.13 libcurand.so.10"
 
 say() { printf 'gpu.sh: %s\n' "$*" >&2; }
 die() {
