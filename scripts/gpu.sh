@@ -153,24 +153,23 @@ cmd_cargo() {
 # The CUDA libraries a binary needs, sorted, one line.
 cuda_needed() {
     readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' |
-        grep -E '^lib(cu|nvrtc)' | sort | tr '\n' ' ' | sed 's/ $//'
+        { grep -E '^lib(cu|nvrtc)' || true; } | sort | tr '\n' ' ' | sed 's/ $//'
 }
 
 # The worker needs exactly the CUDA libraries candle uses, and none of them can be
 # loaded on this machine (the stubs carry other file names), so no check here can
 # pass by running CUDA code that is not there.
 check_worker() {
-    local worker=$1 needed missing
+    local worker=$1 needed resolved lib
     needed=$(cuda_needed "$worker")
     [ "$needed" = "$CUDA_NEEDED" ] ||
         die "$worker needs CUDA libraries [$needed], expected [$CUDA_NEEDED]"
-    missing=$(ldd "$worker" | grep -c 'not found' || true)
+    resolved=$(ldd "$worker")
     for lib in $CUDA_NEEDED; do
-        [ "$lib" = libcudart.so.13 ] && continue
-        ldd "$worker" | grep -q "^[[:space:]]*$lib => not found" ||
-            die "$lib resolves on this machine; the carried worker must load the GPU machine's"
+        grep -q "^[[:space:]]*$lib => not found" <<<"$resolved" ||
+            die "$lib resolves on this machine; the carried worker must load the GPU machine's (and the carried runtime)"
     done
-    say "check: NEEDED [$needed]; $missing of them unresolvable here, as expected"
+    say "check: NEEDED [$needed], none of them loadable here, as expected"
 }
 
 cmd_build() {
@@ -180,7 +179,8 @@ cmd_build() {
     say "build: ps-worker --features cuda into $CUDA_TARGET (candle's kernels take tens of minutes on 2 cores the first time)"
     (cd "$ROOT" && cargo build --release --locked -p ps-worker --features cuda)
     say "build: ps-server and ps-microbench (CPU) into $ROOT/target/release"
-    (cd "$ROOT" && env -u CARGO_TARGET_DIR -u CUDA_HOME cargo build --release --locked -p ps-server -p ps-microbench)
+    (cd "$ROOT" && env -u CARGO_TARGET_DIR -u CUDA_HOME -u CUDARC_CUDA_VERSION -u CUDA_COMPUTE_CAP \
+        cargo build --release --locked -p ps-server -p ps-microbench)
     check_worker "$CUDA_TARGET/release/ps-worker"
     pack
     say "build: done in $((SECONDS - started)) s"
@@ -212,6 +212,7 @@ cmd_run() {
     while [ $# -gt 0 ]; do
         case $1 in
         --device)
+            [ $# -ge 2 ] || die "run: --device needs a value (cpu or cuda:N)"
             device=$2
             shift 2
             ;;
@@ -227,9 +228,10 @@ cmd_run() {
         *) die "run: unknown flag $1 (use --device cpu|cuda:N, --quick, --dry-run)" ;;
         esac
     done
-    local out=${OUT:-$ROOT/target/gpu-out} work
+    local out=${OUT:-$ROOT/target/gpu-out}
     mkdir -p "$out"
     work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
     if [ "$dry" = 1 ]; then
         # The same checks with this machine's CPU programs, to try the script.
         local release=${PS_GPU_PROGRAMS:-$ROOT/target/release}
@@ -243,7 +245,9 @@ cmd_run() {
         [ -f "$SCRIPT_DIR/programs.tar.xz" ] && carried=$SCRIPT_DIR
         [ -f "$carried/programs.tar.xz" ] ||
             die "no $carried/programs.tar.xz: run \`scripts/gpu.sh build\` on a CPU machine and carry target/gpu-carry"
-        tar -C "$work" -xJf "$carried/programs.tar.xz"
+        # Python's tarfile reads xz where the xz program is not installed.
+        python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+            "$carried/programs.tar.xz" "$work"
     fi
     PS_GPU_WORK=$work PS_GPU_OUT=$out PS_GPU_DEVICE=$device PS_GPU_QUICK=$quick \
         python3 "$SCRIPT_DIR/gpu_run.py"

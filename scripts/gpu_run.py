@@ -179,8 +179,9 @@ def check_digits(env):
 
 def check_large_mlp(env):
     train = "512" if QUICK else "8192"
-    args = ["--dataset", "synthetic", "--synthetic-features", "1024", "--synthetic-train", train,
-            "--hidden", "4096,4096", "--batch-size", "256", "--epochs", "1", "--optimizer", "sgd"]
+    args = ["--dataset", "synthetic", "--synthetic-features", "1024", "--synthetic-classes", "10",
+            "--synthetic-train", train, "--hidden", "4096,4096", "--batch-size", "256",
+            "--epochs", "1", "--optimizer", "sgd"]
     on_device = run_alone(DEVICE, args, env, "b_mlp_device")
     on_cpu = run_alone("cpu", args, env, "b_mlp_cpu")
     if not (on_device and on_cpu):
@@ -204,31 +205,46 @@ def check_large_mlp(env):
     }
 
 
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def check_bsp_pair(env):
-    servers = [Server(2, env), Server(2, env)]
+def bsp_pair(servers, env):
+    """Two workers on the device against `servers`, at once; their summaries."""
     addrs = [s.addr for s in servers]
-    saved = [os.path.join(OUT, f"c_worker{rank}.safetensors") for rank in range(2)]
     epochs = "2" if QUICK else "5"
     summaries = [None, None]
 
     def one(rank):
-        summaries[rank] = worker(addrs, DEVICE, ["--epochs", epochs, "--save", saved[rank]],
-                                 env, f"c_bsp_worker{rank}")
+        saved = os.path.join(OUT, f"c_worker{rank}.safetensors")
+        try:
+            summaries[rank] = worker(addrs, DEVICE, ["--epochs", epochs, "--save", saved],
+                                     env, f"c_bsp_worker{rank}")
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            fail(f"c_bsp_worker{rank}", repr(e))
 
     threads = [threading.Thread(target=one, args=(rank,)) for rank in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    for s in servers:
-        s.stop()
+    return summaries
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def check_bsp_pair(env):
+    servers = []
+    try:
+        for _ in range(2):
+            servers.append(Server(2, env))
+        summaries = bsp_pair(servers, env)
+    finally:
+        for server in servers:
+            server.stop()
     if None in summaries:
+        fail("c_bsp_pair", "a worker of the pair did not finish (its log is in $OUT)")
         return
+    saved = [os.path.join(OUT, f"c_worker{rank}.safetensors") for rank in range(2)]
     digests = [digest(p) for p in saved]
     results["checks"]["c_bsp_pair"] = {
         "servers": 2, "workers": 2, "steps": [s["steps"] for s in summaries],

@@ -42,7 +42,7 @@ pub struct DataPath {
 impl DataPath {
     /// `service`, with the configured message limits. Served behind the
     /// access layer: [`ParameterService::into_server`].
-    pub fn new(service: ParameterService) -> Self {
+    pub(crate) fn new(service: ParameterService) -> Self {
         Self {
             generated: service.clone().generated(),
             service,

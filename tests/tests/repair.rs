@@ -151,19 +151,16 @@ async fn a_server_gone_for_good_ends_the_repair_within_its_budget() {
 #[tokio::test]
 async fn a_request_error_is_not_repaired() {
     let server = Loopback::start(asp());
-    let (mut client, initial) = registered(&server).await;
+    let (client, _) = registered(&server).await;
     let wrong = [("w".into(), f32s(&[f32::NAN; 4]))];
     let error = client.push(Rank(0), Step(0), &wrong).await.unwrap_err();
     assert!(matches!(error, ClientError::Rpc { .. }));
     assert_eq!(error.recovery(Step(0)), Recovery::Fatal, "{error}");
-    let mut recovering = Recovering::step_of_group(RepairBudget::new(0));
-    let returned = recover(&mut client, &mut recovering, error, Step(0), &initial)
-        .await
-        .unwrap_err();
+    let mut recovering = Recovering::step_of_group(RepairBudget::default());
     assert_eq!(
-        returned.recovery(Step(0)),
-        Recovery::Fatal,
-        "given up with no repair, with a budget of none"
+        recovering.step(Outcome::Failed(error.recovery(Step(0)))),
+        None,
+        "given up at once, with no repair"
     );
 }
 

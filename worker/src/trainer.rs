@@ -179,6 +179,9 @@ impl PsTrainer {
     pub async fn backward_step(&mut self, loss: &Tensor) -> Result<(), TrainerError> {
         let backward = Instant::now();
         let grads = loss.backward()?;
+        // A GPU runs the backward pass after `backward` returns: wait for it, so
+        // that its time is booked as compute and not as the gather after it.
+        loss.device().synchronize()?;
         self.times.compute += backward.elapsed();
         self.apply_gradients(&grads).await
     }
@@ -380,6 +383,10 @@ impl PsTrainer {
         let vars: Vec<&Var> = self.vars.iter().map(|(_, var)| var).collect();
         let values: Vec<&[f32]> = pulled.iter().map(|p| p.values.as_slice()).collect();
         self.copy_plan.to_vars(&vars, &values, &mut self.staging)?;
+        if let Some(var) = vars.first() {
+            // The copies onto a GPU are queued; wait for them to book them as apply.
+            var.device().synchronize()?;
+        }
         let version = pulled
             .iter()
             .map(|p| p.version)
