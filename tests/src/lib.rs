@@ -151,3 +151,21 @@ pub async fn http_get(addr: &str, path: &str) -> (String, String) {
         .await
         .unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
 }
+
+/// A channel to `addr` with `transport`'s settings, attaching the secret its
+/// token presents to every call.
+///
+/// # Panics
+/// When `addr` is not an address or nothing answers there.
+pub async fn authed_channel(
+    addr: &str,
+    transport: &ps_proto::transport::TransportConfig,
+) -> ps_proto::auth::AuthChannel {
+    let channel = transport
+        .endpoint(ps_proto::transport::http_uri(addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    transport.authed(channel)
+}

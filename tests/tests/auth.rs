@@ -12,7 +12,7 @@ use ps_client::{ClientConfig, PsClient};
 use ps_proto::auth::{ClusterToken, Role};
 use ps_proto::codec::DType;
 use ps_proto::ids::{Rank, Step, Version};
-use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_proto::v1::scheduler_client::SchedulerClient;
@@ -71,14 +71,7 @@ async fn channel(addr: &str, token: Option<&str>) -> ps_proto::auth::AuthChannel
 }
 
 async fn channel_as(addr: &str, token: Option<&str>, role: Role) -> ps_proto::auth::AuthChannel {
-    let transport = transport_as(token, role);
-    let channel = transport
-        .endpoint(http_uri(addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    transport.authed(channel)
+    ps_tests::authed_channel(addr, &transport_as(token, role)).await
 }
 
 /// Asserts the scheduler's status lists one server, the real one at `addr`:

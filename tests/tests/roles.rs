@@ -5,7 +5,7 @@
 //! gets its handler's answer (often another refusal: the requests are empty).
 
 use ps_proto::auth::{AuthChannel, ClusterToken, Role};
-use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_proto::v1::scheduler_client::SchedulerClient;
@@ -45,14 +45,7 @@ fn transport_as(role: Role) -> TransportConfig {
 }
 
 async fn channel_as(addr: &str, role: Role) -> AuthChannel {
-    let transport = transport_as(role);
-    let channel = transport
-        .endpoint(http_uri(addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    transport.authed(channel)
+    ps_tests::authed_channel(addr, &transport_as(role)).await
 }
 
 async fn listener() -> (tokio::net::TcpListener, String) {
