@@ -238,7 +238,10 @@ impl Store {
     /// Idempotent per key; all or nothing.
     ///
     /// # Errors
-    /// `EmptyRequest`, `RepeatedKey`, `Codec`, `NonFinite`, `SpecConflict`, `ShuttingDown`.
+    /// `ShuttingDown`; `EmptyRequest`; `RepeatedKey`; `TensorTooLarge`;
+    /// `DtypeMismatch` or `ShapeMismatch` for initial values that do not fit
+    /// their spec; `NonFinite`; `SpecConflict` with a key held under another
+    /// spec; `OverBudget` for new keys' footprint.
     pub fn register(
         &self,
         params: Vec<(ParamSpec, Option<TensorData>)>,
