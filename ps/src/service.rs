@@ -14,7 +14,7 @@ use futures::stream;
 use prost::Message;
 use ps_common::access::{Access, Answers};
 use ps_proto::codec::TensorData;
-use ps_proto::ids::{Rank, Step, Version};
+use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::metadata;
 use ps_proto::v1;
@@ -217,12 +217,7 @@ impl ParameterService {
         let waiting = Instant::now();
         let pulled = self
             .store
-            .pull(
-                &keys,
-                min_version,
-                timeout,
-                ps_proto::ids::MapVersion(request.map_version),
-            )
+            .pull(&keys, min_version, timeout, MapVersion(request.map_version))
             .await?;
         let waited = waiting.elapsed();
         if let Some(metrics) = &self.metrics {
