@@ -9,6 +9,8 @@
 use std::collections::BTreeMap;
 
 use ps_proto::codec::{DType, element_count};
+use ps_proto::header::TensorHeader;
+use ps_proto::key::ParamKey;
 use ps_proto::placement;
 
 /// Default partition size: no part is larger than this.
@@ -68,6 +70,13 @@ impl Placed {
         } else {
             vec![part.len]
         }
+    }
+
+    /// The header a part travels under: its key, the parameter's dtype and
+    /// [`Placed::part_shape`].
+    pub fn header(&self, part: &Part) -> TensorHeader {
+        let key = ParamKey::new(&self.info.name, part.part);
+        TensorHeader::new(key, self.info.dtype, self.part_shape(part))
     }
 }
 

@@ -32,8 +32,8 @@ use crate::framed::{FramedAnswer, start_framed};
 use crate::placement::{Placed, Placement};
 use crate::retry::RetryPolicy;
 use crate::wire::{
-    MalformedReply, PartData, PartSink, PulledParam, cut_into_parts, register_chunks, spec_of,
-    tensor_chunks, tensor_of, write_pull_chunk, write_pulled,
+    MalformedReply, PartData, PartGrad, PartInit, PartSink, PulledParam, cut_into_parts,
+    grad_chunks, part_grad, write_pull_chunk, write_pulled,
 };
 
 /// `items`, in order, cut into runs of at least `total / groups` bytes (and at
@@ -71,16 +71,13 @@ pub(crate) struct Server {
 impl Server {
     /// The parameter server at `addr` over `channel`, with the configured message limits.
     pub(crate) fn new(addr: &str, channel: Channel, transport: &TransportConfig) -> Self {
-        let limit = transport.max_message_bytes;
         let channel = transport.authed(channel);
-        let client = ParameterServerClient::new(channel.clone())
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit);
+        let client = transport.limited(ParameterServerClient::new(channel.clone()));
         Server {
             addr: addr.to_string(),
             client,
             channel,
-            limit,
+            limit: transport.max_message_bytes,
         }
     }
 
@@ -281,7 +278,9 @@ impl Shards {
             .map(|(s, parts)| {
                 let inits = parts
                     .iter()
-                    .map(|(placed, part, data)| (spec_of(placed, part, optimizer), data.clone()))
+                    .map(|(placed, part, data)| {
+                        PartInit::new(placed, part, optimizer, data.clone())
+                    })
                     .collect();
                 self.register_on(&self.servers[s], inits, restore_version)
             });
@@ -292,18 +291,12 @@ impl Shards {
     async fn register_on(
         &self,
         server: &Server,
-        inits: Vec<(v1::ParameterSpec, Bytes)>,
+        inits: Vec<PartInit>,
         restore_version: Version,
     ) -> Result<bool, ClientError> {
-        let bytes: usize = inits.iter().map(|(_, data)| data.len()).sum();
+        let bytes: usize = inits.iter().map(PartInit::byte_len).sum();
         let response = if self.sizes.register_is_unary(bytes) {
-            let params: Vec<_> = inits
-                .into_iter()
-                .map(|(spec, initial)| v1::ParameterInit {
-                    spec: Some(spec),
-                    initial,
-                })
-                .collect();
+            let params = inits.iter().map(PartInit::message).collect();
             let request = v1::RegisterRequest {
                 params,
                 map_version: self.map_version.get(),
@@ -319,7 +312,7 @@ impl Shards {
             let versions = (self.map_version, restore_version);
             let chunks: Vec<v1::RegisterChunk> = inits
                 .iter()
-                .flat_map(|(spec, data)| register_chunks(spec, data, self.chunk_bytes, versions))
+                .flat_map(|init| init.chunks(self.chunk_bytes, versions))
                 .collect();
             server
                 .call(self.retry, Rpc::RegisterStream, |mut c| {
@@ -341,11 +334,8 @@ impl Shards {
     ) -> Result<usize, ClientError> {
         let by_server = self.parts_by_server(grads)?;
         let calls = by_server.iter().enumerate().flat_map(|(s, parts)| {
-            let tensors: Vec<v1::Tensor> = parts
-                .iter()
-                .map(|(placed, part, data)| tensor_of(placed, part, data.clone()))
-                .collect();
-            let groups = in_groups(tensors, |t| t.data.len(), self.requests_per_server);
+            let grads: Vec<PartGrad> = parts.iter().map(part_grad).collect();
+            let groups = in_groups(grads, |(_, data)| data.len(), self.requests_per_server);
             groups
                 .into_iter()
                 .map(move |group| self.push_on(&self.servers[s], worker, step, group))
@@ -364,9 +354,9 @@ impl Shards {
         server: &Server,
         worker: Rank,
         step: Step,
-        grads: Vec<v1::Tensor>,
+        grads: Vec<PartGrad>,
     ) -> Result<usize, ClientError> {
-        let bytes: usize = grads.iter().map(|t| t.data.len()).sum();
+        let bytes: usize = grads.iter().map(|(_, data)| data.len()).sum();
         // Small pushes are one unary message; larger ones stream their chunks,
         // the server reserving room for `bytes` before it reads any. Both go
         // out as HTTP/2 frames written here, the last marked as the end.
@@ -375,14 +365,17 @@ impl Shards {
                 map_version: self.map_version.get(),
                 worker_id: worker.get(),
                 step: step.get(),
-                grads,
+                grads: grads
+                    .into_iter()
+                    .map(|(header, data)| header.into_tensor(data))
+                    .collect(),
             };
             let pieces = vec![framed_message(&request)];
             (Rpc::Push, PUSH_PATH, MetadataMap::new(), pieces)
         } else {
             let pieces: Vec<Bytes> = grads
                 .iter()
-                .flat_map(|t| tensor_chunks(t, self.chunk_bytes))
+                .flat_map(|grad| grad_chunks(grad, self.chunk_bytes))
                 .flat_map(|chunk| {
                     framed_push_chunk(v1::PushChunk {
                         map_version: self.map_version.get(),

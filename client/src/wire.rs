@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use ps_proto::chunk::{ChunkCursor, ChunkError, ChunkHeader, to_wire_chunks, whole_elements};
+use ps_proto::chunk::{ChunkCursor, ChunkError, to_wire_chunks, whole_elements};
 use ps_proto::chunk_decode::FieldError;
 use ps_proto::codec::{CodecError, TensorData, wire_shape};
+use ps_proto::header::TensorHeader;
 use ps_proto::ids::{MapVersion, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
@@ -50,67 +51,83 @@ pub struct PulledParam {
     pub version: Version,
 }
 
-/// The spec a part is registered with: its own shape, and the whole shape when
-/// the parameter is partitioned.
-pub(crate) fn spec_of(
-    placed: &Placed,
-    part: &Part,
-    optimizer: &v1::Optimizer,
-) -> v1::ParameterSpec {
-    v1::ParameterSpec {
-        name: placed.info.name.clone(),
-        part: part.part,
-        dtype: placed.info.dtype.to_proto(),
-        shape: wire_shape(&placed.part_shape(part)),
-        optimizer: Some(*optimizer),
-        whole_shape: if placed.parts.len() > 1 {
-            wire_shape(&placed.info.shape)
-        } else {
-            Vec::new()
-        },
+/// A part as it is registered: its header, the spec it is registered with
+/// (its own shape, and the whole shape when the parameter is partitioned) and
+/// its initial values.
+pub(crate) struct PartInit {
+    header: TensorHeader,
+    spec: v1::ParameterSpec,
+    data: Bytes,
+}
+
+impl PartInit {
+    /// The registration of `part` of `placed` with `optimizer`, starting at `data`.
+    pub(crate) fn new(
+        placed: &Placed,
+        part: &Part,
+        optimizer: &v1::Optimizer,
+        data: Bytes,
+    ) -> Self {
+        let header = placed.header(part);
+        let spec = v1::ParameterSpec {
+            name: header.key.name.clone(),
+            part: header.key.part,
+            dtype: header.dtype.to_proto(),
+            shape: header.wire_shape(),
+            optimizer: Some(*optimizer),
+            whole_shape: if placed.parts.len() > 1 {
+                wire_shape(&placed.info.shape)
+            } else {
+                Vec::new()
+            },
+        };
+        Self { header, spec, data }
+    }
+
+    /// Bytes of initial values.
+    pub(crate) fn byte_len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The registration as one message of a unary `Register`.
+    pub(crate) fn message(&self) -> v1::ParameterInit {
+        v1::ParameterInit {
+            spec: Some(self.spec.clone()),
+            initial: self.data.clone(),
+        }
+    }
+
+    /// The registration cut into stream chunks of `chunk_bytes`, each carrying
+    /// the map version and restore version.
+    pub(crate) fn chunks(
+        &self,
+        chunk_bytes: usize,
+        (map_version, restore_version): (MapVersion, Version),
+    ) -> impl Iterator<Item = v1::RegisterChunk> + '_ {
+        to_wire_chunks(&self.header, &self.data, chunk_bytes)
+            .into_iter()
+            .map(move |chunk| v1::RegisterChunk {
+                map_version: map_version.get(),
+                restore_version: restore_version.get(),
+                spec: Some(self.spec.clone()),
+                offset: chunk.offset,
+                data: chunk.data,
+            })
     }
 }
 
-/// A part's bytes as a tensor message.
-pub(crate) fn tensor_of(placed: &Placed, part: &Part, data: Bytes) -> v1::Tensor {
-    v1::Tensor {
-        name: placed.info.name.clone(),
-        part: part.part,
-        dtype: placed.info.dtype.to_proto(),
-        shape: wire_shape(&placed.part_shape(part)),
-        data,
-    }
+/// A part's gradient: its header and bytes, sent whole as a `Tensor` or cut
+/// into chunks.
+pub(crate) type PartGrad = (TensorHeader, Bytes);
+
+/// The gradient of `part` of `placed`.
+pub(crate) fn part_grad((placed, part, data): &PartData<'_>) -> PartGrad {
+    (placed.header(part), data.clone())
 }
 
-fn header_of(name: &str, part: u32, dtype: i32, shape: &[u64]) -> ChunkHeader {
-    ChunkHeader::from_wire(name, part, dtype, shape).expect("headers built from a valid placement")
-}
-
-/// A tensor cut into stream chunks of `chunk_bytes`.
-pub(crate) fn tensor_chunks(tensor: &v1::Tensor, chunk_bytes: usize) -> Vec<v1::TensorChunk> {
-    let header = header_of(&tensor.name, tensor.part, tensor.dtype, &tensor.shape);
-    to_wire_chunks(&header, &tensor.data, chunk_bytes)
-}
-
-/// A registration cut into stream chunks of `chunk_bytes`, each carrying the
-/// map version and restore version.
-pub(crate) fn register_chunks(
-    spec: &v1::ParameterSpec,
-    data: &Bytes,
-    chunk_bytes: usize,
-    (map_version, restore_version): (MapVersion, Version),
-) -> Vec<v1::RegisterChunk> {
-    let header = header_of(&spec.name, spec.part, spec.dtype, &spec.shape);
-    to_wire_chunks(&header, data, chunk_bytes)
-        .into_iter()
-        .map(|chunk| v1::RegisterChunk {
-            map_version: map_version.get(),
-            restore_version: restore_version.get(),
-            spec: Some(spec.clone()),
-            offset: chunk.offset,
-            data: chunk.data,
-        })
-        .collect()
+/// A gradient cut into stream chunks of `chunk_bytes`.
+pub(crate) fn grad_chunks((header, data): &PartGrad, chunk_bytes: usize) -> Vec<v1::TensorChunk> {
+    to_wire_chunks(header, data, chunk_bytes)
 }
 
 /// One part of a parameter being pulled: its slice of the parameter's buffer,
@@ -123,7 +140,7 @@ pub(crate) struct PartSink<'a> {
 
 impl<'a> PartSink<'a> {
     /// A sink for the part `header` describes, writing into `values` (its length).
-    pub(crate) fn new(header: ChunkHeader, values: &'a mut [f32]) -> Self {
+    pub(crate) fn new(header: TensorHeader, values: &'a mut [f32]) -> Self {
         Self {
             cursor: ChunkCursor::new(header),
             values,
@@ -146,7 +163,7 @@ impl<'a> PartSink<'a> {
     /// it arrived in).
     pub(crate) fn write(
         &mut self,
-        header: &ChunkHeader,
+        header: &TensorHeader,
         offset: u64,
         data: Vec<Bytes>,
         version: Version,
@@ -180,7 +197,7 @@ pub(crate) fn write_pulled(
             .tensor
             .ok_or(MalformedReply::Missing("a PulledTensor without a tensor"))?;
         let header =
-            ChunkHeader::from_wire(&tensor.name, tensor.part, tensor.dtype, &tensor.shape)?;
+            TensorHeader::from_wire(&tensor.name, tensor.part, tensor.dtype, &tensor.shape)?;
         sink_for(sinks, &header.key)?.write(
             &header,
             0,
@@ -201,7 +218,7 @@ pub(crate) fn write_pull_chunk(
     let chunk = message
         .chunk
         .ok_or(MalformedReply::Missing("a PullChunk without a chunk"))?;
-    let header = ChunkHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
+    let header = TensorHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
     let version = Version(message.version);
     sink_for(sinks, &header.key)?.write(&header, chunk.offset, data, version)
 }
@@ -240,12 +257,7 @@ pub(crate) fn cut_into_parts<'a>(
         for part in &placed.parts {
             let (slice, tail) = std::mem::take(&mut rest).split_at_mut(part.len);
             rest = tail;
-            let header = ChunkHeader {
-                key: ParamKey::new(name, part.part),
-                dtype: placed.info.dtype,
-                shape: placed.part_shape(part),
-            };
-            sinks.push((part.server, PartSink::new(header, slice)));
+            sinks.push((part.server, PartSink::new(placed.header(part), slice)));
         }
     }
     sinks

@@ -142,10 +142,7 @@ async fn connect(
         .connect()
         .await
         .with_context(|| format!("connecting to the benchmark server at {addr}"))?;
-    let limit = transport.max_message_bytes;
-    Ok(BenchClient::new(transport.authed(channel))
-        .max_decoding_message_size(limit)
-        .max_encoding_message_size(limit))
+    Ok(transport.limited(BenchClient::new(transport.authed(channel))))
 }
 
 async fn spawn_local(tuning: &Tuning, extra: Vec<String>) -> anyhow::Result<(String, Child)> {

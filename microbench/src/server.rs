@@ -5,7 +5,7 @@
 use std::future::Future;
 
 use futures::stream;
-use ps_proto::transport::TransportConfig;
+use ps_proto::transport::{MessageLimits, TransportConfig};
 use ps_proto::v1;
 use ps_proto::v1::bench_server::{Bench, BenchServer};
 use tokio::net::TcpListener;
@@ -31,9 +31,7 @@ impl BenchService {
 
     /// The tonic server, accepting messages up to `limit` bytes.
     pub fn into_server(self, limit: usize) -> BenchServer<Self> {
-        BenchServer::new(self)
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit)
+        BenchServer::new(self).limit_messages(limit)
     }
 }
 

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use crate::codec::{CodecError, DType, TensorData, checked_shape, element_count};
+use crate::codec::{CodecError, TensorData};
+use crate::header::TensorHeader;
 use crate::key::ParamKey;
 use crate::v1;
 
@@ -102,51 +103,17 @@ pub enum ChunkError {
     },
 }
 
-/// What every chunk of one tensor repeats.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChunkHeader {
-    /// The tensor's key.
-    pub key: ParamKey,
-    /// Element type.
-    pub dtype: DType,
-    /// Shape of the whole tensor.
-    pub shape: Vec<usize>,
-}
-
-impl ChunkHeader {
-    /// Validates the header fields of a wire chunk.
-    ///
-    /// # Errors
-    /// [`ChunkError::Codec`] for a bad dtype or shape.
-    pub fn from_wire(name: &str, part: u32, dtype: i32, shape: &[u64]) -> Result<Self, ChunkError> {
-        let key = ParamKey::new(name, part);
-        let checked = DType::from_proto(dtype).and_then(|d| Ok((d, checked_shape(shape, d)?)));
-        match checked {
-            Ok((dtype, shape)) => Ok(Self { key, dtype, shape }),
-            Err(source) => Err(ChunkError::Codec { key, source }),
-        }
-    }
-
-    fn describe(&self) -> String {
-        format!("{} {:?}", self.dtype, self.shape)
-    }
-
-    fn byte_len(&self) -> usize {
-        element_count(&self.shape) * self.dtype.size()
-    }
-}
-
 /// Where a stream is in one tensor: checks that each chunk repeats the header and
 /// continues exactly where the previous one ended, within the tensor.
 #[derive(Debug, Clone)]
 pub struct ChunkCursor {
-    header: ChunkHeader,
+    header: TensorHeader,
     received: usize,
 }
 
 impl ChunkCursor {
     /// A cursor at the start of the tensor `header` describes.
-    pub fn new(header: ChunkHeader) -> Self {
+    pub fn new(header: TensorHeader) -> Self {
         Self {
             header,
             received: 0,
@@ -154,7 +121,7 @@ impl ChunkCursor {
     }
 
     /// The tensor's header.
-    pub fn header(&self) -> &ChunkHeader {
+    pub fn header(&self) -> &TensorHeader {
         &self.header
     }
 
@@ -169,7 +136,7 @@ impl ChunkCursor {
     /// `HeaderChanged`, `Misaligned`, `Overlap`, `Gap` or `Overrun`.
     pub fn advance(
         &mut self,
-        header: &ChunkHeader,
+        header: &TensorHeader,
         offset: u64,
         len: usize,
     ) -> Result<(), ChunkError> {
@@ -197,7 +164,7 @@ impl ChunkCursor {
 
     /// Why `len` bytes at `offset` under `header` cannot be the next chunk, if
     /// they cannot.
-    fn check(&self, header: &ChunkHeader, offset: u64, len: usize) -> Result<(), ChunkError> {
+    fn check(&self, header: &TensorHeader, offset: u64, len: usize) -> Result<(), ChunkError> {
         let key = || header.key.clone();
         if self.header != *header {
             return Err(ChunkError::HeaderChanged {
@@ -266,7 +233,7 @@ impl Assembler {
     /// # Errors
     /// Any [`ChunkError`] except `Incomplete` and `EmptyStream`.
     pub fn add_chunk(&mut self, chunk: &v1::TensorChunk) -> Result<(), ChunkError> {
-        let header = ChunkHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
+        let header = TensorHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
         self.add(header, chunk.offset, chunk.data.clone())
     }
 
@@ -274,7 +241,12 @@ impl Assembler {
     ///
     /// # Errors
     /// Any [`ChunkError`] except `Incomplete` and `EmptyStream`.
-    pub fn add(&mut self, header: ChunkHeader, offset: u64, data: Bytes) -> Result<(), ChunkError> {
+    pub fn add(
+        &mut self,
+        header: TensorHeader,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), ChunkError> {
         let partial = self.partial(&header);
         partial.cursor.advance(&header, offset, data.len())?;
         partial.segments.push(data);
@@ -292,7 +264,7 @@ impl Assembler {
     /// As [`Assembler::add`].
     pub fn add_pieces(
         &mut self,
-        header: ChunkHeader,
+        header: TensorHeader,
         offset: u64,
         pieces: Vec<Bytes>,
     ) -> Result<&[Bytes], ChunkError> {
@@ -306,7 +278,7 @@ impl Assembler {
         Ok(&partial.segments[first..])
     }
 
-    fn partial(&mut self, header: &ChunkHeader) -> &mut Partial {
+    fn partial(&mut self, header: &TensorHeader) -> &mut Partial {
         if !self.partials.contains_key(&header.key) {
             self.order.push(header.key.clone());
         }
@@ -386,7 +358,7 @@ pub fn whole_elements(pieces: Vec<Bytes>, size: usize) -> Vec<Bytes> {
 /// Cuts `data` (the bytes of the tensor `header`) into `(offset, bytes)` pieces of at
 /// most `chunk_bytes` (rounded down to whole elements, at least one element), without
 /// copying. An empty tensor yields one empty piece, so that it is still announced.
-pub fn split(header: &ChunkHeader, data: &Bytes, chunk_bytes: usize) -> Vec<(u64, Bytes)> {
+pub fn split(header: &TensorHeader, data: &Bytes, chunk_bytes: usize) -> Vec<(u64, Bytes)> {
     let elem_size = header.dtype.size();
     let step = (chunk_bytes / elem_size).max(1) * elem_size;
     if data.is_empty() {
@@ -405,7 +377,7 @@ pub fn split(header: &ChunkHeader, data: &Bytes, chunk_bytes: usize) -> Vec<(u64
 
 /// Cuts a tensor into wire chunks of at most `chunk_bytes` each (see [`split`]).
 pub fn to_wire_chunks(
-    header: &ChunkHeader,
+    header: &TensorHeader,
     data: &Bytes,
     chunk_bytes: usize,
 ) -> Vec<v1::TensorChunk> {
@@ -426,14 +398,15 @@ pub fn to_wire_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::DType;
 
     /// A chunk as (offset, byte range of the data).
     type Piece = (u64, std::ops::Range<usize>);
     /// Whether an error is the expected one.
     type Check = fn(&ChunkError) -> bool;
 
-    fn header(elements: usize) -> ChunkHeader {
-        ChunkHeader {
+    fn header(elements: usize) -> TensorHeader {
+        TensorHeader {
             key: ParamKey::new("w", 0),
             dtype: DType::F32,
             shape: vec![elements],
@@ -576,11 +549,11 @@ mod tests {
 
     #[test]
     fn interleaved_tensors_keep_first_seen_order() {
-        let a = ChunkHeader {
+        let a = TensorHeader {
             key: ParamKey::new("a", 0),
             ..header(2)
         };
-        let b = ChunkHeader {
+        let b = TensorHeader {
             key: ParamKey::new("b", 3),
             ..header(2)
         };

@@ -7,6 +7,7 @@
 //! - [`placement`]: the one placement planner, shared by the scheduler and workers.
 //! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
 //! - [`ids`]: named numbers — [`ids::Rank`], [`ids::Step`], [`ids::Version`], [`ids::MapVersion`], [`ids::ServerId`].
+//! - [`header`]: [`header::TensorHeader`], the one description of a tensor: key, dtype, shape.
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
 //! - [`transport`]: one place for HTTP/2 windows, frame sizes, message limits and keep-alive.
 //! - [`auth`]: the cluster token and the roles its secrets grant.
@@ -24,6 +25,7 @@ pub mod codec;
 pub mod consistency;
 pub mod fuzzing;
 pub mod grpc_frames;
+pub mod header;
 pub mod ids;
 pub mod key;
 pub mod metadata;

@@ -182,6 +182,12 @@ impl TransportConfig {
             .tcp_nodelay(true))
     }
 
+    /// `grpc`, a generated client or server, reading and writing messages of up
+    /// to [`TransportConfig::max_message_bytes`].
+    pub fn limited<G: MessageLimits>(&self, grpc: G) -> G {
+        grpc.limit_messages(self.max_message_bytes)
+    }
+
     /// `channel`, sending the cluster token with every request.
     pub fn authed(&self, channel: Channel) -> AuthChannel {
         InterceptedService::new(channel, AttachToken::new(self.token.clone()))
@@ -306,3 +312,54 @@ mod tests {
         assert_eq!(http_uri("https://ps:1"), "https://ps:1");
     }
 }
+
+/// A generated gRPC client or server whose message limits can be set: the one
+/// place every candle-ps client and server gets its limits from (through
+/// [`TransportConfig::limited`], or with a size of its own).
+pub trait MessageLimits: Sized {
+    /// This client or server, decoding and encoding messages of up to `bytes`.
+    #[must_use]
+    fn limit_messages(self, bytes: usize) -> Self;
+}
+
+/// [`MessageLimits`] for generated clients, by module and type name.
+macro_rules! client_limits {
+    ($($module:ident :: $client:ident),* $(,)?) => {$(
+        impl<T> MessageLimits for crate::v1::$module::$client<T>
+        where
+            T: tonic::client::GrpcService<tonic::body::Body>,
+            T::Error: Into<tonic::codegen::StdError>,
+            T::ResponseBody: tonic::codegen::Body<Data = bytes::Bytes> + Send + 'static,
+            <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+        {
+            fn limit_messages(self, bytes: usize) -> Self {
+                self.max_decoding_message_size(bytes)
+                    .max_encoding_message_size(bytes)
+            }
+        }
+    )*};
+}
+
+/// [`MessageLimits`] for generated servers, by module, type and service trait.
+macro_rules! server_limits {
+    ($($module:ident :: $server:ident for $service:ident),* $(,)?) => {$(
+        impl<T: crate::v1::$module::$service> MessageLimits for crate::v1::$module::$server<T> {
+            fn limit_messages(self, bytes: usize) -> Self {
+                self.max_decoding_message_size(bytes)
+                    .max_encoding_message_size(bytes)
+            }
+        }
+    )*};
+}
+
+client_limits!(
+    parameter_server_client::ParameterServerClient,
+    scheduler_client::SchedulerClient,
+    bench_client::BenchClient,
+);
+
+server_limits!(
+    parameter_server_server::ParameterServerServer for ParameterServer,
+    scheduler_server::SchedulerServer for Scheduler,
+    bench_server::BenchServer for Bench,
+);

@@ -4,8 +4,9 @@
 
 use bytes::Bytes;
 use proptest::prelude::*;
-use ps_proto::chunk::{Assembler, ChunkHeader, split};
+use ps_proto::chunk::{Assembler, split};
 use ps_proto::codec::{DType, TensorData, encode_f32};
+use ps_proto::header::TensorHeader;
 use ps_proto::key::ParamKey;
 use ps_proto::placement::{MAX_PART_BYTES, Param, plan};
 use ps_proto::v1;
@@ -14,8 +15,8 @@ fn dtype() -> impl Strategy<Value = DType> {
     prop_oneof![Just(DType::F32), Just(DType::F16), Just(DType::BF16)]
 }
 
-fn header(dtype: DType, elements: usize) -> ChunkHeader {
-    ChunkHeader {
+fn header(dtype: DType, elements: usize) -> TensorHeader {
+    TensorHeader {
         key: ParamKey::new("w", 0),
         dtype,
         shape: vec![elements],

@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
-use ps_proto::codec::{DType, TensorData};
+use ps_proto::codec::TensorData;
+use ps_proto::header::TensorHeader;
 use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use tokio::sync::watch;
@@ -64,12 +65,8 @@ pub struct Pushed {
 /// One key's values as pulled.
 #[derive(Debug, Clone)]
 pub struct Pulled {
-    /// The key.
-    pub key: ParamKey,
-    /// Wire dtype.
-    pub dtype: DType,
-    /// Shape.
-    pub shape: Vec<usize>,
+    /// The key, wire dtype and shape.
+    pub header: TensorHeader,
     /// Encoded values, shared with every other pull of this version.
     pub data: Bytes,
     /// Version of the values.
@@ -148,11 +145,9 @@ pub(crate) fn apply_all(
 
 /// The key's values at its current version, encoded once per version.
 pub(crate) fn snapshot(entry: &Entry) -> Pulled {
-    let (data, version) = entry.lock().snapshot(entry.spec.dtype);
+    let (data, version) = entry.lock().snapshot(entry.spec.header.dtype);
     Pulled {
-        key: entry.spec.key.clone(),
-        dtype: entry.spec.dtype,
-        shape: entry.spec.shape.clone(),
+        header: entry.spec.header.clone(),
         data,
         version,
     }

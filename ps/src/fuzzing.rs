@@ -65,7 +65,7 @@ pub fn request(data: &[u8]) -> bool {
     });
     let stats = store.stats();
     assert!(
-        stats.keys.iter().any(|k| k.spec.key.name == "w"),
+        stats.keys.iter().any(|k| k.spec.header.key.name == "w"),
         "w is kept"
     );
     let new_keys = stats.keys.len() - 1;

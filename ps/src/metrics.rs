@@ -195,7 +195,9 @@ fn store_gauges(registry: &mut Registry, store: Arc<Store>) -> impl Fn() + Send 
         let mut versions = BTreeMap::<&str, u64>::new();
         for key in &stats.keys {
             by_kind += key.held;
-            let highest = versions.entry(key.spec.key.name.as_str()).or_default();
+            let highest = versions
+                .entry(key.spec.header.key.name.as_str())
+                .or_default();
             *highest = (*highest).max(key.version.get());
         }
         for (kind, bytes) in by_kind.by_kind() {

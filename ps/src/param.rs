@@ -8,9 +8,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ps_proto::codec::{DType, TensorData, element_count, encode_f32};
+use ps_proto::codec::{DType, TensorData, encode_f32};
+use ps_proto::header::TensorHeader;
 use ps_proto::ids::{Rank, Step, Version};
-use ps_proto::key::ParamKey;
 
 use crate::checkpoint::{KeyCheckpoint, Layout};
 use crate::consistency::{Admission, Consistency, admit};
@@ -20,12 +20,8 @@ use crate::values::Values;
 /// What a key is: immutable once registered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
-    /// The key.
-    pub key: ParamKey,
-    /// Wire dtype of values and gradients.
-    pub dtype: DType,
-    /// Shape.
-    pub shape: Vec<usize>,
+    /// The key, the wire dtype of values and gradients, and the shape.
+    pub header: TensorHeader,
     /// For a partition, the whole parameter's shape; empty for a whole parameter.
     pub whole_shape: Vec<usize>,
     /// Optimizer and hyper-parameters.
@@ -36,15 +32,15 @@ impl ParamSpec {
     /// The layout a checkpoint records for this key.
     pub fn layout(&self) -> Layout {
         Layout {
-            dtype: self.dtype,
-            shape: self.shape.clone(),
+            dtype: self.header.dtype,
+            shape: self.header.shape.clone(),
             whole_shape: self.whole_shape.clone(),
         }
     }
 
     /// Number of elements.
     pub fn len(&self) -> usize {
-        element_count(&self.shape)
+        self.header.len()
     }
 
     /// The most bytes a key of this spec holds, charged to the memory budget when
@@ -55,7 +51,7 @@ impl ParamSpec {
     pub fn footprint(&self, consistency: Consistency) -> usize {
         let accumulator = usize::from(consistency == Consistency::Bsp);
         let f32_copies = 1 + self.optimizer.state_per_element() + accumulator;
-        let per_element = f32_copies * std::mem::size_of::<f32>() + self.dtype.size();
+        let per_element = f32_copies * std::mem::size_of::<f32>() + self.header.dtype.size();
         self.len().saturating_mul(per_element)
     }
 
@@ -66,13 +62,11 @@ impl ParamSpec {
 
     /// A one-line description, for error messages.
     pub fn describe(&self) -> String {
+        let header = self.header.describe();
         if self.whole_shape.is_empty() {
-            format!("{} {:?} with {}", self.dtype, self.shape, self.optimizer)
+            format!("{header} with {}", self.optimizer)
         } else {
-            format!(
-                "{} {:?} of {:?} with {}",
-                self.dtype, self.shape, self.whole_shape, self.optimizer
-            )
+            format!("{header} of {:?} with {}", self.whole_shape, self.optimizer)
         }
     }
 }
@@ -164,7 +158,7 @@ impl KeyState {
     pub fn checkpoint(&self, spec: &ParamSpec) -> KeyCheckpoint {
         let (first, second, updates) = self.optimizer.state();
         KeyCheckpoint {
-            key: spec.key.clone(),
+            key: spec.header.key.clone(),
             spec: spec.describe(),
             layout: Some(spec.layout()),
             values: self.values.as_slice().to_vec(),
@@ -397,12 +391,11 @@ impl KeyState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ps_proto::key::ParamKey;
 
     fn spec(len: usize) -> ParamSpec {
         ParamSpec {
-            key: ParamKey::new("w", 0),
-            dtype: DType::F32,
-            shape: vec![len],
+            header: TensorHeader::new(ParamKey::new("w", 0), DType::F32, vec![len]),
             whole_shape: Vec::new(),
             optimizer: OptimizerSpec::Sgd {
                 lr: 1.0,

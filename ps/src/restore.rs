@@ -86,29 +86,29 @@ pub fn new_key(spec: &ParamSpec, offered: Offered<'_>, archive: Option<&Archive>
             .values
             .map_or_else(|| vec![0.0; spec.len()], <[f32]>::to_vec)
     };
-    let saved = archive.and_then(|a| a.lookup(&spec.key, offered.version > Version(0)));
+    let saved = archive.and_then(|a| a.lookup(&spec.header.key, offered.version > Version(0)));
     let resumed = saved.and_then(|(path, saved)| {
         let state = KeyState::from_checkpoint(spec, &saved);
         if state.is_none() {
-            tracing::warn!(key = %spec.key, path = %path.display(), saved = saved.spec, now = spec.describe(), "checkpoint holds this key with another spec; not used");
+            tracing::warn!(key = %spec.header.key, path = %path.display(), saved = saved.spec, now = spec.describe(), "checkpoint holds this key with another spec; not used");
         }
         state.map(|state| (path, state))
     });
     match resumed {
         Some((path, state)) if state.version() >= offered.version => {
-            tracing::info!(key = %spec.key, version = %state.version(), path = %path.display(), "restored from checkpoint: values and optimizer state");
+            tracing::info!(key = %spec.header.key, version = %state.version(), path = %path.display(), "restored from checkpoint: values and optimizer state");
             state
         }
         Some((path, mut state)) => {
             let behind = offered.version.get() - state.version().get();
-            tracing::warn!(key = %spec.key, version = %offered.version, path = %path.display(), optimizer_steps_behind = behind, "restored values from a worker's copy; optimizer state from an older checkpoint");
+            tracing::warn!(key = %spec.header.key, version = %offered.version, path = %path.display(), optimizer_steps_behind = behind, "restored values from a worker's copy; optimizer state from an older checkpoint");
             state.restore(values(), offered.version, offered.ranks);
             state
         }
         None => {
             let mut state = KeyState::new(spec, values());
             if offered.version > Version(0) {
-                tracing::warn!(key = %spec.key, version = %offered.version, "restored values from a worker's copy; no checkpoint holds this key, so its optimizer state is reset");
+                tracing::warn!(key = %spec.header.key, version = %offered.version, "restored values from a worker's copy; no checkpoint holds this key, so its optimizer state is reset");
                 state.restore(values(), offered.version, offered.ranks);
             }
             state
@@ -122,7 +122,7 @@ pub fn refresh_key(spec: &ParamSpec, state: &mut KeyState, offered: Offered<'_>)
     let Some(values) = offered.values.filter(|_| offered.version > state.version()) else {
         return false;
     };
-    tracing::warn!(key = %spec.key, had = %state.version(), version = %offered.version, "a worker holds a newer copy of this key; taking its values (optimizer state kept)");
+    tracing::warn!(key = %spec.header.key, had = %state.version(), version = %offered.version, "a worker holds a newer copy of this key; taking its values (optimizer state kept)");
     state.restore(values.to_vec(), offered.version, offered.ranks);
     true
 }
@@ -132,6 +132,7 @@ mod tests {
     use std::collections::HashMap;
 
     use ps_proto::codec::DType;
+    use ps_proto::header::TensorHeader;
 
     use super::*;
     use crate::checkpoint;
@@ -139,9 +140,7 @@ mod tests {
 
     fn spec(lr: f64) -> ParamSpec {
         ParamSpec {
-            key: ParamKey::new("w", 0),
-            dtype: DType::F32,
-            shape: vec![2],
+            header: TensorHeader::new(ParamKey::new("w", 0), DType::F32, vec![2]),
             whole_shape: Vec::new(),
             optimizer: OptimizerSpec::Momentum {
                 lr,
@@ -156,7 +155,7 @@ mod tests {
     fn archive_at(version: u64, spec: &ParamSpec) -> (tempfile::TempDir, Archive) {
         let root = tempfile::tempdir().unwrap();
         let saved = KeyCheckpoint {
-            key: spec.key.clone(),
+            key: spec.header.key.clone(),
             spec: spec.describe(),
             layout: Some(spec.layout()),
             values: vec![1.0, 2.0],

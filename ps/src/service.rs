@@ -90,10 +90,8 @@ impl ParameterService {
     /// tonic's generated server for this service, with the configured message
     /// limits: what [`DataPath`] hands every method but the tensor streams.
     pub(crate) fn generated(self) -> ParameterServerServer<Self> {
-        let limit = self.config.transport.max_message_bytes;
-        ParameterServerServer::new(self)
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit)
+        let transport = self.config.transport.clone();
+        transport.limited(ParameterServerServer::new(self))
     }
 
     /// The answer to a request: a refusal is counted by the store and becomes

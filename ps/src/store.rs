@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use ps_proto::chunk::ChunkHeader;
 use ps_proto::codec::{DType, TensorData, first_non_finite};
+use ps_proto::header::TensorHeader;
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use tokio::sync::watch;
@@ -253,16 +253,16 @@ impl Store {
                 what: "no parameters to register",
             });
         }
-        check_unique(params.iter().map(|(spec, _)| &spec.key))?;
+        check_unique(params.iter().map(|(spec, _)| &spec.header.key))?;
         for (spec, initial) in &params {
             self.check_size(spec)?;
             self.check_initial(spec, initial.as_ref())?;
         }
         let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
         for (spec, _) in &params {
-            if let Some(existing) = keys.get(&spec.key).filter(|e| e.spec != *spec) {
+            if let Some(existing) = keys.get(&spec.header.key).filter(|e| e.spec != *spec) {
                 return Err(Error::SpecConflict {
-                    key: spec.key.clone(),
+                    key: spec.header.key.clone(),
                     existing: existing.spec.describe(),
                     requested: spec.describe(),
                 });
@@ -279,7 +279,7 @@ impl Store {
             .into_iter()
             .map(|(spec, initial)| {
                 let footprint = spec.footprint(group.consistency);
-                let share = charge.split_off(if keys.contains_key(&spec.key) {
+                let share = charge.split_off(if keys.contains_key(&spec.header.key) {
                     0
                 } else {
                     footprint
@@ -306,13 +306,13 @@ impl Store {
         let new: Vec<&ParamSpec> = params
             .iter()
             .map(|(spec, _)| spec)
-            .filter(|spec| !keys.contains_key(&spec.key))
+            .filter(|spec| !keys.contains_key(&spec.header.key))
             .collect();
         let bytes = new.iter().fold(0usize, |sum, spec| {
             sum.saturating_add(spec.footprint(consistency))
         });
         self.budget.charge(bytes, || match new.as_slice() {
-            [one] => format!("registering {} ({})", one.key, one.describe()),
+            [one] => format!("registering {} ({})", one.header.key, one.describe()),
             many => format!("registering {} new keys", many.len()),
         })
     }
@@ -322,11 +322,11 @@ impl Store {
     /// # Errors
     /// `TensorTooLarge`.
     pub fn check_size(&self, spec: &ParamSpec) -> Result<()> {
-        let bytes = spec.len() * spec.dtype.size();
+        let bytes = spec.len() * spec.header.dtype.size();
         let limit = self.rules.max_tensor_bytes;
         if bytes > limit {
             return Err(Error::TensorTooLarge {
-                key: spec.key.clone(),
+                key: spec.header.key.clone(),
                 bytes,
                 limit,
             });
@@ -339,7 +339,7 @@ impl Store {
     ///
     /// # Errors
     /// `UnknownKey`, `DtypeMismatch`, `ShapeMismatch`.
-    pub fn check_gradient_header(&self, header: &ChunkHeader) -> Result<()> {
+    pub fn check_gradient_header(&self, header: &TensorHeader) -> Result<()> {
         let entry = self.entries(std::iter::once(&header.key))?.remove(0);
         check_dtype_and_shape(&entry.spec, header.dtype, &header.shape)
     }
@@ -353,7 +353,7 @@ impl Store {
     /// `NonFinite`, naming the element's index in the whole gradient.
     pub fn check_gradient_chunk(
         &self,
-        header: &ChunkHeader,
+        header: &TensorHeader,
         offset: u64,
         data: &[u8],
     ) -> Result<()> {
@@ -376,7 +376,7 @@ impl Store {
             return Ok(());
         };
         check_dtype_and_shape(spec, initial.dtype(), initial.shape())?;
-        self.check_finite(&spec.key, "initial value", initial)
+        self.check_finite(&spec.header.key, "initial value", initial)
     }
 
     fn check_finite(&self, key: &ParamKey, what: &'static str, tensor: &TensorData) -> Result<()> {
@@ -412,7 +412,12 @@ impl Store {
     pub fn pull_bytes(&self, keys: &[ParamKey]) -> Result<usize> {
         let entries = self.entries(keys.iter())?;
         Ok(entries.iter().fold(0usize, |sum, entry| {
-            sum.saturating_add(entry.spec.len().saturating_mul(entry.spec.dtype.size()))
+            sum.saturating_add(
+                entry
+                    .spec
+                    .len()
+                    .saturating_mul(entry.spec.header.dtype.size()),
+            )
         }))
     }
 
@@ -470,7 +475,7 @@ impl Store {
         for (entry, (_, grad)) in entries.iter().zip(&grads) {
             check_dtype_and_shape(&entry.spec, grad.dtype(), grad.shape())?;
             if finite == Finite::Unchecked {
-                self.check_finite(&entry.spec.key, "gradient", grad)?;
+                self.check_finite(&entry.spec.header.key, "gradient", grad)?;
             }
         }
         let live = self.live_workers();
@@ -547,7 +552,7 @@ impl Store {
         let bsp = self.group().consistency == crate::consistency::Consistency::Bsp;
         if bsp && wanted.get() > version.get().saturating_add(1) {
             return Err(Error::PullAhead {
-                key: entry.spec.key.clone(),
+                key: entry.spec.header.key.clone(),
                 wanted,
                 version,
             });
@@ -587,7 +592,7 @@ impl Store {
             )
         };
         Error::PullTimeout {
-            key: entry.spec.key.clone(),
+            key: entry.spec.header.key.clone(),
             wanted,
             have: state.version(),
             waited,
@@ -625,7 +630,7 @@ impl Store {
                 }
             })
             .collect();
-        keys.sort_by(|a, b| a.spec.key.cmp(&b.spec.key));
+        keys.sort_by(|a, b| a.spec.header.key.cmp(&b.spec.header.key));
         Stats {
             keys,
             pushes: self.counters.pushes.load(Ordering::Relaxed),
@@ -646,16 +651,16 @@ enum Finite {
 }
 
 fn check_dtype_and_shape(spec: &ParamSpec, dtype: DType, shape: &[usize]) -> Result<()> {
-    let key = &spec.key;
-    if dtype != spec.dtype {
+    let key = &spec.header.key;
+    if dtype != spec.header.dtype {
         return Err(Error::DtypeMismatch {
             key: key.clone(),
-            expected: spec.dtype,
+            expected: spec.header.dtype,
             got: dtype,
         });
     }
-    if shape != spec.shape {
-        let (expected, got) = (spec.shape.clone(), shape.to_vec());
+    if shape != spec.header.shape {
+        let (expected, got) = (spec.header.shape.clone(), shape.to_vec());
         return Err(Error::ShapeMismatch {
             key: key.clone(),
             expected,
@@ -682,20 +687,20 @@ fn insert_or_refresh(
     charge: Charge,
     archive: Option<&Archive>,
 ) -> Registered {
-    if let Some(existing) = keys.get(&spec.key) {
+    if let Some(existing) = keys.get(&spec.header.key) {
         let mut state = existing.lock();
         if refresh_key(&existing.spec, &mut state, offered) {
             existing.announce(state.version());
         }
         return Registered {
-            key: spec.key,
+            key: spec.header.key,
             created: false,
             version: state.version(),
         };
     }
     let state = new_key(&spec, offered, archive);
     let version = state.version();
-    let key = spec.key.clone();
+    let key = spec.header.key.clone();
     let entry = Entry {
         state: Mutex::new(state),
         spec,

@@ -36,9 +36,7 @@ fn store(consistency: Consistency, workers: u32) -> Store {
 
 fn spec(name: &str, len: usize) -> ParamSpec {
     ParamSpec {
-        key: ParamKey::new(name, 0),
-        dtype: DType::F32,
-        shape: vec![len],
+        header: TensorHeader::new(ParamKey::new(name, 0), DType::F32, vec![len]),
         whole_shape: Vec::new(),
         optimizer: SGD_1,
     }
@@ -82,7 +80,8 @@ async fn values(store: &Store, name: &str) -> (Vec<f32>, u64) {
         .await
         .expect("pull")
         .remove(0);
-    let data = TensorData::new(pulled.dtype, pulled.shape, pulled.data).expect("decode");
+    let data =
+        TensorData::new(pulled.header.dtype, pulled.header.shape, pulled.data).expect("decode");
     (data.to_f32_vec(), pulled.version.get())
 }
 

@@ -8,8 +8,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use bytes::Bytes;
-use ps_proto::chunk::{Assembler, ChunkError, ChunkHeader};
+use ps_proto::chunk::{Assembler, ChunkError};
 use ps_proto::codec::TensorData;
+use ps_proto::header::TensorHeader;
 use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::metadata;
@@ -57,11 +58,11 @@ pub(crate) async fn read_register_stream(
         let admitted = Admitted::map(store, message.map_version).await?;
         let spec = wire::param_spec(spec)?;
         store.check_size(&spec)?;
-        match specs.iter().find(|s| s.key == spec.key) {
+        match specs.iter().find(|s| s.header.key == spec.header.key) {
             Some(first) if *first != spec => {
                 let (first, now) = (first.describe(), spec.describe());
                 return Err(ChunkError::HeaderChanged {
-                    key: spec.key,
+                    key: spec.header.key,
                     first,
                     now,
                 }
@@ -71,9 +72,9 @@ pub(crate) async fn read_register_stream(
             None => specs.push(spec.clone()),
         }
         admitted.add_to(buffered, message.data.len(), || {
-            format!("buffering a register stream of {}", spec.key)
+            format!("buffering a register stream of {}", spec.header.key)
         })?;
-        assembler.add(wire::chunk_header(&spec), message.offset, message.data)?;
+        assembler.add(spec.header.clone(), message.offset, message.data)?;
     }
     let tensors = assembler.finish()?;
     let params = specs
@@ -116,7 +117,7 @@ pub(crate) async fn read_push_stream(
             what: "a PushChunk without a chunk",
         })?;
         let admitted = Admitted::map(store, message.map_version).await?;
-        let header = ChunkHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
+        let header = TensorHeader::from_wire(&chunk.name, chunk.part, chunk.dtype, &chunk.shape)?;
         if checked.insert(header.key.clone()) {
             store.check_gradient_header(&header)?;
         }

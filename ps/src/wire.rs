@@ -1,8 +1,8 @@
 //! Conversions between `ps.v1` messages and the store's domain types, with every
 //! field validated (a bad field becomes an [`Error`], never a panic).
 
-use ps_proto::chunk::ChunkHeader;
 use ps_proto::codec::{DType, TensorData, checked_shape, element_count, wire_shape};
+use ps_proto::header::TensorHeader;
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
 
@@ -56,9 +56,7 @@ pub fn param_spec(spec: &v1::ParameterSpec) -> Result<ParamSpec> {
         }
     })?;
     Ok(ParamSpec {
-        key,
-        dtype,
-        shape,
+        header: TensorHeader::new(key, dtype, shape),
         whole_shape,
         optimizer,
     })
@@ -94,22 +92,16 @@ pub fn param_init(init: &v1::ParameterInit) -> Result<(ParamSpec, Option<TensorD
     if init.initial.is_empty() {
         return Ok((spec, None));
     }
-    let initial = TensorData::new(spec.dtype, spec.shape.clone(), init.initial.clone()).map_err(
-        |source| Error::Codec {
-            key: spec.key.clone(),
-            source,
-        },
-    )?;
+    let initial = TensorData::new(
+        spec.header.dtype,
+        spec.header.shape.clone(),
+        init.initial.clone(),
+    )
+    .map_err(|source| Error::Codec {
+        key: spec.header.key.clone(),
+        source,
+    })?;
     Ok((spec, Some(initial)))
-}
-
-/// The chunk header a `RegisterChunk`'s spec implies.
-pub fn chunk_header(spec: &ParamSpec) -> ChunkHeader {
-    ChunkHeader {
-        key: spec.key.clone(),
-        dtype: spec.dtype,
-        shape: spec.shape.clone(),
-    }
 }
 
 /// Validates a tensor from the wire.
@@ -159,15 +151,8 @@ pub fn push_response(pushed: Vec<Pushed>) -> v1::PushResponse {
 
 /// The wire form of pulled values.
 pub fn pulled_tensor(pulled: Pulled) -> v1::PulledTensor {
-    let tensor = v1::Tensor {
-        name: pulled.key.name,
-        part: pulled.key.part,
-        dtype: pulled.dtype.to_proto(),
-        shape: wire_shape(&pulled.shape),
-        data: pulled.data,
-    };
     v1::PulledTensor {
-        tensor: Some(tensor),
+        tensor: Some(pulled.header.into_tensor(pulled.data)),
         version: pulled.version.get(),
     }
 }
@@ -177,13 +162,8 @@ pub fn pull_chunks(
     pulled: &Pulled,
     chunk_bytes: usize,
 ) -> impl Iterator<Item = v1::PullChunk> + use<> {
-    let header = ChunkHeader {
-        key: pulled.key.clone(),
-        dtype: pulled.dtype,
-        shape: pulled.shape.clone(),
-    };
     let version = pulled.version.get();
-    ps_proto::chunk::to_wire_chunks(&header, &pulled.data, chunk_bytes)
+    ps_proto::chunk::to_wire_chunks(&pulled.header, &pulled.data, chunk_bytes)
         .into_iter()
         .map(move |chunk| v1::PullChunk {
             chunk: Some(chunk),
@@ -193,10 +173,10 @@ pub fn pull_chunks(
 
 fn key_stats(summary: &KeySummary) -> v1::KeyStats {
     v1::KeyStats {
-        name: summary.spec.key.name.clone(),
-        part: summary.spec.key.part,
-        dtype: summary.spec.dtype.to_proto(),
-        shape: wire_shape(&summary.spec.shape),
+        name: summary.spec.header.key.name.clone(),
+        part: summary.spec.header.key.part,
+        dtype: summary.spec.header.dtype.to_proto(),
+        shape: wire_shape(&summary.spec.header.shape),
         version: summary.version.get(),
         bytes: summary.bytes as u64,
     }

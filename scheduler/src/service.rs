@@ -48,10 +48,8 @@ impl SchedulerService {
     /// transport's limit, behind the access layer that checks each method's
     /// role ([`crate::methods::METHODS`]).
     pub fn into_server(self) -> Access<SchedulerServer<Self>> {
-        let limit = self.state.config.transport.max_message_bytes;
-        let server = SchedulerServer::new(self)
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit);
+        let transport = self.state.config.transport.clone();
+        let server = transport.limited(SchedulerServer::new(self));
         Access::new(server, crate::methods::METHODS, None)
     }
 }

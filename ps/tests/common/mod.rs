@@ -5,10 +5,11 @@
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use ps_proto::chunk::{ChunkHeader, to_wire_chunks};
+use ps_proto::chunk::to_wire_chunks;
 use ps_proto::codec::DType;
+use ps_proto::header::TensorHeader;
 use ps_proto::key::ParamKey;
-use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::transport::{MessageLimits, TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_server::ServerConfig;
@@ -67,9 +68,7 @@ impl TestServer {
         .connect()
         .await
         .expect("connect to test server");
-        let client = ParameterServerClient::new(channel)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
+        let client = ParameterServerClient::new(channel).limit_messages(usize::MAX);
         Self {
             addr,
             client,
@@ -235,8 +234,8 @@ impl TestServer {
 
 pub const MIB: usize = 1 << 20;
 
-pub fn header(name: &str, elements: usize) -> ChunkHeader {
-    ChunkHeader {
+pub fn header(name: &str, elements: usize) -> TensorHeader {
+    TensorHeader {
         key: ParamKey::new(name, 0),
         dtype: DType::F32,
         shape: vec![elements],
