@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bytes::Bytes;
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::v1;
@@ -18,7 +17,7 @@ use crate::error::{ClientError, Rpc};
 use crate::fan_out::all_or_first_error;
 use crate::placement::{ParamInfo, Part, Placement};
 use crate::shards::{Server, Shards};
-use crate::wire::PulledParam;
+use crate::wire::{ParamBytes, PulledParam};
 
 /// A worker's connection to every parameter server.
 pub struct PsClient {
@@ -296,7 +295,7 @@ impl PsClient {
     /// [`ClientError`] from any server.
     pub async fn register(
         &self,
-        values: &[(String, Bytes)],
+        values: &[ParamBytes],
         optimizer: &v1::Optimizer,
     ) -> Result<bool, ClientError> {
         self.register_copy(values, optimizer, Version(0)).await
@@ -311,7 +310,7 @@ impl PsClient {
     /// [`ClientError`] from any server.
     pub async fn register_copy(
         &self,
-        values: &[(String, Bytes)],
+        values: &[ParamBytes],
         optimizer: &v1::Optimizer,
         version: Version,
     ) -> Result<bool, ClientError> {
@@ -327,7 +326,7 @@ impl PsClient {
         &self,
         worker: Rank,
         step: Step,
-        grads: &[(String, Bytes)],
+        grads: &[ParamBytes],
     ) -> Result<usize, ClientError> {
         if let Directory::Scheduler(link) = &self.directory {
             link.record_step(step);

@@ -37,4 +37,4 @@ pub use error::{ClientError, Recovery, Repair, Rpc};
 pub use optim::{adam, momentum, sgd};
 pub use recovery::{Action, Outcome, Recovering};
 pub use repair::{LocalCopy, RepairBudget};
-pub use wire::PulledParam;
+pub use wire::{ParamBytes, PulledParam};

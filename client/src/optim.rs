@@ -1,8 +1,10 @@
-//! [`OptimizerChoice`]: the server-side optimizers a worker can ask for by name.
+//! [`OptimizerChoice`]: the server-side optimizers a worker can ask for by name,
+//! sent with every hyper-parameter filled in (defaults from `ps_proto::hyper`).
 
 use std::fmt;
 use std::str::FromStr;
 
+use ps_proto::hyper;
 use ps_proto::v1;
 
 /// A server-side optimizer, by name.
@@ -27,12 +29,16 @@ impl OptimizerChoice {
             }),
             OptimizerChoice::Momentum => Kind::Momentum(v1::Momentum {
                 lr,
-                momentum: 0.9,
-                ..Default::default()
+                momentum: hyper::MOMENTUM,
+                weight_decay: 0.0,
+                nesterov: false,
             }),
             OptimizerChoice::Adam => Kind::Adam(v1::Adam {
                 lr,
-                ..Default::default()
+                beta1: hyper::ADAM_BETA1,
+                beta2: hyper::ADAM_BETA2,
+                eps: hyper::ADAM_EPS,
+                weight_decay: 0.0,
             }),
         };
         v1::Optimizer { kind: Some(kind) }
@@ -76,5 +82,25 @@ impl fmt::Display for OptimizerChoice {
             OptimizerChoice::Momentum => "momentum",
             OptimizerChoice::Adam => "adam",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adam_goes_out_with_the_defaults_it_promises() {
+        let Some(v1::optimizer::Kind::Adam(adam)) = adam(0.01).kind else {
+            panic!("adam(..) is not Adam");
+        };
+        assert_eq!(
+            (adam.lr, adam.beta1, adam.beta2, adam.eps),
+            (0.01, 0.9, 0.999, 1e-8)
+        );
+        let Some(v1::optimizer::Kind::Momentum(m)) = momentum(0.1).kind else {
+            panic!("momentum(..) is not momentum");
+        };
+        assert_eq!((m.lr, m.momentum, m.nesterov), (0.1, 0.9, false));
     }
 }

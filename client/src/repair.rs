@@ -18,13 +18,13 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use ps_proto::ids::{Step, Version};
 use ps_proto::v1;
 
 use crate::connection::PsClient;
 use crate::error::{ClientError, Repair};
 use crate::recovery::{Action, Outcome, Recovering};
+use crate::wire::ParamBytes;
 
 /// How long each wait for a newer shard map lasts before checking whether an
 /// unreachable server is back at its address.
@@ -35,7 +35,7 @@ const PLACEMENT_PROBE: Duration = Duration::from_millis(500);
 #[derive(Debug, Clone)]
 pub struct LocalCopy {
     /// Every parameter's values, by name.
-    pub values: Vec<(String, Bytes)>,
+    pub values: Vec<ParamBytes>,
     /// The version of these values (0: initial values).
     pub version: Version,
     /// The optimizer the keys are registered with.

@@ -32,8 +32,8 @@ use crate::framed::{FramedAnswer, start_framed};
 use crate::placement::{Placed, Placement};
 use crate::retry::RetryPolicy;
 use crate::wire::{
-    MalformedReply, PartData, PartGrad, PartInit, PartSink, PulledParam, cut_into_parts,
-    grad_chunks, part_grad, write_pull_chunk, write_pulled,
+    MalformedReply, ParamBytes, PartData, PartGrad, PartInit, PartSink, PulledParam,
+    cut_into_parts, grad_chunks, part_grad, write_pull_chunk, write_pulled,
 };
 
 /// `items`, in order, cut into runs of at least `total / groups` bytes (and at
@@ -215,10 +215,10 @@ impl Shards {
     /// The parts each server holds, with the bytes of each part cut from `data`.
     fn parts_by_server<'a>(
         &'a self,
-        data: &'a [(String, Bytes)],
+        data: &'a [ParamBytes],
     ) -> Result<Vec<Vec<PartData<'a>>>, ClientError> {
         let mut by_server = vec![Vec::new(); self.servers.len()];
-        for (name, bytes) in data {
+        for ParamBytes { name, data: bytes } in data {
             let placed = self.placed(name)?;
             let size = placed.info.dtype.size();
             if bytes.len() != placed.info.len() * size {
@@ -266,7 +266,7 @@ impl Shards {
     /// took these values.
     pub(crate) async fn register(
         &self,
-        values: &[(String, Bytes)],
+        values: &[ParamBytes],
         optimizer: &v1::Optimizer,
         restore_version: Version,
     ) -> Result<bool, ClientError> {
@@ -330,7 +330,7 @@ impl Shards {
         &self,
         worker: Rank,
         step: Step,
-        grads: &[(String, Bytes)],
+        grads: &[ParamBytes],
     ) -> Result<usize, ClientError> {
         let by_server = self.parts_by_server(grads)?;
         let calls = by_server.iter().enumerate().flat_map(|(s, parts)| {

@@ -42,6 +42,26 @@ pub(crate) enum MalformedReply {
     Decode(#[from] prost::DecodeError),
 }
 
+/// One parameter's values or gradient, by name, as bytes in its wire dtype:
+/// what a worker registers and pushes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamBytes {
+    /// The parameter's name.
+    pub name: String,
+    /// Every element, row-major, in the parameter's wire dtype.
+    pub data: Bytes,
+}
+
+impl ParamBytes {
+    /// `data` as the bytes of the parameter `name`.
+    pub fn new(name: impl Into<String>, data: Bytes) -> Self {
+        Self {
+            name: name.into(),
+            data,
+        }
+    }
+}
+
 /// A parameter's values as pulled, reassembled from its parts.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PulledParam {

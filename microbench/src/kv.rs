@@ -28,7 +28,7 @@ use bytes::Bytes;
 use futures::future::join_all;
 use hdrhistogram::Histogram;
 use ps_client::placement::ParamInfo;
-use ps_client::{ClientConfig, PsClient, PulledParam, sgd};
+use ps_client::{ClientConfig, ParamBytes, PsClient, PulledParam, sgd};
 use ps_common::processes::{ServerProcess, peak_rss_bytes};
 use ps_common::size::format_size;
 use ps_proto::codec::{DType, encode_f32};
@@ -138,7 +138,7 @@ pub async fn run_worker(
     tls: Option<TlsConfig>,
 ) -> anyhow::Result<WorkerReport> {
     let client = placed_client(servers, size, tls).await?;
-    let grad = vec![(key_name(size), gradient(size))];
+    let grad = [ParamBytes::new(key_name(size), gradient(size))];
     let first_rank = index * (window as u32 + 1);
     let (start, cpu) = (Instant::now(), process_cpu_seconds());
     let phase = Duration::from_secs_f64(seconds);
@@ -196,12 +196,7 @@ impl Slot {
         }
     }
 
-    async fn run(
-        &mut self,
-        client: &PsClient,
-        op: Op,
-        grad: &[(String, Bytes)],
-    ) -> anyhow::Result<()> {
+    async fn run(&mut self, client: &PsClient, op: Op, grad: &[ParamBytes]) -> anyhow::Result<()> {
         match op {
             Op::Push => {
                 let taken = client.push(self.rank, self.step, grad).await?;
@@ -249,7 +244,7 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
     let mut rows = Vec::new();
     for &size in &plan.sizes {
         let client = placed_client(&addrs, size, tls.as_ref().map(|t| t.config.clone())).await?;
-        let initial = vec![(
+        let initial = [ParamBytes::new(
             key_name(size),
             encode_f32(DType::F32, &vec![0.5; (size / 4).max(1)]),
         )];

@@ -13,7 +13,7 @@ use anyhow::Context;
 use bytes::Bytes;
 use futures::future::try_join_all;
 use ps_client::placement::ParamInfo;
-use ps_client::{ClientConfig, PsClient, PulledParam};
+use ps_client::{ClientConfig, ParamBytes, PsClient, PulledParam};
 use ps_common::processes::ServerProcess;
 use ps_proto::codec::{DType, encode_f32};
 use ps_proto::ids::{Rank, Step, Version};
@@ -97,7 +97,7 @@ pub struct ThroughputPlan {
 struct Worker {
     client: PsClient,
     rank: Rank,
-    grads: Vec<(String, Bytes)>,
+    grads: Vec<ParamBytes>,
     /// The values pulled, their buffers reused from step to step as a
     /// training loop that keeps them does (`PsClient::pull_into`).
     pulled: tokio::sync::Mutex<BTreeMap<String, PulledParam>>,
@@ -133,16 +133,16 @@ impl Worker {
         config.requests_per_server = tuning.requests_per_server;
         let mut client = PsClient::connect(config).await?;
         client.place(&model.params).await?;
-        let zeros: Vec<(String, Bytes)> = model
+        let zeros: Vec<ParamBytes> = model
             .params
             .iter()
-            .map(|p| (p.name.clone(), Bytes::from(vec![0u8; p.len() * 4])))
+            .map(|p| ParamBytes::new(&p.name, Bytes::from(vec![0u8; p.len() * 4])))
             .collect();
         client.register(&zeros, &ps_client::sgd(1e-6)).await?;
         let grads = model
             .params
             .iter()
-            .map(|p| (p.name.clone(), encode_f32(DType::F32, &vec![1e-3; p.len()])))
+            .map(|p| ParamBytes::new(&p.name, encode_f32(DType::F32, &vec![1e-3; p.len()])))
             .collect();
         Ok(Self {
             client,

@@ -3,6 +3,7 @@
 //! - [`v1`]: the code generated from `proto/ps/v1/*.proto` (messages, clients, servers).
 //! - [`codec`]: tensors on the wire — dtypes, shapes, validation, zero-copy `f32` access.
 //! - [`consistency`]: BSP, ASP, SSP(k) and the version to pull after a push.
+//! - [`hyper`]: the optimizers' default hyper-parameters.
 //! - [`metadata`]: the gRPC metadata keys on refusals a client acts on.
 //! - [`placement`]: the one placement planner, shared by the scheduler and workers.
 //! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
@@ -26,6 +27,7 @@ pub mod consistency;
 pub mod fuzzing;
 pub mod grpc_frames;
 pub mod header;
+pub mod hyper;
 pub mod ids;
 pub mod key;
 pub mod metadata;

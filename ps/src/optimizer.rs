@@ -9,6 +9,7 @@ use std::fmt;
 use std::ops::Range;
 
 use ps_proto::codec::{DType, F32Run, TensorData};
+use ps_proto::hyper;
 use ps_proto::v1;
 
 use crate::kernels::{self, Kernel};
@@ -93,9 +94,9 @@ impl OptimizerSpec {
             },
             Kind::Adam(a) => OptimizerSpec::Adam {
                 lr: a.lr,
-                beta1: default_if_zero(a.beta1, 0.9),
-                beta2: default_if_zero(a.beta2, 0.999),
-                eps: default_if_zero(a.eps, 1e-8),
+                beta1: default_if_zero(a.beta1, hyper::ADAM_BETA1),
+                beta2: default_if_zero(a.beta2, hyper::ADAM_BETA2),
+                eps: default_if_zero(a.eps, hyper::ADAM_EPS),
                 weight_decay: a.weight_decay,
             },
         };

@@ -7,6 +7,7 @@
 //! rank or push, while a job with both trains.
 
 use bytes::Bytes;
+use ps_client::ParamBytes;
 use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, PsClient};
 use ps_proto::auth::{ClusterToken, Role};
@@ -274,7 +275,7 @@ async fn with_role_secrets_only_a_server_registers_as_one_and_only_a_worker_take
         }])
         .await
         .expect("place");
-    let values = |v: f32| vec![("w".to_string(), Bytes::from(v.to_le_bytes().repeat(4)))];
+    let values = |v: f32| vec![ParamBytes::new("w", Bytes::from(v.to_le_bytes().repeat(4)))];
     client
         .register(&values(1.0), &ps_client::optim::sgd(0.5))
         .await

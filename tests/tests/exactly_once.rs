@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use ps_client::ParamBytes;
 use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, PsClient, Recovery, Repair, optim};
 use ps_cluster::servers::LocalServers;
@@ -39,11 +40,11 @@ const LARGE: Key = Key {
     steps: 150,
 };
 
-fn ones(key: Key) -> Vec<(String, Bytes)> {
+fn ones(key: Key) -> Vec<ParamBytes> {
     let bytes: Vec<u8> = std::iter::repeat_n(1.0f32.to_le_bytes(), key.len)
         .flatten()
         .collect();
-    vec![("w".to_string(), Bytes::from(bytes))]
+    vec![ParamBytes::new("w", Bytes::from(bytes))]
 }
 
 async fn client(addr: &str, key: Key) -> PsClient {
@@ -121,7 +122,7 @@ async fn applied_exactly_once(key: Key) {
     };
     let proxy = FaultyProxy::start(server, plan).await.expect("a proxy");
     let direct = client(&servers.addrs()[0], key).await;
-    let zeros = vec![("w".to_string(), Bytes::from(vec![0u8; key.len * 4]))];
+    let zeros = vec![ParamBytes::new("w", Bytes::from(vec![0u8; key.len * 4]))];
     direct
         .register(&zeros, &optim::sgd(1.0))
         .await

@@ -14,6 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use candle_nn::VarMap;
 use ps_client::GroupInfo;
+use ps_client::ParamBytes;
 use ps_client::optim::OptimizerChoice;
 use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, PsClient};
@@ -150,9 +151,9 @@ async fn bare_worker(addr: &str) -> PsClient {
     client
 }
 
-fn f32_bytes(value: f32) -> Vec<(String, Bytes)> {
+fn f32_bytes(value: f32) -> Vec<ParamBytes> {
     let bytes: Vec<u8> = [value; 4].iter().flat_map(|v| v.to_le_bytes()).collect();
-    vec![("w".to_string(), Bytes::from(bytes))]
+    vec![ParamBytes::new("w", Bytes::from(bytes))]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

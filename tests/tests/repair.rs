@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use ps_client::ParamBytes;
 use ps_client::placement::ParamInfo;
 use ps_client::retry::RetryPolicy;
 use ps_client::{
@@ -51,7 +52,7 @@ async fn client(server: &Loopback) -> PsClient {
 
 fn copy(values: &[f32], version: u64) -> LocalCopy {
     LocalCopy {
-        values: vec![("w".into(), f32s(values))],
+        values: vec![ParamBytes::new("w", f32s(values))],
         version: Version(version),
         optimizer: sgd(1.0),
     }
@@ -100,14 +101,14 @@ async fn a_server_restarted_empty_gets_the_keys_back_from_the_workers_copy() {
     let server = Loopback::start(asp());
     let (mut client, _) = registered(&server).await;
     client
-        .push(Rank(0), Step(0), &[("w".into(), f32s(&[0.5; 4]))])
+        .push(Rank(0), Step(0), &[ParamBytes::new("w", f32s(&[0.5; 4]))])
         .await
         .unwrap();
     let (values, version) = pull_w(&client).await;
     assert_eq!((values.as_slice(), version), (&[0.5; 4][..], 1));
 
     server.restart();
-    let grads = [("w".into(), f32s(&[0.25; 4]))];
+    let grads = [ParamBytes::new("w", f32s(&[0.25; 4]))];
     let error = client.push(Rank(0), Step(1), &grads).await.unwrap_err();
     assert_eq!(
         error.recovery(Step(1)),
@@ -132,7 +133,7 @@ async fn a_server_gone_for_good_ends_the_repair_within_its_budget() {
     let server = Loopback::start(asp());
     let (mut client, initial) = registered(&server).await;
     server.stop();
-    let grads = [("w".into(), f32s(&[0.5; 4]))];
+    let grads = [ParamBytes::new("w", f32s(&[0.5; 4]))];
     let error = client.push(Rank(0), Step(0), &grads).await.unwrap_err();
     let lost = Recovery::Repair(Repair::ServerLost);
     assert_eq!(error.recovery(Step(0)), lost, "{error}");
@@ -152,7 +153,7 @@ async fn a_server_gone_for_good_ends_the_repair_within_its_budget() {
 async fn a_request_error_is_not_repaired() {
     let server = Loopback::start(asp());
     let (client, _) = registered(&server).await;
-    let wrong = [("w".into(), f32s(&[f32::NAN; 4]))];
+    let wrong = [ParamBytes::new("w", f32s(&[f32::NAN; 4]))];
     let error = client.push(Rank(0), Step(0), &wrong).await.unwrap_err();
     assert!(matches!(error, ClientError::Rpc { .. }));
     assert_eq!(error.recovery(Step(0)), Recovery::Fatal, "{error}");
@@ -193,9 +194,9 @@ async fn a_pull_fails_at_the_first_servers_error_while_another_server_holds_it()
         })
         .collect();
     client.place(&params).await.expect("place");
-    let values: Vec<(String, Bytes)> = names
+    let values: Vec<ParamBytes> = names
         .iter()
-        .map(|name| ((*name).to_string(), f32s(&[1.0; 4])))
+        .map(|name| ParamBytes::new(*name, f32s(&[1.0; 4])))
         .collect();
     client.register(&values, &sgd(1.0)).await.expect("register");
     // Restarted empty: it answers NOT_FOUND at once. The other holds the pull

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ps_client::ParamBytes;
 use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, PsClient};
 use ps_cluster::LocalServers;
@@ -74,7 +75,10 @@ async fn stale_map_refused_then_refreshed(len: usize) {
         .await
         .unwrap();
     client
-        .register(&[("w".into(), f32s(&vec![1.0; len]))], &ps_client::sgd(1.0))
+        .register(
+            &[ParamBytes::new("w", f32s(&vec![1.0; len]))],
+            &ps_client::sgd(1.0),
+        )
         .await
         .unwrap();
 
@@ -119,7 +123,7 @@ async fn stale_map_refused_then_refreshed(len: usize) {
 
     // Until the server applies the new map, pushes with the old one go through; after,
     // they are refused with the version to fetch.
-    let grads = [("w".to_string(), f32s(&vec![0.5; len]))];
+    let grads = [ParamBytes::new("w", f32s(&vec![0.5; len]))];
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut taken_before = 0;
     let stale = loop {

@@ -25,8 +25,8 @@ use ps_proto::v1;
 
 use ps_client::placement::ParamInfo;
 use ps_client::{
-    Action, ClientConfig, ClientError, GroupInfo, LocalCopy, Outcome, PsClient, PulledParam,
-    Recovering, RepairBudget,
+    Action, ClientConfig, ClientError, GroupInfo, LocalCopy, Outcome, ParamBytes, PsClient,
+    PulledParam, Recovering, RepairBudget,
 };
 
 use crate::host_copy::CopyPlan;
@@ -229,7 +229,7 @@ impl PsTrainer {
     }
 
     /// Every variable's gradient (zeros for one without) as host bytes, by name.
-    fn gradients(&self, grads: &GradStore) -> Result<Vec<(String, Bytes)>, TrainerError> {
+    fn gradients(&self, grads: &GradStore) -> Result<Vec<ParamBytes>, TrainerError> {
         let tensors = self
             .vars
             .iter()
@@ -242,12 +242,12 @@ impl PsTrainer {
     }
 
     /// `bytes[i]` named after variable `i`.
-    fn named(&self, bytes: Vec<Bytes>) -> Result<Vec<(String, Bytes)>, TrainerError> {
+    fn named(&self, bytes: Vec<Bytes>) -> Result<Vec<ParamBytes>, TrainerError> {
         Ok(self
             .vars
             .iter()
-            .map(|(name, _)| name.clone())
             .zip(bytes)
+            .map(|((name, _), data)| ParamBytes::new(name, data))
             .collect())
     }
 
@@ -271,7 +271,7 @@ impl PsTrainer {
     /// repeated) and load the version to wait for.
     async fn push_and_load(
         &mut self,
-        pushed: &[(String, Bytes)],
+        pushed: &[ParamBytes],
         wait_for: Version,
     ) -> Result<(), TrainerError> {
         if self.client.newer_map().is_some() {
@@ -333,7 +333,7 @@ impl PsTrainer {
     }
 
     /// This worker's values of every variable, by name.
-    fn copy(&self) -> Result<Vec<(String, Bytes)>, TrainerError> {
+    fn copy(&self) -> Result<Vec<ParamBytes>, TrainerError> {
         let values: Vec<Tensor> = self
             .vars
             .iter()
