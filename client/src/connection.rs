@@ -16,6 +16,7 @@ use crate::control::{Directory, Expected, GroupInfo, SchedulerLink, join_group};
 use crate::error::{ClientError, Rpc};
 use crate::fan_out::all_or_first_error;
 use crate::placement::{ParamInfo, Part, Placement};
+use crate::retry::RetryTally;
 use crate::shards::{Server, Shards};
 use crate::wire::{ParamBytes, PulledParam};
 
@@ -155,7 +156,7 @@ impl PsClient {
         client_id: &str,
         expected: Expected,
     ) -> Result<GroupInfo, ClientError> {
-        let (retry, wait) = (self.config.retry, self.config.pull_timeout);
+        let (retry, wait) = (&self.config.retry, self.config.pull_timeout);
         match &mut self.directory {
             Directory::Scheduler(link) => {
                 let group = link.register(retry, client_id, wait).await?;
@@ -191,7 +192,7 @@ impl PsClient {
     /// time (the message names what the scheduler still waits for), or a server in
     /// the map cannot be reached.
     pub async fn place(&mut self, params: &[ParamInfo]) -> Result<(), ClientError> {
-        let retry = self.config.retry;
+        let retry = &self.config.retry;
         match &mut self.directory {
             Directory::Scheduler(link) => {
                 link.declare(retry, params).await?;
@@ -250,7 +251,7 @@ impl PsClient {
             ));
         };
         let map = link
-            .shard_map(self.config.retry, min_version, map_wait)
+            .shard_map(&self.config.retry, min_version, map_wait)
             .await?;
         let transport = &self.config.transport;
         let servers = all_or_first_error(
@@ -285,6 +286,12 @@ impl PsClient {
         self.shards.map_version = MapVersion(map.version);
         tracing::info!(version = map.version, servers = ?self.servers(), "placement from the scheduler's shard map");
         Ok(())
+    }
+
+    /// Where this client's retries are counted (its config's retry policy's
+    /// tally), for a worker's metrics to show.
+    pub fn retry_tally(&self) -> RetryTally {
+        self.config.retry.tally.clone()
     }
 
     /// Registers every placed parameter with its initial values in `values` (by name)

@@ -111,7 +111,7 @@ impl Drop for SchedulerLink {
 /// Asks `server` for a rank in its worker group (the fixed-server directory).
 pub(crate) async fn join_group(
     server: &Server,
-    retry: RetryPolicy,
+    retry: &RetryPolicy,
     client_id: &str,
     expected: Expected,
 ) -> Result<GroupInfo, ClientError> {
@@ -176,7 +176,7 @@ impl SchedulerLink {
     /// heartbeat timeout), then heartbeats in the background.
     pub(crate) async fn register(
         &mut self,
-        retry: RetryPolicy,
+        retry: &RetryPolicy,
         client_id: &str,
         wait: Duration,
     ) -> Result<GroupInfo, ClientError> {
@@ -248,7 +248,7 @@ impl SchedulerLink {
     /// Declares the model's parameters, so the scheduler can place them.
     pub(crate) async fn declare(
         &mut self,
-        retry: RetryPolicy,
+        retry: &RetryPolicy,
         params: &[ParamInfo],
     ) -> Result<(), ClientError> {
         let declared = params
@@ -275,7 +275,7 @@ impl SchedulerLink {
     /// the scheduler answers `DEADLINE_EXCEEDED` when none came.
     pub(crate) async fn shard_map(
         &self,
-        retry: RetryPolicy,
+        retry: &RetryPolicy,
         min_version: MapVersion,
         wait: Duration,
     ) -> Result<v1::ShardMap, ClientError> {

@@ -1,17 +1,19 @@
 //! [`RetryPolicy`]: which failures are worth retrying, and a bounded exponential
 //! backoff for them. A retried push keeps its `(worker_id, step)`, so the server
-//! applies it once however often it arrives. Every retry this process makes
-//! is counted by RPC ([`retries_made`]), for the worker's metrics.
+//! applies it once however often it arrives. Every retry a policy makes is
+//! counted by RPC in its [`RetryTally`], which the clients built from one
+//! config share and a worker's metrics read.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tonic::{Code, Status};
 
-/// How often and how patiently to retry transient failures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How often and how patiently to retry transient failures, and where the
+/// retries are counted.
+#[derive(Debug, Clone)]
 pub struct RetryPolicy {
     /// Attempts in all, the first included.
     pub attempts: u32,
@@ -19,6 +21,8 @@ pub struct RetryPolicy {
     pub initial_backoff: Duration,
     /// Longest wait between attempts.
     pub max_backoff: Duration,
+    /// Where the retries are counted; shared by every clone of the policy.
+    pub tally: RetryTally,
 }
 
 impl Default for RetryPolicy {
@@ -27,6 +31,28 @@ impl Default for RetryPolicy {
             attempts: 6,
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(2),
+            tally: RetryTally::default(),
+        }
+    }
+}
+
+/// Retries made, by what was retried: one count per RPC, shared by clones.
+#[derive(Debug, Clone, Default)]
+pub struct RetryTally(Arc<Mutex<BTreeMap<String, u64>>>);
+
+impl RetryTally {
+    /// The retries counted so far, by RPC.
+    pub fn counts(&self) -> BTreeMap<String, u64> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn count(&self, what: &str) {
+        let mut retries = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match retries.get_mut(what) {
+            Some(count) => *count += 1,
+            None => {
+                retries.insert(what.to_string(), 1);
+            }
         }
     }
 }
@@ -38,24 +64,6 @@ pub fn is_transient(status: &Status) -> bool {
         status.code(),
         Code::Unavailable | Code::Unknown | Code::Aborted | Code::Cancelled
     )
-}
-
-/// Retries made in this process, by what was retried.
-static RETRIES: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
-
-/// The retries this process has made so far, by RPC (every client in it).
-pub fn retries_made() -> BTreeMap<String, u64> {
-    RETRIES.lock().unwrap_or_else(|p| p.into_inner()).clone()
-}
-
-fn count_retry(what: &str) {
-    let mut retries = RETRIES.lock().unwrap_or_else(|p| p.into_inner());
-    match retries.get_mut(what) {
-        Some(count) => *count += 1,
-        None => {
-            retries.insert(what.to_string(), 1);
-        }
-    }
 }
 
 impl RetryPolicy {
@@ -75,7 +83,7 @@ impl RetryPolicy {
                 Ok(value) => return Ok(value),
                 Err(status) if attempt < self.attempts && is_transient(&status) => {
                     tracing::warn!(what, attempt, code = ?status.code(), message = status.message(), ?backoff, "retrying");
-                    count_retry(what);
+                    self.tally.count(what);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(self.max_backoff);
                     attempt += 1;
@@ -109,9 +117,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn retries_are_counted_by_what_was_retried() {
-        let before = retries_made().get("counted").copied().unwrap_or(0);
+        let policy = RetryPolicy::default();
         let calls = AtomicU32::new(0);
-        let result = RetryPolicy::default()
+        let result = policy
+            .clone()
             .run("counted", || async {
                 let n = calls.fetch_add(1, Ordering::SeqCst);
                 if n < 2 {
@@ -122,7 +131,15 @@ mod tests {
             })
             .await;
         result.unwrap();
-        assert_eq!(retries_made()["counted"], before + 2);
+        assert_eq!(
+            policy.tally.counts()["counted"],
+            2,
+            "counted in the clone's tally"
+        );
+        assert!(
+            RetryPolicy::default().tally.counts().is_empty(),
+            "a new policy starts at none"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -108,7 +108,7 @@ impl Server {
     /// Runs `call` with `retry`, naming this server and `what` on failure.
     pub(crate) async fn call<T, F, Fut>(
         &self,
-        retry: RetryPolicy,
+        retry: &RetryPolicy,
         what: Rpc,
         call: F,
     ) -> Result<T, ClientError>
@@ -126,7 +126,7 @@ impl Server {
     /// read message by message.
     pub(crate) async fn start_framed(
         &self,
-        retry: RetryPolicy,
+        retry: &RetryPolicy,
         what: Rpc,
         path: &'static str,
         metadata: MetadataMap,
@@ -157,7 +157,7 @@ impl Server {
     /// [`Server::call`], keeping the answer's metadata.
     pub(crate) async fn answer<T, F, Fut>(
         &self,
-        retry: RetryPolicy,
+        retry: &RetryPolicy,
         what: Rpc,
         call: F,
     ) -> Result<tonic::Response<T>, ClientError>
@@ -191,7 +191,7 @@ impl Shards {
             servers,
             placement: Placement::default(),
             map_version: MapVersion::UNROUTED,
-            retry: config.retry,
+            retry: config.retry.clone(),
             chunk_bytes: config.chunk_bytes,
             requests_per_server: config.requests_per_server,
             sizes: SizeRules::of(config),
@@ -208,7 +208,7 @@ impl Shards {
     fn pull_retry(&self) -> RetryPolicy {
         RetryPolicy {
             attempts: 1,
-            ..self.retry
+            ..self.retry.clone()
         }
     }
 
@@ -303,7 +303,7 @@ impl Shards {
                 restore_version: restore_version.get(),
             };
             server
-                .call(self.retry, Rpc::Register, |mut c| {
+                .call(&self.retry, Rpc::Register, |mut c| {
                     let request = request.clone();
                     async move { c.register(request).await }
                 })
@@ -315,7 +315,7 @@ impl Shards {
                 .flat_map(|init| init.chunks(self.chunk_bytes, versions))
                 .collect();
             server
-                .call(self.retry, Rpc::RegisterStream, |mut c| {
+                .call(&self.retry, Rpc::RegisterStream, |mut c| {
                     let chunks = chunks.clone();
                     async move { c.register_stream(tokio_stream::iter(chunks)).await }
                 })
@@ -390,7 +390,7 @@ impl Shards {
             (Rpc::PushStream, PUSH_STREAM_PATH, metadata, pieces)
         };
         let mut answer = server
-            .start_framed(self.retry, what, path, metadata, pieces)
+            .start_framed(&self.retry, what, path, metadata, pieces)
             .await?;
         let failed = |status| server.failed(what, status);
         let message = answer.next_message().await.map_err(failed)?;
@@ -485,7 +485,7 @@ impl Shards {
         };
         let mut answer = server
             .start_framed(
-                self.pull_retry(),
+                &self.pull_retry(),
                 what,
                 path,
                 MetadataMap::new(),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ps_client::GroupInfo;
+use ps_client::retry::RetryTally;
 use ps_client::{ClientConfig, PsClient};
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::Rank;
@@ -184,7 +185,9 @@ pub async fn run_local(
             progress: config.progress && group.rank == Rank(0),
             // Every worker ends with the same parameters: one file is enough.
             save: config.save.clone().filter(|_| group.rank == Rank(0)),
-            metrics: metrics.map(|listener| serve_worker_metrics(listener, &stop_worker_metrics)),
+            metrics: metrics.map(|listener| {
+                serve_worker_metrics(listener, client.retry_tally(), &stop_worker_metrics)
+            }),
             ..config.clone()
         };
         let data = Arc::clone(&data);
@@ -212,9 +215,14 @@ pub async fn run_local(
     ))
 }
 
-/// A worker's metrics, served on `listener` until `stop`.
-fn serve_worker_metrics(listener: TcpListener, stop: &CancellationToken) -> Arc<WorkerMetrics> {
-    let (metrics, exposition) = WorkerMetrics::new();
+/// A worker's metrics, with the retries counted in `tally`, served on
+/// `listener` until `stop`.
+fn serve_worker_metrics(
+    listener: TcpListener,
+    tally: RetryTally,
+    stop: &CancellationToken,
+) -> Arc<WorkerMetrics> {
+    let (metrics, exposition) = WorkerMetrics::new(tally);
     let stop = stop.clone();
     tokio::spawn(ps_common::metrics::serve(
         listener,

@@ -39,6 +39,7 @@ async fn client(server: &Loopback) -> PsClient {
         attempts: 3,
         initial_backoff: Duration::from_millis(1),
         max_backoff: Duration::from_millis(5),
+        ..RetryPolicy::default()
     };
     let mut client = PsClient::over_channels(config, vec![("loopback:1".into(), server.channel())]);
     let info = ParamInfo {

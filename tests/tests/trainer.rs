@@ -22,6 +22,7 @@ async fn trainer(server: &Loopback) -> (PsTrainer, VarMap) {
         attempts: 3,
         initial_backoff: Duration::from_millis(1),
         max_backoff: Duration::from_millis(5),
+        ..RetryPolicy::default()
     };
     let client = PsClient::over_channels(config, vec![("loopback:1".into(), server.channel())]);
     let group = GroupInfo {

@@ -142,8 +142,9 @@ async fn main() -> anyhow::Result<()> {
         .train_config(std::io::stderr().is_terminal())
         .map_err(anyhow::Error::msg)?;
     config.out = cli.out.clone();
+    let mut client_config = ClientConfig::new(cli.server.clone());
     if let Some(listener) = ps_common::metrics::bind(cli.metrics_listen.as_deref()).await? {
-        let (metrics, exposition) = WorkerMetrics::new();
+        let (metrics, exposition) = WorkerMetrics::new(client_config.retry.tally.clone());
         config.metrics = Some(metrics);
         // Served until the process exits.
         let forever = std::future::pending::<()>();
@@ -153,7 +154,6 @@ async fn main() -> anyhow::Result<()> {
             forever,
         ));
     }
-    let mut client_config = ClientConfig::new(cli.server.clone());
     client_config.pull_timeout = Duration::from_secs(cli.pull_timeout_secs);
     client_config.connect_timeout = cli.connect_timeout;
     client_config.scheduler = cli.scheduler.clone();

@@ -16,6 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use ps_client::retry::RetryTally;
 use ps_common::metrics::{Exposition, register_build_info, registered};
 
 use crate::step_time::{PHASES, StepTimes};
@@ -41,8 +42,10 @@ fn seconds_buckets() -> Histogram {
 }
 
 impl WorkerMetrics {
-    /// The metrics, registered with the build information into an exposition.
-    pub fn new() -> (Arc<Self>, Exposition) {
+    /// The metrics, registered with the build information into an exposition;
+    /// the retries shown are those counted in `tally` (the worker's client's
+    /// [`ps_client::retry::RetryPolicy::tally`]).
+    pub fn new(tally: RetryTally) -> (Arc<Self>, Exposition) {
         let mut registry = Registry::default();
         register_build_info(&mut registry, "ps-worker");
         let reg = &mut registry;
@@ -81,11 +84,11 @@ impl WorkerMetrics {
         let retries: Family<Rpc, Counter> = registered(
             reg,
             "candle_ps_worker_rpc_retries",
-            "RPCs retried after a transient failure (unavailable, aborted, cancelled), by RPC; every client in the process",
+            "RPCs retried after a transient failure (unavailable, aborted, cancelled), by RPC; every client whose retry policy counts into these metrics",
             Family::default(),
         );
         let refresh = move || {
-            for (rpc, count) in ps_client::retry::retries_made() {
+            for (rpc, count) in tally.counts() {
                 let counter = retries.get_or_create(&vec![("rpc", rpc)]);
                 counter.inner().store(count, Ordering::Relaxed);
             }
@@ -123,7 +126,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_step_shows_in_every_phase_and_the_counters() {
-        let (metrics, exposition) = WorkerMetrics::new();
+        let policy = ps_client::retry::RetryPolicy::default();
+        let (metrics, exposition) = WorkerMetrics::new(policy.tally.clone());
         let times = StepTimes {
             compute: Duration::from_millis(3),
             gather: Duration::from_micros(300),
@@ -135,7 +139,7 @@ mod tests {
         metrics.step(&times, 32, 0.25);
         metrics.repaired(2);
         let mut failures = 1;
-        ps_client::retry::RetryPolicy::default()
+        policy
             .run("MetricsProbe", || {
                 let failed = failures > 0;
                 failures -= 1;
