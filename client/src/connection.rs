@@ -278,7 +278,7 @@ impl PsClient {
                 ClientError::Protocol {
                     what: Rpc::GetShardMap,
                     addr: link.addr.clone(),
-                    reason,
+                    reason: reason.to_string(),
                 }
             })?;
         self.shards.servers = servers;

@@ -80,6 +80,44 @@ impl Placed {
     }
 }
 
+/// A shard map that does not place this worker's model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MapError {
+    /// A parameter the model does not have.
+    #[error("the shard map places `{0}`, which this model does not have")]
+    Unknown(String),
+    /// A server index past the server list.
+    #[error("the shard map puts `{name}` on server {server} of {servers}")]
+    NoSuchServer {
+        /// The parameter.
+        name: String,
+        /// The server index.
+        server: usize,
+        /// Servers in the map.
+        servers: usize,
+    },
+    /// Parts with a gap or an overlap.
+    #[error("the shard map's parts of `{name}` are not contiguous at element {at}")]
+    NotContiguous {
+        /// The parameter.
+        name: String,
+        /// The element where the next part should start.
+        at: usize,
+    },
+    /// Parts that do not cover the parameter.
+    #[error(
+        "the shard map covers {covered} of {elements} elements of `{name}`; do all workers train the same model?"
+    )]
+    Uncovered {
+        /// The parameter.
+        name: String,
+        /// Elements covered.
+        covered: usize,
+        /// Elements of the parameter.
+        elements: usize,
+    },
+}
+
 /// Where every parameter lives.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Placement {
@@ -124,13 +162,13 @@ impl Placement {
     /// `(name, part)`, the part naming its server's index.
     ///
     /// # Errors
-    /// A message when the map does not cover a parameter exactly, or names one the
-    /// worker does not have.
+    /// [`MapError`] when the map does not cover a parameter exactly, or names
+    /// one the worker does not have.
     pub fn from_map(
         params: &[ParamInfo],
         parts: &[(String, Part)],
         servers: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, MapError> {
         let mut placed: BTreeMap<String, Placed> = params
             .iter()
             .map(|info| {
@@ -144,14 +182,15 @@ impl Placement {
             })
             .collect();
         for (name, part) in parts {
-            let entry = placed.get_mut(name).ok_or_else(|| {
-                format!("the shard map places `{name}`, which this model does not have")
-            })?;
+            let entry = placed
+                .get_mut(name)
+                .ok_or_else(|| MapError::Unknown(name.clone()))?;
             if part.server >= servers {
-                return Err(format!(
-                    "the shard map puts `{name}` on server {} of {servers}",
-                    part.server
-                ));
+                return Err(MapError::NoSuchServer {
+                    name: name.clone(),
+                    server: part.server,
+                    servers,
+                });
             }
             entry.parts.push(*part);
         }
@@ -160,19 +199,19 @@ impl Placement {
             let mut next = 0;
             for part in &entry.parts {
                 if part.start != next {
-                    return Err(format!(
-                        "the shard map's parts of `{}` are not contiguous at element {next}",
-                        entry.info.name
-                    ));
+                    return Err(MapError::NotContiguous {
+                        name: entry.info.name.clone(),
+                        at: next,
+                    });
                 }
                 next += part.len;
             }
             if next != entry.info.len() {
-                return Err(format!(
-                    "the shard map covers {next} of {} elements of `{}`; do all workers train the same model?",
-                    entry.info.len(),
-                    entry.info.name
-                ));
+                return Err(MapError::Uncovered {
+                    name: entry.info.name.clone(),
+                    covered: next,
+                    elements: entry.info.len(),
+                });
             }
         }
         Ok(Self {

@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ps_client::GroupInfo;
 use ps_client::retry::RetryTally;
 use ps_client::{ClientConfig, PsClient};
+use ps_client::{ClientError, GroupInfo};
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::Rank;
 use ps_proto::tls::TlsConfig;
@@ -17,11 +17,13 @@ use ps_server::ServerConfig;
 use ps_server::checkpointer::{
     CheckpointConfig, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY_STEPS,
 };
+use ps_server::server::ServeError;
 use ps_worker::data::Dataset;
 use ps_worker::metrics::WorkerMetrics;
-use ps_worker::train::{TrainConfig, TrainSummary, train};
+use ps_worker::train::{TrainConfig, TrainError, TrainSummary, train};
 use serde::Serialize;
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics_ports::MetricsPorts;
@@ -86,10 +88,9 @@ impl LocalScheduler {
         Ok(Self { addr, stop, task })
     }
 
-    async fn shutdown(self) -> anyhow::Result<()> {
+    async fn shutdown(self) -> Result<(), LocalError> {
         let _ = self.stop.send(());
-        self.task.await??;
-        Ok(())
+        Ok(self.task.await??)
     }
 }
 
@@ -116,6 +117,39 @@ pub struct LocalSummary {
     pub per_worker: Vec<TrainSummary>,
 }
 
+/// Why a local cluster could not train to the end.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// A port could not be bound.
+    #[error("starting the local cluster: {0}")]
+    Io(#[from] std::io::Error),
+    /// A worker's client could not connect or join.
+    #[error("a worker could not join: {0}")]
+    Join(#[from] ClientError),
+    /// A worker failed.
+    #[error("worker {rank}: {source}")]
+    Worker {
+        /// Its rank.
+        rank: Rank,
+        /// What failed.
+        source: TrainError,
+    },
+    /// A worker's task panicked.
+    #[error("worker {rank} stopped: {source}")]
+    Task {
+        /// Its rank.
+        rank: Rank,
+        /// What stopped it.
+        source: tokio::task::JoinError,
+    },
+    /// A server or the scheduler failed.
+    #[error("a server or the scheduler failed: {0}")]
+    Serve(#[from] ServeError),
+    /// The scheduler's task panicked.
+    #[error("the scheduler stopped: {0}")]
+    Stopped(#[from] tokio::task::JoinError),
+}
+
 /// Starts the servers, trains with every worker concurrently, and stops the servers.
 ///
 /// # Errors
@@ -124,7 +158,7 @@ pub async fn run_local(
     spec: &LocalSpec,
     data: Arc<Dataset>,
     config: &TrainConfig,
-) -> anyhow::Result<LocalSummary> {
+) -> Result<LocalSummary, LocalError> {
     let started = Instant::now();
     let mut metrics_ports = MetricsPorts::new(spec.metrics_listen);
     let scheduler = match spec.scheduler {
@@ -135,73 +169,31 @@ pub async fn run_local(
         false => None,
     };
     let scheduler_addr = scheduler.as_ref().map(|s| s.addr.clone());
-    let server_config = ServerConfig {
-        workers: spec.workers,
-        consistency: spec.consistency,
-        checkpoint: spec.checkpoint_dir.clone().map(|root| CheckpointConfig {
-            root,
-            folder: String::new(),
-            every_steps: DEFAULT_CHECKPOINT_EVERY_STEPS,
-            every: DEFAULT_CHECKPOINT_EVERY,
-        }),
-        transport: spec.transport(),
-        ..ServerConfig::default()
-    };
     let servers = LocalServers::start_with_metrics(
         spec.servers,
-        server_config,
+        server_config(spec),
         scheduler_addr.as_deref(),
         &mut metrics_ports,
     )
     .await?;
-    let stop_worker_metrics = CancellationToken::new();
     tracing::info!(scheduler = ?scheduler_addr, servers = ?servers.addrs(), workers = spec.workers, consistency = %spec.consistency, "local cluster up");
+    let stop_worker_metrics = CancellationToken::new();
     let mut tasks = Vec::new();
     for rank in 0..spec.workers {
-        let (client, group) = match &scheduler_addr {
-            Some(addr) => {
-                let mut client = PsClient::connect(ClientConfig {
-                    scheduler: Some(addr.clone()),
-                    transport: spec.transport(),
-                    ..ClientConfig::new(Vec::new())
-                })
-                .await?;
-                let group = client.join(&format!("ps-local-worker-{rank}")).await?;
-                (client, group)
-            }
-            None => (
-                servers.client().await?,
-                GroupInfo {
-                    rank: Rank(rank),
-                    workers: spec.workers,
-                    consistency: spec.consistency,
-                },
-            ),
-        };
+        let (client, group) = join(spec, scheduler_addr.as_deref(), &servers, Rank(rank)).await?;
         let metrics = metrics_ports
             .next(&format!("worker {}", group.rank))
-            .await?;
-        let config = TrainConfig {
-            progress: config.progress && group.rank == Rank(0),
-            // Every worker ends with the same parameters: one file is enough.
-            save: config.save.clone().filter(|_| group.rank == Rank(0)),
-            metrics: metrics.map(|listener| {
-                serve_worker_metrics(listener, client.retry_tally(), &stop_worker_metrics)
-            }),
-            ..config.clone()
-        };
-        let data = Arc::clone(&data);
-        tasks.push(tokio::spawn(async move {
-            train(client, group, &data, &config).await
-        }));
-    }
-    let mut per_worker = Vec::new();
-    for (rank, task) in tasks.into_iter().enumerate() {
-        let summary = task
             .await?
-            .map_err(|e| anyhow::anyhow!("worker {rank}: {e}"))?;
-        per_worker.push(summary);
+            .map(|listener| {
+                serve_worker_metrics(listener, client.retry_tally(), &stop_worker_metrics)
+            });
+        let config = worker_config(config, group.rank, metrics);
+        let data = Arc::clone(&data);
+        let rank = group.rank;
+        let task = tokio::spawn(async move { train(client, group, &data, &config).await });
+        tasks.push((rank, task));
     }
+    let per_worker = finished(tasks).await?;
     stop_worker_metrics.cancel();
     servers.shutdown().await?;
     if let Some(scheduler) = scheduler {
@@ -213,6 +205,77 @@ pub async fn run_local(
         per_worker,
         started.elapsed().as_secs_f64(),
     ))
+}
+
+/// What every server of `spec` is started with.
+fn server_config(spec: &LocalSpec) -> ServerConfig {
+    ServerConfig {
+        workers: spec.workers,
+        consistency: spec.consistency,
+        checkpoint: spec.checkpoint_dir.clone().map(|root| CheckpointConfig {
+            root,
+            folder: String::new(),
+            every_steps: DEFAULT_CHECKPOINT_EVERY_STEPS,
+            every: DEFAULT_CHECKPOINT_EVERY,
+        }),
+        transport: spec.transport(),
+        ..ServerConfig::default()
+    }
+}
+
+/// A worker's client and its place in the group: from the scheduler when
+/// there is one, otherwise `rank` of a group of every worker of `spec`.
+async fn join(
+    spec: &LocalSpec,
+    scheduler: Option<&str>,
+    servers: &LocalServers,
+    rank: Rank,
+) -> Result<(PsClient, GroupInfo), ClientError> {
+    let Some(addr) = scheduler else {
+        let group = GroupInfo {
+            rank,
+            workers: spec.workers,
+            consistency: spec.consistency,
+        };
+        return Ok((servers.client().await?, group));
+    };
+    let mut client = PsClient::connect(ClientConfig {
+        scheduler: Some(addr.to_string()),
+        transport: spec.transport(),
+        ..ClientConfig::new(Vec::new())
+    })
+    .await?;
+    let group = client.join(&format!("ps-local-worker-{rank}")).await?;
+    Ok((client, group))
+}
+
+/// The training settings of worker `rank`: a progress bar and the saved
+/// parameters from worker 0 only (every worker ends with the same parameters).
+fn worker_config(
+    config: &TrainConfig,
+    rank: Rank,
+    metrics: Option<Arc<WorkerMetrics>>,
+) -> TrainConfig {
+    TrainConfig {
+        progress: config.progress && rank == Rank(0),
+        save: config.save.clone().filter(|_| rank == Rank(0)),
+        metrics,
+        ..config.clone()
+    }
+}
+
+/// Each worker's summary, once every worker finished; the first failure, by rank.
+async fn finished(
+    tasks: Vec<(Rank, JoinHandle<Result<TrainSummary, TrainError>>)>,
+) -> Result<Vec<TrainSummary>, LocalError> {
+    let mut per_worker = Vec::new();
+    for (rank, task) in tasks {
+        let trained = task
+            .await
+            .map_err(|source| LocalError::Task { rank, source })?;
+        per_worker.push(trained.map_err(|source| LocalError::Worker { rank, source })?);
+    }
+    Ok(per_worker)
 }
 
 /// A worker's metrics, with the retries counted in `tally`, served on

@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ps_proto::auth::{ClusterToken, Role};
+use ps_proto::auth::{ClusterToken, Role, TokenError};
 use ps_proto::tls::{DEFAULT_SERVER_NAME, PemIdentity, TlsConfig};
 use ps_proto::transport::TransportConfig;
 
@@ -85,7 +85,7 @@ pub enum SecurityArgsError {
         /// Where it came from.
         source_name: String,
         /// What is wrong.
-        reason: String,
+        reason: TokenError,
     },
     /// A TLS flag other than `--tls-ca` was given without it.
     #[error("{flag} was given without --tls-ca: TLS needs the CA that signed this process's peers")]

@@ -375,7 +375,7 @@ fn emit(rows: &[ResultRow], json: bool, out: Option<&PathBuf>) -> anyhow::Result
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let mut transport = args.tuning.transport().map_err(anyhow::Error::msg)?;
+    let mut transport = args.tuning.transport()?;
     args.security.apply(Role::Worker, &mut transport)?;
     let grpc = tokio::net::TcpListener::bind(&args.listen)
         .await

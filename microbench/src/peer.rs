@@ -38,7 +38,7 @@ impl Peer {
     /// # Errors
     /// When the server cannot be started or reached.
     pub async fn open(target: Option<&str>, tuning: &Tuning, tls: bool) -> anyhow::Result<Self> {
-        let mut transport = tuning.transport().map_err(anyhow::Error::msg)?;
+        let mut transport = tuning.transport()?;
         let tls = tls.then(TlsFiles::new).transpose()?;
         transport.tls = tls.as_ref().map(|t| t.config.clone());
         let (grpc_addr, child) = match target {

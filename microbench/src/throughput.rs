@@ -122,7 +122,7 @@ impl Worker {
     ) -> anyhow::Result<Self> {
         let mut config = ClientConfig::new(addrs);
         // The tuned windows and frames, with the parameter servers' message limit.
-        let tuned = tuning.transport().map_err(anyhow::Error::msg)?;
+        let tuned = tuning.transport()?;
         config.transport = TransportConfig {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             ..tuned

@@ -38,14 +38,33 @@ pub struct Tuning {
     pub requests_per_server: usize,
 }
 
+/// A tuning knob out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TuningError {
+    /// A size HTTP/2 cannot express.
+    #[error("--{name} {value} is too large")]
+    TooLarge {
+        /// The knob.
+        name: &'static str,
+        /// Its value.
+        value: usize,
+    },
+    /// A count of zero.
+    #[error("--connections, --chunk and --requests-per-server must be at least 1")]
+    Zero,
+    /// A transport setting out of range.
+    #[error(transparent)]
+    Transport(#[from] ps_proto::transport::TransportError),
+}
+
 impl Tuning {
     /// The transport settings these knobs describe.
     ///
     /// # Errors
-    /// A message naming an out-of-range knob.
-    pub fn transport(&self) -> Result<TransportConfig, String> {
-        let to_u32 = |name: &str, v: usize| {
-            u32::try_from(v).map_err(|_| format!("--{name} {v} is too large"))
+    /// The out-of-range knob.
+    pub fn transport(&self) -> Result<TransportConfig, TuningError> {
+        let to_u32 = |name: &'static str, value: usize| {
+            u32::try_from(value).map_err(|_| TuningError::TooLarge { name, value })
         };
         let config = TransportConfig {
             max_message_bytes: BENCH_MAX_MESSAGE_BYTES,
@@ -57,9 +76,7 @@ impl Tuning {
         };
         config.validate()?;
         if self.connections == 0 || self.chunk == 0 || self.requests_per_server == 0 {
-            return Err(
-                "--connections, --chunk and --requests-per-server must be at least 1".into(),
-            );
+            return Err(TuningError::Zero);
         }
         Ok(config)
     }

@@ -101,12 +101,12 @@ impl ClusterToken {
     /// [`ClusterToken::presenting`] says otherwise.
     ///
     /// # Errors
-    /// A message when it is empty, a secret is not printable ASCII without
-    /// spaces, or a line names another role or repeats one.
-    pub fn new(text: &str) -> Result<Self, String> {
+    /// [`TokenError`] when it is empty, a secret is not printable ASCII
+    /// without spaces, or a line names another role or repeats one.
+    pub fn new(text: &str) -> Result<Self, TokenError> {
         let text = text.trim();
         if text.is_empty() {
-            return Err("the cluster token is empty".into());
+            return Err(TokenError::Empty);
         }
         let has_roles = text.lines().any(|line| {
             let line = line.trim_start();
@@ -126,24 +126,14 @@ impl ClusterToken {
             roles: true,
         };
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
-            let (role, secret) = line.split_once('=').ok_or_else(|| {
-                "a cluster token with roles has one `server=SECRET` or `worker=SECRET` per line"
-                    .to_string()
-            })?;
+            let (role, secret) = line.split_once('=').ok_or(TokenError::NotARoleLine)?;
             let role = match role.trim() {
                 "server" => Role::Server,
                 "worker" => Role::Worker,
-                other => {
-                    return Err(format!(
-                        "unknown role `{other}` in the cluster token: the roles are server and worker"
-                    ));
-                }
+                other => return Err(TokenError::UnknownRole(other.to_string())),
             };
             if token.secret_of(role).is_some() {
-                return Err(format!(
-                    "the cluster token gives the {} secret twice",
-                    role.name()
-                ));
+                return Err(TokenError::Repeated(role.name()));
             }
             token
                 .accepted
@@ -158,15 +148,11 @@ impl ClusterToken {
     /// The same secrets, presenting the one of `role`.
     ///
     /// # Errors
-    /// A message when the token has roles but no secret for `role`.
-    pub fn presenting(mut self, role: Role) -> Result<Self, String> {
+    /// [`TokenError::NoSecretFor`] when the token has roles but no secret for `role`.
+    pub fn presenting(mut self, role: Role) -> Result<Self, TokenError> {
         if self.roles {
-            self.presented = Some(self.secret_of(role).ok_or_else(|| {
-                format!(
-                    "the cluster token has no `{}=` line, and a {0} presents its own secret",
-                    role.name()
-                )
-            })?);
+            let secret = self.secret_of(role);
+            self.presented = Some(secret.ok_or(TokenError::NoSecretFor(role.name()))?);
         }
         Ok(self)
     }
@@ -194,15 +180,44 @@ impl ClusterToken {
     }
 }
 
-fn bearer(secret: &str) -> Result<AsciiMetadataValue, String> {
+fn bearer(secret: &str) -> Result<AsciiMetadataValue, TokenError> {
     if secret.is_empty() {
-        return Err("a secret of the cluster token is empty".into());
+        return Err(TokenError::EmptySecret);
     }
     if !secret.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err("the cluster token must be printable ASCII without spaces".into());
+        return Err(TokenError::NotPrintable);
     }
     MetadataValue::try_from(format!("Bearer {secret}"))
-        .map_err(|e| format!("the cluster token cannot travel in a header: {e}"))
+        .map_err(|e| TokenError::NotAHeader(e.to_string()))
+}
+
+/// Why a cluster token cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Nothing in the token.
+    #[error("the cluster token is empty")]
+    Empty,
+    /// A role line without its secret.
+    #[error("a secret of the cluster token is empty")]
+    EmptySecret,
+    /// Spaces or characters a header cannot carry.
+    #[error("the cluster token must be printable ASCII without spaces")]
+    NotPrintable,
+    /// Refused as a header value.
+    #[error("the cluster token cannot travel in a header: {0}")]
+    NotAHeader(String),
+    /// A line of a token with roles that is not `role=SECRET`.
+    #[error("a cluster token with roles has one `server=SECRET` or `worker=SECRET` per line")]
+    NotARoleLine,
+    /// A role other than server and worker.
+    #[error("unknown role `{0}` in the cluster token: the roles are server and worker")]
+    UnknownRole(String),
+    /// A role given twice.
+    #[error("the cluster token gives the {0} secret twice")]
+    Repeated(&'static str),
+    /// No secret for the role this process presents.
+    #[error("the cluster token has no `{0}=` line, and a {0} presents its own secret")]
+    NoSecretFor(&'static str),
 }
 
 /// Adds the cluster token to each request of a channel (nothing without one).
@@ -308,7 +323,7 @@ mod tests {
         // A worker's file holds its own line only: it cannot present a server's.
         let worker_only = ClusterToken::new("worker=w-secret").unwrap();
         let error = worker_only.presenting(Role::Server).unwrap_err();
-        assert!(error.contains("server="), "{error}");
+        assert!(error.to_string().contains("server="), "{error}");
     }
 
     #[test]
@@ -343,7 +358,7 @@ mod tests {
             ("worker=", "empty"),
         ] {
             let error = ClusterToken::new(text).unwrap_err();
-            assert!(error.contains(says), "{text}: {error}");
+            assert!(error.to_string().contains(says), "{text}: {error}");
         }
     }
 

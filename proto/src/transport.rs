@@ -107,39 +107,65 @@ impl Default for TransportConfig {
     }
 }
 
+/// HTTP/2's smallest largest frame.
+const MIN_FRAME_BYTES: u32 = 16 << 10;
+/// HTTP/2's largest frame.
+const MAX_FRAME_BYTES: u32 = (16 << 20) - 1;
+/// HTTP/2's default window, the smallest this transport takes.
+const MIN_WINDOW_BYTES: u32 = 65_535;
+/// HTTP/2's largest window.
+const MAX_WINDOW_BYTES: u32 = (1 << 31) - 1;
+/// The smallest message limit that carries a request.
+const MIN_MESSAGE_BYTES: usize = 4 << 10;
+
+/// A transport setting out of its range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// The frame size HTTP/2 does not allow.
+    #[error(
+        "max frame size {0} is outside HTTP/2's range {MIN_FRAME_BYTES}..={MAX_FRAME_BYTES} bytes"
+    )]
+    FrameSize(u32),
+    /// A window HTTP/2 does not allow.
+    #[error(
+        "{name} {value} is outside HTTP/2's range {MIN_WINDOW_BYTES}..={MAX_WINDOW_BYTES} bytes"
+    )]
+    Window {
+        /// Which window.
+        name: &'static str,
+        /// Its size in bytes.
+        value: u32,
+    },
+    /// No connection would be taken.
+    #[error("--max-connections must be at least 1")]
+    NoConnections,
+    /// A message limit too small for any request.
+    #[error("max message size {0} bytes is too small to carry a request (at least 4KiB)")]
+    MessageLimit(usize),
+}
+
 impl TransportConfig {
     /// Checks the values HTTP/2 constrains.
     ///
     /// # Errors
-    /// A message naming the setting and its allowed range.
-    pub fn validate(&self) -> Result<(), String> {
-        const MIN_FRAME: u32 = 16 << 10;
-        const MAX_FRAME: u32 = (16 << 20) - 1;
-        if !(MIN_FRAME..=MAX_FRAME).contains(&self.max_frame_bytes) {
-            return Err(format!(
-                "max frame size {} is outside HTTP/2's range {MIN_FRAME}..={MAX_FRAME} bytes",
-                self.max_frame_bytes
-            ));
+    /// The setting that is out of range, with its allowed range.
+    pub fn validate(&self) -> Result<(), TransportError> {
+        if !(MIN_FRAME_BYTES..=MAX_FRAME_BYTES).contains(&self.max_frame_bytes) {
+            return Err(TransportError::FrameSize(self.max_frame_bytes));
         }
-        const MAX_WINDOW: u32 = (1 << 31) - 1;
         for (name, value) in [
             ("stream window", self.stream_window_bytes),
             ("connection window", self.connection_window_bytes),
         ] {
-            if !(65_535..=MAX_WINDOW).contains(&value) {
-                return Err(format!(
-                    "{name} {value} is outside HTTP/2's range 65535..={MAX_WINDOW} bytes"
-                ));
+            if !(MIN_WINDOW_BYTES..=MAX_WINDOW_BYTES).contains(&value) {
+                return Err(TransportError::Window { name, value });
             }
         }
         if self.max_connections == 0 {
-            return Err("--max-connections must be at least 1".into());
+            return Err(TransportError::NoConnections);
         }
-        if self.max_message_bytes < 4096 {
-            return Err(format!(
-                "max message size {} bytes is too small to carry a request (at least 4KiB)",
-                self.max_message_bytes
-            ));
+        if self.max_message_bytes < MIN_MESSAGE_BYTES {
+            return Err(TransportError::MessageLimit(self.max_message_bytes));
         }
         Ok(())
     }
@@ -271,7 +297,12 @@ mod tests {
             max_message_bytes: 2048,
             ..TransportConfig::default()
         };
-        assert!(tiny.validate().unwrap_err().contains("at least 4KiB"));
+        assert!(
+            tiny.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("at least 4KiB")
+        );
     }
 
     #[test]
@@ -285,7 +316,13 @@ mod tests {
             max_frame_bytes: 16 << 20,
             ..TransportConfig::default()
         };
-        assert!(config.validate().unwrap_err().contains("max frame size"));
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("max frame size")
+        );
     }
 
     #[test]

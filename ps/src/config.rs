@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use ps_proto::chunk::DEFAULT_CHUNK_BYTES;
-use ps_proto::transport::TransportConfig;
+use ps_proto::transport::{TransportConfig, TransportError};
 
 use crate::budget::default_budget;
 use crate::checkpointer::CheckpointConfig;
@@ -80,28 +80,57 @@ impl Default for ServerConfig {
     }
 }
 
+/// Server settings that do not make sense together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// No worker to wait for.
+    #[error("--workers must be at least 1")]
+    NoWorkers,
+    /// Chunks that do not fit a message.
+    #[error(
+        "chunk size {chunk} bytes must be at least 4 and leave 1 KiB of room under the {limit}-byte message limit"
+    )]
+    ChunkSize {
+        /// The chunk size.
+        chunk: usize,
+        /// The message limit.
+        limit: usize,
+    },
+    /// A default wait longer than the cap.
+    #[error("default pull timeout {default:?} exceeds the maximum {max:?}")]
+    PullTimeout {
+        /// The default wait.
+        default: Duration,
+        /// The cap.
+        max: Duration,
+    },
+    /// A transport setting out of range.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
 impl ServerConfig {
     /// Checks that the settings make sense together.
     ///
     /// # Errors
-    /// A message naming the setting to change.
-    pub fn validate(&self) -> Result<(), String> {
+    /// The setting to change, and why.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.workers == 0 {
-            return Err("--workers must be at least 1".into());
+            return Err(ConfigError::NoWorkers);
         }
         if self.chunk_bytes < 4 || self.chunk_bytes + 1024 > self.transport.max_message_bytes {
-            return Err(format!(
-                "chunk size {} bytes must be at least 4 and leave 1 KiB of room under the {}-byte message limit",
-                self.chunk_bytes, self.transport.max_message_bytes
-            ));
+            return Err(ConfigError::ChunkSize {
+                chunk: self.chunk_bytes,
+                limit: self.transport.max_message_bytes,
+            });
         }
         if self.default_pull_timeout > self.max_pull_timeout {
-            return Err(format!(
-                "default pull timeout {:?} exceeds the maximum {:?}",
-                self.default_pull_timeout, self.max_pull_timeout
-            ));
+            return Err(ConfigError::PullTimeout {
+                default: self.default_pull_timeout,
+                max: self.max_pull_timeout,
+            });
         }
-        self.transport.validate()
+        Ok(self.transport.validate()?)
     }
 
     /// The rules the store enforces.
@@ -142,7 +171,13 @@ mod tests {
             workers: 0,
             ..ServerConfig::default()
         };
-        assert!(config.validate().unwrap_err().contains("--workers"));
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--workers")
+        );
     }
 
     #[test]
@@ -151,7 +186,13 @@ mod tests {
             chunk_bytes: 4 << 20,
             ..ServerConfig::default()
         };
-        assert!(config.validate().unwrap_err().contains("message limit"));
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("message limit")
+        );
     }
 
     #[test]

@@ -50,7 +50,9 @@ pub async fn run_with_metrics(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    config.validate().map_err(ServeError::Config)?;
+    config
+        .validate()
+        .map_err(|e| ServeError::Config(e.to_string()))?;
     if let Some(link) = &config.scheduler {
         await_scheduler(link, &config.transport)
             .await

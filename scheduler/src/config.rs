@@ -58,25 +58,43 @@ impl SchedulerConfig {
     /// Checks that the settings make sense together.
     ///
     /// # Errors
-    /// A message naming the setting to change.
-    pub fn validate(&self) -> Result<(), String> {
+    /// The setting to change, and why.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.workers.min == 0 || self.min_servers == 0 {
-            return Err("--workers and --servers must be at least 1".into());
+            return Err(ConfigError::Empty);
         }
         if self.workers.min > self.workers.max {
-            return Err(format!(
-                "--workers {}: the minimum is above the maximum",
-                self.workers
-            ));
+            return Err(ConfigError::Workers(self.workers.to_string()));
         }
         if self.heartbeat_timeout < self.heartbeat_interval * 2 {
-            return Err(format!(
-                "the heartbeat timeout {:?} must be at least twice the interval {:?}, or live nodes would be declared dead",
-                self.heartbeat_timeout, self.heartbeat_interval
-            ));
+            return Err(ConfigError::Heartbeat {
+                timeout: self.heartbeat_timeout,
+                interval: self.heartbeat_interval,
+            });
         }
         Ok(())
     }
+}
+
+/// Scheduler settings that do not make sense together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A job with no worker or no server.
+    #[error("--workers and --servers must be at least 1")]
+    Empty,
+    /// A worker range whose minimum is above its maximum.
+    #[error("--workers {0}: the minimum is above the maximum")]
+    Workers(String),
+    /// A heartbeat timeout that would declare live nodes dead.
+    #[error(
+        "the heartbeat timeout {timeout:?} must be at least twice the interval {interval:?}, or live nodes would be declared dead"
+    )]
+    Heartbeat {
+        /// The timeout.
+        timeout: Duration,
+        /// The interval.
+        interval: Duration,
+    },
 }
 
 #[cfg(test)]
@@ -90,6 +108,12 @@ mod tests {
             heartbeat_timeout: Duration::from_millis(600),
             ..SchedulerConfig::default()
         };
-        assert!(tight.validate().unwrap_err().contains("twice the interval"));
+        assert!(
+            tight
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("twice the interval")
+        );
     }
 }

@@ -51,7 +51,9 @@ pub async fn run_with_metrics(
     config: SchedulerConfig,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    config.validate().map_err(ServeError::Config)?;
+    config
+        .validate()
+        .map_err(|e| ServeError::Config(e.to_string()))?;
     let addr = listener.local_addr()?;
     let state =
         SchedulerState::new(config.clone()).map_err(|e| ServeError::Config(e.to_string()))?;

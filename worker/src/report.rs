@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
-use ps_common::plot_style::{COLORS, register_font};
+use ps_common::plot_style::{COLORS, ChartError, register_font};
 
 use crate::step_time::{PHASES, StepTimes};
 
@@ -62,10 +62,9 @@ impl RunRecord {
     /// the paths written.
     ///
     /// # Errors
-    /// When a file cannot be written; the message names it.
-    pub fn write(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+    /// [`ChartError`] naming the file that could not be written.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>, ChartError> {
+        std::fs::create_dir_all(dir).map_err(ChartError::io(dir))?;
         let files = [
             ("epochs.csv", self.epochs_csv()),
             ("steps.csv", self.steps_csv()),
@@ -73,8 +72,7 @@ impl RunRecord {
         let mut written = Vec::new();
         for (name, text) in files {
             let path = dir.join(name);
-            std::fs::write(&path, text)
-                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+            std::fs::write(&path, text).map_err(ChartError::io(&path))?;
             written.push(path);
         }
         register_font()?;
@@ -123,8 +121,8 @@ impl RunRecord {
             .collect()
     }
 
-    fn training_chart(&self, path: &Path) -> anyhow::Result<()> {
-        let fail = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
+    fn training_chart(&self, path: &Path) -> Result<(), ChartError> {
+        let fail = ChartError::draw(path);
         let root = SVGBackend::new(path, (1000, 440)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| fail(&e))?;
         let (left, right) = root.split_horizontally(500);
@@ -164,8 +162,8 @@ impl RunRecord {
         root.present().map_err(|e| fail(&e))
     }
 
-    fn time_split_chart(&self, path: &Path) -> anyhow::Result<()> {
-        let fail = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
+    fn time_split_chart(&self, path: &Path) -> Result<(), ChartError> {
+        let fail = ChartError::draw(path);
         let bars = self.mean_split_by_epoch();
         let tallest = bars
             .iter()
