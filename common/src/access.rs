@@ -29,15 +29,22 @@ pub enum Allowed {
     AnyRole,
 }
 
-/// One method of a service: its gRPC name, its path and who may call it.
+/// One method of a service: its gRPC name and who may call it. Its request
+/// path is the service's name and its own (`/ps.v1.ParameterServer/Push`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Method {
-    /// The method's name as metrics label it (`Push`).
+    /// The method's name as the path and metrics name it (`Push`).
     pub name: &'static str,
-    /// The request path (`/ps.v1.ParameterServer/Push`).
-    pub path: &'static str,
     /// Who may call it.
     pub allowed: Allowed,
+}
+
+/// The method a request path names, when the path is one of `service`'s
+/// (`/ps.v1.ParameterServer/Push` → `Push`).
+fn method_name<'p>(path: &'p str, service: &str) -> Option<&'p str> {
+    path.strip_prefix('/')?
+        .strip_prefix(service)?
+        .strip_prefix('/')
 }
 
 /// Receives every answer of a method in the table.
@@ -111,6 +118,7 @@ fn code_of(response: &http::Response<Body>) -> Code {
 impl<S, B> tower::Service<http::Request<B>> for Access<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<Body>, Error = Infallible>,
+    S: NamedService,
     S::Future: Send + 'static,
 {
     type Response = http::Response<Body>;
@@ -122,8 +130,9 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let path = request.uri().path();
-        let Some(method) = self.methods.iter().find(|m| m.path == path).copied() else {
+        let name = method_name(request.uri().path(), S::NAME);
+        let method = name.and_then(|name| self.methods.iter().find(|m| m.name == name));
+        let Some(method) = method.copied() else {
             return Box::pin(self.inner.call(request));
         };
         let started = Instant::now();
@@ -155,12 +164,10 @@ mod tests {
     const METHODS: &[Method] = &[
         Method {
             name: "Push",
-            path: "/t.T/Push",
             allowed: Allowed::Only(Role::Worker),
         },
         Method {
             name: "Stats",
-            path: "/t.T/Stats",
             allowed: Allowed::AnyRole,
         },
     ];
@@ -174,19 +181,29 @@ mod tests {
         }
     }
 
-    /// A service that answers every request OK, or NOT_FOUND on `/t.T/Stats`.
-    fn inner() -> impl tower::Service<
-        http::Request<()>,
-        Response = http::Response<Body>,
-        Error = Infallible,
-        Future = impl Send + 'static,
-    > + Clone {
-        tower::service_fn(|request: http::Request<()>| async move {
-            Ok::<_, Infallible>(match request.uri().path() {
+    /// A service `t.T` that answers every request OK, or NOT_FOUND on `/t.T/Stats`.
+    #[derive(Clone)]
+    struct Inner;
+
+    impl NamedService for Inner {
+        const NAME: &'static str = "t.T";
+    }
+
+    impl Service<http::Request<()>> for Inner {
+        type Response = http::Response<Body>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<http::Response<Body>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: http::Request<()>) -> Self::Future {
+            std::future::ready(Ok(match request.uri().path() {
                 "/t.T/Stats" => Status::not_found("no such thing").into_http(),
                 _ => http::Response::new(Body::empty()),
-            })
-        })
+            }))
+        }
     }
 
     fn request(path: &str, granted: Option<Role>) -> http::Request<()> {
@@ -199,7 +216,7 @@ mod tests {
 
     async fn call(path: &str, granted: Option<Role>, recorded: &Arc<Recorded>) -> Code {
         let answers: Arc<dyn Answers> = recorded.clone();
-        let mut access = Access::new(inner(), METHODS, Some(answers));
+        let mut access = Access::new(Inner, METHODS, Some(answers));
         let response = access
             .ready()
             .await
@@ -220,6 +237,8 @@ mod tests {
             ("/t.T/Stats", Some(Role::Server), Code::NotFound),
             ("/t.T/Stats", Some(Role::Worker), Code::NotFound),
             ("/t.T/Other", Some(Role::Server), Code::Ok),
+            ("/u.U/Push", Some(Role::Server), Code::Ok),
+            ("/t.TPush", Some(Role::Server), Code::Ok),
         ];
         for (path, granted, code) in cases {
             assert_eq!(
@@ -237,7 +256,7 @@ mod tests {
                 ("Stats", Code::NotFound),
                 ("Stats", Code::NotFound),
             ],
-            "the unknown path is not recorded"
+            "unknown paths and other services' paths are not recorded"
         );
     }
 

@@ -32,6 +32,11 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// waiting for buffer room hold little of the connection window.
 pub const DEFAULT_STREAM_WINDOW_BYTES: u32 = 4 << 20;
 
+/// A parameter server's HTTP/2 initial stream window, by default: what each
+/// push stream waiting for room in the server's push buffer may send ahead.
+/// Clients keep [`DEFAULT_STREAM_WINDOW_BYTES`] for the pulls they receive.
+pub const DEFAULT_SERVER_STREAM_WINDOW_BYTES: u32 = 2 << 20;
+
 /// HTTP/2's initial connection window, by default.
 pub const DEFAULT_CONNECTION_WINDOW_BYTES: u32 = 128 << 20;
 

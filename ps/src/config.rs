@@ -4,14 +4,14 @@
 use std::time::Duration;
 
 use ps_proto::chunk::DEFAULT_CHUNK_BYTES;
-use ps_proto::transport::{TransportConfig, TransportError};
+use ps_proto::transport::{DEFAULT_SERVER_STREAM_WINDOW_BYTES, TransportConfig, TransportError};
 
 use crate::budget::default_budget;
 use crate::checkpointer::CheckpointConfig;
 use crate::consistency::Consistency;
 use crate::follower::SchedulerLink;
 use crate::param::Group;
-use crate::push_buffer::{DEFAULT_PUSH_BUFFER_BYTES, DEFAULT_SERVER_STREAM_WINDOW_BYTES};
+use crate::push_buffer::DEFAULT_PUSH_BUFFER_BYTES;
 use crate::store::StoreRules;
 
 /// Default largest parameter: 4 GiB of values (Adam keeps two more copies).

@@ -38,11 +38,6 @@ const UNIT: usize = 1 << 10;
 /// The push-stream bytes a server reads ahead of applying them, by default.
 pub const DEFAULT_PUSH_BUFFER_BYTES: usize = 16 << 20;
 
-/// A server's HTTP/2 initial stream window, by default: what each push stream
-/// waiting for room here may send ahead. Clients keep
-/// [`ps_proto::transport::DEFAULT_STREAM_WINDOW_BYTES`] for the pulls they receive.
-pub const DEFAULT_SERVER_STREAM_WINDOW_BYTES: u32 = 2 << 20;
-
 /// Room for the bytes of push streams being read, shared by every connection.
 #[derive(Debug, Clone)]
 pub struct PushBuffer {

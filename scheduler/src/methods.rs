@@ -9,27 +9,41 @@
 use ps_common::access::{Allowed, Method};
 use ps_proto::auth::Role;
 
-macro_rules! method {
-    ($name:literal, $allowed:expr) => {
-        Method {
-            name: $name,
-            path: concat!("/ps.v1.Scheduler/", $name),
-            allowed: $allowed,
-        }
-    };
-}
-
 const SERVER: Allowed = Allowed::Only(Role::Server);
 const WORKER: Allowed = Allowed::Only(Role::Worker);
 
 /// Every method of the service, with who may call it.
 pub const METHODS: &[Method] = &[
-    method!("RegisterServer", SERVER),
-    method!("RegisterWorker", WORKER),
-    method!("Heartbeat", Allowed::AnyRole),
-    method!("Leave", Allowed::AnyRole),
-    method!("DeclareParams", WORKER),
-    method!("GetShardMap", Allowed::AnyRole),
-    method!("Barrier", WORKER),
-    method!("Status", Allowed::AnyRole),
+    Method {
+        name: "RegisterServer",
+        allowed: SERVER,
+    },
+    Method {
+        name: "RegisterWorker",
+        allowed: WORKER,
+    },
+    Method {
+        name: "Heartbeat",
+        allowed: Allowed::AnyRole,
+    },
+    Method {
+        name: "Leave",
+        allowed: Allowed::AnyRole,
+    },
+    Method {
+        name: "DeclareParams",
+        allowed: WORKER,
+    },
+    Method {
+        name: "GetShardMap",
+        allowed: Allowed::AnyRole,
+    },
+    Method {
+        name: "Barrier",
+        allowed: WORKER,
+    },
+    Method {
+        name: "Status",
+        allowed: Allowed::AnyRole,
+    },
 ];
