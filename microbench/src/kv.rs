@@ -226,100 +226,25 @@ fn gradient(size: usize) -> Bytes {
 /// # Errors
 /// When a server or a worker process fails.
 pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
-    let largest = plan.sizes.iter().copied().max().unwrap_or(1 << 20);
     let tls = plan.tls.then(TlsFiles::new).transpose()?;
-    let mut args = vec![
-        "--consistency".to_string(),
-        "asp".to_string(),
-        format!("--max-tensor={}", largest.max(1 << 20)),
-    ];
-    args.extend(tls.iter().flat_map(TlsFiles::server_args));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut servers = Vec::new();
-    for _ in 0..plan.servers {
-        servers.push(ServerProcess::start(&args).await);
-    }
+    let servers = start_servers(plan, tls.as_ref()).await;
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let pids: Vec<u32> = servers.iter().filter_map(ServerProcess::pid).collect();
     let mut rows = Vec::new();
     for &size in &plan.sizes {
-        let client = placed_client(&addrs, size, tls.as_ref().map(|t| t.config.clone())).await?;
-        let initial = [ParamBytes::new(
-            key_name(size),
-            encode_f32(DType::F32, &vec![0.5; (size / 4).max(1)]),
-        )];
-        client.register(&initial, &sgd(0.01)).await?;
-        let parts = client
-            .placement()
-            .params()
-            .map(|p| p.parts.len())
-            .sum::<usize>();
-        // Raw TCP before and after the phases, so that the machine drifting
-        // between them shows in the spread instead of in the ratio.
-        let baseline = |kind| tcp_baseline(size, plan.window, plan.seconds, kind);
-        let tcp_before = baseline(Baseline::Tcp).await?;
-        let tls_before = match &tls {
-            Some(files) => Some(baseline(Baseline::Tls(files)).await?),
-            None => None,
-        };
-        let sgd_before = if plan.sgd_floor {
-            Some(baseline(Baseline::TcpSgd).await?)
-        } else {
-            None
-        };
+        let parts = register_key(&addrs, size, tls.as_ref()).await?;
+        // Raw baselines before and after the phases, so that the machine
+        // drifting between them shows in the spread instead of in the ratio.
+        let before = Baselines::measure(plan, size, tls.as_ref()).await?;
         let mut phases = Vec::new();
         for op in [Op::Push, Op::Pull] {
-            let before: Vec<f64> = pids.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
-            let wall = Instant::now();
-            let tls_args = tls
-                .iter()
-                .flat_map(TlsFiles::client_args)
-                .collect::<Vec<_>>();
-            let reports = spawn_workers(plan, &addrs, size, op, &tls_args)?;
-            let wall = wall.elapsed().as_secs_f64();
-            let servers_used: Vec<serde_json::Value> = pids
-                .iter()
-                .zip(&before)
-                .map(|(&pid, before)| {
-                    serde_json::json!({
-                        "cores": (proc_cpu_seconds(pid) - before) / wall,
-                        "peak_rss_bytes": peak_rss_bytes(pid),
-                    })
-                })
-                .collect();
-            phases.push((op, reports, servers_used));
+            phases.push((op, run_phase(plan, &addrs, &pids, size, op, tls.as_ref())?));
         }
-        let tls_tcp = match (&tls, tls_before) {
-            (Some(files), Some(before)) => {
-                let after = baseline(Baseline::Tls(files)).await?;
-                Some(TcpFigures::mean(&[before, after]))
-            }
-            _ => None,
-        };
-        let tcp_sgd = match sgd_before {
-            Some(before) => Some(TcpFigures::mean(&[
-                before,
-                baseline(Baseline::TcpSgd).await?,
-            ])),
-            None => None,
-        };
-        let tcp_after = baseline(Baseline::Tcp).await?;
-        let tcp = TcpFigures::mean(&[tcp_before, tcp_after]);
-        let baselines = Baselines {
-            tcp: &tcp,
-            tls_tcp: tls_tcp.as_ref(),
-            tcp_sgd: tcp_sgd.as_ref(),
-        };
-        for (op, reports, servers_used) in phases {
-            rows.push(row(
-                plan,
-                size,
-                op,
-                parts,
-                &reports,
-                &baselines,
-                servers_used,
-            ));
+        let after = Baselines::measure(plan, size, tls.as_ref()).await?;
+        let baselines = before.mean_with(after);
+        for (op, (reports, servers_used)) in phases {
+            let row = row(plan, size, op, parts, &reports, &baselines, servers_used);
+            rows.push(row);
         }
     }
     for server in servers {
@@ -328,13 +253,108 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
     Ok(rows)
 }
 
+/// The plan's ps-server processes: ASP, taking the largest key, over TLS in
+/// `--tls` runs.
+async fn start_servers(plan: &KvPlan, tls: Option<&TlsFiles>) -> Vec<ServerProcess> {
+    let largest = plan.sizes.iter().copied().max().unwrap_or(1 << 20);
+    let mut args = vec![
+        "--consistency".to_string(),
+        "asp".to_string(),
+        format!("--max-tensor={}", largest.max(1 << 20)),
+    ];
+    args.extend(tls.iter().flat_map(|files| files.server_args()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut servers = Vec::new();
+    for _ in 0..plan.servers {
+        servers.push(ServerProcess::start(&args).await);
+    }
+    servers
+}
+
+/// Registers the key of `size` bytes over `addrs`; the parts it is cut into.
+async fn register_key(
+    addrs: &[String],
+    size: usize,
+    tls: Option<&TlsFiles>,
+) -> anyhow::Result<usize> {
+    let client = placed_client(addrs, size, tls.map(|t| t.config.clone())).await?;
+    let initial = [ParamBytes::new(
+        key_name(size),
+        encode_f32(DType::F32, &vec![0.5; (size / 4).max(1)]),
+    )];
+    client.register(&initial, &sgd(0.01)).await?;
+    let placement = client.placement();
+    Ok(placement.params().map(|p| p.parts.len()).sum())
+}
+
+/// One phase (`op` on the key of `size` bytes) by the worker processes: their
+/// reports, and the cores and peak memory each server used meanwhile.
+fn run_phase(
+    plan: &KvPlan,
+    addrs: &[String],
+    pids: &[u32],
+    size: usize,
+    op: Op,
+    tls: Option<&TlsFiles>,
+) -> anyhow::Result<(Vec<WorkerReport>, Vec<serde_json::Value>)> {
+    let before: Vec<f64> = pids.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
+    let wall = Instant::now();
+    let tls_args: Vec<String> = tls.iter().flat_map(|files| files.client_args()).collect();
+    let reports = spawn_workers(plan, addrs, size, op, &tls_args)?;
+    let wall = wall.elapsed().as_secs_f64();
+    let servers_used = pids
+        .iter()
+        .zip(&before)
+        .map(|(&pid, before)| {
+            serde_json::json!({
+                "cores": (proc_cpu_seconds(pid) - before) / wall,
+                "peak_rss_bytes": peak_rss_bytes(pid),
+            })
+        })
+        .collect();
+    Ok((reports, servers_used))
+}
+
 /// The raw baselines a size's rows are read against.
-struct Baselines<'a> {
-    tcp: &'a TcpFigures,
+struct Baselines {
+    tcp: TcpFigures,
     /// The same over TLS, in `--tls` runs.
-    tls_tcp: Option<&'a TcpFigures>,
+    tls_tcp: Option<TcpFigures>,
     /// Plain TCP with SGD applied by the receiver, in `--sgd-floor` runs.
-    tcp_sgd: Option<&'a TcpFigures>,
+    tcp_sgd: Option<TcpFigures>,
+}
+
+impl Baselines {
+    /// One run of each baseline the plan asks for, at `size`.
+    async fn measure(plan: &KvPlan, size: usize, tls: Option<&TlsFiles>) -> anyhow::Result<Self> {
+        let baseline = |kind| tcp_baseline(size, plan.window, plan.seconds, kind);
+        let tcp = baseline(Baseline::Tcp).await?;
+        let tls_tcp = match tls {
+            Some(files) => Some(baseline(Baseline::Tls(files)).await?),
+            None => None,
+        };
+        let tcp_sgd = match plan.sgd_floor {
+            true => Some(baseline(Baseline::TcpSgd).await?),
+            false => None,
+        };
+        Ok(Self {
+            tcp,
+            tls_tcp,
+            tcp_sgd,
+        })
+    }
+
+    /// The mean of these runs and `after`'s, each run's throughput listed.
+    fn mean_with(self, after: Self) -> Self {
+        let mean = |a: Option<TcpFigures>, b: Option<TcpFigures>| {
+            a.zip(b).map(|(a, b)| TcpFigures::mean(&[a, b]))
+        };
+        Self {
+            tcp: TcpFigures::mean(&[self.tcp, after.tcp]),
+            tls_tcp: mean(self.tls_tcp, after.tls_tcp),
+            tcp_sgd: mean(self.tcp_sgd, after.tcp_sgd),
+        }
+    }
 }
 
 fn row(
@@ -343,10 +363,10 @@ fn row(
     op: Op,
     parts: usize,
     reports: &[WorkerReport],
-    baselines: &Baselines<'_>,
+    baselines: &Baselines,
     servers: Vec<serde_json::Value>,
 ) -> ResultRow {
-    let tcp = baselines.tcp;
+    let tcp = &baselines.tcp;
     let ops: u64 = reports.iter().map(|r| r.ops).sum();
     let seconds = reports.iter().map(|r| r.seconds).fold(0.0, f64::max);
     let throughput = (ops as f64 * size as f64) / seconds.max(1e-9);
@@ -362,13 +382,13 @@ fn row(
         "tcp_runs_bytes_per_sec": tcp.runs_bytes_per_sec,
         "tcp_cores": tcp.cores,
     });
-    if let Some(tls_tcp) = baselines.tls_tcp {
+    if let Some(tls_tcp) = &baselines.tls_tcp {
         figures["tls_tcp_bytes_per_sec"] = tls_tcp.bytes_per_sec.into();
         figures["tls_tcp_runs_bytes_per_sec"] = tls_tcp.runs_bytes_per_sec.clone().into();
         figures["tls_tcp_cores"] = tls_tcp.cores.into();
         figures["ratio_vs_tls_tcp"] = (throughput / tls_tcp.bytes_per_sec.max(1e-9)).into();
     }
-    if let Some(tcp_sgd) = baselines.tcp_sgd.filter(|_| op == Op::Push) {
+    if let Some(tcp_sgd) = baselines.tcp_sgd.as_ref().filter(|_| op == Op::Push) {
         figures["tcp_sgd_bytes_per_sec"] = tcp_sgd.bytes_per_sec.into();
         figures["tcp_sgd_runs_bytes_per_sec"] = tcp_sgd.runs_bytes_per_sec.clone().into();
         figures["tcp_sgd_cores"] = tcp_sgd.cores.into();
