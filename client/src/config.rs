@@ -78,6 +78,10 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// A scheduler to take ranks, placement and servers from (instead of `servers`).
     pub scheduler: Option<String>,
+    /// Send pushes and pulls that fit one message on one long-lived `Session`
+    /// stream per server (a unary call each where a server does not offer
+    /// sessions); false: a unary call each.
+    pub session: bool,
 }
 
 impl ClientConfig {
@@ -93,6 +97,7 @@ impl ClientConfig {
             pull_timeout: Duration::from_secs(60),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             scheduler: None,
+            session: true,
         }
     }
 }

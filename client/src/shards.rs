@@ -6,6 +6,7 @@
 //! for the whole of the one before.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,6 +22,8 @@ use ps_proto::metadata;
 use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
+use ps_proto::v1::session_answer::Outcome;
+use ps_proto::v1::session_request::Op;
 use tonic::Status;
 use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
@@ -31,6 +34,7 @@ use crate::fan_out::all_or_first_error;
 use crate::framed::{FramedAnswer, start_framed};
 use crate::placement::{Placed, Placement};
 use crate::retry::RetryPolicy;
+use crate::session::SessionLink;
 use crate::wire::{
     MalformedReply, ParamBytes, PartData, PartGrad, PartInit, PartSink, PulledParam,
     cut_into_parts, grad_chunks, part_grad, write_pull_chunk, write_pulled,
@@ -66,6 +70,18 @@ pub(crate) struct Server {
     /// The same channel, for the calls written as frames ([`crate::framed`]).
     channel: AuthChannel,
     limit: usize,
+    /// The session stream to it: opened on first use, again after it ends.
+    session: Arc<tokio::sync::Mutex<SessionState>>,
+}
+
+/// Where a server's session stream stands.
+enum SessionState {
+    /// None opened yet, or the last one ended.
+    Closed,
+    /// Open.
+    Open(Arc<SessionLink>),
+    /// The server answered `UNIMPLEMENTED`: unary calls only.
+    NotOffered,
 }
 
 impl Server {
@@ -78,6 +94,7 @@ impl Server {
             client,
             channel,
             limit: transport.max_message_bytes,
+            session: Arc::new(tokio::sync::Mutex::new(SessionState::Closed)),
         }
     }
 
@@ -146,6 +163,49 @@ impl Server {
             .map_err(|status| self.failed(what, status))
     }
 
+    /// The open session stream, opened when there is none; `None` when the
+    /// server does not offer sessions.
+    async fn session(&self) -> Result<Option<Arc<SessionLink>>, Status> {
+        let mut state = self.session.lock().await;
+        match &*state {
+            SessionState::Open(link) if !link.has_ended() => return Ok(Some(Arc::clone(link))),
+            SessionState::NotOffered => return Ok(None),
+            SessionState::Open(_) | SessionState::Closed => {}
+        }
+        match SessionLink::open(self.client.clone()).await? {
+            Some(link) => {
+                let link = Arc::new(link);
+                *state = SessionState::Open(Arc::clone(&link));
+                Ok(Some(link))
+            }
+            None => {
+                tracing::info!(server = %self.addr, "the server offers no session stream; unary calls instead");
+                *state = SessionState::NotOffered;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Runs the operation `op` makes on the session stream, retried by `retry`
+    /// (each attempt on the stream then open); `None` when the server offers
+    /// no sessions.
+    async fn in_session(
+        &self,
+        retry: &RetryPolicy,
+        what: Rpc,
+        op: impl Fn() -> Op,
+    ) -> Result<Option<(Outcome, u64)>, ClientError> {
+        retry
+            .run(what.name(), || async {
+                match self.session().await? {
+                    Some(link) => link.call(op()).await.map(Some),
+                    None => Ok(None),
+                }
+            })
+            .await
+            .map_err(|status| self.failed(what, status))
+    }
+
     fn failed(&self, what: Rpc, status: Status) -> ClientError {
         ClientError::Rpc {
             what,
@@ -178,6 +238,7 @@ pub(crate) struct Shards {
     pub(crate) placement: Placement,
     pub(crate) map_version: MapVersion,
     retry: RetryPolicy,
+    session: bool,
     chunk_bytes: usize,
     requests_per_server: usize,
     sizes: SizeRules,
@@ -192,6 +253,7 @@ impl Shards {
             placement: Placement::default(),
             map_version: MapVersion::UNROUTED,
             retry: config.retry.clone(),
+            session: config.session,
             chunk_bytes: config.chunk_bytes,
             requests_per_server: config.requests_per_server,
             sizes: SizeRules::of(config),
@@ -370,6 +432,9 @@ impl Shards {
                     .map(|(header, data)| header.into_tensor(data))
                     .collect(),
             };
+            if let Some(taken) = self.push_in_session(server, &request).await? {
+                return Ok(taken);
+            }
             let pieces = vec![framed_message(&request)];
             (Rpc::Push, PUSH_PATH, MetadataMap::new(), pieces)
         } else {
@@ -406,6 +471,32 @@ impl Shards {
             return Err(malformed("more than one answer".to_string()));
         }
         Ok(response.keys.iter().filter(|k| k.accepted).count())
+    }
+
+    /// A push on `server`'s session stream: how many keys took it; `None` when
+    /// sessions are off or the server offers none.
+    async fn push_in_session(
+        &self,
+        server: &Server,
+        request: &v1::PushRequest,
+    ) -> Result<Option<usize>, ClientError> {
+        if !self.session {
+            return Ok(None);
+        }
+        let op = || Op::Push(request.clone());
+        let Some((outcome, _)) = server.in_session(&self.retry, Rpc::Push, op).await? else {
+            return Ok(None);
+        };
+        match outcome {
+            Outcome::Push(response) => {
+                Ok(Some(response.keys.iter().filter(|k| k.accepted).count()))
+            }
+            _ => Err(ClientError::Protocol {
+                what: Rpc::Push,
+                addr: server.addr.clone(),
+                reason: "a push answered with another operation's outcome".to_string(),
+            }),
+        }
     }
 
     /// Pulls every placed parameter once each of its parts reaches `min_version`,
@@ -475,9 +566,22 @@ impl Shards {
             addr: server.addr.clone(),
             reason: malformed.to_string(),
         };
-        // Small pulls are answered in one message; larger ones as a stream of
-        // chunks, each written into its sink as it arrives.
+        // Small pulls are answered in one message (on the session stream when
+        // there is one); larger ones as a stream of chunks, each written into
+        // its sink as it arrives.
         let unary = self.sizes.transfer_is_unary(bytes);
+        if unary && self.session {
+            let op = || Op::Pull(request.clone());
+            if let Some(answer) = server.in_session(&self.pull_retry(), Rpc::Pull, op).await? {
+                let (Outcome::Pull(response), waited_us) = answer else {
+                    let reason = MalformedReply::Missing("a pull answered with another outcome");
+                    return Err(protocol(Rpc::Pull, reason));
+                };
+                write_pulled(&mut sinks, response.tensors).map_err(|e| protocol(Rpc::Pull, e))?;
+                let versions = finished(&sinks).map_err(|e| protocol(Rpc::Pull, e))?;
+                return Ok((versions, Duration::from_micros(waited_us)));
+            }
+        }
         let (what, path) = if unary {
             (Rpc::Pull, PULL_PATH)
         } else {
@@ -505,15 +609,17 @@ impl Shards {
                 write_pull_chunk(&mut sinks, chunk, data).map_err(|e| protocol(what, e))?;
             }
         }
-        let versions = sinks
-            .iter()
-            .map(|sink| {
-                let version = sink.finish().map_err(|e| protocol(Rpc::Pull, e))?;
-                Ok((sink.key().clone(), version))
-            })
-            .collect::<Result<_, ClientError>>()?;
+        let versions = finished(&sinks).map_err(|e| protocol(Rpc::Pull, e))?;
         Ok((versions, waited))
     }
+}
+
+/// Each part's key and version, once every part's bytes arrived.
+fn finished(sinks: &[PartSink<'_>]) -> Result<Vec<(ParamKey, Version)>, MalformedReply> {
+    sinks
+        .iter()
+        .map(|sink| Ok((sink.key().clone(), sink.finish()?)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@
 //! - [`step_waits`]: how long BSP steps waited, and for whom.
 //! - [`wire`]: `ps.v1` messages to and from the domain types.
 //! - [`service`]: the gRPC handlers, and [`service::ParameterService::into_server`], the one server stack.
+//! - `session`: the `Session` stream, pushes and pulls as tagged messages on one long-lived stream.
 //! - `admission`: the one admission step (map version, then memory budget) of data-carrying requests.
 //! - `stream_reads`: reading a whole register or push stream, message by message.
 //! - [`methods`]: who may call each method (the access layer's table).
@@ -60,6 +61,7 @@ mod push_source;
 pub mod restore;
 pub mod server;
 pub mod service;
+mod session;
 pub mod step_waits;
 pub mod store;
 mod stream_reads;

@@ -43,6 +43,10 @@ pub const METHODS: &[Method] = &[
         allowed: WORKER,
     },
     Method {
+        name: "Session",
+        allowed: WORKER,
+    },
+    Method {
         name: "Stats",
         allowed: Allowed::AnyRole,
     },

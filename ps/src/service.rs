@@ -19,6 +19,8 @@ use ps_proto::key::ParamKey;
 use ps_proto::metadata;
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_server::{ParameterServer, ParameterServerServer};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admission::Admitted;
@@ -32,6 +34,7 @@ use crate::methods::METHODS;
 use crate::metrics::ServerMetrics;
 use crate::push_buffer::PushBuffer;
 use crate::push_source::FramedPushChunks;
+use crate::session;
 use crate::store::{Pulled, Pushed, Store};
 use crate::stream_reads::{declared_push_bytes, read_push_stream, read_register_stream};
 use crate::wire;
@@ -41,6 +44,25 @@ pub(crate) type PullChunks = Charged<std::vec::IntoIter<v1::PullChunk>>;
 
 /// Pushes carrying at least this many bytes are applied off the async threads.
 const BLOCKING_APPLY_BYTES: usize = 4 << 20;
+
+impl ParameterService {
+    /// A unary pull's answer, and how long it waited for its version: the
+    /// values of every key, refused when they do not fit one message.
+    pub(crate) async fn pull_response(
+        &self,
+        request: &v1::PullRequest,
+    ) -> Result<(v1::PullResponse, Duration)> {
+        let limit = self.config.transport.max_message_bytes;
+        let (pulled, _held, waited) = self.pull_values(request, limit).await?;
+        let tensors = pulled.into_iter().map(wire::pulled_tensor).collect();
+        let response = v1::PullResponse { tensors };
+        let bytes = response.encoded_len();
+        if bytes > limit {
+            return Err(Error::ResponseTooLarge { bytes, limit });
+        }
+        Ok((response, waited))
+    }
+}
 
 /// The `ps.v1.ParameterServer` service over one [`Store`].
 #[derive(Debug, Clone)]
@@ -97,9 +119,17 @@ impl ParameterService {
     /// The answer to a request: a refusal is counted by the store and becomes
     /// its precise status.
     fn answer<T>(&self, result: Result<T>) -> Result<Response<T>, Status> {
-        result
-            .map(Response::new)
-            .map_err(|e| Status::from(self.store.reject(e)))
+        self.refusal(result).map(Response::new)
+    }
+
+    /// `result`, a refusal counted by the store and made its precise status.
+    pub(crate) fn refusal<T>(&self, result: Result<T>) -> Result<T, Status> {
+        result.map_err(|e| Status::from(self.store.reject(e)))
+    }
+
+    /// The server's metrics, when it keeps them.
+    pub(crate) fn metrics(&self) -> Option<&ServerMetrics> {
+        self.metrics.as_deref()
     }
 
     /// The largest message this service takes or sends.
@@ -175,7 +205,7 @@ impl ParameterService {
     }
 
     /// A unary push's gradients, admitted by map version, decoded and applied.
-    async fn push_grads(&self, request: &v1::PushRequest) -> Result<Vec<Pushed>> {
+    pub(crate) async fn push_grads(&self, request: &v1::PushRequest) -> Result<Vec<Pushed>> {
         let admitted = Admitted::map(&self.store, request.map_version).await?;
         let grads = request
             .grads
@@ -329,24 +359,23 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<v1::PullRequest>,
     ) -> Result<Response<v1::PullResponse>, Status> {
-        let limit = self.config.transport.max_message_bytes;
-        let mut waited = Duration::ZERO;
-        let result =
-            self.pull_values(request.get_ref(), limit)
-                .await
-                .and_then(|(pulled, _held, wait)| {
-                    waited = wait;
-                    let tensors = pulled.into_iter().map(wire::pulled_tensor).collect();
-                    let response = v1::PullResponse { tensors };
-                    let bytes = response.encoded_len();
-                    if bytes > limit {
-                        return Err(Error::ResponseTooLarge { bytes, limit });
-                    }
-                    Ok(response)
-                });
-        let mut answer = self.answer(result)?;
+        let (response, waited) = self.refusal(self.pull_response(request.get_ref()).await)?;
+        let mut answer = Response::new(response);
         metadata::set_pull_waited(answer.metadata_mut(), waited);
         Ok(answer)
+    }
+
+    type SessionStream = ReceiverStream<std::result::Result<v1::SessionAnswer, Status>>;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<v1::SessionRequest>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let (answers, answered) = mpsc::channel(session::ANSWERS_AHEAD);
+        let idle = self.config.transport.idle_connection_timeout;
+        let serving = session::serve(self.clone(), request.into_inner(), answers, idle);
+        tokio::spawn(serving);
+        Ok(Response::new(ReceiverStream::new(answered)))
     }
 
     type PullStreamStream = stream::Empty<Result<v1::PullChunk, Status>>;

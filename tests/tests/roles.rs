@@ -127,6 +127,11 @@ async fn each_parameter_server_method_takes_only_its_roles() {
                 server.pull_stream(pull()).await.map(drop),
             ),
             (
+                "Session",
+                May::Workers,
+                server.session(futures::stream::empty()).await.map(drop),
+            ),
+            (
                 "Stats",
                 May::Both,
                 server.stats(v1::StatsRequest {}).await.map(drop),
@@ -137,6 +142,9 @@ async fn each_parameter_server_method_takes_only_its_roles() {
                 server.checkpoint(v1::CheckpointRequest {}).await.map(drop),
             ),
         ];
+        let tested: Vec<&str> = calls.iter().map(|(method, ..)| *method).collect();
+        let table: Vec<&str> = ps_server::methods::METHODS.iter().map(|m| m.name).collect();
+        assert_eq!(tested, table, "every method in the table is called here");
         for (method, may, answer) in calls {
             check(method, may, role, answer);
         }

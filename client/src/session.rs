@@ -1,0 +1,156 @@
+//! [`SessionLink`]: the client's end of one `Session` stream to a server, the
+//! way small pushes and pulls travel by default: each is one message tagged
+//! with an id, and its answer is matched back by id, in whatever order the
+//! server finishes them.
+//!
+//! One task reads the answers and hands each to the request waiting for it.
+//! When the stream breaks (the connection drops, the server restarts or ends
+//! an idle session), every request in flight fails with `UNAVAILABLE`, which
+//! the retry policy retries as it would a dropped connection; the next
+//! request opens a new stream. A refusal comes back as the status (with its
+//! metadata) the same unary call would have ended with.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ps_proto::auth::AuthChannel;
+use ps_proto::v1;
+use ps_proto::v1::parameter_server_client::ParameterServerClient;
+use ps_proto::v1::session_answer::Outcome;
+use ps_proto::v1::session_request::Op;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Code, Status, Streaming};
+
+/// Requests the client may have queued ahead of the stream taking them.
+const REQUESTS_AHEAD: usize = 64;
+
+type AnswerSlot = oneshot::Sender<Result<v1::SessionAnswer, Status>>;
+
+/// The requests waiting for answers, or why the stream ended.
+#[derive(Default)]
+struct Waiting {
+    answers: HashMap<u64, AnswerSlot>,
+    ended: Option<Status>,
+}
+
+/// One open `Session` stream to a server.
+pub(crate) struct SessionLink {
+    requests: mpsc::Sender<v1::SessionRequest>,
+    waiting: Arc<Mutex<Waiting>>,
+    next_id: AtomicU64,
+}
+
+impl SessionLink {
+    /// Opens a session over `client`; `None` when the server does not offer
+    /// sessions (it answers `UNIMPLEMENTED`).
+    ///
+    /// # Errors
+    /// The status the stream could not be opened with.
+    pub(crate) async fn open(
+        mut client: ParameterServerClient<AuthChannel>,
+    ) -> Result<Option<Self>, Status> {
+        let (requests, queued) = mpsc::channel(REQUESTS_AHEAD);
+        let answers = match client.session(ReceiverStream::new(queued)).await {
+            Ok(answers) => answers.into_inner(),
+            Err(status) if status.code() == Code::Unimplemented => return Ok(None),
+            Err(status) => return Err(status),
+        };
+        let waiting = Arc::new(Mutex::new(Waiting::default()));
+        tokio::spawn(read_answers(answers, Arc::clone(&waiting)));
+        Ok(Some(Self {
+            requests,
+            waiting,
+            next_id: AtomicU64::new(1),
+        }))
+    }
+
+    /// Whether the stream has ended (a new request would fail at once).
+    pub(crate) fn has_ended(&self) -> bool {
+        lock(&self.waiting).ended.is_some()
+    }
+
+    /// Sends `op` and waits for what came of it.
+    ///
+    /// # Errors
+    /// The refusal, as the status the unary call would have ended with; or
+    /// `UNAVAILABLE` when the stream ended before the answer came.
+    pub(crate) async fn call(&self, op: Op) -> Result<(Outcome, u64), Status> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (slot, answer) = oneshot::channel();
+        {
+            let mut waiting = lock(&self.waiting);
+            if let Some(ended) = &waiting.ended {
+                return Err(ended.clone());
+            }
+            waiting.answers.insert(id, slot);
+        }
+        let request = v1::SessionRequest {
+            id,
+            deadline_ms: 0,
+            op: Some(op),
+        };
+        if self.requests.send(request).await.is_err() {
+            lock(&self.waiting).answers.remove(&id);
+            return Err(Status::unavailable("the session stream has ended"));
+        }
+        let answer = answer
+            .await
+            .map_err(|_| Status::unavailable("the session stream ended before the answer"))??;
+        match answer.outcome {
+            Some(Outcome::Refusal(refusal)) => Err(status_of(refusal)),
+            Some(outcome) => Ok((outcome, answer.pull_waited_us)),
+            None => Err(Status::internal(format!(
+                "the answer to session request {id} carries no outcome"
+            ))),
+        }
+    }
+}
+
+fn lock(waiting: &Mutex<Waiting>) -> MutexGuard<'_, Waiting> {
+    waiting
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Hands each answer on `answers` to the request waiting for it; when the
+/// stream ends, fails every request still waiting with `UNAVAILABLE`.
+async fn read_answers(mut answers: Streaming<v1::SessionAnswer>, waiting: Arc<Mutex<Waiting>>) {
+    let ended = loop {
+        match answers.message().await {
+            Ok(Some(answer)) => {
+                if let Some(slot) = lock(&waiting).answers.remove(&answer.id) {
+                    let _ = slot.send(Ok(answer));
+                }
+            }
+            Ok(None) => break Status::unavailable("the server ended the session stream"),
+            Err(status) => {
+                break Status::unavailable(format!(
+                    "the session stream broke ({:?}: {}); a new one is opened for the next request",
+                    status.code(),
+                    status.message()
+                ));
+            }
+        }
+    };
+    let mut waiting = lock(&waiting);
+    for (_, slot) in waiting.answers.drain() {
+        let _ = slot.send(Err(ended.clone()));
+    }
+    waiting.ended = Some(ended);
+}
+
+/// The status a refusal stands for, its metadata restored.
+fn status_of(refusal: v1::SessionRefusal) -> Status {
+    let mut metadata = MetadataMap::new();
+    for (key, value) in refusal.metadata {
+        let key = key.parse::<tonic::metadata::AsciiMetadataKey>();
+        let value = value.parse::<MetadataValue<_>>();
+        if let (Ok(key), Ok(value)) = (key, value) {
+            metadata.insert(key, value);
+        }
+    }
+    Status::with_metadata(Code::from_i32(refusal.code), refusal.message, metadata)
+}

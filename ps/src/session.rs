@@ -1,0 +1,207 @@
+//! `Session`: one long-lived stream per worker, carrying pushes and pulls as
+//! messages tagged with an id and answering each as it finishes.
+//!
+//! A unary call pays for a whole HTTP/2 request per operation (HEADERS with
+//! HPACK, a stream opened and closed, a service dispatch, trailers); on a
+//! session an operation is one DATA frame each way. Each operation goes
+//! through the same steps as its unary method ([`ParameterService::push_grads`],
+//! [`ParameterService::pull_values`]): the map version and memory budget are
+//! admitted, the store applies it, and a refusal becomes the same status,
+//! carried in the answer with its metadata. The role was checked once, when
+//! the stream opened (the `Access` layer); every operation's answer is recorded
+//! in the server's metrics under its own method's name (`Push`, `Pull`).
+//!
+//! One task serves a stream: it reads requests and drives the operations in
+//! flight side by side, so a pull waiting for its version holds up nothing
+//! behind it. The stream ends when the client ends it, at the first message
+//! that does not decode, or after the idle timeout with nothing in flight.
+
+use std::collections::{HashMap, HashSet};
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use futures::stream::FuturesUnordered;
+use futures::{Future, StreamExt};
+use ps_common::access::Answers;
+use ps_proto::v1;
+use ps_proto::v1::session_answer::Outcome;
+use ps_proto::v1::session_request::Op;
+use tokio::sync::mpsc;
+use tonic::{Code, Status, Streaming};
+
+use crate::service::ParameterService;
+
+/// Answers a stream's task may have written ahead of the client reading them.
+pub(crate) const ANSWERS_AHEAD: usize = 64;
+
+/// What a session stream's task sends back: answers, or the status that ends it.
+pub(crate) type AnswerSender = mpsc::Sender<Result<v1::SessionAnswer, Status>>;
+
+type Operation<'a> = Pin<Box<dyn Future<Output = v1::SessionAnswer> + Send + 'a>>;
+
+/// Serves one session stream until it ends: reads `requests`, runs each
+/// operation on `service`, and sends every answer to `answers`.
+pub(crate) async fn serve(
+    service: ParameterService,
+    mut requests: Streaming<v1::SessionRequest>,
+    answers: AnswerSender,
+    idle: Option<Duration>,
+) {
+    let mut in_flight: FuturesUnordered<Operation<'_>> = FuturesUnordered::new();
+    let mut ids = HashSet::new();
+    let mut reading = true;
+    let mut idle_since = tokio::time::Instant::now();
+    loop {
+        let idle_end = idle.map(|idle| idle_since + idle);
+        tokio::select! {
+            message = requests.message(), if reading => match message {
+                Ok(Some(request)) => {
+                    idle_since = tokio::time::Instant::now();
+                    if let Some(refused) = admit_id(&mut ids, &request) {
+                        if answers.send(Ok(refused)).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    in_flight.push(Box::pin(operate(&service, request)));
+                }
+                Ok(None) => reading = false,
+                Err(status) => {
+                    let _ = answers.send(Err(status)).await;
+                    return;
+                }
+            },
+            Some(answer) = in_flight.next(), if !in_flight.is_empty() => {
+                ids.remove(&answer.id);
+                idle_since = tokio::time::Instant::now();
+                if answers.send(Ok(answer)).await.is_err() {
+                    return;
+                }
+            }
+            () = sleep_until(idle_end), if reading && in_flight.is_empty() && idle_end.is_some() => {
+                let message = format!(
+                    "the session sent nothing for {:?} with nothing in flight; open a new one",
+                    idle.unwrap_or_default()
+                );
+                let _ = answers.send(Err(Status::cancelled(message))).await;
+                return;
+            }
+            else => return,
+        }
+    }
+}
+
+/// Sleeps until `end`; forever when there is none.
+async fn sleep_until(end: Option<tokio::time::Instant>) {
+    match end {
+        Some(end) => tokio::time::sleep_until(end).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Takes `request`'s id as in flight; the refusal to answer it with instead,
+/// when a request with the same id is.
+fn admit_id(ids: &mut HashSet<u64>, request: &v1::SessionRequest) -> Option<v1::SessionAnswer> {
+    if ids.insert(request.id) {
+        return None;
+    }
+    let status = Status::invalid_argument(format!(
+        "session request {} is already in flight on this stream; give each request in flight its own id",
+        request.id
+    ));
+    Some(refused(request.id, &status))
+}
+
+/// What an operation comes to: its outcome and, for a pull, how long it
+/// waited for its version.
+type Done = Result<(Outcome, Duration), Status>;
+
+/// Runs one operation within its deadline and records its answer.
+async fn operate(service: &ParameterService, request: v1::SessionRequest) -> v1::SessionAnswer {
+    let started = Instant::now();
+    let (method, work): (_, Pin<Box<dyn Future<Output = Done> + Send + '_>>) = match request.op {
+        Some(Op::Push(push)) => ("Push", Box::pin(push_answer(service, push))),
+        Some(Op::Pull(pull)) => ("Pull", Box::pin(pull_answer(service, pull))),
+        None => {
+            let status = Status::invalid_argument(format!(
+                "session request {} carries no operation; set push or pull",
+                request.id
+            ));
+            return refused(request.id, &status);
+        }
+    };
+    let answer = match within(request.deadline_ms, work).await {
+        Ok((outcome, waited)) => v1::SessionAnswer {
+            id: request.id,
+            outcome: Some(outcome),
+            pull_waited_us: waited.as_micros() as u64,
+        },
+        Err(status) => refused(request.id, &status),
+    };
+    if let Some(metrics) = service.metrics() {
+        metrics.answered(method, code_of(&answer), started.elapsed());
+    }
+    answer
+}
+
+/// `work`, ended with `DEADLINE_EXCEEDED` after `deadline_ms` milliseconds
+/// (0: no deadline).
+async fn within(deadline_ms: u64, work: impl Future<Output = Done>) -> Done {
+    if deadline_ms == 0 {
+        return work.await;
+    }
+    let deadline = Duration::from_millis(deadline_ms);
+    tokio::time::timeout(deadline, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Status::deadline_exceeded(format!(
+                "the session request's deadline of {deadline:?} passed"
+            )))
+        })
+}
+
+/// A push's answer, as `Push` gives it.
+async fn push_answer(service: &ParameterService, request: v1::PushRequest) -> Done {
+    let pushed = service.refusal(service.push_grads(&request).await)?;
+    Ok((
+        Outcome::Push(crate::wire::push_response(pushed)),
+        Duration::ZERO,
+    ))
+}
+
+/// A pull's answer, as `Pull` gives it, and how long it waited for its version.
+async fn pull_answer(service: &ParameterService, request: v1::PullRequest) -> Done {
+    let (response, waited) = service.refusal(service.pull_response(&request).await)?;
+    Ok((Outcome::Pull(response), waited))
+}
+
+/// The answer refusing request `id` with `status`, its metadata kept.
+pub(crate) fn refused(id: u64, status: &Status) -> v1::SessionAnswer {
+    let metadata: HashMap<String, String> = status
+        .metadata()
+        .iter()
+        .filter_map(|entry| match entry {
+            tonic::metadata::KeyAndValueRef::Ascii(key, value) => value
+                .to_str()
+                .ok()
+                .map(|value| (key.as_str().to_string(), value.to_string())),
+            tonic::metadata::KeyAndValueRef::Binary(..) => None,
+        })
+        .collect();
+    v1::SessionAnswer {
+        id,
+        outcome: Some(Outcome::Refusal(v1::SessionRefusal {
+            code: status.code() as i32,
+            message: status.message().to_string(),
+            metadata,
+        })),
+        pull_waited_us: 0,
+    }
+}
+
+fn code_of(answer: &v1::SessionAnswer) -> Code {
+    match &answer.outcome {
+        Some(Outcome::Refusal(refusal)) => Code::from_i32(refusal.code),
+        _ => Code::Ok,
+    }
+}
