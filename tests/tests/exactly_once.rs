@@ -1,5 +1,5 @@
 //! Exactly-once gradient application under injected faults. Four workers push
-//! 1,000 steps each (of a small key, unary pushes) or 150 (of a 128 KiB key,
+//! 1,000 steps each (of a small key, on the session stream or as unary calls) or 150 (of a 128 KiB key,
 //! pushed as framed streams of 32 KiB chunks) through [`FaultyProxy`], which delays traffic and cuts
 //! connections as answers come back (so the server applied a push whose
 //! acknowledgement was lost, and the client retries it); every seventh push is
@@ -22,22 +22,31 @@ use ps_tests::faults::{FaultPlan, FaultyProxy};
 
 const WORKERS: u32 = 4;
 
-/// The key pushed: its length, and the pushes each worker makes.
+/// The key pushed: its length, the pushes each worker makes, and whether
+/// pushes that fit one message travel on the session stream.
 #[derive(Debug, Clone, Copy)]
 struct Key {
     len: usize,
     steps: u64,
+    session: bool,
 }
 
-/// A key small enough for unary pushes.
+/// A key small enough for one message, pushed on the session stream.
 const SMALL: Key = Key {
     len: 8,
     steps: 1000,
+    session: true,
+};
+/// The same key, each push a unary call.
+const SMALL_UNARY: Key = Key {
+    session: false,
+    ..SMALL
 };
 /// A 128 KiB key, pushed as framed streams of four chunks.
 const LARGE: Key = Key {
     len: 32 << 10,
     steps: 150,
+    session: true,
 };
 
 fn ones(key: Key) -> Vec<ParamBytes> {
@@ -50,6 +59,7 @@ fn ones(key: Key) -> Vec<ParamBytes> {
 async fn client(addr: &str, key: Key) -> PsClient {
     let mut config = ClientConfig::new(vec![addr.to_string()]);
     config.chunk_bytes = 32 << 10;
+    config.session = key.session;
     let mut client = PsClient::connect(config)
         .await
         .expect("connect through the proxy");
@@ -97,6 +107,11 @@ async fn worker(addr: String, key: Key, rank: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_gradient_is_applied_exactly_once_through_cuts_delays_and_duplicates() {
     applied_exactly_once(SMALL).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_unary_gradient_is_applied_exactly_once_through_cuts_delays_and_duplicates() {
+    applied_exactly_once(SMALL_UNARY).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
