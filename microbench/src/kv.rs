@@ -76,6 +76,18 @@ pub struct KvPlan {
     pub tls: bool,
     /// Also run the raw TCP baseline whose receiver applies SGD.
     pub sgd_floor: bool,
+    /// Every operation a unary call (no session stream).
+    pub unary: bool,
+}
+
+/// How a worker reaches the servers: over TLS or not, and whether operations
+/// that fit one message travel on a session stream.
+#[derive(Debug, Clone)]
+pub struct Reach {
+    /// TLS settings; plain TCP when `None`.
+    pub tls: Option<TlsConfig>,
+    /// Use the session stream.
+    pub session: bool,
 }
 
 /// What one worker process measured, printed as one JSON line.
@@ -109,13 +121,10 @@ fn key_info(size: usize) -> ParamInfo {
 }
 
 /// A client whose placement splits the key evenly over `servers`.
-async fn placed_client(
-    servers: &[String],
-    size: usize,
-    tls: Option<TlsConfig>,
-) -> anyhow::Result<PsClient> {
+async fn placed_client(servers: &[String], size: usize, reach: Reach) -> anyhow::Result<PsClient> {
     let mut config = ClientConfig::new(servers.to_vec());
-    config.transport.tls = tls;
+    config.transport.tls = reach.tls;
+    config.session = reach.session;
     config.partition_bytes = size.div_ceil(servers.len()).max(4);
     let mut client = PsClient::connect(config).await?;
     client.place(&[key_info(size)]).await?;
@@ -135,9 +144,9 @@ pub async fn run_worker(
     window: usize,
     seconds: f64,
     index: u32,
-    tls: Option<TlsConfig>,
+    reach: Reach,
 ) -> anyhow::Result<WorkerReport> {
-    let client = placed_client(servers, size, tls).await?;
+    let client = placed_client(servers, size, reach).await?;
     let grad = [ParamBytes::new(key_name(size), gradient(size))];
     let first_rank = index * (window as u32 + 1);
     let (start, cpu) = (Instant::now(), process_cpu_seconds());
@@ -277,7 +286,11 @@ async fn register_key(
     size: usize,
     tls: Option<&TlsFiles>,
 ) -> anyhow::Result<usize> {
-    let client = placed_client(addrs, size, tls.map(|t| t.config.clone())).await?;
+    let reach = Reach {
+        tls: tls.map(|t| t.config.clone()),
+        session: true,
+    };
+    let client = placed_client(addrs, size, reach).await?;
     let initial = [ParamBytes::new(
         key_name(size),
         encode_f32(DType::F32, &vec![0.5; (size / 4).max(1)]),
@@ -438,6 +451,7 @@ fn spawn_workers(
                 .args(["--window", &plan.window.to_string()])
                 .args(["--seconds", &plan.seconds.to_string()])
                 .args(["--index", &index.to_string()])
+                .args(plan.unary.then_some("--unary"))
                 .args(tls_args)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())

@@ -248,6 +248,10 @@ struct KvArgs {
     /// applies each push on these cores, read against each push row.
     #[arg(long)]
     sgd_floor: bool,
+    /// Make every operation a unary call instead of a message on one session
+    /// stream per worker and server (compare with a run without it).
+    #[arg(long)]
+    unary: bool,
 }
 
 #[derive(Debug, Args)]
@@ -283,6 +287,9 @@ struct KvWorkerArgs {
     /// This worker's index.
     #[arg(long)]
     index: u32,
+    /// Every operation a unary call.
+    #[arg(long)]
+    unary: bool,
     #[command(flatten)]
     security: SecurityArgs,
 }
@@ -535,6 +542,7 @@ async fn run_kv(args: KvArgs) -> anyhow::Result<()> {
         seconds: args.seconds,
         tls: args.tls,
         sgd_floor: args.sgd_floor,
+        unary: args.unary,
     };
     let rows = kv::run(&plan).await?;
     if args.json {
@@ -556,7 +564,10 @@ async fn run_kv_worker(args: KvWorkerArgs) -> anyhow::Result<()> {
         args.window,
         args.seconds,
         args.index,
-        args.security.tls()?,
+        kv::Reach {
+            tls: args.security.tls()?,
+            session: !args.unary,
+        },
     )
     .await?;
     println!("{}", serde_json::to_string(&report)?);
