@@ -1,6 +1,7 @@
 """A client generated from proto/ps/v1 by another gRPC implementation (Python grpcio)
 drives a real ps-server process: optimizer arithmetic, exactly-once pushes, every
-bad input with its status and the state unchanged, and chunked streams.
+bad input with its status and the state unchanged, chunked streams, and pushes
+and pulls on the session stream.
 
 Run: python interop/python/test_interop.py  (PS_SERVER_BIN names the binary;
 default target/debug/ps-server).
@@ -195,6 +196,25 @@ class InteropTest(unittest.TestCase):
             self.assertLess(len(message.chunk.data), 4 << 20)
             received += message.chunk.data
         self.assertTrue(bytes(received) == data, "streamed values differ")
+
+    def test_session_stream_pushes_and_pulls_as_unary_calls_do(self):
+        self.register("sess", [1.0, 2.0], sgd(1.0))
+        push = lambda worker: pb.PushRequest(worker_id=worker, step=0, grads=[tensor("sess", [0.5, 1.0])])
+        pull = pb.PullRequest(keys=[pb.KeyRef(name="sess")], min_version=1, timeout_ms=5000)
+        requests = [pb.SessionRequest(id=10, pull=pull),
+                    pb.SessionRequest(id=11, push=push(0)),
+                    pb.SessionRequest(id=12, push=push(1))]
+        answers = {answer.id: answer for answer in self.stub.Session(iter(requests))}
+        self.assertEqual(sorted(answers), [10, 11, 12])
+        self.assertTrue(answers[11].push.keys[0].accepted and answers[12].push.keys[0].accepted)
+        pulled = answers[10].pull.tensors[0]
+        self.assertEqual((floats(pulled.tensor.data), pulled.version), ([0.5, 1.0], 1))
+        self.assertEqual(self.state("sess"), ([0.5, 1.0], 1))
+        refused = list(self.stub.Session(iter([pb.SessionRequest(id=1, push=push(0))])))[0]
+        self.assertFalse(refused.push.keys[0].accepted, "a repeated push is applied once")
+        missing = list(self.stub.Session(iter([pb.SessionRequest(
+            id=2, pull=pb.PullRequest(keys=[pb.KeyRef(name="nothing")]))])))[0]
+        self.assertEqual(missing.refusal.code, grpc.StatusCode.NOT_FOUND.value[0])
 
     def test_stats_count_what_was_served(self):
         stats = self.stub.Stats(pb.StatsRequest())
