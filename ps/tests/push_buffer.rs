@@ -68,10 +68,12 @@ async fn many_large_pushes_on_one_connection_wait_their_turn_and_each_applies_on
     });
 
     // Twelve 2 MiB pushes at once, on the server's one connection, with room
-    // for one at a time. Worker k pushes k + 1 everywhere.
+    // for one at a time. Worker k pushes 12 (k + 1) everywhere, so that each
+    // applied step, scaled by 1 / 12, is a whole number: the sum is exact in
+    // f32 whatever order the pushes are applied in.
     let pushes = (0..PUSHES).map(|worker| {
         let mut client = server.client.clone();
-        let grad = f32_bytes(&vec![(worker + 1) as f32; ELEMENTS]);
+        let grad = f32_bytes(&vec![((worker + 1) * PUSHES) as f32; ELEMENTS]);
         let declared = grad.len().to_string();
         async move {
             client
@@ -90,11 +92,11 @@ async fn many_large_pushes_on_one_connection_wait_their_turn_and_each_applies_on
     }
 
     // SGD with lr 1 from zeros, each gradient scaled by 1 / workers:
-    // -(1 + 2 + ... + 12) / 12 in every element.
+    // -(1 + 2 + ... + 12) in every element.
     let (values, version) = server.values("w").await;
     let total: u32 = (1..=PUSHES).sum();
     assert_eq!(version, u64::from(PUSHES));
-    let want = -(total as f32) / PUSHES as f32;
+    let want = -(total as f32);
     let wrong = values.iter().filter(|v| **v != want).count();
     assert_eq!(
         wrong, 0,
