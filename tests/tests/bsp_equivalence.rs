@@ -1,5 +1,6 @@
 //! The BSP arithmetic, end to end: two workers with batch b on disjoint halves reach
-//! the same parameters as one worker with batch 2b on the same samples.
+//! the same parameters as one worker with batch 2b on the same samples (SGD with
+//! pushes and pulls on the session stream, Adam with unary calls).
 
 use std::collections::BTreeMap;
 
@@ -65,10 +66,11 @@ async fn train(
     rank: u32,
     workers: u32,
     batches: Vec<Split>,
-    optimizer: v1::Optimizer,
+    (optimizer, session): (v1::Optimizer, bool),
 ) -> BTreeMap<String, Vec<f32>> {
     let config = ClientConfig {
         partition_bytes: 1024,
+        session,
         ..ClientConfig::new(addrs)
     };
     let client = PsClient::connect(config).await.unwrap();
@@ -89,7 +91,10 @@ async fn train(
     values(&varmap)
 }
 
-async fn check_equivalence(optimizer: v1::Optimizer) {
+/// Checks the equivalence with `optimizer`, each push and pull on the session
+/// stream (`session`) or a unary call.
+async fn check_equivalence(optimizer: v1::Optimizer, session: bool) {
+    let how = (optimizer, session);
     let data = digits::load().unwrap().train;
     let half = |k: usize, which: usize| {
         data.select(&((2 * k + which) * BATCH..(2 * k + which + 1) * BATCH).collect::<Vec<_>>())
@@ -102,14 +107,14 @@ async fn check_equivalence(optimizer: v1::Optimizer) {
 
     let pair = test_cluster(2, 2).await;
     let (a, b) = tokio::join!(
-        tokio::spawn(train(pair.addrs(), 0, 2, first, optimizer)),
-        tokio::spawn(train(pair.addrs(), 1, 2, second, optimizer)),
+        tokio::spawn(train(pair.addrs(), 0, 2, first, how)),
+        tokio::spawn(train(pair.addrs(), 1, 2, second, how)),
     );
     let (a, b) = (a.unwrap(), b.unwrap());
     pair.shutdown().await.unwrap();
 
     let single = test_cluster(1, 1).await;
-    let one = train(single.addrs(), 0, 1, both, optimizer).await;
+    let one = train(single.addrs(), 0, 1, both, how).await;
     single.shutdown().await.unwrap();
 
     let (initial, _) = seeded_model();
@@ -135,11 +140,11 @@ async fn check_equivalence(optimizer: v1::Optimizer) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_sgd() {
-    check_equivalence(ps_client::sgd(0.5)).await;
+async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_sgd_on_the_session() {
+    check_equivalence(ps_client::sgd(0.5), true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_adam() {
-    check_equivalence(ps_client::adam(0.01)).await;
+async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_adam_unary() {
+    check_equivalence(ps_client::adam(0.01), false).await;
 }
