@@ -341,6 +341,38 @@ impl PsClient {
         self.shards.push(worker, step, grads).await
     }
 
+    /// Pushes the gradients of `step` and then pulls every placed parameter at
+    /// `min_version` into `into`, as a training step does: in one round trip
+    /// per server (a `PushPull` on each session stream) when every server's
+    /// share of both fits one message, otherwise as [`PsClient::push`] and
+    /// then [`PsClient::pull_into`]. Returns how many keys took the push and
+    /// how long a server held the pull waiting.
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server; the push may have been applied (repeat
+    /// the whole with the same `step`: it is applied once).
+    pub async fn push_then_pull_into(
+        &self,
+        (worker, step): (Rank, Step),
+        grads: &[ParamBytes],
+        min_version: Version,
+        into: &mut BTreeMap<String, PulledParam>,
+    ) -> Result<(usize, Duration), ClientError> {
+        if let Directory::Scheduler(link) = &self.directory {
+            link.record_step(step);
+        }
+        let exchanged = self
+            .shards
+            .push_pull_into((worker, step), grads, min_version, into)
+            .await?;
+        if let Some(done) = exchanged {
+            return Ok(done);
+        }
+        let taken = self.shards.push(worker, step, grads).await?;
+        let waited = self.shards.pull_into(min_version, into).await?;
+        Ok((taken, waited))
+    }
+
     /// Pulls every placed parameter once each of its parts reaches `min_version`.
     ///
     /// # Errors

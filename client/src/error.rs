@@ -26,6 +26,8 @@ pub enum Rpc {
     Pull,
     /// A server's `PullStream`.
     PullStream,
+    /// A push and then a pull as one operation on a server's `Session`.
+    PushPull,
     /// The scheduler's `RegisterWorker`.
     RegisterWorker,
     /// The scheduler's `DeclareParams`.
@@ -35,7 +37,7 @@ pub enum Rpc {
 }
 
 impl Rpc {
-    /// The method's name in `ps.v1`.
+    /// The method's name in `ps.v1` (for `PushPull`, the session operation's).
     pub fn name(self) -> &'static str {
         match self {
             Rpc::JoinGroup => "JoinGroup",
@@ -45,6 +47,7 @@ impl Rpc {
             Rpc::PushStream => "PushStream",
             Rpc::Pull => "Pull",
             Rpc::PullStream => "PullStream",
+            Rpc::PushPull => "PushPull",
             Rpc::RegisterWorker => "RegisterWorker",
             Rpc::DeclareParams => "DeclareParams",
             Rpc::GetShardMap => "GetShardMap",

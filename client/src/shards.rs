@@ -423,15 +423,7 @@ impl Shards {
         // the server reserving room for `bytes` before it reads any. Both go
         // out as HTTP/2 frames written here, the last marked as the end.
         let (what, path, metadata, pieces) = if self.sizes.transfer_is_unary(bytes) {
-            let request = v1::PushRequest {
-                map_version: self.map_version.get(),
-                worker_id: worker.get(),
-                step: step.get(),
-                grads: grads
-                    .into_iter()
-                    .map(|(header, data)| header.into_tensor(data))
-                    .collect(),
-            };
+            let request = self.push_request(worker, step, grads.into_iter());
             if let Some(taken) = self.push_in_session(server, &request).await? {
                 return Ok(taken);
             }
@@ -520,34 +512,111 @@ impl Shards {
                 .into_iter()
                 .map(move |group| self.pull_on(&self.servers[s], group, min_version))
         });
-        let mut lowest: BTreeMap<String, Version> = BTreeMap::new();
-        let mut waited = Duration::ZERO;
-        for (versions, wait) in all_or_first_error(calls).await? {
-            waited = waited.max(wait);
-            for (key, version) in versions {
-                lowest
-                    .entry(key.name)
-                    .and_modify(|v| *v = (*v).min(version))
-                    .or_insert(version);
-            }
-        }
-        // A parameter's version is its lowest part's (0 for one with no parts).
-        for (name, param) in into.iter_mut() {
-            param.version = lowest.get(name).copied().unwrap_or(Version(0));
-        }
-        Ok(waited)
+        let answers = all_or_first_error(calls).await?;
+        Ok(set_versions(into, answers))
     }
 
-    /// Pulls the parts `sinks` stand for from `server`, writing each into its
-    /// sink; the version of each part, and how long the server held the pull
-    /// waiting for `min_version`.
-    async fn pull_on(
+    /// Pushes `grads` as `worker`'s `step` and pulls every placed parameter at
+    /// `min_version` into `into`, each server's share as one `PushPull` on its
+    /// session stream: one round trip per server instead of two. `None`, with
+    /// nothing sent, when that cannot be: sessions are off, or a server's push
+    /// or pull does not fit one message (the caller pushes, then pulls).
+    /// Otherwise how many keys took the push, and the longest time a server
+    /// held the pull waiting. The whole is retried on failure: the push is
+    /// applied once however often it arrives.
+    pub(crate) async fn push_pull_into(
+        &self,
+        (worker, step): (Rank, Step),
+        grads: &[ParamBytes],
+        min_version: Version,
+        into: &mut BTreeMap<String, PulledParam>,
+    ) -> Result<Option<(usize, Duration)>, ClientError> {
+        if !self.session {
+            return Ok(None);
+        }
+        let pushes = self.parts_by_server(grads)?;
+        let mut pulls: Vec<Vec<PartSink<'_>>> = self.servers.iter().map(|_| Vec::new()).collect();
+        for (server, sink) in cut_into_parts(&self.placement, into) {
+            pulls[server].push(sink);
+        }
+        let fits = pushes.iter().zip(&pulls).all(|(push, pull)| {
+            let push_bytes = push.iter().map(|(_, _, data)| data.len()).sum();
+            let pull_bytes = pull.iter().map(PartSink::byte_len).sum();
+            self.sizes.transfer_is_unary(push_bytes) && self.sizes.transfer_is_unary(pull_bytes)
+        });
+        if !fits {
+            return Ok(None);
+        }
+        let calls = pushes
+            .iter()
+            .zip(pulls)
+            .enumerate()
+            .filter(|(_, (push, pull))| !push.is_empty() || !pull.is_empty())
+            .map(|(s, (push, sinks))| {
+                let request = v1::PushPull {
+                    push: Some(self.push_request(worker, step, push.iter().map(part_grad))),
+                    pull: Some(self.pull_request(&sinks, min_version)),
+                };
+                self.push_pull_on(&self.servers[s], request, sinks)
+            });
+        let mut taken = 0;
+        let mut answers = Vec::new();
+        for (accepted, versions, waited) in all_or_first_error(calls).await? {
+            taken += accepted;
+            answers.push((versions, waited));
+        }
+        Ok(Some((taken, set_versions(into, answers))))
+    }
+
+    /// One server's `PushPull`: the keys that took the push, the version of
+    /// each part pulled into `sinks`, and how long the pull waited.
+    async fn push_pull_on(
         &self,
         server: &Server,
+        request: v1::PushPull,
         mut sinks: Vec<PartSink<'_>>,
-        min_version: Version,
-    ) -> Result<(Vec<(ParamKey, Version)>, Duration), ClientError> {
-        let request = v1::PullRequest {
+    ) -> Result<(usize, Vec<(ParamKey, Version)>, Duration), ClientError> {
+        let protocol = |reason: String| ClientError::Protocol {
+            what: Rpc::PushPull,
+            addr: server.addr.clone(),
+            reason,
+        };
+        let op = || Op::PushPull(request.clone());
+        let answer = server.in_session(&self.retry, Rpc::PushPull, op).await?;
+        let Some((Outcome::PushPull(response), waited_us)) = answer else {
+            return Err(protocol("no push_pull answer on the session".to_string()));
+        };
+        let (Some(pushed), Some(pulled)) = (response.push, response.pull) else {
+            return Err(protocol(
+                "a push_pull answer without its push or its pull".to_string(),
+            ));
+        };
+        write_pulled(&mut sinks, pulled.tensors).map_err(|e| protocol(e.to_string()))?;
+        let versions = finished(&sinks).map_err(|e| protocol(e.to_string()))?;
+        let accepted = pushed.keys.iter().filter(|k| k.accepted).count();
+        Ok((accepted, versions, Duration::from_micros(waited_us)))
+    }
+
+    /// A push request of `grads` as `worker`'s `step`.
+    fn push_request(
+        &self,
+        worker: Rank,
+        step: Step,
+        grads: impl Iterator<Item = PartGrad>,
+    ) -> v1::PushRequest {
+        v1::PushRequest {
+            map_version: self.map_version.get(),
+            worker_id: worker.get(),
+            step: step.get(),
+            grads: grads
+                .map(|(header, data)| header.into_tensor(data))
+                .collect(),
+        }
+    }
+
+    /// A pull request of the parts `sinks` stand for, at `min_version`.
+    fn pull_request(&self, sinks: &[PartSink<'_>], min_version: Version) -> v1::PullRequest {
+        v1::PullRequest {
             map_version: self.map_version.get(),
             keys: sinks
                 .iter()
@@ -559,7 +628,19 @@ impl Shards {
             min_version: min_version.get(),
             timeout_ms: self.pull_timeout.as_millis() as u64,
             chunk_bytes: self.chunk_bytes as u64,
-        };
+        }
+    }
+
+    /// Pulls the parts `sinks` stand for from `server`, writing each into its
+    /// sink; the version of each part, and how long the server held the pull
+    /// waiting for `min_version`.
+    async fn pull_on(
+        &self,
+        server: &Server,
+        mut sinks: Vec<PartSink<'_>>,
+        min_version: Version,
+    ) -> Result<(Vec<(ParamKey, Version)>, Duration), ClientError> {
+        let request = self.pull_request(&sinks, min_version);
         let bytes: usize = sinks.iter().map(PartSink::byte_len).sum();
         let protocol = |what, malformed: MalformedReply| ClientError::Protocol {
             what,
@@ -612,6 +693,30 @@ impl Shards {
         let versions = finished(&sinks).map_err(|e| protocol(Rpc::Pull, e))?;
         Ok((versions, waited))
     }
+}
+
+/// Sets each parameter in `into` to its lowest part's version among `answers`
+/// (each server's part versions and wait; 0 for a parameter with no parts);
+/// the longest wait.
+fn set_versions(
+    into: &mut BTreeMap<String, PulledParam>,
+    answers: Vec<(Vec<(ParamKey, Version)>, Duration)>,
+) -> Duration {
+    let mut lowest: BTreeMap<String, Version> = BTreeMap::new();
+    let mut waited = Duration::ZERO;
+    for (versions, wait) in answers {
+        waited = waited.max(wait);
+        for (key, version) in versions {
+            lowest
+                .entry(key.name)
+                .and_modify(|v| *v = (*v).min(version))
+                .or_insert(version);
+        }
+    }
+    for (name, param) in into.iter_mut() {
+        param.version = lowest.get(name).copied().unwrap_or(Version(0));
+    }
+    waited
 }
 
 /// Each part's key and version, once every part's bytes arrived.

@@ -5,11 +5,12 @@
 //! HPACK, a stream opened and closed, a service dispatch, trailers); on a
 //! session an operation is one DATA frame each way. Each operation goes
 //! through the same steps as its unary method ([`ParameterService::push_grads`],
-//! [`ParameterService::pull_values`]): the map version and memory budget are
+//! [`ParameterService::pull_response`]; a `PushPull` is the one and then the
+//! other, answered together): the map version and memory budget are
 //! admitted, the store applies it, and a refusal becomes the same status,
 //! carried in the answer with its metadata. The role was checked once, when
 //! the stream opened (the `Access` layer); every operation's answer is recorded
-//! in the server's metrics under its own method's name (`Push`, `Pull`).
+//! in the server's metrics under its own name (`Push`, `Pull`, `PushPull`).
 //!
 //! One task serves a stream: it reads requests and drives the operations in
 //! flight side by side, so a pull waiting for its version holds up nothing
@@ -122,9 +123,10 @@ async fn operate(service: &ParameterService, request: v1::SessionRequest) -> v1:
     let (method, work): (_, Pin<Box<dyn Future<Output = Done> + Send + '_>>) = match request.op {
         Some(Op::Push(push)) => ("Push", Box::pin(push_answer(service, push))),
         Some(Op::Pull(pull)) => ("Pull", Box::pin(pull_answer(service, pull))),
+        Some(Op::PushPull(both)) => ("PushPull", Box::pin(push_pull_answer(service, both))),
         None => {
             let status = Status::invalid_argument(format!(
-                "session request {} carries no operation; set push or pull",
+                "session request {} carries no operation; set push, pull or push_pull",
                 request.id
             ));
             return refused(request.id, &status);
@@ -173,6 +175,20 @@ async fn push_answer(service: &ParameterService, request: v1::PushRequest) -> Do
 async fn pull_answer(service: &ParameterService, request: v1::PullRequest) -> Done {
     let (response, waited) = service.refusal(service.pull_response(&request).await)?;
     Ok((Outcome::Pull(response), waited))
+}
+
+/// A push and then a pull, answered together once the pull has its values.
+async fn push_pull_answer(service: &ParameterService, request: v1::PushPull) -> Done {
+    let missing = |half| Status::invalid_argument(format!("a push_pull without its {half}"));
+    let push = request.push.ok_or_else(|| missing("push"))?;
+    let pull = request.pull.ok_or_else(|| missing("pull"))?;
+    let pushed = service.refusal(service.push_grads(&push).await)?;
+    let (pulled, waited) = service.refusal(service.pull_response(&pull).await)?;
+    let response = v1::PushPullResponse {
+        push: Some(crate::wire::push_response(pushed)),
+        pull: Some(pulled),
+    };
+    Ok((Outcome::PushPull(response), waited))
 }
 
 /// The answer refusing request `id` with `status`, its metadata kept.

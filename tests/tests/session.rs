@@ -1,6 +1,6 @@
 //! The `Session` stream as a client written from `ps.proto` sees it: answers
-//! matched to requests by id and sent as operations finish, a duplicate id in
-//! flight refused, refusals identical to the unary call's, the values a pull
+//! matched to requests by id and sent as operations finish, a push and pull as
+//! one operation, a duplicate id in flight refused, refusals identical to the unary call's, the values a pull
 //! sees the same both ways, and a stream left with nothing in flight ended at
 //! the idle timeout.
 
@@ -170,6 +170,55 @@ async fn answers_come_as_operations_finish_matched_by_id() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_pull_applies_the_push_then_answers_the_pull_after_it() {
+    let (servers, mut client) = server(None).await;
+    let mut session = Session::open(&mut client).await;
+    let Op::Push(push) = push(0, 0.25) else {
+        unreachable!("push(..) makes a push")
+    };
+    let both = |push: v1::PushRequest| {
+        Op::PushPull(v1::PushPull {
+            push: Some(push),
+            pull: Some(pull_request("w", 1)),
+        })
+    };
+    session.send(1, both(push.clone())).await;
+    let answer = session.answer().await;
+    let Some(Outcome::PushPull(response)) = &answer.outcome else {
+        panic!("a push_pull answer: {answer:?}");
+    };
+    assert!(response.push.as_ref().unwrap().keys[0].accepted);
+    let pulled = &response.pull.as_ref().unwrap().tensors[0];
+    assert_eq!(pulled.version, 1, "the pull saw the push it followed");
+    assert_eq!(pulled.tensor.as_ref().unwrap().data, f32s(&[-0.25; 4]));
+
+    // Repeated whole, the push is not applied again and the pull answers.
+    session.send(2, both(push.clone())).await;
+    let answer = session.answer().await;
+    let Some(Outcome::PushPull(again)) = &answer.outcome else {
+        panic!("a push_pull answer: {answer:?}");
+    };
+    assert!(!again.push.as_ref().unwrap().keys[0].accepted);
+    assert_eq!(again.pull.as_ref().unwrap().tensors[0].version, 1);
+
+    // A bad push refuses the whole, and changes nothing.
+    let mut bad = push;
+    bad.step = 1;
+    bad.grads[0].shape = vec![5];
+    session.send(3, both(bad)).await;
+    let (code, _) = refusal(&session.answer().await).expect("a refusal");
+    assert_eq!(code, Code::InvalidArgument);
+    let unary = client
+        .pull(pull_request("w", 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(unary.tensors[0].version, 1, "nothing applied");
+    drop(session);
+    servers.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_id_in_flight_is_refused_and_the_first_goes_on() {
     let (servers, mut client) = server(None).await;
     let mut session = Session::open(&mut client).await;
@@ -209,7 +258,7 @@ async fn a_refusal_is_the_unary_calls_and_a_request_without_an_operation_is_refu
     let answer = session.answer().await;
     let (code, message) = refusal(&answer).expect("a refusal");
     assert_eq!((answer.id, code), (2, Code::InvalidArgument));
-    assert!(message.contains("set push or pull"), "{message}");
+    assert!(message.contains("set push, pull or push_pull"), "{message}");
 
     // A deadline shorter than the wait ends the pull with DEADLINE_EXCEEDED.
     let waiting = v1::SessionRequest {

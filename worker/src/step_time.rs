@@ -11,6 +11,10 @@
 //!   device);
 //! - **other**: the rest of the wall time (batches, evaluation, repairs).
 //!
+//! When a step's push and pull travel as one operation (`PushPull` on the
+//! session stream, one round trip), there is no line between them: its time
+//! less the wait is booked half as push and half as pull.
+//!
 //! `ps-worker --json` reports each part in seconds and as a share of the wall
 //! time; the shares add up to 1.
 
@@ -57,6 +61,17 @@ impl StepTimes {
         let waited = waited.min(took);
         self.wait += waited;
         self.pull += took - waited;
+    }
+
+    /// Books a push and pull made as one operation that took `took`, of which
+    /// the servers held it `waited`: the wait as wait, the rest half as push
+    /// and half as pull.
+    pub fn exchanged(&mut self, took: Duration, waited: Duration) {
+        let waited = waited.min(took);
+        let transfer = took - waited;
+        self.wait += waited;
+        self.push += transfer / 2;
+        self.pull += transfer - transfer / 2;
     }
 
     /// The time spent in each part since `earlier` (a snapshot of the same
@@ -159,6 +174,21 @@ mod tests {
         assert!((split.other.seconds - 0.012).abs() < 1e-9);
         let shares: f64 = split.parts().iter().map(|(_, p)| p.share).sum();
         assert!((shares - 1.0).abs() < 1e-9, "{split:?}");
+    }
+
+    #[test]
+    fn a_push_and_pull_in_one_round_trip_splits_its_transfer_evenly() {
+        let mut times = StepTimes::default();
+        times.exchanged(31 * MS, 11 * MS);
+        assert_eq!(
+            (times.wait, times.push, times.pull),
+            (11 * MS, 10 * MS, 10 * MS)
+        );
+        times.exchanged(3 * MS, 5 * MS);
+        assert_eq!(
+            (times.wait, times.push, times.pull),
+            (14 * MS, 10 * MS, 10 * MS)
+        );
     }
 
     #[test]

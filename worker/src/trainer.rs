@@ -278,10 +278,18 @@ impl PsTrainer {
             let copy = self.local_copy()?;
             self.client.follow_newer_map(&copy).await?;
         }
-        let pushing = Instant::now();
-        self.client.push(self.group.rank, self.step, pushed).await?;
-        self.times.push += pushing.elapsed();
-        self.load_once(wait_for).await?;
+        let exchanging = Instant::now();
+        let (_, waited) = self
+            .client
+            .push_then_pull_into(
+                (self.group.rank, self.step),
+                pushed,
+                wait_for,
+                &mut self.pulled,
+            )
+            .await?;
+        self.times.exchanged(exchanging.elapsed(), waited);
+        self.apply_pulled()?;
         Ok(())
     }
 
@@ -370,6 +378,11 @@ impl PsTrainer {
         let pulling = Instant::now();
         let waited = self.client.pull_into(min_version, &mut self.pulled).await?;
         self.times.pulled(pulling.elapsed(), waited);
+        self.apply_pulled()
+    }
+
+    /// Writes the values last pulled into the variables; their lowest version.
+    fn apply_pulled(&mut self) -> Result<Version, TrainerError> {
         let applying = Instant::now();
         let pulled: Vec<&PulledParam> = self
             .vars
