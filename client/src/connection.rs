@@ -17,7 +17,8 @@ use crate::error::{ClientError, Rpc};
 use crate::fan_out::all_or_first_error;
 use crate::placement::{ParamInfo, Part, Placement};
 use crate::retry::RetryTally;
-use crate::shards::{Server, Shards};
+use crate::server::Server;
+use crate::shards::Shards;
 use crate::wire::{ParamBytes, PulledParam};
 
 /// A worker's connection to every parameter server.

@@ -20,7 +20,7 @@ use tonic::transport::Channel;
 use crate::error::{ClientError, Rpc};
 use crate::placement::ParamInfo;
 use crate::retry::RetryPolicy;
-use crate::shards::Server;
+use crate::server::Server;
 
 /// What joining the group tells a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

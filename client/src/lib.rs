@@ -27,6 +27,7 @@ pub mod placement;
 pub mod recovery;
 pub mod repair;
 pub mod retry;
+mod server;
 mod session;
 pub(crate) mod shards;
 pub mod wire;

@@ -1,40 +1,34 @@
 //! [`Shards`]: the parameter servers a client routes to, where each parameter's
 //! parts live on them, and the shard-map version it routes by; with the fan-out
-//! of register, push and pull to every server at once, each request unary or
-//! streamed in chunks by the size rules of `config.rs` ([`SizeRules`]). A push or pull sends each server's
-//! keys as a few concurrent requests of similar size, so that no stage waits
-//! for the whole of the one before.
+//! of register, push, pull and push-then-pull to every server at once. Each
+//! request is one message (on the server's session stream when it has one) or
+//! streamed in chunks, by the size rules of `config.rs` ([`SizeRules`]). A
+//! push or pull sends each server's keys as a few concurrent requests of
+//! similar size, so that no stage waits for the whole of the one before.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use prost::Message;
-use ps_common::rendezvous::{Peer, rendezvous};
-use ps_proto::auth::AuthChannel;
 use ps_proto::chunk_decode::decode_pull_chunk;
 use ps_proto::chunk_encode::{framed_message, framed_push_chunk};
 use ps_proto::grpc_frames::{PULL_PATH, PULL_STREAM_PATH, PUSH_PATH, PUSH_STREAM_PATH};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::metadata;
-use ps_proto::transport::{TransportConfig, http_uri};
 use ps_proto::v1;
-use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
-use tonic::Status;
 use tonic::metadata::MetadataMap;
-use tonic::transport::Channel;
 
 use crate::config::{ClientConfig, MIN_GROUP_BYTES, SizeRules};
 use crate::error::{ClientError, Rpc, settled};
 use crate::fan_out::all_or_first_error;
-use crate::framed::{FramedAnswer, start_framed};
+
 use crate::placement::{Placed, Placement};
 use crate::retry::RetryPolicy;
-use crate::session::SessionLink;
+use crate::server::Server;
 use crate::wire::{
     MalformedReply, ParamBytes, PartData, PartGrad, PartInit, PartSink, PulledParam,
     cut_into_parts, grad_chunks, part_grad, write_pull_chunk, write_pulled,
@@ -60,176 +54,6 @@ fn in_groups<T>(items: Vec<T>, bytes: impl Fn(&T) -> usize, groups: usize) -> Ve
         runs.push(run);
     }
     runs
-}
-
-/// One parameter server.
-#[derive(Clone)]
-pub(crate) struct Server {
-    pub(crate) addr: String,
-    client: ParameterServerClient<AuthChannel>,
-    /// The same channel, for the calls written as frames ([`crate::framed`]).
-    channel: AuthChannel,
-    limit: usize,
-    /// The session stream to it: opened on first use, again after it ends.
-    session: Arc<tokio::sync::Mutex<SessionState>>,
-}
-
-/// Where a server's session stream stands.
-enum SessionState {
-    /// None opened yet, or the last one ended.
-    Closed,
-    /// Open.
-    Open(Arc<SessionLink>),
-    /// The server answered `UNIMPLEMENTED`: unary calls only.
-    NotOffered,
-}
-
-impl Server {
-    /// The parameter server at `addr` over `channel`, with the configured message limits.
-    pub(crate) fn new(addr: &str, channel: Channel, transport: &TransportConfig) -> Self {
-        let channel = transport.authed(channel);
-        let client = transport.limited(ParameterServerClient::new(channel.clone()));
-        Server {
-            addr: addr.to_string(),
-            client,
-            channel,
-            limit: transport.max_message_bytes,
-            session: Arc::new(tokio::sync::Mutex::new(SessionState::Closed)),
-        }
-    }
-
-    /// Connects to the parameter server at `addr`, waiting up to `wait` for it
-    /// to come up; with no wait, it must be up now.
-    pub(crate) async fn connect(
-        transport: &TransportConfig,
-        addr: &str,
-        wait: Duration,
-    ) -> Result<Self, ClientError> {
-        if !wait.is_zero() {
-            let (_, channel) = rendezvous(addr, &[Peer::ParameterServer], transport, wait).await?;
-            return Ok(Self::new(addr, channel, transport));
-        }
-        let connect_error = |source| ClientError::Connect {
-            addr: addr.to_string(),
-            source,
-        };
-        let channel = transport
-            .endpoint(http_uri(addr))
-            .map_err(connect_error)?
-            .connect()
-            .await
-            .map_err(connect_error)?;
-        Ok(Self::new(addr, channel, transport))
-    }
-
-    /// Runs `call` with `retry`, naming this server and `what` on failure.
-    pub(crate) async fn call<T, F, Fut>(
-        &self,
-        retry: &RetryPolicy,
-        what: Rpc,
-        call: F,
-    ) -> Result<T, ClientError>
-    where
-        F: Fn(ParameterServerClient<AuthChannel>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
-    {
-        self.answer(retry, what, call)
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    /// Starts `path` with the framed request `pieces`, retried by `retry`
-    /// until the server answers (refusals named by `what`); the answer is then
-    /// read message by message.
-    pub(crate) async fn start_framed(
-        &self,
-        retry: &RetryPolicy,
-        what: Rpc,
-        path: &'static str,
-        metadata: MetadataMap,
-        pieces: Vec<Bytes>,
-    ) -> Result<FramedAnswer, ClientError> {
-        retry
-            .run(what.name(), || {
-                start_framed(
-                    self.channel.clone(),
-                    path,
-                    metadata.clone(),
-                    pieces.clone(),
-                    self.limit,
-                )
-            })
-            .await
-            .map_err(|status| self.failed(what, status))
-    }
-
-    /// The open session stream, opened when there is none; `None` when the
-    /// server does not offer sessions.
-    async fn session(&self) -> Result<Option<Arc<SessionLink>>, Status> {
-        let mut state = self.session.lock().await;
-        match &*state {
-            SessionState::Open(link) if !link.has_ended() => return Ok(Some(Arc::clone(link))),
-            SessionState::NotOffered => return Ok(None),
-            SessionState::Open(_) | SessionState::Closed => {}
-        }
-        match SessionLink::open(self.client.clone()).await? {
-            Some(link) => {
-                let link = Arc::new(link);
-                *state = SessionState::Open(Arc::clone(&link));
-                Ok(Some(link))
-            }
-            None => {
-                tracing::info!(server = %self.addr, "the server offers no session stream; unary calls instead");
-                *state = SessionState::NotOffered;
-                Ok(None)
-            }
-        }
-    }
-
-    /// Runs the operation `op` makes on the session stream, retried by `retry`
-    /// (each attempt on the stream then open); `None` when the server offers
-    /// no sessions.
-    async fn in_session(
-        &self,
-        retry: &RetryPolicy,
-        what: Rpc,
-        op: impl Fn() -> Op,
-    ) -> Result<Option<(Outcome, u64)>, ClientError> {
-        retry
-            .run(what.name(), || async {
-                match self.session().await? {
-                    Some(link) => link.call(op()).await.map(Some),
-                    None => Ok(None),
-                }
-            })
-            .await
-            .map_err(|status| self.failed(what, status))
-    }
-
-    fn failed(&self, what: Rpc, status: Status) -> ClientError {
-        ClientError::Rpc {
-            what,
-            addr: self.addr.clone(),
-            status,
-        }
-    }
-
-    /// [`Server::call`], keeping the answer's metadata.
-    pub(crate) async fn answer<T, F, Fut>(
-        &self,
-        retry: &RetryPolicy,
-        what: Rpc,
-        call: F,
-    ) -> Result<tonic::Response<T>, ClientError>
-    where
-        F: Fn(ParameterServerClient<AuthChannel>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
-    {
-        retry
-            .run(what.name(), || call(self.client.clone()))
-            .await
-            .map_err(|status| self.failed(what, status))
-    }
 }
 
 /// The servers, the placement over them, and how requests to them are made.
