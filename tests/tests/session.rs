@@ -1,8 +1,9 @@
 //! The `Session` stream as a client written from `ps.proto` sees it: answers
 //! matched to requests by id and sent as operations finish, a push and pull as
-//! one operation, a duplicate id in flight refused, refusals identical to the unary call's, the values a pull
-//! sees the same both ways, and a stream left with nothing in flight ended at
-//! the idle timeout.
+//! one operation, a duplicate id in flight refused, refusals identical to the
+//! unary call's, the values a pull sees the same both ways, a stream left with
+//! nothing in flight ended at the idle timeout, and the connection it rides on
+//! counted against the connection limit.
 
 use std::time::{Duration, Instant};
 
@@ -18,20 +19,25 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Streaming};
 
-/// A BSP server for one worker holding `w`, four f32 zeros, with SGD at lr 1.
-async fn server(
-    idle: Option<Duration>,
-) -> (
-    LocalServers,
-    ParameterServerClient<tonic::transport::Channel>,
-) {
+/// A client on one connection.
+type Client = ParameterServerClient<tonic::transport::Channel>;
+
+/// A BSP server for one worker holding `w`, four f32 zeros, with SGD at lr 1,
+/// closing connections idle for `idle`.
+async fn server(idle: Option<Duration>) -> (LocalServers, Client) {
+    let transport = TransportConfig {
+        idle_connection_timeout: idle,
+        ..TransportConfig::default()
+    };
+    server_over(transport).await
+}
+
+/// [`server`] with `transport`, and a client on one connection to it.
+async fn server_over(transport: TransportConfig) -> (LocalServers, Client) {
     let config = ServerConfig {
         consistency: Consistency::Bsp,
         workers: 1,
-        transport: TransportConfig {
-            idle_connection_timeout: idle,
-            ..TransportConfig::default()
-        },
+        transport,
         ..ServerConfig::default()
     };
     let servers = LocalServers::start(1, config).await.expect("a server");
@@ -95,7 +101,7 @@ struct Session {
 }
 
 impl Session {
-    async fn open(client: &mut ParameterServerClient<tonic::transport::Channel>) -> Self {
+    async fn open(client: &mut Client) -> Self {
         let (requests, queued) = mpsc::channel(16);
         let answers = client
             .session(ReceiverStream::new(queued))
@@ -289,5 +295,30 @@ async fn a_session_with_nothing_in_flight_ends_at_the_idle_timeout() {
     assert_eq!(ended.code(), Code::Cancelled, "{ended:?}");
     assert!(ended.message().contains("sent nothing"), "{ended:?}");
     assert!(quiet.elapsed() >= idle, "ended after {:?}", quiet.elapsed());
+    servers.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_rides_on_a_connection_that_counts_against_the_limit() {
+    let transport = TransportConfig {
+        max_connections: 1,
+        ..TransportConfig::default()
+    };
+    let (servers, mut client) = server_over(transport).await;
+    let mut session = Session::open(&mut client).await;
+    let second = ParameterServerClient::connect(http_uri(&servers.addrs()[0])).await;
+    if let Ok(mut second) = second {
+        let refused = second.stats(v1::StatsRequest {}).await;
+        assert!(
+            refused.is_err(),
+            "a second connection was served: {refused:?}"
+        );
+    }
+    session.send(1, push(0, 1.0)).await;
+    assert!(
+        refusal(&session.answer().await).is_none(),
+        "the session's connection still works"
+    );
+    drop(session);
     servers.shutdown().await.expect("clean shutdown");
 }
