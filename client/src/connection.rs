@@ -336,9 +336,7 @@ impl PsClient {
         step: Step,
         grads: &[ParamBytes],
     ) -> Result<usize, ClientError> {
-        if let Directory::Scheduler(link) = &self.directory {
-            link.record_step(step);
-        }
+        self.record_step(step);
         self.shards.push(worker, step, grads).await
     }
 
@@ -359,9 +357,7 @@ impl PsClient {
         min_version: Version,
         into: &mut BTreeMap<String, PulledParam>,
     ) -> Result<(usize, Duration), ClientError> {
-        if let Directory::Scheduler(link) = &self.directory {
-            link.record_step(step);
-        }
+        self.record_step(step);
         let exchanged = self
             .shards
             .push_pull_into((worker, step), grads, min_version, into)
@@ -372,6 +368,14 @@ impl PsClient {
         let taken = self.shards.push(worker, step, grads).await?;
         let waited = self.shards.pull_into(min_version, into).await?;
         Ok((taken, waited))
+    }
+
+    /// Tells the scheduler link (when there is one) the step being pushed, for
+    /// its heartbeats.
+    fn record_step(&self, step: Step) {
+        if let Directory::Scheduler(link) = &self.directory {
+            link.record_step(step);
+        }
     }
 
     /// Pulls every placed parameter once each of its parts reaches `min_version`.

@@ -230,9 +230,8 @@ impl Placement {
         self.servers
     }
 
-    /// Bytes each server holds.
-    #[cfg(test)]
-    fn bytes_per_server(&self) -> Vec<usize> {
+    /// The bytes of the parts each server holds, in the wire dtype.
+    pub fn bytes_per_server(&self) -> Vec<usize> {
         let mut load = vec![0; self.servers];
         for placed in self.params.values() {
             for part in &placed.parts {

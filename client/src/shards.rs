@@ -355,21 +355,17 @@ impl Shards {
         min_version: Version,
         into: &mut BTreeMap<String, PulledParam>,
     ) -> Result<Option<(usize, Duration)>, ClientError> {
-        if !self.session {
+        // A server's pull carries every part it holds, and its push at most
+        // those: when the one fits a message, so does the other. Decided from
+        // the placement alone, before anything is cut.
+        let bytes = self.placement.bytes_per_server();
+        if !self.session || !bytes.iter().all(|&b| self.sizes.transfer_is_unary(b)) {
             return Ok(None);
         }
         let pushes = self.parts_by_server(grads)?;
         let mut pulls: Vec<Vec<PartSink<'_>>> = self.servers.iter().map(|_| Vec::new()).collect();
         for (server, sink) in cut_into_parts(&self.placement, into) {
             pulls[server].push(sink);
-        }
-        let fits = pushes.iter().zip(&pulls).all(|(push, pull)| {
-            let push_bytes = push.iter().map(|(_, _, data)| data.len()).sum();
-            let pull_bytes = pull.iter().map(PartSink::byte_len).sum();
-            self.sizes.transfer_is_unary(push_bytes) && self.sizes.transfer_is_unary(pull_bytes)
-        });
-        if !fits {
-            return Ok(None);
         }
         let calls = pushes
             .iter()
