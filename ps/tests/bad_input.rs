@@ -1,5 +1,6 @@
 //! Every kind of bad input gets a precise status and a message a person can act
-//! on, and leaves the stored values, versions and push counts exactly as they were.
+//! on, and leaves the stored values, versions and push counts exactly as they were:
+//! as a unary call and as a request on a session stream alike.
 
 mod common;
 
@@ -191,18 +192,17 @@ async fn every_bad_push_is_refused_precisely_and_changes_nothing() {
         ..ServerConfig::default()
     };
     let server = server_with_keys(config).await;
-    for case in bad_pushes() {
-        let before = snapshot(&server).await;
-        let result = server.client.clone().push(case.request).await;
-        assert_status(result, case.code, case.needles, case.what);
-        assert_eq!(
-            snapshot(&server).await,
-            before,
-            "{} changed the state",
-            case.what
-        );
+    for via in BOTH_WAYS {
+        for case in bad_pushes() {
+            let before = snapshot(&server).await;
+            let result = server.push_via(via, case.request).await;
+            let what = format!("{} ({via:?})", case.what);
+            assert_status(result, case.code, case.needles, &what);
+            assert_eq!(snapshot(&server).await, before, "{what} changed the state");
+        }
     }
-    assert_eq!(server.stats().await.rejected, bad_pushes().len() as u64);
+    let refused = BOTH_WAYS.len() * bad_pushes().len();
+    assert_eq!(server.stats().await.rejected, refused as u64);
     server.stop().await;
 }
 
@@ -316,18 +316,23 @@ async fn bad_pulls_are_refused_precisely() {
             &["version 2", "at version 0", "offer this worker's copy"],
         ),
     ];
-    for case in cases {
-        let result = server.client.clone().pull(case.request).await;
-        assert_status(result, case.code, case.needles, case.what);
+    for via in BOTH_WAYS {
+        for case in &cases {
+            let result = server.pull_via(via, case.request.clone()).await;
+            let what = format!("{} ({via:?})", case.what);
+            assert_status(result, case.code, case.needles, &what);
+        }
+        let ahead = server
+            .pull_via(via, pull_request(&["w"], 2, 60_000))
+            .await
+            .unwrap_err();
+        let key_version = ps_proto::metadata::version_in(&ahead, ps_proto::metadata::KEY_VERSION);
+        assert_eq!(
+            key_version,
+            Some(0),
+            "{via:?}: the refusal names the key's version"
+        );
     }
-    let ahead = server
-        .client
-        .clone()
-        .pull(pull_request(&["w"], 2, 60_000))
-        .await
-        .unwrap_err();
-    let key_version = ps_proto::metadata::version_in(&ahead, ps_proto::metadata::KEY_VERSION);
-    assert_eq!(key_version, Some(0), "the refusal names the key's version");
     let empty_stream = server
         .client
         .clone()
@@ -382,12 +387,14 @@ async fn message_over_the_size_limit_is_refused_before_it_is_read() {
             tensor("b", &vec![1.0; 12_000]),
         ],
     );
-    assert_status(
-        server.client.clone().push(request).await,
-        Code::OutOfRange,
-        &["too large", "limit"],
-        "an oversized message",
-    );
+    for via in BOTH_WAYS {
+        assert_status(
+            server.push_via(via, request.clone()).await,
+            Code::OutOfRange,
+            &["too large", "limit"],
+            &format!("an oversized message ({via:?})"),
+        );
+    }
     assert_eq!(snapshot(&server).await, before);
     server.stop().await;
 }

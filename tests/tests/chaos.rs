@@ -3,6 +3,8 @@
 //! its state file) at a random step. Each run must finish with every worker within
 //! 0.02 of an undisturbed run's accuracy and at least 0.93, and take no longer
 //! than the undisturbed run plus the heartbeat timeout and a margin: nothing hangs.
+//! Worker 0 pushes and pulls on session streams and worker 1 with unary calls, so
+//! every fault is survived on both paths in the same run.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -43,8 +45,17 @@ struct Outcome {
     repairs: Vec<String>,
 }
 
-fn worker(scheduler: &str) -> Child {
-    spawn_worker(&[
+/// How a worker reaches the servers.
+#[derive(Debug, Clone, Copy)]
+enum Reach {
+    /// One session stream per server (the default).
+    Session,
+    /// A unary call per operation (`--unary`).
+    Unary,
+}
+
+fn worker(scheduler: &str, reach: Reach) -> Child {
+    let mut args = vec![
         "--scheduler",
         scheduler,
         "--json",
@@ -52,7 +63,11 @@ fn worker(scheduler: &str) -> Child {
         EPOCHS,
         "--pull-timeout-secs",
         "30",
-    ])
+    ];
+    if let Reach::Unary = reach {
+        args.push("--unary");
+    }
+    spawn_worker(&args)
 }
 
 async fn lowest_step(scheduler: &str) -> Option<u64> {
@@ -205,7 +220,10 @@ async fn run(fault: Fault) -> Outcome {
         ServerProcess::start(&server_args).await,
     ];
     let started = Instant::now();
-    let mut workers = vec![worker(&scheduler.addr), worker(&scheduler.addr)];
+    let mut workers = vec![
+        worker(&scheduler.addr, Reach::Session),
+        worker(&scheduler.addr, Reach::Unary),
+    ];
     let (mut accuracies, mut repairs) = (Vec::new(), Vec::new());
     match fault {
         Fault::None => {}
@@ -232,9 +250,10 @@ async fn run(fault: Fault) -> Outcome {
         }
         Fault::RestartWorker(step) => {
             wait_for_step(&scheduler.addr, step).await;
+            // Worker 1, the unary one, restarted as it was.
             let mut victim = workers.pop().expect("two workers");
             victim.kill().await.expect("kill -9 a worker");
-            workers.push(worker(&scheduler.addr));
+            workers.push(worker(&scheduler.addr, Reach::Unary));
         }
         Fault::RestartScheduler(step) => {
             wait_for_step(&scheduler.addr, step).await;

@@ -72,6 +72,11 @@ struct Cli {
     /// Print one JSON summary as the last line of stdout.
     #[arg(long, env = "PS_JSON", value_parser = env_flag())]
     json: bool,
+    /// Make every push and pull its own unary call instead of a message on one
+    /// long-lived session stream per server (for servers or proxies that only
+    /// pass unary calls, and for comparing the two).
+    #[arg(long, env = "PS_UNARY", value_parser = env_flag())]
+    unary: bool,
     #[command(flatten)]
     train: TrainArgs,
     #[command(flatten)]
@@ -157,6 +162,7 @@ async fn main() -> anyhow::Result<()> {
     client_config.pull_timeout = Duration::from_secs(cli.pull_timeout_secs);
     client_config.connect_timeout = cli.connect_timeout;
     client_config.scheduler = cli.scheduler.clone();
+    client_config.session = !cli.unary;
     cli.security
         .apply(Role::Worker, &mut client_config.transport)?;
     let mut client = PsClient::connect(client_config).await?;

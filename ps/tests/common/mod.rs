@@ -12,6 +12,8 @@ use ps_proto::key::ParamKey;
 use ps_proto::transport::{MessageLimits, TransportConfig, http_uri};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
+use ps_proto::v1::session_answer::Outcome;
+use ps_proto::v1::session_request::Op;
 use ps_server::ServerConfig;
 use ps_server::server::ServeError;
 use tokio::net::TcpListener;
@@ -319,4 +321,84 @@ pub async fn a_held_pull_outlasts_the_idle_limit(
         .expect("worker 1's push");
     let pulled = held.await.unwrap().expect("the held pull is answered");
     assert_eq!(pulled.into_inner().tensors[0].version, 1);
+}
+
+/// How a test request reaches the server.
+#[derive(Debug, Clone, Copy)]
+pub enum Via {
+    /// A unary call.
+    Unary,
+    /// The one request of a new `Session` stream.
+    Session,
+}
+
+/// Both ways in, for tests that must hold on each.
+pub const BOTH_WAYS: [Via; 2] = [Via::Unary, Via::Session];
+
+impl TestServer {
+    /// `request` as a `Push` call, or on a session stream.
+    pub async fn push_via(
+        &self,
+        via: Via,
+        request: v1::PushRequest,
+    ) -> Result<v1::PushResponse, tonic::Status> {
+        match via {
+            Via::Unary => Ok(self.client.clone().push(request).await?.into_inner()),
+            Via::Session => match self.on_session(Op::Push(request)).await? {
+                Outcome::Push(pushed) => Ok(pushed),
+                other => panic!("a push answered with {other:?}"),
+            },
+        }
+    }
+
+    /// `request` as a `Pull` call, or on a session stream.
+    pub async fn pull_via(
+        &self,
+        via: Via,
+        request: v1::PullRequest,
+    ) -> Result<v1::PullResponse, tonic::Status> {
+        match via {
+            Via::Unary => Ok(self.client.clone().pull(request).await?.into_inner()),
+            Via::Session => match self.on_session(Op::Pull(request)).await? {
+                Outcome::Pull(pulled) => Ok(pulled),
+                other => panic!("a pull answered with {other:?}"),
+            },
+        }
+    }
+
+    /// Opens a session, sends `op` as its one request, and reads its answer; a
+    /// refusal comes back as the status it carries, metadata included.
+    async fn on_session(&self, op: Op) -> Result<Outcome, tonic::Status> {
+        let request = v1::SessionRequest {
+            id: 1,
+            deadline_ms: 0,
+            op: Some(op),
+        };
+        let mut answers = self
+            .client
+            .clone()
+            .session(tokio_stream::iter([request]))
+            .await?
+            .into_inner();
+        let answer = answers
+            .message()
+            .await?
+            .expect("an answer before the stream ends");
+        assert_eq!(answer.id, 1, "the answer carries the request's id");
+        match answer.outcome.expect("an outcome") {
+            Outcome::Refusal(refusal) => Err(status_of(refusal)),
+            outcome => Ok(outcome),
+        }
+    }
+}
+
+/// The status a session refusal stands for.
+fn status_of(refusal: v1::SessionRefusal) -> tonic::Status {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    for (key, value) in refusal.metadata {
+        let key: tonic::metadata::AsciiMetadataKey = key.parse().expect("an ASCII key");
+        metadata.insert(key, value.parse().expect("an ASCII value"));
+    }
+    let code = tonic::Code::from_i32(refusal.code);
+    tonic::Status::with_metadata(code, refusal.message, metadata)
 }
