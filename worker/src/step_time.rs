@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The time spent in each part of the steps so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -109,7 +109,7 @@ impl StepTimes {
 }
 
 /// One part of the wall time.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct Part {
     /// Seconds spent in it.
     pub seconds: f64,
@@ -118,7 +118,7 @@ pub struct Part {
 }
 
 /// The wall time, split into its parts (see the module's documentation).
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct TimeSplit {
     /// Forward, loss and backward.
     pub compute: Part,

@@ -13,7 +13,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::data::rng::SplitMix64;
 use crate::data::{DataError, Dataset, Split, shard_range};
@@ -107,7 +107,7 @@ impl Default for TrainConfig {
 
 /// What a worker reports when it is done. With `--json` it is printed as the last
 /// line of stdout.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct TrainSummary {
     /// Data set name.
     pub dataset: String,

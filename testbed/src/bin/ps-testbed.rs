@@ -1,0 +1,138 @@
+//! `ps-testbed`: run a candle-ps job in an emulated cluster whose links are
+//! shaped to a rate (needs root, `ip` and `tc`).
+//!
+//! ```text
+//! sudo ps-testbed run --hosts server=2,worker=2 --link 1gbit -- --epochs 2
+//! sudo ps-testbed run --link 1gbit -- --dataset synthetic --synthetic-features 1024 \
+//!     --hidden 2048,2048 --batch-size 32 --optimizer sgd --epochs 1
+//! sudo ps-testbed clean      # namespaces left by a run that was killed
+//! ```
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use ps_testbed::hosts::{HostCounts, LinkOverride, plan};
+use ps_testbed::job::{self, JobSpec};
+use ps_testbed::netns::{self, Network};
+use ps_testbed::rate::LinkRate;
+use ps_testbed::report::Report;
+
+#[derive(Parser)]
+#[command(version, about = "Run a candle-ps job in a cluster emulated with network namespaces and shaped links.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Action,
+}
+
+#[derive(Subcommand)]
+enum Action {
+    /// Build the cluster, run the job, report, and remove everything.
+    Run(RunArgs),
+    /// Remove namespaces that runs under --prefix left when they were killed.
+    Clean {
+        /// The namespace prefix of the runs to clean up after.
+        #[arg(long, default_value = "psbed")]
+        prefix: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Hosts per role; the scheduler always has one of its own.
+    #[arg(long, default_value = "scheduler=1,server=2,worker=2")]
+    hosts: HostCounts,
+    /// Every link's rate, each direction (kbit, mbit, gbit).
+    #[arg(long, default_value = "1gbit")]
+    link: LinkRate,
+    /// A different rate for a role's links or one host's (server=2.5gbit,
+    /// worker1=500mbit); may be repeated.
+    #[arg(long = "link-for")]
+    link_for: Vec<LinkOverride>,
+    /// Namespace names start with this (PREFIX-PID-HOST): runs with different
+    /// prefixes never meet.
+    #[arg(long, default_value = "psbed")]
+    prefix: String,
+    /// Folder for each process's log and report.json (default: a new folder
+    /// under the system's temporary folder).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// How long the workers may run, for example 10m.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// An argument for every ps-server (may be repeated).
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    server_args: Vec<String>,
+    /// Print the report as one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Arguments for every ps-worker, after `--` (default: digits, as ps-local trains).
+    #[arg(last = true)]
+    worker_args: Vec<String>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    ps_common::process::init_tracing();
+    match Cli::parse().command {
+        Action::Run(args) => run(args).await,
+        Action::Clean { prefix } => {
+            netns::preflight()?;
+            let removed = netns::sweep(&prefix)?;
+            println!("removed {} namespace(s): {}", removed.len(), removed.join(" "));
+            Ok(())
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    netns::preflight()?;
+    let hosts = plan(args.hosts, args.link, &args.link_for).map_err(anyhow::Error::msg)?;
+    let swept = netns::sweep(&args.prefix)?;
+    if !swept.is_empty() {
+        tracing::info!(namespaces = ?swept, "removed what a killed run left");
+    }
+    let bin_dir = std::env::current_exe()?
+        .parent()
+        .context("the folder of ps-testbed")?
+        .to_path_buf();
+    for binary in ["ps-scheduler", "ps-server", "ps-worker"] {
+        anyhow::ensure!(
+            bin_dir.join(binary).is_file(),
+            "{binary} is not next to ps-testbed in {}; build the workspace (cargo build --release)",
+            bin_dir.display()
+        );
+    }
+    let out = args.out.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("ps-testbed-{}", std::process::id()))
+    });
+    job::prepare_out(&out).with_context(|| format!("making {}", out.display()))?;
+    let spec = JobSpec {
+        bin_dir,
+        out: out.clone(),
+        worker_args: args.worker_args.clone(),
+        server_args: args.server_args.clone(),
+        timeout: args.timeout,
+    };
+    let network = Network::build(&args.prefix, &hosts)?;
+    tracing::info!(hosts = hosts.len(), link = %args.link, out = %out.display(), "cluster up");
+    let outcome = tokio::select! {
+        outcome = job::run(&network, &spec) => outcome?,
+        () = ps_common::process::shutdown_signal() => {
+            drop(network);
+            anyhow::bail!("interrupted: every process was killed and every namespace removed");
+        }
+    };
+    drop(network);
+    let report = Report::of(&outcome);
+    let json = serde_json::to_string_pretty(&report)?;
+    std::fs::write(out.join("report.json"), &json)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.text());
+        println!("\nlogs and report.json: {}", out.display());
+    }
+    Ok(())
+}

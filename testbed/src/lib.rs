@@ -1,0 +1,22 @@
+//! `ps-testbed`: a cluster emulated on one machine, for the regime where the
+//! network link is the limit. Each host is a Linux network namespace with one
+//! veth link to a switch namespace, shaped by `tc tbf` to a rate in both
+//! directions (full duplex); the real `ps-scheduler`, `ps-server` and
+//! `ps-worker` binaries run inside them on addresses that exist only there.
+//! A run reports each worker's steps per second and step time split, each
+//! link's bytes and utilisation, and each process's CPU, and removes every
+//! namespace, link and process it made, also on failure and on Ctrl-C.
+//!
+//! - [`rate`]: link rates as `tc` writes them;
+//! - [`hosts`]: which hosts, their addresses and rates;
+//! - [`netns`]: the namespaces, links and shapers, and their counters;
+//! - [`process`]: a binary started inside a host's namespace;
+//! - [`job`]: scheduler, servers and workers, run to the workers' end;
+//! - [`report`]: what a run prints.
+
+pub mod hosts;
+pub mod job;
+pub mod netns;
+pub mod process;
+pub mod rate;
+pub mod report;

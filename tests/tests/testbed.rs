@@ -1,0 +1,243 @@
+//! `ps-testbed` end to end: a digits job in an emulated cluster (a scheduler
+//! host, 2 server hosts and 2 worker hosts, every link shaped to 1 Gbit/s both
+//! ways) trains to the accuracy the same job reaches on loopback (`ps-local`),
+//! its traffic crosses the server links within their rate, and nothing is left
+//! behind; a run stopped with Ctrl-C removes every namespace and process it
+//! made; `ps-testbed clean` removes what a killed run left.
+//!
+//! Needs root, `ip` and `tc`, so it is `#[ignore]`d in `cargo test
+//! --workspace`; `.ci/run` runs it with `PS_REQUIRE_ROOT=1`, which makes a
+//! machine without them fail the test instead of skipping it. Its namespaces
+//! are under the prefix `psci`, apart from a developer's runs (`psbed`).
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ps_common::processes::binary;
+use serde_json::Value;
+
+const PREFIX: &str = "psci";
+
+fn root_or_skip() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let tools = ["ip", "tc"]
+        .iter()
+        .all(|t| Command::new(t).arg("-V").output().is_ok());
+    if root && tools {
+        return true;
+    }
+    assert!(
+        std::env::var_os("PS_REQUIRE_ROOT").is_none(),
+        "PS_REQUIRE_ROOT is set but this is not root with `ip` and `tc`"
+    );
+    eprintln!("SKIPPED: the testbed needs root, `ip` and `tc`");
+    false
+}
+
+/// The testbed's namespaces under `prefix` now.
+fn namespaces(prefix: &str) -> Vec<String> {
+    let listed = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&format!("{prefix}-")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Builds the binaries the testbed starts, next to it.
+fn testbed() -> std::path::PathBuf {
+    for name in ["ps-scheduler", "ps-server", "ps-worker", "ps-local"] {
+        binary(name);
+    }
+    binary("ps-testbed")
+}
+
+fn accuracies(summaries: &[Value]) -> Vec<f64> {
+    summaries
+        .iter()
+        .map(|s| s["test_accuracy"].as_f64().expect("an accuracy"))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root, ip and tc; .ci/run runs it"]
+fn a_digits_job_on_shaped_links_trains_as_on_loopback_and_leaves_nothing() {
+    if !root_or_skip() {
+        return;
+    }
+    let testbed = testbed();
+    let out = tempfile::tempdir().expect("a folder for the logs");
+    let run = Command::new(&testbed)
+        .args(["run", "--prefix", PREFIX, "--json", "--link", "1gbit"])
+        .args(["--hosts", "scheduler=1,server=2,worker=2", "--out"])
+        .arg(out.path())
+        .output()
+        .expect("run ps-testbed");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "ps-testbed failed:\n{stderr}");
+    let report: Value = serde_json::from_slice(
+        run.stdout
+            .split(|b| *b == b'\n')
+            .rfind(|l| !l.is_empty())
+            .expect("a report line"),
+    )
+    .expect("the report is JSON");
+    assert!(namespaces(PREFIX).is_empty(), "namespaces left behind");
+
+    let workers = report["workers"].as_array().expect("workers");
+    assert_eq!(workers.len(), 2, "{report}");
+    let local = Command::new(binary("ps-local"))
+        .args(["--json", "--servers", "2", "--workers", "2"])
+        .stderr(Stdio::null())
+        .output()
+        .expect("run ps-local");
+    assert!(local.status.success());
+    let local: Value = serde_json::from_slice(
+        local
+            .stdout
+            .split(|b| *b == b'\n')
+            .rfind(|l| !l.is_empty())
+            .expect("a summary line"),
+    )
+    .expect("ps-local's summary is JSON");
+    let on_loopback = accuracies(local["per_worker"].as_array().expect("per-worker summaries"));
+    let shaped = accuracies(workers);
+    let base = on_loopback.iter().copied().fold(f64::INFINITY, f64::min);
+    for accuracy in &shaped {
+        assert!(
+            *accuracy >= 0.93 && (accuracy - base).abs() <= 0.02,
+            "accuracy {shaped:?} on shaped links against {on_loopback:?} on loopback"
+        );
+    }
+
+    let links = report["links"].as_array().expect("links");
+    let seconds = workers
+        .iter()
+        .map(|w| w["training_seconds"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    for link in links {
+        let (sent, received) = (
+            link["sent_bytes"].as_u64().unwrap(),
+            link["received_bytes"].as_u64().unwrap(),
+        );
+        if link["role"] != "scheduler" {
+            assert!(sent > 0 && received > 0, "no traffic on {link}");
+        }
+        // The shaper holds each direction to 1 Gbit/s; the counted bytes also
+        // include the registration before training and evaluation after it,
+        // so the bound is on the whole run.
+        let whole_run = report["seconds"].as_f64().unwrap().max(seconds);
+        for bytes in [sent, received] {
+            assert!(
+                bytes as f64 <= 1.05 * 125e6 * whole_run,
+                "{bytes} bytes in {whole_run} s is over 1 Gbit/s: {link}"
+            );
+        }
+    }
+    for host in ["scheduler", "server1", "server2", "worker1", "worker2"] {
+        assert!(
+            out.path().join(format!("{host}.log")).is_file(),
+            "no log for {host}"
+        );
+    }
+}
+
+/// Waits until `path` holds `text`, for at most `limit`.
+fn wait_for_text(path: &Path, text: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if std::fs::read_to_string(path).is_ok_and(|t| t.contains(text)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{} never said {text:?}", path.display());
+}
+
+#[test]
+#[ignore = "needs root, ip and tc; .ci/run runs it"]
+fn ctrl_c_mid_run_removes_every_namespace_and_process() {
+    if !root_or_skip() {
+        return;
+    }
+    let testbed = testbed();
+    let out = tempfile::tempdir().expect("a folder for the logs");
+    let prefix = format!("{PREFIX}int");
+    let mut run = Command::new(&testbed)
+        .args(["run", "--prefix", &prefix, "--link", "100mbit", "--out"])
+        .arg(out.path())
+        .args(["--hosts", "server=1,worker=1", "--", "--epochs", "100000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ps-testbed");
+    wait_for_text(
+        &out.path().join("worker1.log"),
+        "training",
+        Duration::from_secs(60),
+    );
+    let made = namespaces(&prefix);
+    assert_eq!(made.len(), 4, "switch, scheduler, server and worker: {made:?}");
+    let pids: Vec<String> = made
+        .iter()
+        .flat_map(|ns| {
+            let listed = Command::new("ip").args(["netns", "pids", ns]).output().unwrap();
+            String::from_utf8_lossy(&listed.stdout)
+                .split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(pids.len(), 3, "scheduler, server and worker run: {pids:?}");
+
+    let interrupted = Command::new("kill")
+        .args(["-INT", &run.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let exited = run.wait().expect("ps-testbed exits");
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut said).unwrap();
+    assert!(!exited.success(), "an interrupted run fails");
+    assert!(said.contains("interrupted"), "it says why: {said}");
+    assert!(namespaces(&prefix).is_empty(), "namespaces left behind");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let alive = || pids.iter().filter(|p| Path::new(&format!("/proc/{p}")).exists()).count();
+    while alive() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(alive(), 0, "processes left behind: {pids:?}");
+}
+
+#[test]
+#[ignore = "needs root, ip and tc; .ci/run runs it"]
+fn clean_removes_what_a_killed_run_left_and_nothing_else() {
+    if !root_or_skip() {
+        return;
+    }
+    let testbed = testbed();
+    let prefix = format!("{PREFIX}clean");
+    // A pid above the kernel's largest: no process owns it.
+    let dead = format!("{prefix}-4194399-switch");
+    let live = format!("{prefix}-{}-switch", std::process::id());
+    for name in [&dead, &live] {
+        let added = Command::new("ip").args(["netns", "add", name]).status().unwrap();
+        assert!(added.success());
+    }
+    let cleaned = Command::new(&testbed)
+        .args(["clean", "--prefix", &prefix])
+        .output()
+        .expect("run ps-testbed clean");
+    assert!(cleaned.status.success());
+    let left = namespaces(&prefix);
+    Command::new("ip").args(["netns", "del", &live]).status().unwrap();
+    assert_eq!(left, [live.clone()], "only the dead run's namespace goes");
+}
