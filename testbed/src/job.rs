@@ -153,8 +153,10 @@ pub async fn run(network: &Network, spec: &JobSpec) -> Result<JobOutcome, JobErr
 
     let grace = Duration::from_secs(10);
     for server in &mut servers {
+        cpu.record(server);
         server.stop(grace).await;
     }
+    cpu.record(&scheduler);
     scheduler.stop(grace).await;
     let links = hosts
         .iter()
@@ -221,6 +223,14 @@ impl CpuWatch {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
+    }
+
+    /// Reads `process`'s CPU time now (before it is stopped).
+    fn record(&self, process: &HostProcess) {
+        if let Some(seconds) = cpu_seconds(process.pid) {
+            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            last.insert(process.host.clone(), seconds);
+        }
     }
 
     fn seconds(&self) -> BTreeMap<String, f64> {

@@ -8,12 +8,14 @@
 //! namespace, link and process it made, also on failure and on Ctrl-C.
 //!
 //! - [`rate`]: link rates as `tc` writes them;
+//! - [`ceiling`]: raw TCP over the same links, both ways at once;
 //! - [`hosts`]: which hosts, their addresses and rates;
 //! - [`netns`]: the namespaces, links and shapers, and their counters;
 //! - [`process`]: a binary started inside a host's namespace;
 //! - [`job`]: scheduler, servers and workers, run to the workers' end;
 //! - [`report`]: what a run prints.
 
+pub mod ceiling;
 pub mod hosts;
 pub mod job;
 pub mod netns;

@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::ceiling::Ceiling;
 use crate::hosts::Role;
 use crate::job::JobOutcome;
 
@@ -80,11 +81,13 @@ pub struct Report {
     pub links: Vec<LinkLine>,
     /// Per process.
     pub cpu: Vec<CpuLine>,
+    /// Raw TCP between a worker and a server host, when measured.
+    pub ceiling: Option<Ceiling>,
 }
 
 impl Report {
     /// The report of `outcome`.
-    pub fn of(outcome: &JobOutcome) -> Self {
+    pub fn of(outcome: &JobOutcome, ceiling: Option<Ceiling>) -> Self {
         let workers: Vec<WorkerLine> = outcome
             .workers
             .iter()
@@ -141,6 +144,7 @@ impl Report {
             workers,
             links,
             cpu,
+            ceiling,
         }
     }
 
@@ -187,6 +191,14 @@ impl Report {
                 ps_common::size::format_size(l.received_per_step as usize),
                 l.up_utilisation,
                 l.down_utilisation
+            );
+        }
+        if let Some(c) = &self.ceiling {
+            let _ = writeln!(
+                out,
+                "\nraw TCP worker1 <-> server1, both ways at once: up {:.1} MB/s, down {:.1} MB/s",
+                c.up_bytes_per_sec / 1e6,
+                c.down_bytes_per_sec / 1e6
             );
         }
         let _ = writeln!(out, "\n{:<10} {:>10} {:>8}", "process", "cpu s", "cores");

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use ps_testbed::ceiling;
 use ps_testbed::hosts::{HostCounts, LinkOverride, plan};
 use ps_testbed::job::{self, JobSpec};
 use ps_testbed::netns::{self, Network};
@@ -35,6 +36,23 @@ enum Action {
         /// The namespace prefix of the runs to clean up after.
         #[arg(long, default_value = "psbed")]
         prefix: String,
+    },
+    /// One end of the TCP ceiling: acknowledge each message on one connection.
+    #[command(hide = true)]
+    TcpSink {
+        /// Address to listen on.
+        #[arg(long)]
+        listen: String,
+    },
+    /// The other end: send for a while, print the acknowledged bytes per second.
+    #[command(hide = true)]
+    TcpSource {
+        /// Address of the sink.
+        #[arg(long)]
+        connect: String,
+        /// Seconds to send for.
+        #[arg(long)]
+        seconds: f64,
     },
 }
 
@@ -64,6 +82,11 @@ struct RunArgs {
     /// An argument for every ps-server (may be repeated).
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     server_args: Vec<String>,
+    /// Before the job, measure raw TCP between the first worker and the
+    /// first server for this many seconds, both directions at once: the
+    /// ceiling the job's traffic is read against (0: skip it).
+    #[arg(long, default_value_t = 0.0)]
+    ceiling: f64,
     /// Print the report as one JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -81,6 +104,11 @@ async fn main() -> anyhow::Result<()> {
             netns::preflight()?;
             let removed = netns::sweep(&prefix)?;
             println!("removed {} namespace(s): {}", removed.len(), removed.join(" "));
+            Ok(())
+        }
+        Action::TcpSink { listen } => Ok(ceiling::sink(&listen)?),
+        Action::TcpSource { connect, seconds } => {
+            println!("{}", ceiling::source(&connect, seconds)?);
             Ok(())
         }
     }
@@ -117,6 +145,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let network = Network::build(&args.prefix, &hosts)?;
     tracing::info!(hosts = hosts.len(), link = %args.link, out = %out.display(), "cluster up");
+    let ceiling = if args.ceiling > 0.0 {
+        let testbed = std::env::current_exe()?;
+        Some(ceiling::measure(&network, &testbed, args.ceiling)?)
+    } else {
+        None
+    };
     let outcome = tokio::select! {
         outcome = job::run(&network, &spec) => outcome?,
         () = ps_common::process::shutdown_signal() => {
@@ -125,7 +159,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     drop(network);
-    let report = Report::of(&outcome);
+    let report = Report::of(&outcome, ceiling);
     let json = serde_json::to_string_pretty(&report)?;
     std::fs::write(out.join("report.json"), &json)?;
     if args.json {
