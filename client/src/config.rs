@@ -82,6 +82,14 @@ pub struct ClientConfig {
     /// stream per server (a unary call each where a server does not offer
     /// sessions); false: a unary call each.
     pub session: bool,
+    /// In a training step's push-then-pull, pull each group of keys as soon as
+    /// its push is answered, while later groups are still being pushed (both
+    /// directions of each link at once); false: push everything, then pull.
+    pub pipeline: bool,
+    /// Least bytes of one pipelined group (a part larger than this is a group
+    /// on its own): smaller groups start the pulls sooner, at one request
+    /// each.
+    pub pipeline_group_bytes: usize,
 }
 
 impl ClientConfig {
@@ -98,6 +106,8 @@ impl ClientConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             scheduler: None,
             session: true,
+            pipeline: true,
+            pipeline_group_bytes: MIN_GROUP_BYTES,
         }
     }
 }

@@ -343,9 +343,11 @@ impl PsClient {
     /// Pushes the gradients of `step` and then pulls every placed parameter at
     /// `min_version` into `into`, as a training step does: in one round trip
     /// per server (a `PushPull` on each session stream) when every server's
-    /// share of both fits one message, otherwise as [`PsClient::push`] and
-    /// then [`PsClient::pull_into`]. Returns how many keys took the push and
-    /// how long a server held the pull waiting.
+    /// share of both fits one message; otherwise pipelined, each group of keys
+    /// pulled as soon as its push is answered while later groups are still
+    /// pushed (`ClientConfig::pipeline`, the default), or as
+    /// [`PsClient::push`] and then [`PsClient::pull_into`]. Returns how many
+    /// keys took the push and how long a server held a pull waiting.
     ///
     /// # Errors
     /// [`ClientError`] from any server; the push may have been applied (repeat
@@ -364,6 +366,12 @@ impl PsClient {
             .await?;
         if let Some(done) = exchanged {
             return Ok(done);
+        }
+        if self.shards.pipeline {
+            return self
+                .shards
+                .pipelined_push_pull((worker, step), grads, min_version, into)
+                .await;
         }
         let taken = self.shards.push(worker, step, grads).await?;
         let waited = self.shards.pull_into(min_version, into).await?;

@@ -6,6 +6,7 @@
 //! - [`control`]: the control plane — ranks, heartbeats, leaving, shard maps.
 //! - `shards`: servers and placement, with the fan-out of register, push and pull.
 //! - `fan_out`: requests to several servers at once, failing at the first error.
+//! - `pipeline`: a training step's push and pull, pipelined group by group.
 //! - `framed`: push and pull streams written and read as HTTP/2 frames, without copying tensors.
 //! - [`wire`]: the messages and chunk streams for placed parameter parts.
 //! - [`placement`]: which server holds which part of which parameter.
@@ -23,6 +24,7 @@ pub mod error;
 pub(crate) mod fan_out;
 pub(crate) mod framed;
 pub mod optim;
+mod pipeline;
 pub mod placement;
 pub mod recovery;
 pub mod repair;

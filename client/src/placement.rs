@@ -14,7 +14,7 @@ use ps_proto::key::ParamKey;
 use ps_proto::placement;
 
 /// Default partition size: no part is larger than this.
-pub const DEFAULT_PARTITION_BYTES: usize = placement::MAX_PART_BYTES;
+pub const DEFAULT_PARTITION_BYTES: usize = placement::DEFAULT_PART_BYTES;
 
 /// What the planner needs to know about a parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]

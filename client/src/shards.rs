@@ -63,6 +63,8 @@ pub(crate) struct Shards {
     pub(crate) map_version: MapVersion,
     retry: RetryPolicy,
     session: bool,
+    pub(crate) pipeline: bool,
+    pub(crate) pipeline_group_bytes: usize,
     chunk_bytes: usize,
     requests_per_server: usize,
     sizes: SizeRules,
@@ -78,6 +80,8 @@ impl Shards {
             map_version: MapVersion::UNROUTED,
             retry: config.retry.clone(),
             session: config.session,
+            pipeline: config.pipeline,
+            pipeline_group_bytes: config.pipeline_group_bytes.max(1),
             chunk_bytes: config.chunk_bytes,
             requests_per_server: config.requests_per_server,
             sizes: SizeRules::of(config),
@@ -99,7 +103,7 @@ impl Shards {
     }
 
     /// The parts each server holds, with the bytes of each part cut from `data`.
-    fn parts_by_server<'a>(
+    pub(crate) fn parts_by_server<'a>(
         &'a self,
         data: &'a [ParamBytes],
     ) -> Result<Vec<Vec<PartData<'a>>>, ClientError> {
@@ -235,7 +239,7 @@ impl Shards {
         Ok(settled(outcomes)?.into_iter().sum())
     }
 
-    async fn push_on(
+    pub(crate) async fn push_on(
         &self,
         server: &Server,
         worker: Rank,
@@ -454,7 +458,7 @@ impl Shards {
     /// Pulls the parts `sinks` stand for from `server`, writing each into its
     /// sink; the version of each part, and how long the server held the pull
     /// waiting for `min_version`.
-    async fn pull_on(
+    pub(crate) async fn pull_on(
         &self,
         server: &Server,
         mut sinks: Vec<PartSink<'_>>,
@@ -518,7 +522,7 @@ impl Shards {
 /// Sets each parameter in `into` to its lowest part's version among `answers`
 /// (each server's part versions and wait; 0 for a parameter with no parts);
 /// the longest wait.
-fn set_versions(
+pub(crate) fn set_versions(
     into: &mut BTreeMap<String, PulledParam>,
     answers: Vec<(Vec<(ParamKey, Version)>, Duration)>,
 ) -> Duration {

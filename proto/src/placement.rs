@@ -53,6 +53,15 @@ pub struct Assignment {
 
 /// Largest part the planner makes, whatever the model.
 pub const MAX_PART_BYTES: usize = 4 << 20;
+/// Largest part of a plan by default: a part is what a pipelined step pushes
+/// and then pulls as one, so the smaller it is, the sooner the pulls start on
+/// a link-bound step (1 MiB against 4 MiB took the pipelined step's
+/// communication from 0.81 to 0.61 of the serial step's in the emulated
+/// cluster, docs/benchmarks.md); a push or pull still groups a server's parts
+/// into a few requests of similar size. The scheduler cuts up to
+/// [`MAX_PART_BYTES`] instead when parts this small would make a shard map
+/// too large for one message.
+pub const DEFAULT_PART_BYTES: usize = 1 << 20;
 /// Smallest split threshold: tensors this small are never split.
 pub const MIN_PART_BYTES: usize = 64 << 10;
 /// The threshold is at most mean load / this.
@@ -198,8 +207,10 @@ mod tests {
     fn a_large_tensor_is_cut_into_equal_shares_per_server_up_to_the_cap() {
         let big = [p("big", 4 << 20)]; // 16 MiB of f32
         for (servers, cap, parts) in [
+            (2, DEFAULT_PART_BYTES, 16),
             (2, MAX_PART_BYTES, 4),
             (2, 8 << 20, 2),
+            (3, DEFAULT_PART_BYTES, 18),
             (3, MAX_PART_BYTES, 6),
         ] {
             let plan = plan(&big, servers, cap);

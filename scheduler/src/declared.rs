@@ -4,7 +4,7 @@
 //! bound.
 
 use ps_proto::codec::DType;
-use ps_proto::placement::{MAX_PART_BYTES, Param, part_counts};
+use ps_proto::placement::{DEFAULT_PART_BYTES, MAX_PART_BYTES, Param, part_counts};
 use ps_proto::transport::DEFAULT_MAX_MESSAGE_BYTES;
 use ps_proto::v1;
 use tonic::Status;
@@ -72,10 +72,26 @@ pub fn declared_params(
     Ok(params)
 }
 
-/// Bytes the parts of a map of `params` over `servers` servers take, counted
-/// without planning it.
+/// Bytes the parts of a map of `params` over `servers` servers take with the
+/// coarsest parts the planner makes ([`MAX_PART_BYTES`]), counted without
+/// planning it.
 pub fn map_parts_bytes(params: &[Param], servers: usize) -> usize {
-    part_counts(params, servers, MAX_PART_BYTES)
+    parts_bytes_with_cap(params, servers, MAX_PART_BYTES)
+}
+
+/// The largest part of a map of `params` cut for `cut_for` servers:
+/// [`DEFAULT_PART_BYTES`], or [`MAX_PART_BYTES`] when parts that small would
+/// make a map past [`MAX_MAP_PARTS_BYTES`].
+pub fn part_cap(params: &[Param], cut_for: usize) -> usize {
+    if parts_bytes_with_cap(params, cut_for, DEFAULT_PART_BYTES) <= MAX_MAP_PARTS_BYTES {
+        DEFAULT_PART_BYTES
+    } else {
+        MAX_PART_BYTES
+    }
+}
+
+fn parts_bytes_with_cap(params: &[Param], servers: usize, cap: usize) -> usize {
+    part_counts(params, servers, cap)
         .iter()
         .zip(params)
         .map(|(parts, param)| parts.saturating_mul(param.name.len() + PART_OVERHEAD_BYTES))
@@ -147,6 +163,16 @@ mod tests {
     fn names_must_be_short_and_present() {
         refused(vec![param("", 1)], "1 to 256 bytes");
         refused(vec![param(&"x".repeat(257), 1)], "got 257 bytes");
+    }
+
+    #[test]
+    fn parts_are_small_unless_that_makes_the_map_too_large() {
+        let small = declared_params(vec![param("w", 1 << 22)], 2).unwrap();
+        assert_eq!(part_cap(&small, 2), DEFAULT_PART_BYTES);
+        // 64 GiB under a 100-byte name: 65,536 parts of 1 MiB would make an
+        // 8.7 MB map; 16,384 parts of 4 MiB (2.2 MB) fit.
+        let large = declared_params(vec![param(&"n".repeat(100), 1 << 34)], 2).unwrap();
+        assert_eq!(part_cap(&large, 2), MAX_PART_BYTES);
     }
 
     #[test]

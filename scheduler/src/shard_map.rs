@@ -4,9 +4,9 @@
 //! who is alive.
 
 use ps_proto::ids::{MapVersion, Rank, ServerId};
-use ps_proto::placement::{Assignment, MAX_PART_BYTES, Param, plan_cut_for};
+use ps_proto::placement::{Assignment, Param, plan_cut_for};
 
-use crate::declared::finest_fitting_cut;
+use crate::declared::{finest_fitting_cut, part_cap};
 
 /// A published placement: servers, parts, live workers.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -69,7 +69,7 @@ pub fn next_map(
                     "the model cut as finely as every server calls for would make a shard map past one message; its parts are cut as for fewer servers"
                 );
             }
-            plan_cut_for(params, servers.len(), cut_for, MAX_PART_BYTES)
+            plan_cut_for(params, servers.len(), cut_for, part_cap(params, cut_for))
         }
     };
     let next = ShardMap {

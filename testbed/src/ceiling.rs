@@ -111,7 +111,11 @@ pub fn measure(network: &Network, testbed: &Path, seconds: f64) -> anyhow::Resul
         let mut sink = in_ns(host, &["tcp-sink".into(), "--listen".into(), address(host)])?;
         let mut said = String::new();
         BufReader::new(sink.stdout.as_mut().expect("piped")).read_line(&mut said)?;
-        anyhow::ensure!(said.trim() == "listening", "a TCP sink on {} did not start", host.name);
+        anyhow::ensure!(
+            said.trim() == "listening",
+            "a TCP sink on {} did not start",
+            host.name
+        );
         sinks.push(sink);
     }
     let send = |from: &Host, to: &Host| {

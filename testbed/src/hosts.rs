@@ -210,13 +210,24 @@ mod tests {
         let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
         assert_eq!(
             names,
-            ["scheduler", "server1", "server2", "worker1", "worker2", "worker3"]
+            [
+                "scheduler",
+                "server1",
+                "server2",
+                "worker1",
+                "worker2",
+                "worker3"
+            ]
         );
         assert_eq!(hosts[0].addr, Ipv4Addr::new(10, 77, 0, 1));
         assert_eq!(hosts[5].addr, Ipv4Addr::new(10, 77, 0, 6));
         let rates: Vec<LinkRate> = hosts.iter().map(|h| h.rate).collect();
         let (one, two, four) = (gbit("1"), gbit("2"), gbit("4"));
-        assert_eq!(rates, [one, four, two, one, one, one], "the host's own rate wins");
+        assert_eq!(
+            rates,
+            [one, four, two, one, one, one],
+            "the host's own rate wins"
+        );
     }
 
     #[test]
@@ -229,7 +240,15 @@ mod tests {
         assert!(counts("gpu=1").contains("unknown role"));
         let ok: HostCounts = "server=1,worker=1".parse().unwrap();
         let unknown = plan(ok, gbit("1"), &["server9=1gbit".parse().unwrap()]).unwrap_err();
-        assert!(unknown.contains("server9") && unknown.contains("worker1"), "{unknown}");
-        assert!("server".parse::<LinkOverride>().unwrap_err().contains("WHO=RATE"));
+        assert!(
+            unknown.contains("server9") && unknown.contains("worker1"),
+            "{unknown}"
+        );
+        assert!(
+            "server"
+                .parse::<LinkOverride>()
+                .unwrap_err()
+                .contains("WHO=RATE")
+        );
     }
 }

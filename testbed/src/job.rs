@@ -139,7 +139,11 @@ pub async fn run(network: &Network, spec: &JobSpec) -> Result<JobOutcome, JobErr
     let began = Instant::now();
     let mut workers = Vec::new();
     for host in hosts.iter().filter(|h| h.role == Role::Worker) {
-        let mut args = vec!["--scheduler".into(), scheduler_addr.clone(), "--json".into()];
+        let mut args = vec![
+            "--scheduler".into(),
+            scheduler_addr.clone(),
+            "--json".into(),
+        ];
         args.extend(spec.worker_args.iter().cloned());
         let worker = start(host, "ps-worker", args, None)?;
         cpu.watch(&worker);
@@ -180,9 +184,7 @@ pub async fn run(network: &Network, spec: &JobSpec) -> Result<JobOutcome, JobErr
 
 /// Waits for every worker, and reads each one's JSON summary (its last line
 /// of stdout).
-async fn finish_all(
-    workers: &mut [HostProcess],
-) -> Result<Vec<(String, TrainSummary)>, JobError> {
+async fn finish_all(workers: &mut [HostProcess]) -> Result<Vec<(String, TrainSummary)>, JobError> {
     let reads = workers.iter_mut().map(|worker| async move {
         let (host, log) = (worker.host.clone(), worker.log.display().to_string());
         let failed = |why: String| JobError::Worker {
@@ -190,7 +192,9 @@ async fn finish_all(
             why,
             log: log.clone(),
         };
-        let stdout = worker.stdout().ok_or_else(|| failed("has no stdout".into()))?;
+        let stdout = worker
+            .stdout()
+            .ok_or_else(|| failed("has no stdout".into()))?;
         let mut lines = BufReader::new(stdout).lines();
         let mut last = None;
         while let Ok(Some(line)) = lines.next_line().await {
@@ -200,8 +204,11 @@ async fn finish_all(
             return Err(failed("exited with an error".into()));
         }
         let line = last.ok_or_else(|| failed("printed no summary".into()))?;
-        let summary: TrainSummary = serde_json::from_str(&line)
-            .map_err(|e| failed(format!("printed a summary that does not parse ({e}): {line}")))?;
+        let summary: TrainSummary = serde_json::from_str(&line).map_err(|e| {
+            failed(format!(
+                "printed a summary that does not parse ({e}): {line}"
+            ))
+        })?;
         Ok((host.clone(), summary))
     });
     futures::future::try_join_all(reads).await
@@ -219,7 +226,9 @@ impl CpuWatch {
         let (pid, host, last) = (process.pid, process.host.clone(), self.last.clone());
         tokio::spawn(async move {
             while let Some(seconds) = cpu_seconds(pid) {
-                last.lock().unwrap_or_else(|p| p.into_inner()).insert(host.clone(), seconds);
+                last.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(host.clone(), seconds);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });

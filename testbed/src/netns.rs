@@ -22,7 +22,9 @@ pub enum NetError {
     )]
     NotRoot,
     /// A tool is missing.
-    #[error("`{0}` is not installed; the testbed needs iproute2's `ip` and `tc` (apt-get install iproute2)")]
+    #[error(
+        "`{0}` is not installed; the testbed needs iproute2's `ip` and `tc` (apt-get install iproute2)"
+    )]
     Missing(&'static str),
     /// A command failed.
     #[error("`{command}` failed: {stderr}")]
@@ -155,7 +157,10 @@ impl Network {
 
     fn make(&mut self) -> Result<(), NetError> {
         let switch = self.add_namespace("switch")?;
-        run("ip", &["-n", &switch, "link", "add", "br0", "type", "bridge"])?;
+        run(
+            "ip",
+            &["-n", &switch, "link", "add", "br0", "type", "bridge"],
+        )?;
         run("ip", &["-n", &switch, "link", "set", "br0", "up"])?;
         for host in self.hosts.clone() {
             let ns = self.add_namespace(&host.name)?;
@@ -163,11 +168,24 @@ impl Network {
             run(
                 "ip",
                 &[
-                    "link", "add", HOST_DEVICE, "netns", &ns, "type", "veth", "peer", "name",
-                    port, "netns", &switch,
+                    "link",
+                    "add",
+                    HOST_DEVICE,
+                    "netns",
+                    &ns,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    port,
+                    "netns",
+                    &switch,
                 ],
             )?;
-            run("ip", &["-n", &switch, "link", "set", port, "master", "br0", "up"])?;
+            run(
+                "ip",
+                &["-n", &switch, "link", "set", port, "master", "br0", "up"],
+            )?;
             let addr = format!("{}/24", host.addr);
             run("ip", &["-n", &ns, "addr", "add", &addr, "dev", HOST_DEVICE])?;
             run("ip", &["-n", &ns, "link", "set", HOST_DEVICE, "up"])?;
@@ -209,7 +227,10 @@ impl Network {
                     reason,
                 };
                 let ns = self.namespace(host);
-                let shown = run("ip", &["-n", &ns, "-j", "-s", "link", "show", "dev", HOST_DEVICE])?;
+                let shown = run(
+                    "ip",
+                    &["-n", &ns, "-j", "-s", "link", "show", "dev", HOST_DEVICE],
+                )?;
                 let json: serde_json::Value =
                     serde_json::from_slice(&shown.stdout).map_err(|e| failed(e.to_string()))?;
                 let stats = &json[0]["stats64"];
@@ -234,8 +255,8 @@ fn shape(ns: &str, device: &str, rate_bits: u64) -> Result<(), NetError> {
     run(
         "tc",
         &[
-            "-n", ns, "qdisc", "add", "dev", device, "root", "tbf", "rate", &rate, "burst",
-            &burst, "latency", "50ms",
+            "-n", ns, "qdisc", "add", "dev", device, "root", "tbf", "rate", &rate, "burst", &burst,
+            "latency", "5ms",
         ],
     )?;
     Ok(())

@@ -71,7 +71,10 @@ impl HostProcess {
             .arg(binary)
             .args(args)
             .env("NO_COLOR", "1")
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or("info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or("info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -148,7 +151,10 @@ impl HostProcess {
             .args(["-TERM", &self.pid.to_string()])
             .status()
             .await;
-        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
             let _ = self.child.kill().await;
         }
     }

@@ -102,7 +102,10 @@ impl Report {
                     training_seconds,
                     steps_per_second: steps / training_seconds.max(1e-9),
                     step_ms: training_seconds * 1e3 / steps,
-                    split: parts.iter().map(|(n, p)| (n.to_string(), p.share)).collect(),
+                    split: parts
+                        .iter()
+                        .map(|(n, p)| (n.to_string(), p.share))
+                        .collect(),
                 }
             })
             .collect();

@@ -1,6 +1,9 @@
 //! The BSP arithmetic, end to end: two workers with batch b on disjoint halves reach
-//! the same parameters as one worker with batch 2b on the same samples (SGD with
-//! pushes and pulls on the session stream, Adam with unary calls).
+//! the same parameters as one worker with batch 2b on the same samples, on each
+//! way a step's push and pull can travel: one `PushPull` per server on the
+//! session stream (SGD), pipelined in groups of keys on the session stream
+//! (momentum, a model too large for one message per server), and every key
+//! pushed, then every key pulled, with unary calls (Adam).
 
 use std::collections::BTreeMap;
 
@@ -21,13 +24,56 @@ use ps_worker::model::Mlp;
 const BATCH: usize = 16;
 const STEPS: usize = 6;
 
+/// How a step's push and pull travel, and on what model.
+#[derive(Debug, Clone, Copy)]
+enum Path {
+    /// One `PushPull` per server on its session stream.
+    PushPull,
+    /// Pipelined groups of at most a few parts, on the session stream.
+    Pipelined,
+    /// Every key pushed, then every key pulled, as unary calls.
+    SerialUnary,
+}
+
+impl Path {
+    /// The hidden layer: wide enough under `Pipelined` that a server's share
+    /// (about 75 KiB) is over what one message carries (64 KiB).
+    fn hidden(self) -> usize {
+        match self {
+            Path::Pipelined => 512,
+            _ => 32,
+        }
+    }
+
+    fn client(self, addrs: Vec<String>) -> ClientConfig {
+        let defaults = ClientConfig::new(addrs);
+        match self {
+            Path::PushPull => ClientConfig {
+                partition_bytes: 1024,
+                ..defaults
+            },
+            Path::Pipelined => ClientConfig {
+                partition_bytes: 4096,
+                pipeline_group_bytes: 8192,
+                ..defaults
+            },
+            Path::SerialUnary => ClientConfig {
+                partition_bytes: 1024,
+                session: false,
+                pipeline: false,
+                ..defaults
+            },
+        }
+    }
+}
+
 /// An MLP whose variables are set from a fixed seed, the same in every process.
-fn seeded_model() -> (VarMap, Mlp) {
+fn seeded_model(hidden: usize) -> (VarMap, Mlp) {
     let varmap = VarMap::new();
     let model = Mlp::new(
         VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
         64,
-        &[32],
+        &[hidden],
         10,
     )
     .unwrap();
@@ -66,15 +112,10 @@ async fn train(
     rank: u32,
     workers: u32,
     batches: Vec<Split>,
-    (optimizer, session): (v1::Optimizer, bool),
+    (optimizer, path): (v1::Optimizer, Path),
 ) -> BTreeMap<String, Vec<f32>> {
-    let config = ClientConfig {
-        partition_bytes: 1024,
-        session,
-        ..ClientConfig::new(addrs)
-    };
-    let client = PsClient::connect(config).await.unwrap();
-    let (varmap, model) = seeded_model();
+    let client = PsClient::connect(path.client(addrs)).await.unwrap();
+    let (varmap, model) = seeded_model(path.hidden());
     let group = GroupInfo {
         rank: Rank(rank),
         workers,
@@ -91,10 +132,9 @@ async fn train(
     values(&varmap)
 }
 
-/// Checks the equivalence with `optimizer`, each push and pull on the session
-/// stream (`session`) or a unary call.
-async fn check_equivalence(optimizer: v1::Optimizer, session: bool) {
-    let how = (optimizer, session);
+/// Checks the equivalence with `optimizer`, each step's push and pull on `path`.
+async fn check_equivalence(optimizer: v1::Optimizer, path: Path) {
+    let how = (optimizer, path);
     let data = digits::load().unwrap().train;
     let half = |k: usize, which: usize| {
         data.select(&((2 * k + which) * BATCH..(2 * k + which + 1) * BATCH).collect::<Vec<_>>())
@@ -117,7 +157,7 @@ async fn check_equivalence(optimizer: v1::Optimizer, session: bool) {
     let one = train(single.addrs(), 0, 1, both, how).await;
     single.shutdown().await.unwrap();
 
-    let (initial, _) = seeded_model();
+    let (initial, _) = seeded_model(path.hidden());
     let initial = values(&initial);
     assert_eq!(a, b, "both workers of a BSP group hold the same parameters");
     let mut moved = 0.0f32;
@@ -140,11 +180,16 @@ async fn check_equivalence(optimizer: v1::Optimizer, session: bool) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_sgd_on_the_session() {
-    check_equivalence(ps_client::sgd(0.5), true).await;
+async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_sgd_push_pull() {
+    check_equivalence(ps_client::sgd(0.5), Path::PushPull).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_adam_unary() {
-    check_equivalence(ps_client::adam(0.01), false).await;
+async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_momentum_pipelined() {
+    check_equivalence(ps_client::momentum(0.1), Path::Pipelined).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_adam_serial_unary() {
+    check_equivalence(ps_client::adam(0.01), Path::SerialUnary).await;
 }

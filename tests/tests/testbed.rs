@@ -108,7 +108,11 @@ fn a_digits_job_on_shaped_links_trains_as_on_loopback_and_leaves_nothing() {
             .expect("a summary line"),
     )
     .expect("ps-local's summary is JSON");
-    let on_loopback = accuracies(local["per_worker"].as_array().expect("per-worker summaries"));
+    let on_loopback = accuracies(
+        local["per_worker"]
+            .as_array()
+            .expect("per-worker summaries"),
+    );
     let shaped = accuracies(workers);
     let base = on_loopback.iter().copied().fold(f64::INFINITY, f64::min);
     for accuracy in &shaped {
@@ -185,11 +189,18 @@ fn ctrl_c_mid_run_removes_every_namespace_and_process() {
         Duration::from_secs(60),
     );
     let made = namespaces(&prefix);
-    assert_eq!(made.len(), 4, "switch, scheduler, server and worker: {made:?}");
+    assert_eq!(
+        made.len(),
+        4,
+        "switch, scheduler, server and worker: {made:?}"
+    );
     let pids: Vec<String> = made
         .iter()
         .flat_map(|ns| {
-            let listed = Command::new("ip").args(["netns", "pids", ns]).output().unwrap();
+            let listed = Command::new("ip")
+                .args(["netns", "pids", ns])
+                .output()
+                .unwrap();
             String::from_utf8_lossy(&listed.stdout)
                 .split_whitespace()
                 .map(str::to_string)
@@ -210,7 +221,11 @@ fn ctrl_c_mid_run_removes_every_namespace_and_process() {
     assert!(said.contains("interrupted"), "it says why: {said}");
     assert!(namespaces(&prefix).is_empty(), "namespaces left behind");
     let deadline = Instant::now() + Duration::from_secs(10);
-    let alive = || pids.iter().filter(|p| Path::new(&format!("/proc/{p}")).exists()).count();
+    let alive = || {
+        pids.iter()
+            .filter(|p| Path::new(&format!("/proc/{p}")).exists())
+            .count()
+    };
     while alive() > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -229,7 +244,10 @@ fn clean_removes_what_a_killed_run_left_and_nothing_else() {
     let dead = format!("{prefix}-4194399-switch");
     let live = format!("{prefix}-{}-switch", std::process::id());
     for name in [&dead, &live] {
-        let added = Command::new("ip").args(["netns", "add", name]).status().unwrap();
+        let added = Command::new("ip")
+            .args(["netns", "add", name])
+            .status()
+            .unwrap();
         assert!(added.success());
     }
     let cleaned = Command::new(&testbed)
@@ -238,6 +256,9 @@ fn clean_removes_what_a_killed_run_left_and_nothing_else() {
         .expect("run ps-testbed clean");
     assert!(cleaned.status.success());
     let left = namespaces(&prefix);
-    Command::new("ip").args(["netns", "del", &live]).status().unwrap();
-    assert_eq!(left, [live.clone()], "only the dead run's namespace goes");
+    Command::new("ip")
+        .args(["netns", "del", &live])
+        .status()
+        .unwrap();
+    assert_eq!(left, [live], "only the dead run's namespace goes");
 }

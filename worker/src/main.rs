@@ -77,6 +77,11 @@ struct Cli {
     /// pass unary calls, and for comparing the two).
     #[arg(long, env = "PS_UNARY", value_parser = env_flag())]
     unary: bool,
+    /// Push every key, then pull every key, instead of pulling each group of
+    /// keys as soon as its push is answered while later groups are still
+    /// being pushed (for comparing the two).
+    #[arg(long, env = "PS_NO_PIPELINE", value_parser = env_flag())]
+    no_pipeline: bool,
     #[command(flatten)]
     train: TrainArgs,
     #[command(flatten)]
@@ -163,6 +168,7 @@ async fn main() -> anyhow::Result<()> {
     client_config.connect_timeout = cli.connect_timeout;
     client_config.scheduler = cli.scheduler.clone();
     client_config.session = !cli.unary;
+    client_config.pipeline = !cli.no_pipeline;
     cli.security
         .apply(Role::Worker, &mut client_config.transport)?;
     let mut client = PsClient::connect(client_config).await?;

@@ -21,7 +21,10 @@ use ps_testbed::rate::LinkRate;
 use ps_testbed::report::Report;
 
 #[derive(Parser)]
-#[command(version, about = "Run a candle-ps job in a cluster emulated with network namespaces and shaped links.")]
+#[command(
+    version,
+    about = "Run a candle-ps job in a cluster emulated with network namespaces and shaped links."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Action,
@@ -103,7 +106,11 @@ async fn main() -> anyhow::Result<()> {
         Action::Clean { prefix } => {
             netns::preflight()?;
             let removed = netns::sweep(&prefix)?;
-            println!("removed {} namespace(s): {}", removed.len(), removed.join(" "));
+            println!(
+                "removed {} namespace(s): {}",
+                removed.len(),
+                removed.join(" ")
+            );
             Ok(())
         }
         Action::TcpSink { listen } => Ok(ceiling::sink(&listen)?),
@@ -132,9 +139,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             bin_dir.display()
         );
     }
-    let out = args.out.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("ps-testbed-{}", std::process::id()))
-    });
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("ps-testbed-{}", std::process::id())));
     job::prepare_out(&out).with_context(|| format!("making {}", out.display()))?;
     let spec = JobSpec {
         bin_dir,
