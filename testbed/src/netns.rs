@@ -252,14 +252,24 @@ impl Network {
 fn shape(ns: &str, device: &str, rate_bits: u64) -> Result<(), NetError> {
     let rate = format!("{rate_bits}bit");
     let burst = burst_bytes(rate_bits).to_string();
+    let limit = queue_bytes(rate_bits).to_string();
     run(
         "tc",
         &[
             "-n", ns, "qdisc", "add", "dev", device, "root", "tbf", "rate", &rate, "burst", &burst,
-            "latency", "5ms",
+            "limit", &limit,
         ],
     )?;
     Ok(())
+}
+
+/// How many bytes a shaper queues: 5 ms at the rate, and at least 1 MiB (a
+/// switch port's buffer). A queue of a few packets at a slow rate drops the
+/// bursts of several flows at once and halves their windows again and again;
+/// a deep one (50 ms) delays the other direction's acknowledgements behind
+/// it.
+fn queue_bytes(rate_bits: u64) -> u64 {
+    (rate_bits / 8 / 200).max(1 << 20)
 }
 
 /// A host link's byte counters, from the host's side.
