@@ -50,10 +50,11 @@ impl Shards {
         into: &mut BTreeMap<String, PulledParam>,
     ) -> Result<(usize, Duration), ClientError> {
         let groups = self.pipeline_groups(grads, into)?;
-        tracing::debug!(
-            groups = ?groups.iter().map(|g| (g.server, g.grads.iter().map(|(_, d)| d.len()).sum::<usize>())).collect::<Vec<_>>(),
-            "pipelined step"
-        );
+        let pushed_bytes: usize = groups
+            .iter()
+            .flat_map(|g| g.grads.iter().map(|(_, data)| data.len()))
+            .sum();
+        tracing::debug!(groups = groups.len(), pushed_bytes, %step, "pipelined step");
         // One lane per server: a group's push waits for the server's earlier
         // groups' pushes, so each server has one push from this worker in
         // flight at a time.
@@ -63,8 +64,8 @@ impl Shards {
             .map(|_| watch::channel(0usize))
             .collect();
         let mut turns = vec![0usize; self.servers.len()];
-        let began = std::time::Instant::now();
-        let began = &began;
+        let started = std::time::Instant::now();
+        let started = &started;
         let runs = groups.into_iter().map(|group| {
             let turn = turns[group.server];
             turns[group.server] += 1;
@@ -80,9 +81,9 @@ impl Shards {
                 };
                 pushed.send_modify(|done| *done += 1);
                 let taken = taken?;
-                tracing::trace!(server = group.server, at = ?began.elapsed(), "pushed");
+                tracing::trace!(server = group.server, at = ?started.elapsed(), "pushed");
                 let (versions, waited) = self.pull_on(server, group.sinks, min_version).await?;
-                tracing::trace!(server = group.server, at = ?began.elapsed(), ?waited, "pulled");
+                tracing::trace!(server = group.server, at = ?started.elapsed(), ?waited, "pulled");
                 Ok::<_, ClientError>((taken, (versions, waited)))
             }
         });
@@ -98,10 +99,10 @@ impl Shards {
 
     /// The groups of a pipelined step, in the order they are pushed: each
     /// server's parts in the order of `grads`, cut into runs of at least
-    /// `ClientConfig::pipeline_group_bytes`, each run with the sinks of the parts it pushes;
-    /// parts with no gradient in `grads` are pulled in a last group of their
-    /// server. Groups of different servers interleave by where their first
-    /// part is in `grads`.
+    /// `ClientConfig::pipeline_group_bytes`, each run with the sinks of the
+    /// parts it pushes; parts with no gradient in `grads` are pulled in a last
+    /// group of their server. Groups of different servers interleave by where
+    /// their first part is in `grads`.
     fn pipeline_groups<'a>(
         &'a self,
         grads: &[ParamBytes],

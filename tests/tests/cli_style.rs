@@ -7,7 +7,7 @@ use std::process::Command;
 use ps_tests::binary;
 
 /// Each program and the subcommands a user runs.
-const COMMANDS: [&[&str]; 11] = [
+const COMMANDS: [&[&str]; 13] = [
     &["ps-server"],
     &["ps-server", "export"],
     &["ps-scheduler"],
@@ -19,6 +19,8 @@ const COMMANDS: [&[&str]; 11] = [
     &["ps-microbench", "ps-throughput"],
     &["ps-microbench", "tcp-check"],
     &["ps-microbench", "serve"],
+    &["ps-testbed", "run"],
+    &["ps-testbed", "clean"],
 ];
 
 fn stdout(program: &str, args: &[&str]) -> String {
