@@ -96,6 +96,8 @@ pub async fn run(network: &Network, spec: &JobSpec) -> Result<JobOutcome, JobErr
             &args,
             &spec.out,
             ready,
+            // Only a worker's stdout is read: its summary.
+            host.role == Role::Worker,
         )
     };
     let cpu = CpuWatch::default();

@@ -52,8 +52,9 @@ const READY_SECONDS: u64 = 30;
 
 impl HostProcess {
     /// Starts `binary args` in namespace `ns` for `host`; its stderr goes to
-    /// `out/HOST.log`, and its stdout is piped when `keep_stdout`. `ready_line`,
-    /// when given, is the log text that says it is listening.
+    /// `out/HOST.log`, and its stdout is piped to be read (with
+    /// [`HostProcess::stdout`]) when `keep_stdout`, and discarded otherwise.
+    /// `ready_line`, when given, is the log text that says it is listening.
     ///
     /// # Errors
     /// [`ProcessError::Spawn`].
@@ -63,6 +64,7 @@ impl HostProcess {
         args: &[String],
         out: &Path,
         ready_line: Option<&str>,
+        keep_stdout: bool,
     ) -> Result<Self, ProcessError> {
         let what = format!("{} on {host}", binary.display());
         let log = out.join(format!("{host}.log"));
@@ -76,7 +78,11 @@ impl HostProcess {
                 std::env::var("RUST_LOG").unwrap_or("info".into()),
             )
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
+            .stdout(if keep_stdout {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
