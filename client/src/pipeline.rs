@@ -25,14 +25,17 @@ use ps_proto::key::ParamKey;
 use tokio::sync::watch;
 
 use crate::error::{ClientError, settled};
-use crate::shards::{Shards, set_versions};
-use crate::wire::{ParamBytes, PartGrad, PartSink, PulledParam, cut_into_parts, part_grad};
+use crate::shards::{Shards, runs_of_at_least, set_versions};
+use crate::wire::{
+    ParamBytes, PartData, PartGrad, PartSink, PulledParam, cut_into_parts, part_grad,
+};
 
-/// One group: its server, its place in the order, the gradients it pushes
-/// and the parts it then pulls.
+/// One group: its server, where its first part's parameter is in the step's
+/// gradients (the order groups go out in), the gradients it pushes and the
+/// parts it then pulls.
 struct Group<'a> {
     server: usize,
-    rank_in_order: usize,
+    first_grad: usize,
     grads: Vec<PartGrad>,
     sinks: Vec<PartSink<'a>>,
 }
@@ -50,11 +53,16 @@ impl Shards {
         into: &mut BTreeMap<String, PulledParam>,
     ) -> Result<(usize, Duration), ClientError> {
         let groups = self.pipeline_groups(grads, into)?;
-        let pushed_bytes: usize = groups
-            .iter()
-            .flat_map(|g| g.grads.iter().map(|(_, data)| data.len()))
-            .sum();
-        tracing::debug!(groups = groups.len(), pushed_bytes, %step, "pipelined step");
+        // Fields are computed only when the event is enabled.
+        tracing::debug!(
+            groups = groups.len(),
+            pushed_bytes = groups
+                .iter()
+                .flat_map(|g| g.grads.iter().map(|(_, data)| data.len()))
+                .sum::<usize>(),
+            %step,
+            "pipelined step"
+        );
         // One lane per server: a group's push waits for the server's earlier
         // groups' pushes, so each server has one push from this worker in
         // flight at a time.
@@ -122,25 +130,20 @@ impl Shards {
         for (server, parts) in self.parts_by_server(grads)?.iter().enumerate() {
             let mut parts: Vec<_> = parts.iter().collect();
             parts.sort_by_key(|(placed, part, _)| (order[placed.info.name.as_str()], part.start));
-            let (mut run, mut run_bytes) = (Vec::new(), 0);
-            for (i, part) in parts.iter().enumerate() {
-                run_bytes += part.2.len();
-                run.push(*part);
-                if run_bytes >= self.pipeline_group_bytes || i + 1 == parts.len() {
-                    let first = order[run[0].0.info.name.as_str()];
-                    let grads: Vec<PartGrad> = run.iter().map(|p| part_grad(p)).collect();
-                    let sinks = grads
-                        .iter()
-                        .filter_map(|(header, _)| sinks.remove(&header.key).map(|(_, sink)| sink))
-                        .collect();
-                    groups.push(Group {
-                        server,
-                        rank_in_order: first,
-                        grads,
-                        sinks,
-                    });
-                    (run, run_bytes) = (Vec::new(), 0);
-                }
+            let bytes = |(_, _, data): &&PartData<'_>| data.len();
+            for run in runs_of_at_least(parts, bytes, self.pipeline_group_bytes) {
+                let first_grad = order[run[0].0.info.name.as_str()];
+                let grads: Vec<PartGrad> = run.into_iter().map(part_grad).collect();
+                let sinks = grads
+                    .iter()
+                    .filter_map(|(header, _)| sinks.remove(&header.key).map(|(_, sink)| sink))
+                    .collect();
+                groups.push(Group {
+                    server,
+                    first_grad,
+                    grads,
+                    sinks,
+                });
             }
         }
         let mut unpushed: BTreeMap<usize, Vec<PartSink<'a>>> = BTreeMap::new();
@@ -150,13 +153,13 @@ impl Shards {
         for (server, sinks) in unpushed {
             groups.push(Group {
                 server,
-                rank_in_order: usize::MAX,
+                first_grad: usize::MAX,
                 grads: Vec::new(),
                 sinks,
             });
         }
         // Stable: a server's groups keep their order among equals.
-        groups.sort_by_key(|g| g.rank_in_order);
+        groups.sort_by_key(|g| g.first_grad);
         Ok(groups)
     }
 }

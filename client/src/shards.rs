@@ -40,6 +40,16 @@ use crate::wire::{
 fn in_groups<T>(items: Vec<T>, bytes: impl Fn(&T) -> usize, groups: usize) -> Vec<Vec<T>> {
     let total: usize = items.iter().map(&bytes).sum();
     let target = (total / groups.max(1)).max(MIN_GROUP_BYTES);
+    runs_of_at_least(items, bytes, target)
+}
+
+/// `items`, in order, cut into runs of at least `target` bytes (but for the
+/// last run). Nothing for no items.
+pub(crate) fn runs_of_at_least<T>(
+    items: Vec<T>,
+    bytes: impl Fn(&T) -> usize,
+    target: usize,
+) -> Vec<Vec<T>> {
     let mut runs = Vec::new();
     let (mut run, mut run_bytes) = (Vec::new(), 0);
     for item in items {
