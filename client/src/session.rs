@@ -15,13 +15,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ps_proto::auth::AuthChannel;
+use ps_proto::refusal::status_of;
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Status, Streaming};
 
 /// Requests the client may have queued ahead of the stream taking them.
@@ -140,17 +140,4 @@ async fn read_answers(mut answers: Streaming<v1::SessionAnswer>, waiting: Arc<Mu
         let _ = slot.send(Err(ended.clone()));
     }
     waiting.ended = Some(ended);
-}
-
-/// The status a refusal stands for, its metadata restored.
-fn status_of(refusal: v1::SessionRefusal) -> Status {
-    let mut metadata = MetadataMap::new();
-    for (key, value) in refusal.metadata {
-        let key = key.parse::<tonic::metadata::AsciiMetadataKey>();
-        let value = value.parse::<MetadataValue<_>>();
-        if let (Ok(key), Ok(value)) = (key, value) {
-            metadata.insert(key, value);
-        }
-    }
-    Status::with_metadata(Code::from_i32(refusal.code), refusal.message, metadata)
 }

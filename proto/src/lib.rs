@@ -5,6 +5,7 @@
 //! - [`consistency`]: BSP, ASP, SSP(k) and the version to pull after a push.
 //! - [`hyper`]: the optimizers' default hyper-parameters.
 //! - [`metadata`]: the gRPC metadata keys on refusals a client acts on.
+//! - [`refusal`]: a refused session operation's status, carried as a `SessionRefusal` and read back.
 //! - [`placement`]: the one placement planner, shared by the scheduler and workers.
 //! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
 //! - [`ids`]: named numbers — [`ids::Rank`], [`ids::Step`], [`ids::Version`], [`ids::MapVersion`], [`ids::ServerId`].
@@ -32,6 +33,7 @@ pub mod ids;
 pub mod key;
 pub mod metadata;
 pub mod placement;
+pub mod refusal;
 pub mod rope;
 pub mod tls;
 pub mod transport;

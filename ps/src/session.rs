@@ -17,13 +17,14 @@
 //! behind it. The stream ends when the client ends it, at the first message
 //! that does not decode, or after the idle timeout with nothing in flight.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use futures::stream::FuturesUnordered;
 use futures::{Future, StreamExt};
 use ps_common::access::Answers;
+use ps_proto::refusal::refusal_of;
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
@@ -193,24 +194,9 @@ async fn push_pull_answer(service: &ParameterService, request: v1::PushPull) -> 
 
 /// The answer refusing request `id` with `status`, its metadata kept.
 pub(crate) fn refused(id: u64, status: &Status) -> v1::SessionAnswer {
-    let metadata: HashMap<String, String> = status
-        .metadata()
-        .iter()
-        .filter_map(|entry| match entry {
-            tonic::metadata::KeyAndValueRef::Ascii(key, value) => value
-                .to_str()
-                .ok()
-                .map(|value| (key.as_str().to_string(), value.to_string())),
-            tonic::metadata::KeyAndValueRef::Binary(..) => None,
-        })
-        .collect();
     v1::SessionAnswer {
         id,
-        outcome: Some(Outcome::Refusal(v1::SessionRefusal {
-            code: status.code() as i32,
-            message: status.message().to_string(),
-            metadata,
-        })),
+        outcome: Some(Outcome::Refusal(refusal_of(status))),
         pull_waited_us: 0,
     }
 }

@@ -386,19 +386,8 @@ impl TestServer {
             .expect("an answer before the stream ends");
         assert_eq!(answer.id, 1, "the answer carries the request's id");
         match answer.outcome.expect("an outcome") {
-            Outcome::Refusal(refusal) => Err(status_of(refusal)),
+            Outcome::Refusal(refusal) => Err(ps_proto::refusal::status_of(refusal)),
             outcome => Ok(outcome),
         }
     }
-}
-
-/// The status a session refusal stands for.
-fn status_of(refusal: v1::SessionRefusal) -> tonic::Status {
-    let mut metadata = tonic::metadata::MetadataMap::new();
-    for (key, value) in refusal.metadata {
-        let key: tonic::metadata::AsciiMetadataKey = key.parse().expect("an ASCII key");
-        metadata.insert(key, value.parse().expect("an ASCII value"));
-    }
-    let code = tonic::Code::from_i32(refusal.code);
-    tonic::Status::with_metadata(code, refusal.message, metadata)
 }
