@@ -20,6 +20,25 @@ pub use ps_common::processes::{ServerProcess, binary, example, peak_rss_bytes};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Command;
 
+/// Whether a test that needs something this machine may lack (`missing`, what
+/// is absent when `available` is false) can run: true when it is there;
+/// otherwise says SKIPPED and why (`skipped`: what went untested), unless the
+/// environment variable `require` is set, which makes its absence fail.
+///
+/// # Panics
+/// When it is absent and `require` is set.
+pub fn available_or_skip(available: bool, require: &str, missing: &str, skipped: &str) -> bool {
+    if available {
+        return true;
+    }
+    assert!(
+        std::env::var_os(require).is_none(),
+        "{require} is set but {missing}"
+    );
+    eprintln!("SKIPPED: {missing}; {skipped}");
+    false
+}
+
 /// Spawns `ps-worker ARGS` with its stdout and stderr piped, killed on drop.
 ///
 /// # Panics

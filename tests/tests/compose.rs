@@ -27,15 +27,12 @@ use ps_tests::prometheus::PrometheusApi;
 const LIMIT: Duration = Duration::from_secs(240);
 
 fn engine_or_skip() -> bool {
-    if docker_available() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("PS_REQUIRE_DOCKER").is_none(),
-        "PS_REQUIRE_DOCKER is set but no Docker engine (or compose) answers"
-    );
-    eprintln!("SKIPPED: no Docker engine answers; the compose cluster was not tested");
-    false
+    ps_tests::available_or_skip(
+        docker_available(),
+        "PS_REQUIRE_DOCKER",
+        "no Docker engine (or compose) answers",
+        "the compose cluster was not tested",
+    )
 }
 
 /// Runs the cluster with `workers` workers, checks what it reports and returns the

@@ -22,15 +22,12 @@ const WORKERS: usize = 3;
 const NAME: &str = "candle-ps-e2e-swarm";
 
 fn engine_or_skip() -> bool {
-    if engine_available() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("PS_REQUIRE_DOCKER").is_none(),
-        "PS_REQUIRE_DOCKER is set but no Docker engine answers"
-    );
-    eprintln!("SKIPPED: no Docker engine answers; the swarm stack was not tested");
-    false
+    ps_tests::available_or_skip(
+        engine_available(),
+        "PS_REQUIRE_DOCKER",
+        "no Docker engine answers",
+        "the swarm stack was not tested",
+    )
 }
 
 fn settings(epochs: &str) -> [(&'static str, String); 3] {

@@ -27,15 +27,12 @@ fn root_or_skip() -> bool {
     let tools = ["ip", "tc"]
         .iter()
         .all(|t| Command::new(t).arg("-V").output().is_ok());
-    if root && tools {
-        return true;
-    }
-    assert!(
-        std::env::var_os("PS_REQUIRE_ROOT").is_none(),
-        "PS_REQUIRE_ROOT is set but this is not root with `ip` and `tc`"
-    );
-    eprintln!("SKIPPED: the testbed needs root, `ip` and `tc`");
-    false
+    ps_tests::available_or_skip(
+        root && tools,
+        "PS_REQUIRE_ROOT",
+        "this is not root with `ip` and `tc`",
+        "the testbed needs them",
+    )
 }
 
 /// The testbed's namespaces under `prefix` now.
@@ -58,6 +55,16 @@ fn testbed() -> std::path::PathBuf {
         binary(name);
     }
     binary("ps-testbed")
+}
+
+/// The last line of `stdout` that is not empty, as JSON: `what` a program
+/// printed with `--json`.
+fn last_json_line(stdout: &[u8], what: &str) -> Value {
+    let line = stdout
+        .split(|b| *b == b'\n')
+        .rfind(|l| !l.is_empty())
+        .unwrap_or_else(|| panic!("no line of {what}"));
+    serde_json::from_slice(line).unwrap_or_else(|e| panic!("{what} is not JSON: {e}"))
 }
 
 fn accuracies(summaries: &[Value]) -> Vec<f64> {
@@ -83,13 +90,7 @@ fn a_digits_job_on_shaped_links_trains_as_on_loopback_and_leaves_nothing() {
         .expect("run ps-testbed");
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "ps-testbed failed:\n{stderr}");
-    let report: Value = serde_json::from_slice(
-        run.stdout
-            .split(|b| *b == b'\n')
-            .rfind(|l| !l.is_empty())
-            .expect("a report line"),
-    )
-    .expect("the report is JSON");
+    let report = last_json_line(&run.stdout, "ps-testbed's report");
     assert!(namespaces(PREFIX).is_empty(), "namespaces left behind");
 
     let workers = report["workers"].as_array().expect("workers");
@@ -100,14 +101,7 @@ fn a_digits_job_on_shaped_links_trains_as_on_loopback_and_leaves_nothing() {
         .output()
         .expect("run ps-local");
     assert!(local.status.success());
-    let local: Value = serde_json::from_slice(
-        local
-            .stdout
-            .split(|b| *b == b'\n')
-            .rfind(|l| !l.is_empty())
-            .expect("a summary line"),
-    )
-    .expect("ps-local's summary is JSON");
+    let local = last_json_line(&local.stdout, "ps-local's summary");
     let on_loopback = accuracies(
         local["per_worker"]
             .as_array()
