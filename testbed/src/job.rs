@@ -4,7 +4,7 @@
 //! after they end) and every process's CPU time is sampled.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -247,12 +247,4 @@ impl CpuWatch {
     fn seconds(&self) -> BTreeMap<String, f64> {
         self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
-}
-
-/// The folder logs go to: `out`, made when missing.
-///
-/// # Errors
-/// When it cannot be made.
-pub fn prepare_out(out: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(out)
 }

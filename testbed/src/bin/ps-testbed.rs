@@ -143,7 +143,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| std::env::temp_dir().join(format!("ps-testbed-{}", std::process::id())));
-    job::prepare_out(&out).with_context(|| format!("making {}", out.display()))?;
+    std::fs::create_dir_all(&out).with_context(|| format!("making {}", out.display()))?;
     let spec = JobSpec {
         bin_dir,
         out: out.clone(),
