@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use futures::Stream;
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::v1;
@@ -376,6 +377,33 @@ impl PsClient {
         let taken = self.shards.push(worker, step, grads).await?;
         let waited = self.shards.pull_into(min_version, into).await?;
         Ok((taken, waited))
+    }
+
+    /// [`PsClient::push_then_pull_into`] with the gradients coming in segments,
+    /// as a segmented backward pass produces them: each segment's keys are
+    /// pushed, group by group, as soon as it arrives, and each group pulled as
+    /// soon as its push is answered, while later segments are still being
+    /// computed. When `segments` ends, every placed parameter not pushed is
+    /// pulled too. Always pipelined, whatever `ClientConfig::pipeline` says.
+    ///
+    /// Drop the future to give up the step (for example when the backward pass
+    /// failed): a push already sent may have been applied, and repeating the
+    /// step applies it once.
+    ///
+    /// # Errors
+    /// As [`PsClient::push_then_pull_into`]; after the first failure no further
+    /// segment is pushed, and the error comes once the pushes started have ended.
+    pub async fn push_then_pull_streamed<G: AsRef<[ParamBytes]>>(
+        &self,
+        (worker, step): (Rank, Step),
+        segments: impl Stream<Item = G>,
+        min_version: Version,
+        into: &mut BTreeMap<String, PulledParam>,
+    ) -> Result<(usize, Duration), ClientError> {
+        self.record_step(step);
+        self.shards
+            .streamed_push_pull((worker, step), segments, min_version, into)
+            .await
     }
 
     /// Tells the scheduler link (when there is one) the step being pushed, for

@@ -6,20 +6,25 @@
 //! full-duplex link, so on a link-bound step the exchange takes about the
 //! push's time plus one group's pull instead of the push's plus the pull's.
 //!
-//! Each server's groups go out one after another in the order of `grads`
-//! (the model's order, first layer first), so the values the next forward
-//! needs first arrive first (ByteScheduler's priority rule); the servers'
-//! lanes run side by side, so every server link stays busy and each carries
-//! one push from each worker at a time.
+//! The gradients may come in segments, as a segmented backward pass produces
+//! them (the top of the model first): each segment's groups start while the
+//! next segment is still being computed. A whole step is one segment.
+//!
+//! Within a segment, each server's groups go out one after another in the
+//! order of the gradients (the model's order, first layer first), so the
+//! values the next forward needs first arrive first (ByteScheduler's priority
+//! rule); the servers' lanes run side by side, so every server link stays busy
+//! and each carries one push from each worker at a time.
 //!
 //! Every push runs to its end, as [`Shards::push`]'s do; a group whose push
-//! failed is not pulled. The first error is returned once all have ended,
-//! and the whole may be repeated: a push is applied once however often it
-//! arrives.
+//! failed is not pulled, and after a failure no further group starts. The
+//! first error is returned once all have ended, and the whole may be repeated:
+//! a push is applied once however often it arrives.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use tokio::sync::watch;
@@ -30,15 +35,24 @@ use crate::wire::{
     ParamBytes, PartData, PartGrad, PartSink, PulledParam, cut_into_parts, part_grad,
 };
 
-/// One group: its server, where its first part's parameter is in the step's
-/// gradients (the order groups go out in), the gradients it pushes and the
-/// parts it then pulls.
+/// One group: its server, the gradients it pushes and the parts it then pulls.
 struct Group<'a> {
     server: usize,
-    first_grad: usize,
     grads: Vec<PartGrad>,
     sinks: Vec<PartSink<'a>>,
 }
+
+/// The sinks of the parts no group has taken yet, by key, with their server.
+type Sinks<'a> = HashMap<ParamKey, (usize, PartSink<'a>)>;
+
+/// A server's lane: how many of this step's groups have ended their push on
+/// it. A group's push waits for the server's earlier groups' pushes, so each
+/// server has one push from this worker in flight at a time.
+type Lane = (watch::Sender<usize>, watch::Receiver<usize>);
+
+/// What one group answered: keys that took its push, its pull's versions and
+/// waiting time.
+type Answer = (usize, (Vec<(ParamKey, Version)>, Duration));
 
 impl Shards {
     /// Pushes `grads` as `worker`'s `step` and pulls every placed parameter at
@@ -47,55 +61,27 @@ impl Shards {
     /// server held a pull waiting.
     pub(crate) async fn pipelined_push_pull(
         &self,
-        (worker, step): (Rank, Step),
+        step: (Rank, Step),
         grads: &[ParamBytes],
         min_version: Version,
         into: &mut BTreeMap<String, PulledParam>,
     ) -> Result<(usize, Duration), ClientError> {
-        let groups = self.pipeline_groups(grads, into)?;
-        // Fields are computed only when the event is enabled.
-        tracing::debug!(
-            groups = groups.len(),
-            pushed_bytes = groups
-                .iter()
-                .flat_map(|g| g.grads.iter().map(|(_, data)| data.len()))
-                .sum::<usize>(),
-            %step,
-            "pipelined step"
-        );
-        // One lane per server: a group's push waits for the server's earlier
-        // groups' pushes, so each server has one push from this worker in
-        // flight at a time.
-        let lanes: Vec<_> = self
-            .servers
-            .iter()
-            .map(|_| watch::channel(0usize))
-            .collect();
-        let mut turns = vec![0usize; self.servers.len()];
-        let started = std::time::Instant::now();
-        let started = &started;
-        let runs = groups.into_iter().map(|group| {
-            let turn = turns[group.server];
-            turns[group.server] += 1;
-            let (pushed, pushes_done) = &lanes[group.server];
-            let mut pushes_done = pushes_done.clone();
-            async move {
-                let server = &self.servers[group.server];
-                let _ = pushes_done.wait_for(|done| *done >= turn).await;
-                let taken = if group.grads.is_empty() {
-                    Ok(0)
-                } else {
-                    self.push_on(server, worker, step, group.grads).await
-                };
-                pushed.send_modify(|done| *done += 1);
-                let taken = taken?;
-                tracing::trace!(server = group.server, at = ?started.elapsed(), "pushed");
-                let (versions, waited) = self.pull_on(server, group.sinks, min_version).await?;
-                tracing::trace!(server = group.server, at = ?started.elapsed(), ?waited, "pulled");
-                Ok::<_, ClientError>((taken, (versions, waited)))
-            }
-        });
-        let outcomes = futures::future::join_all(runs).await;
+        let one_segment = futures::stream::iter([grads]);
+        self.streamed_push_pull(step, one_segment, min_version, into)
+            .await
+    }
+
+    /// [`Shards::pipelined_push_pull`] with the gradients coming in segments:
+    /// each segment's groups start as it arrives; when `segments` ends, the
+    /// parts no segment pushed are pulled too.
+    pub(crate) async fn streamed_push_pull<G: AsRef<[ParamBytes]>>(
+        &self,
+        step: (Rank, Step),
+        segments: impl Stream<Item = G>,
+        min_version: Version,
+        into: &mut BTreeMap<String, PulledParam>,
+    ) -> Result<(usize, Duration), ClientError> {
+        let outcomes = self.run_groups(step, segments, min_version, into).await;
         let mut taken = 0;
         let mut answers = Vec::new();
         for (accepted, answer) in settled(outcomes)? {
@@ -105,27 +91,98 @@ impl Shards {
         Ok((taken, set_versions(into, answers)))
     }
 
-    /// The groups of a pipelined step, in the order they are pushed: each
-    /// server's parts in the order of `grads`, cut into runs of at least
-    /// `ClientConfig::pipeline_group_bytes`, each run with the sinks of the
-    /// parts it pushes; parts with no gradient in `grads` are pulled in a last
-    /// group of their server. Groups of different servers interleave by where
-    /// their first part is in `grads`.
-    fn pipeline_groups<'a>(
-        &'a self,
+    /// Starts each segment's groups as it arrives (none after a failure) and
+    /// returns every started group's outcome once all have ended.
+    async fn run_groups<G: AsRef<[ParamBytes]>>(
+        &self,
+        (worker, step): (Rank, Step),
+        segments: impl Stream<Item = G>,
+        min_version: Version,
+        into: &mut BTreeMap<String, PulledParam>,
+    ) -> Vec<Result<Answer, ClientError>> {
+        let mut sinks: Sinks<'_> = cut_into_parts(&self.placement, into)
+            .into_iter()
+            .map(|(server, sink)| (sink.key().clone(), (server, sink)))
+            .collect();
+        let lanes: Vec<Lane> = self.servers.iter().map(|_| watch::channel(0)).collect();
+        let mut turns = vec![0usize; self.servers.len()];
+        let started = Instant::now();
+        let mut running = FuturesUnordered::new();
+        let mut segments = std::pin::pin!(segments);
+        let mut outcomes = Vec::new();
+        let mut open = true;
+        loop {
+            let failed = outcomes.iter().any(Result::is_err);
+            tokio::select! {
+                segment = segments.next(), if open && !failed => {
+                    let groups = match segment {
+                        Some(grads) => self.segment_groups(grads.as_ref(), &mut sinks),
+                        None => {
+                            open = false;
+                            Ok(unpushed_groups(std::mem::take(&mut sinks)))
+                        }
+                    };
+                    match groups {
+                        Ok(groups) => {
+                            tracing::debug!(groups = groups.len(), %step, "pipelined segment");
+                            for group in groups {
+                                let turn = turns[group.server];
+                                turns[group.server] += 1;
+                                let lane = &lanes[group.server];
+                                running.push(self.run_group(group, (worker, step), turn, lane, min_version, started));
+                            }
+                        }
+                        Err(error) => outcomes.push(Err(error)),
+                    }
+                }
+                Some(outcome) = running.next(), if !running.is_empty() => outcomes.push(outcome),
+                else => break,
+            }
+        }
+        outcomes
+    }
+
+    /// One group: its push once the server's earlier groups' pushes ended,
+    /// then its pull. Keys that took the push, the pull's versions and wait.
+    async fn run_group(
+        &self,
+        group: Group<'_>,
+        (worker, step): (Rank, Step),
+        turn: usize,
+        (pushed, pushes_done): &Lane,
+        min_version: Version,
+        started: Instant,
+    ) -> Result<Answer, ClientError> {
+        let server = &self.servers[group.server];
+        let _ = pushes_done.clone().wait_for(|done| *done >= turn).await;
+        let taken = if group.grads.is_empty() {
+            Ok(0)
+        } else {
+            self.push_on(server, worker, step, group.grads).await
+        };
+        pushed.send_modify(|done| *done += 1);
+        let taken = taken?;
+        tracing::trace!(server = group.server, at = ?started.elapsed(), "pushed");
+        let (versions, waited) = self.pull_on(server, group.sinks, min_version).await?;
+        tracing::trace!(server = group.server, at = ?started.elapsed(), ?waited, "pulled");
+        Ok((taken, (versions, waited)))
+    }
+
+    /// The groups of one segment, in the order they are pushed: each server's
+    /// parts in the order of `grads`, cut into runs of at least
+    /// `ClientConfig::pipeline_group_bytes`, each run with the sinks (taken
+    /// from `sinks`) of the parts it pushes. Groups of different servers
+    /// interleave by where their first part is in `grads`.
+    fn segment_groups<'a>(
+        &self,
         grads: &[ParamBytes],
-        into: &'a mut BTreeMap<String, PulledParam>,
+        sinks: &mut Sinks<'a>,
     ) -> Result<Vec<Group<'a>>, ClientError> {
         let order: HashMap<&str, usize> = grads
             .iter()
             .enumerate()
             .map(|(i, g)| (g.name.as_str(), i))
             .collect();
-        let mut sinks: HashMap<ParamKey, (usize, PartSink<'a>)> =
-            cut_into_parts(&self.placement, into)
-                .into_iter()
-                .map(|(server, sink)| (sink.key().clone(), (server, sink)))
-                .collect();
         let mut groups = Vec::new();
         for (server, parts) in self.parts_by_server(grads)?.iter().enumerate() {
             let mut parts: Vec<_> = parts.iter().collect();
@@ -138,28 +195,34 @@ impl Shards {
                     .iter()
                     .filter_map(|(header, _)| sinks.remove(&header.key).map(|(_, sink)| sink))
                     .collect();
-                groups.push(Group {
-                    server,
+                groups.push((
                     first_grad,
-                    grads,
-                    sinks,
-                });
+                    Group {
+                        server,
+                        grads,
+                        sinks,
+                    },
+                ));
             }
         }
-        let mut unpushed: BTreeMap<usize, Vec<PartSink<'a>>> = BTreeMap::new();
-        for (server, sink) in sinks.into_values() {
-            unpushed.entry(server).or_default().push(sink);
-        }
-        for (server, sinks) in unpushed {
-            groups.push(Group {
-                server,
-                first_grad: usize::MAX,
-                grads: Vec::new(),
-                sinks,
-            });
-        }
         // Stable: a server's groups keep their order among equals.
-        groups.sort_by_key(|g| g.first_grad);
-        Ok(groups)
+        groups.sort_by_key(|(first_grad, _)| *first_grad);
+        Ok(groups.into_iter().map(|(_, group)| group).collect())
     }
+}
+
+/// The parts no segment pushed, one pull-only group per server.
+fn unpushed_groups(sinks: Sinks<'_>) -> Vec<Group<'_>> {
+    let mut by_server: BTreeMap<usize, Vec<PartSink<'_>>> = BTreeMap::new();
+    for (server, sink) in sinks.into_values() {
+        by_server.entry(server).or_default().push(sink);
+    }
+    by_server
+        .into_iter()
+        .map(|(server, sinks)| Group {
+            server,
+            grads: Vec::new(),
+            sinks,
+        })
+        .collect()
 }

@@ -94,6 +94,11 @@ pub struct TrainArgs {
     /// Seed of the batch order.
     #[arg(long, default_value_t = TrainConfig::default().seed)]
     pub seed: u64,
+    /// Cut the backward pass into this many segments of layers, the top first,
+    /// and push each segment's gradients while the ones below are computed
+    /// (docs/overlap.md). 1 is one whole backward pass, then the push.
+    #[arg(long, default_value_t = TrainConfig::default().backward_segments, env = "PS_BACKWARD_SEGMENTS")]
+    pub backward_segments: usize,
 }
 
 impl TrainArgs {
@@ -137,9 +142,17 @@ impl TrainArgs {
             ("--epochs", self.epochs),
             ("--synthetic-features", self.synthetic_features),
             ("--synthetic-train", self.synthetic_train),
+            ("--backward-segments", self.backward_segments),
         ];
         if let Some((flag, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(format!("{flag} must be at least 1"));
+        }
+        let layers = self.hidden.len() + 1;
+        if self.backward_segments > layers {
+            return Err(format!(
+                "--backward-segments {} is more than the model's {layers} layers (--hidden {:?}); use at most {layers}",
+                self.backward_segments, self.hidden
+            ));
         }
         if self.synthetic_classes < 2 {
             return Err("--synthetic-classes must be at least 2".into());
@@ -185,6 +198,7 @@ impl TrainArgs {
             lr: self.lr,
             device: parse_device(&self.device)?,
             seed: self.seed,
+            backward_segments: self.backward_segments,
             progress,
             load: self.load.clone(),
             save: self.save.clone(),

@@ -11,6 +11,7 @@
 //! - [`step_time`]: where the training time goes (compute, gather, push, wait, pull, apply).
 //! - [`metrics`]: the Prometheus metrics a worker serves on `--metrics-listen`.
 //! - [`report`]: the CSV files and charts `--out DIR` writes.
+//! - [`segmented`]: a forward pass cut at boundaries, for a backward pass one segment at a time.
 
 pub mod cli;
 pub mod data;
@@ -19,6 +20,8 @@ pub mod host_copy;
 pub mod metrics;
 pub mod model;
 pub mod report;
+mod segment_feed;
+pub mod segmented;
 pub mod step_time;
 pub mod train;
 pub mod trainer;

@@ -4,6 +4,8 @@
 use candle_core::{Module, Result, Tensor};
 use candle_nn::{Linear, VarBuilder, linear};
 
+use crate::segmented::Cuts;
+
 /// A multi-layer perceptron: linear layers with ReLU between them.
 #[derive(Debug, Clone)]
 pub struct Mlp {
@@ -29,16 +31,40 @@ impl Mlp {
     }
 }
 
+impl Mlp {
+    /// Layers in the model.
+    pub fn depth(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The forward pass cut into `segments` runs of about as many layers each
+    /// (at most one per layer), the boundaries recorded in `cuts` for
+    /// [`crate::PsTrainer::backward_segments`]. One segment is
+    /// [`Module::forward`].
+    ///
+    /// # Errors
+    /// candle's.
+    pub fn forward_cut(&self, x: &Tensor, segments: usize, cuts: &mut Cuts) -> Result<Tensor> {
+        let segments = segments.clamp(1, self.depth());
+        let last = self.depth() - 1;
+        let mut h = x.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            // Layer i opens segment i * segments / depth.
+            if i > 0 && i * segments / self.depth() != (i - 1) * segments / self.depth() {
+                h = cuts.cut(&h)?;
+            }
+            h = layer.forward(&h)?;
+            if i < last {
+                h = h.relu()?;
+            }
+        }
+        Ok(h)
+    }
+}
+
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let last = self.layers.len() - 1;
-        self.layers
-            .iter()
-            .enumerate()
-            .try_fold(x.clone(), |x, (i, layer)| {
-                let y = layer.forward(&x)?;
-                if i < last { y.relu() } else { Ok(y) }
-            })
+        self.forward_cut(x, 1, &mut Cuts::default())
     }
 }
 

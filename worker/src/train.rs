@@ -20,6 +20,7 @@ use crate::data::{DataError, Dataset, Split, shard_range};
 use crate::metrics::WorkerMetrics;
 use crate::model::Mlp;
 use crate::report::{EpochRecord, RunRecord, StepRecord};
+use crate::segmented::Cuts;
 use crate::step_time::TimeSplit;
 use crate::trainer::{PsTrainer, TrainerError};
 use ps_client::optim::OptimizerChoice;
@@ -72,6 +73,9 @@ pub struct TrainConfig {
     pub device: Device,
     /// Seed of the batch order.
     pub seed: u64,
+    /// Segments of the backward pass (1: one whole pass, then the push); see
+    /// [`PsTrainer::backward_segments`].
+    pub backward_segments: usize,
     /// Draw a progress bar on stderr.
     pub progress: bool,
     /// Start from the parameters in this safetensors file (as `--save` writes them).
@@ -96,6 +100,7 @@ impl Default for TrainConfig {
             lr: 0.005,
             device: Device::Cpu,
             seed: 7,
+            backward_segments: 1,
             progress: false,
             load: None,
             save: None,
@@ -190,10 +195,16 @@ pub async fn train(
         let (x, y) = batch.to_tensors(&config.device)?;
         let (times_before, repairs_before) = (trainer.step_times(), trainer.repairs());
         let forward = Instant::now();
-        let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
+        let mut cuts = Cuts::default();
+        let logits = model.forward_cut(&x, config.backward_segments, &mut cuts)?;
+        let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         let loss_value = loss.to_scalar::<f32>()? as f64;
         trainer.add_compute(forward.elapsed());
-        trainer.backward_step(&loss).await?;
+        if cuts.is_empty() {
+            trainer.backward_step(&loss).await?;
+        } else {
+            trainer.backward_segments(&loss, cuts).await?;
+        }
         log.losses.push(loss_value);
         let step_times = trainer.step_times().since(&times_before);
         if let Some(metrics) = &config.metrics {

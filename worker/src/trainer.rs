@@ -22,6 +22,8 @@ use candle_nn::VarMap;
 use ps_proto::codec;
 use ps_proto::ids::{Step, Version};
 use ps_proto::v1;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use ps_client::placement::ParamInfo;
 use ps_client::{
@@ -30,6 +32,8 @@ use ps_client::{
 };
 
 use crate::host_copy::CopyPlan;
+use crate::segment_feed::SegmentFeed;
+use crate::segmented::Cuts;
 use crate::step_time::StepTimes;
 
 /// Why a training step failed.
@@ -41,6 +45,9 @@ pub enum TrainerError {
     /// candle failed.
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
+    /// A segmented backward pass was cut where it cannot be.
+    #[error("segmented backward: {0}")]
+    Segments(String),
 }
 
 /// Data-parallel training of a `VarMap` on parameter servers.
@@ -186,6 +193,79 @@ impl PsTrainer {
         self.apply_gradients(&grads).await
     }
 
+    /// [`PsTrainer::backward_step`] for a forward pass cut into segments
+    /// (`cuts`, see [`crate::segmented`]): the backward pass runs one segment
+    /// at a time, the top first, on a blocking thread, and each segment's
+    /// gradients are pushed as soon as they are ready, while the segments
+    /// below are still being differentiated; each key group is pulled as soon
+    /// as its push is answered. The gradients are those of `backward_step`,
+    /// and so are the values after the step.
+    ///
+    /// Compute is booked in full; push and pull only for the time the
+    /// exchange ran on after the backward pass (the rest was overlapped).
+    ///
+    /// # Errors
+    /// [`TrainerError`] from candle or the servers, and
+    /// [`TrainerError::Segments`] when a parameter has gradients in two
+    /// segments.
+    pub async fn backward_segments(&mut self, loss: &Tensor, cuts: Cuts) -> Result<(), TrainerError> {
+        if self.client.newer_map().is_some() {
+            let copy = self.local_copy()?;
+            self.client.follow_newer_map(&copy).await?;
+        }
+        let (sender, segments) = mpsc::unbounded_channel();
+        let feed = SegmentFeed {
+            vars: self.vars.clone(),
+            copy_plan: self.copy_plan,
+        };
+        let grads = cuts.backward(loss);
+        let mut backward = tokio::task::spawn_blocking(move || feed.run(grads, &sender));
+        let wait_for = self.group.consistency.version_after(self.step);
+        let exchanging = Instant::now();
+        let (fed, exchanged) = {
+            let exchange = self.client.push_then_pull_streamed(
+                (self.group.rank, self.step),
+                UnboundedReceiverStream::new(segments),
+                wait_for,
+                &mut self.pulled,
+            );
+            let mut exchange = std::pin::pin!(exchange);
+            // The exchange ends only once the segments have (or on the pass's
+            // failure): either way the pass is awaited first, and a failed pass
+            // drops the exchange, pulls and all.
+            let mut ended = None;
+            let fed = tokio::select! {
+                fed = &mut backward => fed,
+                exchanged = &mut exchange => {
+                    ended = Some(exchanged);
+                    (&mut backward).await
+                }
+            };
+            let fed = fed.map_err(|e| {
+                candle_core::Error::Msg(format!("the backward pass ended abnormally: {e}"))
+            })??;
+            let exchanged = match ended {
+                Some(exchanged) => exchanged,
+                None => exchange.await,
+            };
+            (fed, exchanged)
+        };
+        self.times.compute += fed.compute;
+        self.times.gather += fed.gather;
+        match exchanged {
+            Ok((_, waited)) => {
+                let after_backward = exchanging
+                    .elapsed()
+                    .saturating_sub(fed.compute + fed.gather);
+                self.times.exchanged(after_backward, waited);
+                self.apply_pulled()?;
+                self.step = self.step.next();
+                Ok(())
+            }
+            Err(error) => self.exchange(&fed.grads, Some(error)).await,
+        }
+    }
+
     /// Books `took` as compute (a caller's forward pass and loss; the backward
     /// pass of [`PsTrainer::backward_step`] is booked already).
     pub fn add_compute(&mut self, took: Duration) {
@@ -211,10 +291,25 @@ impl PsTrainer {
         let gathering = Instant::now();
         let pushed = self.gradients(grads)?;
         self.times.gather += gathering.elapsed();
+        self.exchange(&pushed, None).await
+    }
+
+    /// Pushes `pushed` as this worker's step and loads the values to wait for,
+    /// repeating the whole after a repair until it succeeds or nothing can
+    /// help; `failed` is a first attempt's error, already made.
+    async fn exchange(
+        &mut self,
+        pushed: &[ParamBytes],
+        mut failed: Option<ClientError>,
+    ) -> Result<(), TrainerError> {
         let wait_for = self.group.consistency.version_after(self.step);
         let mut recovering = Recovering::step_of_group(RepairBudget::default());
         loop {
-            let error = match self.push_and_load(&pushed, wait_for).await {
+            let attempt = match failed.take() {
+                Some(error) => Err(TrainerError::Client(error)),
+                None => self.push_and_load(pushed, wait_for).await,
+            };
+            let error = match attempt {
                 Ok(()) => {
                     self.step = self.step.next();
                     return Ok(());
