@@ -2,12 +2,14 @@
 //! the same parameters as one worker with batch 2b on the same samples, on each
 //! way a step's push and pull can travel: one `PushPull` per server on the
 //! session stream (SGD), pipelined in groups of keys on the session stream
-//! (momentum, a model too large for one message per server), and every key
-//! pushed, then every key pulled, with unary calls (Adam).
+//! (momentum, a model too large for one message per server), each segment of
+//! a segmented backward pass pushed while the next is computed (SGD), and
+//! every key pushed, then every key pulled, with unary calls (Adam). A
+//! segmented step also ends with the very values of a plain one.
 
 use std::collections::BTreeMap;
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use ps_client::GroupInfo;
 use ps_client::{ClientConfig, PsClient};
@@ -20,6 +22,7 @@ use ps_worker::data::Split;
 use ps_worker::data::digits;
 use ps_worker::data::rng::SplitMix64;
 use ps_worker::model::Mlp;
+use ps_worker::segmented::Cuts;
 
 const BATCH: usize = 16;
 const STEPS: usize = 6;
@@ -33,6 +36,9 @@ enum Path {
     Pipelined,
     /// Every key pushed, then every key pulled, as unary calls.
     SerialUnary,
+    /// Pipelined as `Pipelined`, the backward pass in two segments, each
+    /// segment's gradients pushed as soon as it is differentiated.
+    Segmented,
 }
 
 impl Path {
@@ -40,7 +46,7 @@ impl Path {
     /// (about 75 KiB) is over what one message carries (64 KiB).
     fn hidden(self) -> usize {
         match self {
-            Path::Pipelined => 512,
+            Path::Pipelined | Path::Segmented => 512,
             _ => 32,
         }
     }
@@ -52,7 +58,7 @@ impl Path {
                 partition_bytes: 1024,
                 ..defaults
             },
-            Path::Pipelined => ClientConfig {
+            Path::Pipelined | Path::Segmented => ClientConfig {
                 partition_bytes: 4096,
                 pipeline_group_bytes: 8192,
                 ..defaults
@@ -126,8 +132,15 @@ async fn train(
         .unwrap();
     for batch in &batches {
         let (x, y) = batch.to_tensors(&Device::Cpu).unwrap();
-        let loss = candle_nn::loss::cross_entropy(&model.forward(&x).unwrap(), &y).unwrap();
-        trainer.backward_step(&loss).await.unwrap();
+        let mut cuts = Cuts::default();
+        let segments = if let Path::Segmented = path { 2 } else { 1 };
+        let logits = model.forward_cut(&x, segments, &mut cuts).unwrap();
+        let loss = candle_nn::loss::cross_entropy(&logits, &y).unwrap();
+        if cuts.is_empty() {
+            trainer.backward_step(&loss).await.unwrap();
+        } else {
+            trainer.backward_segments(&loss, cuts).await.unwrap();
+        }
     }
     values(&varmap)
 }
@@ -192,4 +205,31 @@ async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_momentum_pipeli
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_adam_serial_unary() {
     check_equivalence(ps_client::adam(0.01), Path::SerialUnary).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_with_batch_b_equal_one_worker_with_batch_2b_sgd_segmented() {
+    check_equivalence(ps_client::sgd(0.5), Path::Segmented).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segmented_step_ends_with_the_values_of_a_plain_one() {
+    let data = digits::load().unwrap().train;
+    let batches: Vec<Split> = (0..STEPS)
+        .map(|k| data.select(&(k * BATCH..(k + 1) * BATCH).collect::<Vec<_>>()))
+        .collect();
+    let mut trained = Vec::new();
+    for path in [Path::Pipelined, Path::Segmented] {
+        let cluster = test_cluster(2, 1).await;
+        let how = (ps_client::momentum(0.1), path);
+        trained.push(train(cluster.addrs(), 0, 1, batches.clone(), how).await);
+        cluster.shutdown().await.unwrap();
+    }
+    let bits = |values: &BTreeMap<String, Vec<f32>>| {
+        values
+            .iter()
+            .map(|(name, v)| (name.clone(), v.iter().map(|x| x.to_bits()).collect()))
+            .collect::<BTreeMap<String, Vec<u32>>>()
+    };
+    assert_eq!(bits(&trained[0]), bits(&trained[1]), "bit for bit");
 }

@@ -66,18 +66,30 @@ fn time_split_adds_up(split: &serde_json::Value) {
     );
 }
 
-#[tokio::test]
-async fn the_readme_example_trains_against_a_server() {
+/// Runs the example `name` against a server of its own; its test accuracy.
+async fn example_accuracy(name: &str) -> f64 {
     let server = ServerProcess::start(&["--workers", "1"]).await;
-    let trained = run(example("data_parallel"), &[server.addr.as_str()], LIMIT).await;
-    assert!(trained.success, "example failed:\n{}", trained.stderr);
+    let trained = run(example(name), &[server.addr.as_str()], LIMIT).await;
+    assert!(trained.success, "{name} failed:\n{}", trained.stderr);
     let line = trained.stdout.lines().last().unwrap_or_default();
     let value: f64 = line
         .trim_start_matches("test accuracy ")
         .parse()
-        .unwrap_or_else(|_| panic!("unexpected output {line:?}"));
-    assert!(value >= 0.95, "{line}");
+        .unwrap_or_else(|_| panic!("{name}: unexpected output {line:?}"));
     server.stop().await;
+    value
+}
+
+#[tokio::test]
+async fn the_readme_example_trains_against_a_server() {
+    let accuracy = example_accuracy("data_parallel").await;
+    assert!(accuracy >= 0.95, "test accuracy {accuracy}");
+}
+
+#[tokio::test]
+async fn the_segmented_backward_example_trains_against_a_server() {
+    let accuracy = example_accuracy("segmented").await;
+    assert!(accuracy >= 0.95, "test accuracy {accuracy}");
 }
 
 #[tokio::test]
