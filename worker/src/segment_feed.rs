@@ -117,3 +117,94 @@ impl SegmentFeed {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segmented::Cuts;
+    use candle_core::Device;
+
+    fn var(values: &[f32]) -> Var {
+        Var::new(values, &Device::Cpu).unwrap()
+    }
+
+    fn feed(vars: &[(&str, &Var)]) -> SegmentFeed {
+        SegmentFeed {
+            vars: vars
+                .iter()
+                .map(|(n, v)| (n.to_string(), (*v).clone()))
+                .collect(),
+            copy_plan: CopyPlan::PerTensor,
+        }
+    }
+
+    fn names(segment: &[ParamBytes]) -> Vec<&str> {
+        segment.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    #[test]
+    fn each_segment_is_sent_as_it_is_done_then_the_zeros_of_the_rest() {
+        let (a, b, unused) = (var(&[1.0, 2.0]), var(&[3.0, 4.0]), var(&[5.0]));
+        let mut cuts = Cuts::default();
+        let h = cuts.cut(&(a.as_tensor() * 2.0).unwrap()).unwrap();
+        let loss = (h * b.as_tensor()).unwrap().sum_all().unwrap();
+        let (sender, mut sent) = tokio::sync::mpsc::unbounded_channel();
+        let vars = [("a", &a), ("b", &b), ("unused", &unused)];
+        let fed = feed(&vars).run(cuts.backward(&loss), &sender).unwrap();
+        assert_eq!(
+            names(&sent.try_recv().unwrap()),
+            ["b"],
+            "the top segment first"
+        );
+        assert_eq!(names(&sent.try_recv().unwrap()), ["a"]);
+        assert_eq!(names(&sent.try_recv().unwrap()), ["unused"]);
+        assert!(sent.try_recv().is_err(), "nothing more");
+        let values = |p: &ParamBytes| {
+            p.data
+                .chunks_exact(4)
+                .map(|b| f32::from_ne_bytes(b.try_into().unwrap()))
+                .collect::<Vec<f32>>()
+        };
+        // d/da sum(2a * b) = 2b; d/db = 2a; no gradient: zeros.
+        let got: Vec<Vec<f32>> = fed.grads.iter().map(values).collect();
+        assert_eq!(got, [vec![6.0, 8.0], vec![2.0, 4.0], vec![0.0]]);
+        assert_eq!(
+            names(&fed.grads),
+            ["a", "b", "unused"],
+            "the variables' order"
+        );
+    }
+
+    #[test]
+    fn a_parameter_on_both_sides_of_a_cut_is_refused_by_name() {
+        let tied = var(&[1.0, 2.0]);
+        let mut cuts = Cuts::default();
+        let h = cuts.cut(&(tied.as_tensor() * 2.0).unwrap()).unwrap();
+        let loss = (h * tied.as_tensor()).unwrap().sum_all().unwrap();
+        let (sender, _sent) = tokio::sync::mpsc::unbounded_channel();
+        let refused = feed(&[("tied", &tied)])
+            .run(cuts.backward(&loss), &sender)
+            .err()
+            .expect("refused");
+        let message = refused.to_string();
+        assert!(
+            matches!(refused, TrainerError::Segments(_)) && message.contains("tied"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_gone_exchange_still_gets_every_gradient_back() {
+        let (a, b) = (var(&[1.0]), var(&[2.0]));
+        let mut cuts = Cuts::default();
+        let h = cuts.cut(&(a.as_tensor() * 3.0).unwrap()).unwrap();
+        let loss = (h * b.as_tensor()).unwrap().sum_all().unwrap();
+        let (sender, sent) = tokio::sync::mpsc::unbounded_channel();
+        drop(sent);
+        let fed = feed(&[("a", &a), ("b", &b)])
+            .run(cuts.backward(&loss), &sender)
+            .unwrap();
+        assert_eq!(names(&fed.grads), ["a", "b"]);
+        assert!(fed.grads.iter().all(|p| p.data.len() == 4));
+    }
+}

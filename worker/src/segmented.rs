@@ -198,8 +198,14 @@ mod tests {
             let var = &vars.iter().find(|(n, _)| n == name).unwrap().1;
             first.get(var).is_some()
         };
-        assert!(has("fc3.weight") && has("fc2.bias"), "the top two layers first");
-        assert!(!has("fc1.weight") && !has("fc0.weight"), "not the lower two");
+        assert!(
+            has("fc3.weight") && has("fc2.bias"),
+            "the top two layers first"
+        );
+        assert!(
+            !has("fc1.weight") && !has("fc0.weight"),
+            "not the lower two"
+        );
     }
 
     #[test]

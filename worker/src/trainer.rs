@@ -208,7 +208,11 @@ impl PsTrainer {
     /// [`TrainerError`] from candle or the servers, and
     /// [`TrainerError::Segments`] when a parameter has gradients in two
     /// segments.
-    pub async fn backward_segments(&mut self, loss: &Tensor, cuts: Cuts) -> Result<(), TrainerError> {
+    pub async fn backward_segments(
+        &mut self,
+        loss: &Tensor,
+        cuts: Cuts,
+    ) -> Result<(), TrainerError> {
         if self.client.newer_map().is_some() {
             let copy = self.local_copy()?;
             self.client.follow_newer_map(&copy).await?;

@@ -86,7 +86,7 @@ fn configuration_mistakes_are_refused_before_anything_starts() {
     let addr = free.local_addr().unwrap().to_string();
     drop(free);
     // (flags, words the error must hold)
-    let mistakes: [(&[&str], &str); 10] = [
+    let mistakes: [(&[&str], &str); 12] = [
         (&["--rank", "0", "--workers", "0"], "--workers"),
         (
             &["--rank", "2", "--workers", "2"],
@@ -109,6 +109,14 @@ fn configuration_mistakes_are_refused_before_anything_starts() {
             "--synthetic-classes must be at least 2",
         ),
         (&["--consistency", "ssp:x"], "--consistency"),
+        (
+            &["--backward-segments", "0"],
+            "--backward-segments must be at least 1",
+        ),
+        (
+            &["--hidden", "64", "--backward-segments", "3"],
+            "--backward-segments 3 is more than the model's 2 layers",
+        ),
     ];
     for (flags, words) in mistakes {
         let mut args = vec!["--server", addr.as_str()];
