@@ -5,7 +5,9 @@ split by phase (compute, gather, push, wait, pull, apply), as an SVG.
     scripts/testbed_chart.py OUT.svg LABEL=DIR/report.json [LABEL=...]
 
 A pipelined step's push and pull are one exchange; the worker books half of
-its time to each (worker/src/step_time.rs)."""
+its time to each (worker/src/step_time.rs). With segmented backward the
+exchange runs beside the backward pass, and only its time after the pass is
+booked, so the bar still adds up to the step."""
 import json
 import sys
 
