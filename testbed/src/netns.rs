@@ -1,6 +1,6 @@
 //! The emulated network: one namespace per host, each with a veth link to a
-//! shared switch namespace holding a bridge, every link shaped in both
-//! directions (`tc tbf`, one queue; or `tc htb` with small packets first). Made with the `ip` and `tc` tools; removed when dropped
+//! shared switch namespace holding a bridge, every link shaped by `tc tbf` in
+//! both directions. Made with the `ip` and `tc` tools; removed when dropped
 //! (deleting a namespace deletes the links in it), and by [`sweep`] when a run
 //! was killed before it could remove its own.
 //!
@@ -53,7 +53,6 @@ pub struct Network {
     prefix: String,
     namespaces: Vec<String>,
     hosts: Vec<Host>,
-    queue: Queue,
 }
 
 /// Checks what the testbed needs before anything is made.
@@ -146,12 +145,11 @@ impl Network {
     ///
     /// # Errors
     /// [`NetError`] naming the command that failed.
-    pub fn build(prefix: &str, hosts: &[Host], queue: Queue) -> Result<Self, NetError> {
+    pub fn build(prefix: &str, hosts: &[Host]) -> Result<Self, NetError> {
         let mut network = Self {
             prefix: format!("{prefix}-{}", std::process::id()),
             namespaces: Vec::new(),
             hosts: hosts.to_vec(),
-            queue,
         };
         network.make()?;
         Ok(network)
@@ -193,9 +191,8 @@ impl Network {
             run("ip", &["-n", &ns, "link", "set", HOST_DEVICE, "up"])?;
             run("ip", &["-n", &ns, "link", "set", "lo", "up"])?;
             // Upload: what leaves the host. Download: what the switch sends it.
-            let rate = host.rate.bits_per_sec();
-            self.queue.shape(&ns, HOST_DEVICE, rate)?;
-            self.queue.shape(&switch, port, rate)?;
+            shape(&ns, HOST_DEVICE, host.rate.bits_per_sec())?;
+            shape(&switch, port, host.rate.bits_per_sec())?;
         }
         Ok(())
     }
@@ -251,64 +248,19 @@ impl Network {
     }
 }
 
-/// How a link orders the packets waiting to leave on it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Queue {
-    /// One first-in, first-out queue (`tbf`): a switch port with one queue.
-    /// An acknowledgement waits behind all the data queued before it.
-    #[default]
-    Fifo,
-    /// Packets under 128 bytes (acknowledgements, small requests) leave
-    /// before the rest (`htb`, two priority classes, both up to the rate):
-    /// a port with a priority queue for control traffic.
-    SmallFirst,
-}
-
-/// Below this IP length a packet is small: a pure acknowledgement is 52 bytes.
-const SMALL_PACKET: u16 = 128;
-
-impl Queue {
-    /// Shapes what leaves `device` in namespace `ns` to `rate_bits` per second.
-    fn shape(self, ns: &str, device: &str, rate_bits: u64) -> Result<(), NetError> {
-        let rate = format!("{rate_bits}bit");
-        let burst = burst_bytes(rate_bits).to_string();
-        let limit = queue_bytes(rate_bits).to_string();
-        let tc = |args: &[&str]| {
-            let mut all = vec!["-n", ns];
-            all.extend_from_slice(args);
-            run("tc", &all).map(drop)
-        };
-        match self {
-            Queue::Fifo => tc(&[
-                "qdisc", "add", "dev", device, "root", "tbf", "rate", &rate, "burst", &burst,
-                "limit", &limit,
-            ]),
-            Queue::SmallFirst => {
-                let (small, rest) = (rate_bits / 10, rate_bits - rate_bits / 10);
-                let (small, rest) = (format!("{small}bit"), format!("{rest}bit"));
-                let quantum = "65536";
-                tc(&["qdisc", "add", "dev", device, "root", "handle", "1:", "htb", "default", "20"])?;
-                tc(&[
-                    "class", "add", "dev", device, "parent", "1:", "classid", "1:1", "htb", "rate",
-                    &rate, "burst", &burst, "cburst", &burst, "quantum", quantum,
-                ])?;
-                for (class, guaranteed, prio) in [("1:10", &small, "0"), ("1:20", &rest, "1")] {
-                    tc(&[
-                        "class", "add", "dev", device, "parent", "1:1", "classid", class, "htb",
-                        "rate", guaranteed, "ceil", &rate, "burst", &burst, "cburst", &burst,
-                        "prio", prio, "quantum", quantum,
-                    ])?;
-                }
-                tc(&["qdisc", "add", "dev", device, "parent", "1:20", "bfifo", "limit", &limit])?;
-                let below = format!("0x{:04x}", !(SMALL_PACKET - 1));
-                tc(&[
-                    "filter", "add", "dev", device, "parent", "1:", "protocol", "ip", "prio", "1",
-                    "u32", "match", "u16", "0x0000", &below, "at", "2", "flowid", "1:10",
-                ])
-            }
-        }
-    }
+/// Shapes what leaves `device` in namespace `ns` to `rate_bits` per second.
+fn shape(ns: &str, device: &str, rate_bits: u64) -> Result<(), NetError> {
+    let rate = format!("{rate_bits}bit");
+    let burst = burst_bytes(rate_bits).to_string();
+    let limit = queue_bytes(rate_bits).to_string();
+    run(
+        "tc",
+        &[
+            "-n", ns, "qdisc", "add", "dev", device, "root", "tbf", "rate", &rate, "burst", &burst,
+            "limit", &limit,
+        ],
+    )?;
+    Ok(())
 }
 
 /// How many bytes a shaper queues: 5 ms at the rate, and at least 1 MiB (a

@@ -16,7 +16,7 @@ use clap::{Parser, Subcommand};
 use ps_testbed::ceiling;
 use ps_testbed::hosts::{HostCounts, LinkOverride, plan};
 use ps_testbed::job::{self, JobSpec};
-use ps_testbed::netns::{self, Network, Queue};
+use ps_testbed::netns::{self, Network};
 use ps_testbed::rate::LinkRate;
 use ps_testbed::report::Report;
 
@@ -71,11 +71,6 @@ struct RunArgs {
     /// worker1=500mbit); may be repeated.
     #[arg(long = "link-for")]
     link_for: Vec<LinkOverride>,
-    /// How each link orders the packets waiting on it: fifo (one queue, as a
-    /// plain switch port) or small-first (acknowledgements and other packets
-    /// under 128 bytes ahead of the data).
-    #[arg(long, value_enum, default_value_t = Queue::Fifo)]
-    queue: Queue,
     /// Namespace names start with this (PREFIX-PID-HOST): runs with different
     /// prefixes never meet.
     #[arg(long, default_value = "psbed")]
@@ -156,8 +151,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         server_args: args.server_args.clone(),
         timeout: args.timeout,
     };
-    let network = Network::build(&args.prefix, &hosts, args.queue)?;
-    tracing::info!(hosts = hosts.len(), link = %args.link, queue = ?args.queue, out = %out.display(), "cluster up");
+    let network = Network::build(&args.prefix, &hosts)?;
+    tracing::info!(hosts = hosts.len(), link = %args.link, out = %out.display(), "cluster up");
     let ceiling = if args.ceiling > 0.0 {
         let testbed = std::env::current_exe()?;
         Some(ceiling::measure(&network, &testbed, args.ceiling)?)
