@@ -5,7 +5,10 @@
 //! the least copying there is. On a GPU every copy between device and host is a
 //! transfer with a fixed cost of its own, so a step's gradients are first joined
 //! on the device and come off it in **one** transfer, and the pulled values go
-//! onto it in one transfer and are split there ([`CopyPlan::Joined`]).
+//! onto it in one transfer and are split there ([`CopyPlan::Joined`]). The
+//! gradients come off into a [`HostBuffer`] kept from step to step.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use candle_core::{DType, Device, Tensor, Var};
@@ -30,14 +33,19 @@ impl CopyPlan {
         }
     }
 
-    /// Each tensor's elements as little-endian `f32` bytes, in order.
+    /// Each tensor's elements as little-endian `f32` bytes, in order. The
+    /// joined plan copies them into `buffer` (see [`HostBuffer`]).
     ///
     /// # Errors
     /// candle's, when a tensor cannot be read.
-    pub fn to_host(self, tensors: &[Tensor]) -> candle_core::Result<Vec<Bytes>> {
+    pub fn to_host(
+        self,
+        tensors: &[Tensor],
+        buffer: &mut HostBuffer,
+    ) -> candle_core::Result<Vec<Bytes>> {
         match self {
             Self::PerTensor => tensors.iter().map(tensor_bytes).collect(),
-            Self::Joined => joined_to_host(tensors),
+            Self::Joined => joined_to_host(tensors, buffer),
         }
     }
 
@@ -63,9 +71,41 @@ impl CopyPlan {
     }
 }
 
-/// One `f32` copy of every tensor joined on its device, then one transfer to the
-/// host; the buffers handed back are slices of that one buffer.
-fn joined_to_host(tensors: &[Tensor]) -> candle_core::Result<Vec<Bytes>> {
+/// A host buffer that joined tensors come off the device into, reused from one
+/// step to the next once nothing holds the last step's bytes (a push is over
+/// before the next step's gradients exist). A fresh buffer each time costs more
+/// than the transfer: its pages are faulted in and zeroed every time, and
+/// candle's `to_vec1` on a GPU fills two (docs/gpu.md: 84 MB came off an H100 in
+/// 125 ms that way, where PyTorch moves it into a warm pageable buffer in 5.5).
+#[derive(Debug, Default)]
+pub struct HostBuffer {
+    last: Option<Arc<Vec<f32>>>,
+}
+
+impl HostBuffer {
+    /// The last buffer when nothing else holds it any more, or a new one.
+    fn take(&mut self) -> Vec<f32> {
+        self.last
+            .take()
+            .and_then(|last| Arc::try_unwrap(last).ok())
+            .unwrap_or_default()
+    }
+
+    /// `values` as bytes, kept to be taken again next time.
+    fn share(&mut self, values: Vec<f32>) -> Bytes {
+        let shared = Arc::new(values);
+        self.last = Some(Arc::clone(&shared));
+        if cfg!(target_endian = "little") {
+            Bytes::from_owner(SharedF32(shared))
+        } else {
+            codec::encode_f32(codec::DType::F32, &shared)
+        }
+    }
+}
+
+/// One `f32` copy of every tensor joined on its device, then one transfer into
+/// `buffer`; the buffers handed back are slices of it.
+fn joined_to_host(tensors: &[Tensor], buffer: &mut HostBuffer) -> candle_core::Result<Vec<Bytes>> {
     let flat = tensors
         .iter()
         .map(|t| t.flatten_all()?.to_dtype(DType::F32))
@@ -73,7 +113,9 @@ fn joined_to_host(tensors: &[Tensor]) -> candle_core::Result<Vec<Bytes>> {
     if flat.is_empty() {
         return Ok(Vec::new());
     }
-    let all = f32_bytes(Tensor::cat(&flat, 0)?.to_vec1()?);
+    let mut host = buffer.take();
+    copy_to_host(&Tensor::cat(&flat, 0)?, &mut host)?;
+    let all = buffer.share(host);
     let mut start = 0;
     Ok(flat
         .iter()
@@ -84,6 +126,37 @@ fn joined_to_host(tensors: &[Tensor]) -> candle_core::Result<Vec<Bytes>> {
             bytes
         })
         .collect())
+}
+
+/// `tensor` (`f32`, one dimension) into `host`: straight from device memory
+/// into it when it is a CUDA tensor, otherwise through candle's `to_vec1`.
+fn copy_to_host(tensor: &Tensor, host: &mut Vec<f32>) -> candle_core::Result<()> {
+    #[cfg(feature = "cuda")]
+    if cuda_to_host(tensor, host)? {
+        return Ok(());
+    }
+    host.clear();
+    host.extend_from_slice(&tensor.to_vec1::<f32>()?);
+    Ok(())
+}
+
+/// A contiguous CUDA tensor copied into `host` (resized to fit, so a buffer of
+/// last step's size is written in place) in one transfer; false for any other.
+#[cfg(feature = "cuda")]
+fn cuda_to_host(tensor: &Tensor, host: &mut Vec<f32>) -> candle_core::Result<bool> {
+    use candle_core::backend::BackendDevice;
+    let (storage, layout) = tensor.storage_and_layout();
+    let (candle_core::Storage::Cuda(cuda), Some((start, end))) =
+        (&*storage, layout.contiguous_offsets())
+    else {
+        return Ok(false);
+    };
+    host.resize(end - start, 0.0);
+    let view = cuda.as_cuda_slice::<f32>()?.slice(start..end);
+    cuda.device.memcpy_dtoh(&view, host)?;
+    // The copy is queued on the device's stream: wait for it before reading.
+    cuda.device.synchronize()?;
+    Ok(true)
 }
 
 /// The values gathered into `staging`, one transfer onto `device`, then each
@@ -124,6 +197,14 @@ fn f32_bytes(values: Vec<f32>) -> Bytes {
     }
 }
 
+struct SharedF32(Arc<Vec<f32>>);
+
+impl AsRef<[u8]> for SharedF32 {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(self.0.as_slice())
+    }
+}
+
 struct F32Buffer(Vec<f32>);
 
 impl AsRef<[u8]> for F32Buffer {
@@ -148,8 +229,11 @@ mod tests {
 
     #[test]
     fn the_joined_plan_hands_back_what_one_copy_per_tensor_does() {
-        let per_tensor = CopyPlan::PerTensor.to_host(&tensors()).unwrap();
-        let joined = CopyPlan::Joined.to_host(&tensors()).unwrap();
+        let mut buffer = HostBuffer::default();
+        let per_tensor = CopyPlan::PerTensor
+            .to_host(&tensors(), &mut buffer)
+            .unwrap();
+        let joined = CopyPlan::Joined.to_host(&tensors(), &mut buffer).unwrap();
         assert_eq!(per_tensor, joined);
         let second: Vec<f32> = joined[1]
             .chunks(4)
@@ -157,7 +241,35 @@ mod tests {
             .collect();
         assert_eq!(second, [-1.5, 2.25]);
         assert_eq!(joined[2].len(), 4, "the f64 tensor goes out as one f32");
-        assert!(CopyPlan::Joined.to_host(&[]).unwrap().is_empty());
+        assert!(
+            CopyPlan::Joined
+                .to_host(&[], &mut buffer)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_host_buffer_is_reused_once_nothing_holds_it() {
+        let mut buffer = HostBuffer::default();
+        let first = CopyPlan::Joined.to_host(&tensors(), &mut buffer).unwrap();
+        let held = first[0].as_ptr();
+        let second = CopyPlan::Joined.to_host(&tensors(), &mut buffer).unwrap();
+        assert_ne!(
+            second[0].as_ptr(),
+            held,
+            "the first step's bytes are still held"
+        );
+        assert_eq!(first, second);
+        drop(first);
+        let reused = second[0].as_ptr();
+        drop(second);
+        let third = CopyPlan::Joined.to_host(&tensors(), &mut buffer).unwrap();
+        assert_eq!(
+            third[0].as_ptr(),
+            reused,
+            "the buffer nothing holds is taken again"
+        );
     }
 
     #[test]

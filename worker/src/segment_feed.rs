@@ -11,7 +11,7 @@ use candle_core::{Tensor, Var};
 use ps_client::ParamBytes;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::host_copy::CopyPlan;
+use crate::host_copy::{CopyPlan, HostBuffer};
 use crate::segmented::SegmentGrads;
 use crate::trainer::TrainerError;
 
@@ -97,7 +97,11 @@ impl SegmentFeed {
         fed: &mut [Option<Bytes>],
     ) -> Result<Vec<ParamBytes>, TrainerError> {
         let values: Vec<Tensor> = tensors.iter().map(|(_, t)| t.clone()).collect();
-        let bytes = self.copy_plan.to_host(&values)?;
+        // A buffer of its own: a segment's bytes are still being pushed while
+        // the next segment's come off the device.
+        let bytes = self
+            .copy_plan
+            .to_host(&values, &mut HostBuffer::default())?;
         Ok(tensors
             .iter()
             .zip(bytes)

@@ -31,7 +31,7 @@ use ps_client::{
     PulledParam, Recovering, RepairBudget,
 };
 
-use crate::host_copy::CopyPlan;
+use crate::host_copy::{CopyPlan, HostBuffer};
 use crate::segment_feed::SegmentFeed;
 use crate::segmented::Cuts;
 use crate::step_time::StepTimes;
@@ -71,6 +71,9 @@ pub struct PsTrainer {
     copy_plan: CopyPlan,
     /// The host buffer a joined copy gathers pulled values in, reused every step.
     staging: Vec<f32>,
+    /// The host buffer a joined copy takes the gradients off the device into,
+    /// reused every step.
+    gradient_buffer: HostBuffer,
 }
 
 impl PsTrainer {
@@ -132,6 +135,7 @@ impl PsTrainer {
             created: false,
             copy_plan,
             staging: Vec::new(),
+            gradient_buffer: HostBuffer::default(),
         };
         trainer.created = trainer.register_initial().await?;
         let version = trainer.load(Version(0)).await?;
@@ -328,7 +332,7 @@ impl PsTrainer {
     }
 
     /// Every variable's gradient (zeros for one without) as host bytes, by name.
-    fn gradients(&self, grads: &GradStore) -> Result<Vec<ParamBytes>, TrainerError> {
+    fn gradients(&mut self, grads: &GradStore) -> Result<Vec<ParamBytes>, TrainerError> {
         let tensors = self
             .vars
             .iter()
@@ -337,7 +341,10 @@ impl PsTrainer {
                 None => var.as_tensor().zeros_like(),
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
-        self.named(self.copy_plan.to_host(&tensors)?)
+        let bytes = self
+            .copy_plan
+            .to_host(&tensors, &mut self.gradient_buffer)?;
+        self.named(bytes)
     }
 
     /// `bytes[i]` named after variable `i`.
@@ -446,7 +453,10 @@ impl PsTrainer {
             .iter()
             .map(|(_, v)| v.as_tensor().clone())
             .collect();
-        self.named(self.copy_plan.to_host(&values)?)
+        self.named(
+            self.copy_plan
+                .to_host(&values, &mut HostBuffer::default())?,
+        )
     }
 
     /// This worker's copy of every variable at the version it holds, for servers
