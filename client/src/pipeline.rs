@@ -17,9 +17,12 @@
 //! and each carries one push from each worker at a time.
 //!
 //! Every push runs to its end, as [`Shards::push`]'s do; a group whose push
-//! failed is not pulled, and after a failure no further group starts. The
-//! first error is returned once all have ended, and the whole may be repeated:
-//! a push is applied once however often it arrives.
+//! failed is not pulled, and after a failure no further segment's groups
+//! start (those already started still push). Once all have ended, the error
+//! to act on is returned (`settled`'s choice), and the whole may be repeated:
+//! a push is applied once however often it arrives. A parameter given in two
+//! segments of one step is refused: its second push would be taken as a
+//! repeat.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -115,21 +118,16 @@ impl Shards {
             let failed = outcomes.iter().any(Result::is_err);
             tokio::select! {
                 segment = segments.next(), if open && !failed => {
-                    let groups = match segment {
-                        Some(grads) => self.segment_groups(grads.as_ref(), &mut sinks),
-                        None => {
-                            open = false;
-                            Ok(unpushed_groups(std::mem::take(&mut sinks)))
-                        }
-                    };
-                    match groups {
+                    open = segment.is_some();
+                    match self.next_groups(segment.as_ref().map(AsRef::as_ref), &mut sinks) {
                         Ok(groups) => {
                             tracing::debug!(groups = groups.len(), %step, "pipelined segment");
                             for group in groups {
                                 let turn = turns[group.server];
                                 turns[group.server] += 1;
                                 let lane = &lanes[group.server];
-                                running.push(self.run_group(group, (worker, step), turn, lane, min_version, started));
+                                let at = (turn, lane, started);
+                                running.push(self.run_group(group, (worker, step), at, min_version));
                             }
                         }
                         Err(error) => outcomes.push(Err(error)),
@@ -142,16 +140,28 @@ impl Shards {
         outcomes
     }
 
-    /// One group: its push once the server's earlier groups' pushes ended,
-    /// then its pull. Keys that took the push, the pull's versions and wait.
+    /// The groups of the next segment, or (`None`: the segments ended) the
+    /// pull-only groups of the parts no segment pushed.
+    fn next_groups<'a>(
+        &self,
+        segment: Option<&[ParamBytes]>,
+        sinks: &mut Sinks<'a>,
+    ) -> Result<Vec<Group<'a>>, ClientError> {
+        match segment {
+            Some(grads) => self.segment_groups(grads, sinks),
+            None => Ok(unpushed_groups(std::mem::take(sinks))),
+        }
+    }
+
+    /// One group: its push once the server's earlier groups' pushes ended
+    /// (it is turn `turn` on `lane`), then its pull. Keys that took the push,
+    /// the pull's versions and wait.
     async fn run_group(
         &self,
         group: Group<'_>,
         (worker, step): (Rank, Step),
-        turn: usize,
-        (pushed, pushes_done): &Lane,
+        (turn, (pushed, pushes_done), started): (usize, &Lane, Instant),
         min_version: Version,
-        started: Instant,
     ) -> Result<Answer, ClientError> {
         let server = &self.servers[group.server];
         let _ = pushes_done.clone().wait_for(|done| *done >= turn).await;
@@ -193,8 +203,8 @@ impl Shards {
                 let grads: Vec<PartGrad> = run.into_iter().map(part_grad).collect();
                 let sinks = grads
                     .iter()
-                    .filter_map(|(header, _)| sinks.remove(&header.key).map(|(_, sink)| sink))
-                    .collect();
+                    .map(|(header, _)| take_sink(sinks, &header.key))
+                    .collect::<Result<_, _>>()?;
                 groups.push((
                     first_grad,
                     Group {
@@ -209,6 +219,18 @@ impl Shards {
         groups.sort_by_key(|(first_grad, _)| *first_grad);
         Ok(groups.into_iter().map(|(_, group)| group).collect())
     }
+}
+
+/// The sink of the part `key`, which no earlier segment may have pushed: a
+/// second push of the same step would be taken as a repeat of the first, and
+/// its gradient lost.
+fn take_sink<'a>(sinks: &mut Sinks<'a>, key: &ParamKey) -> Result<PartSink<'a>, ClientError> {
+    sinks.remove(key).map(|(_, sink)| sink).ok_or_else(|| {
+        ClientError::Usage(format!(
+            "{} is in two segments of one step's gradients; give each parameter's gradient in one segment",
+            key.name
+        ))
+    })
 }
 
 /// The parts no segment pushed, one pull-only group per server.

@@ -20,7 +20,6 @@ pub mod host_copy;
 pub mod metrics;
 pub mod model;
 pub mod report;
-mod segment_feed;
 pub mod segmented;
 pub mod step_time;
 pub mod train;

@@ -23,11 +23,12 @@
 //! boundary.
 //!
 //! What it cannot do: a parameter used on both sides of a boundary (tied
-//! weights) would get its gradient in parts, one per segment (the trainer
-//! refuses the step, naming it), and a value computed below a boundary and
-//! used above it other than through the cut tensor is not differentiated
-//! through. Cut only where everything above depends on what is below through
-//! the one tensor cut.
+//! weights) would get its gradient in parts, one per segment. The trainer
+//! finds it when the second part appears, after the first was pushed, and
+//! fails the step naming the parameter; the worker must stop there. A value
+//! computed below a boundary and used above it other than through the cut
+//! tensor is not differentiated through. Cut only where everything above
+//! depends on what is below through the one tensor cut.
 
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
@@ -53,7 +54,9 @@ impl Cuts {
     /// # Errors
     /// candle's, when `h` cannot be copied.
     pub fn cut(&mut self, h: &Tensor) -> Result<Tensor> {
-        let leaf = Var::from_tensor(h)?;
+        // Detached first, so that even a parameter's own tensor is copied
+        // into a new leaf (`Var::from_tensor` hands a variable back as is).
+        let leaf = Var::from_tensor(&h.detach())?;
         let above = leaf.as_tensor().clone();
         self.boundaries.push(Boundary {
             below: h.clone(),

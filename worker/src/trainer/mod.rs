@@ -22,8 +22,6 @@ use candle_nn::VarMap;
 use ps_proto::codec;
 use ps_proto::ids::{Step, Version};
 use ps_proto::v1;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use ps_client::placement::ParamInfo;
 use ps_client::{
@@ -32,9 +30,10 @@ use ps_client::{
 };
 
 use crate::host_copy::{CopyPlan, HostBuffer};
-use crate::segment_feed::SegmentFeed;
-use crate::segmented::Cuts;
 use crate::step_time::StepTimes;
+
+mod segment_feed;
+mod segmented_step;
 
 /// Why a training step failed.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +73,8 @@ pub struct PsTrainer {
     /// The host buffer a joined copy takes the gradients off the device into,
     /// reused every step.
     gradient_buffer: HostBuffer,
+    /// The same for each segment of a segmented backward pass, by segment.
+    segment_buffers: Vec<HostBuffer>,
 }
 
 impl PsTrainer {
@@ -136,6 +137,7 @@ impl PsTrainer {
             copy_plan,
             staging: Vec::new(),
             gradient_buffer: HostBuffer::default(),
+            segment_buffers: Vec::new(),
         };
         trainer.created = trainer.register_initial().await?;
         let version = trainer.load(Version(0)).await?;
@@ -195,83 +197,6 @@ impl PsTrainer {
         loss.device().synchronize()?;
         self.times.compute += backward.elapsed();
         self.apply_gradients(&grads).await
-    }
-
-    /// [`PsTrainer::backward_step`] for a forward pass cut into segments
-    /// (`cuts`, see [`crate::segmented`]): the backward pass runs one segment
-    /// at a time, the top first, on a blocking thread, and each segment's
-    /// gradients are pushed as soon as they are ready, while the segments
-    /// below are still being differentiated; each key group is pulled as soon
-    /// as its push is answered. The gradients are those of `backward_step`,
-    /// and so are the values after the step.
-    ///
-    /// Compute is booked in full; push and pull only for the time the
-    /// exchange ran on after the backward pass (the rest was overlapped).
-    ///
-    /// # Errors
-    /// [`TrainerError`] from candle or the servers, and
-    /// [`TrainerError::Segments`] when a parameter has gradients in two
-    /// segments.
-    pub async fn backward_segments(
-        &mut self,
-        loss: &Tensor,
-        cuts: Cuts,
-    ) -> Result<(), TrainerError> {
-        if self.client.newer_map().is_some() {
-            let copy = self.local_copy()?;
-            self.client.follow_newer_map(&copy).await?;
-        }
-        let (sender, segments) = mpsc::unbounded_channel();
-        let feed = SegmentFeed {
-            vars: self.vars.clone(),
-            copy_plan: self.copy_plan,
-        };
-        let grads = cuts.backward(loss);
-        let mut backward = tokio::task::spawn_blocking(move || feed.run(grads, &sender));
-        let wait_for = self.group.consistency.version_after(self.step);
-        let exchanging = Instant::now();
-        let (fed, exchanged) = {
-            let exchange = self.client.push_then_pull_streamed(
-                (self.group.rank, self.step),
-                UnboundedReceiverStream::new(segments),
-                wait_for,
-                &mut self.pulled,
-            );
-            let mut exchange = std::pin::pin!(exchange);
-            // The exchange ends only once the segments have (or on the pass's
-            // failure): either way the pass is awaited first, and a failed pass
-            // drops the exchange, pulls and all.
-            let mut ended = None;
-            let fed = tokio::select! {
-                fed = &mut backward => fed,
-                exchanged = &mut exchange => {
-                    ended = Some(exchanged);
-                    (&mut backward).await
-                }
-            };
-            let fed = fed.map_err(|e| {
-                candle_core::Error::Msg(format!("the backward pass ended abnormally: {e}"))
-            })??;
-            let exchanged = match ended {
-                Some(exchanged) => exchanged,
-                None => exchange.await,
-            };
-            (fed, exchanged)
-        };
-        self.times.compute += fed.compute;
-        self.times.gather += fed.gather;
-        match exchanged {
-            Ok((_, waited)) => {
-                let after_backward = exchanging
-                    .elapsed()
-                    .saturating_sub(fed.compute + fed.gather);
-                self.times.exchanged(after_backward, waited);
-                self.apply_pulled()?;
-                self.step = self.step.next();
-                Ok(())
-            }
-            Err(error) => self.exchange(&fed.grads, Some(error)).await,
-        }
     }
 
     /// Books `took` as compute (a caller's forward pass and loss; the backward

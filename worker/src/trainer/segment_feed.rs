@@ -2,7 +2,7 @@
 //! segmented backward pass ([`crate::segmented`]) on a blocking thread,
 //! copies each segment's gradients to host buffers and hands them to the
 //! exchange as soon as they are ready, while the next segment is
-//! differentiated.
+//! differentiated; then says it is done.
 
 use std::time::{Duration, Instant};
 
@@ -15,33 +15,48 @@ use crate::host_copy::{CopyPlan, HostBuffer};
 use crate::segmented::SegmentGrads;
 use crate::trainer::TrainerError;
 
-/// The trainer's variables and how their tensors reach the host.
+/// The trainer's variables, how their tensors reach the host, and a host
+/// buffer for each segment, kept from step to step (a segment's bytes are
+/// still being pushed while the next segment's come off the device).
 pub(crate) struct SegmentFeed {
     pub(crate) vars: Vec<(String, Var)>,
     pub(crate) copy_plan: CopyPlan,
+    pub(crate) buffers: Vec<HostBuffer>,
+}
+
+/// What the feed sends the exchange.
+#[derive(Debug)]
+pub(crate) enum Fed {
+    /// One segment's gradients.
+    Segment(Vec<ParamBytes>),
+    /// The pass is done: every variable's gradient was sent.
+    Done,
 }
 
 /// A segmented backward pass that ended: every variable's gradient (zeros for
-/// one no segment reached), in the variables' order, and where its time went.
+/// one no segment reached), in the variables' order, where its time went, and
+/// the segments' host buffers, to be used again.
 pub(crate) struct FedGradients {
     pub(crate) grads: Vec<ParamBytes>,
     pub(crate) compute: Duration,
     pub(crate) gather: Duration,
+    pub(crate) buffers: Vec<HostBuffer>,
 }
 
 impl SegmentFeed {
     /// Differentiates `segments` one by one, sending each segment's new
-    /// gradients to `exchange`, then the zeros of the variables none reached.
-    /// Carries on when the exchange has gone (it failed): the step is then
-    /// repeated with the gradients returned.
+    /// gradients to `exchange`, then the zeros of the variables none reached,
+    /// then [`Fed::Done`]. Carries on when the exchange has gone (it failed):
+    /// the step is then repeated with the gradients returned.
     pub(crate) fn run(
-        self,
+        mut self,
         segments: SegmentGrads,
-        exchange: &UnboundedSender<Vec<ParamBytes>>,
+        exchange: &UnboundedSender<Fed>,
     ) -> Result<FedGradients, TrainerError> {
         let mut fed: Vec<Option<Bytes>> = vec![None; self.vars.len()];
         let (mut compute, mut gather) = (Duration::ZERO, Duration::ZERO);
         let mut segments = segments;
+        let mut sent = 0;
         loop {
             let computing = Instant::now();
             let Some(grads) = segments.next() else { break };
@@ -60,9 +75,10 @@ impl SegmentFeed {
                     fresh.push((i, grad.clone()));
                 }
             }
-            let segment = self.to_host(&fresh, &mut fed)?;
+            let segment = self.copy_out(sent, &fresh, &mut fed)?;
+            sent += 1;
             gather += gathering.elapsed();
-            let _ = exchange.send(segment);
+            let _ = exchange.send(Fed::Segment(segment));
         }
         let gathering = Instant::now();
         let unreached = fed
@@ -72,10 +88,11 @@ impl SegmentFeed {
             .map(|(i, _)| Ok((i, self.vars[i].1.as_tensor().zeros_like()?)))
             .collect::<candle_core::Result<Vec<_>>>()?;
         if !unreached.is_empty() {
-            let zeros = self.to_host(&unreached, &mut fed)?;
-            let _ = exchange.send(zeros);
+            let zeros = self.copy_out(sent, &unreached, &mut fed)?;
+            let _ = exchange.send(Fed::Segment(zeros));
         }
         gather += gathering.elapsed();
+        let _ = exchange.send(Fed::Done);
         let grads = self
             .vars
             .iter()
@@ -86,22 +103,23 @@ impl SegmentFeed {
             grads,
             compute,
             gather,
+            buffers: self.buffers,
         })
     }
 
-    /// `tensors` (variable index, gradient) as named host bytes, each also
-    /// kept in `fed` at its variable's index.
-    fn to_host(
-        &self,
+    /// `tensors` (variable index, gradient) as named host bytes, in host
+    /// buffer `buffer`, each also kept in `fed` at its variable's index.
+    fn copy_out(
+        &mut self,
+        buffer: usize,
         tensors: &[(usize, Tensor)],
         fed: &mut [Option<Bytes>],
     ) -> Result<Vec<ParamBytes>, TrainerError> {
         let values: Vec<Tensor> = tensors.iter().map(|(_, t)| t.clone()).collect();
-        // A buffer of its own: a segment's bytes are still being pushed while
-        // the next segment's come off the device.
-        let bytes = self
-            .copy_plan
-            .to_host(&values, &mut HostBuffer::default())?;
+        if self.buffers.len() <= buffer {
+            self.buffers.resize_with(buffer + 1, HostBuffer::default);
+        }
+        let bytes = self.copy_plan.to_host(&values, &mut self.buffers[buffer])?;
         Ok(tensors
             .iter()
             .zip(bytes)
@@ -139,6 +157,15 @@ mod tests {
                 .map(|(n, v)| (n.to_string(), (*v).clone()))
                 .collect(),
             copy_plan: CopyPlan::PerTensor,
+            buffers: Vec::new(),
+        }
+    }
+
+    /// The next segment sent, or a panic naming what came instead.
+    fn segment(sent: &mut tokio::sync::mpsc::UnboundedReceiver<Fed>) -> Vec<ParamBytes> {
+        match sent.try_recv() {
+            Ok(Fed::Segment(grads)) => grads,
+            other => panic!("a segment was due, not {other:?}"),
         }
     }
 
@@ -155,14 +182,12 @@ mod tests {
         let (sender, mut sent) = tokio::sync::mpsc::unbounded_channel();
         let vars = [("a", &a), ("b", &b), ("unused", &unused)];
         let fed = feed(&vars).run(cuts.backward(&loss), &sender).unwrap();
-        assert_eq!(
-            names(&sent.try_recv().unwrap()),
-            ["b"],
-            "the top segment first"
-        );
-        assert_eq!(names(&sent.try_recv().unwrap()), ["a"]);
-        assert_eq!(names(&sent.try_recv().unwrap()), ["unused"]);
+        assert_eq!(names(&segment(&mut sent)), ["b"], "the top segment first");
+        assert_eq!(names(&segment(&mut sent)), ["a"]);
+        assert_eq!(names(&segment(&mut sent)), ["unused"]);
+        assert!(matches!(sent.try_recv(), Ok(Fed::Done)), "then done");
         assert!(sent.try_recv().is_err(), "nothing more");
+        assert_eq!(fed.buffers.len(), 3, "a host buffer kept for each segment");
         let values = |p: &ParamBytes| {
             p.data
                 .chunks_exact(4)
@@ -185,11 +210,13 @@ mod tests {
         let mut cuts = Cuts::default();
         let h = cuts.cut(&(tied.as_tensor() * 2.0).unwrap()).unwrap();
         let loss = (h * tied.as_tensor()).unwrap().sum_all().unwrap();
-        let (sender, _sent) = tokio::sync::mpsc::unbounded_channel();
+        let (sender, mut sent) = tokio::sync::mpsc::unbounded_channel();
         let refused = feed(&[("tied", &tied)])
             .run(cuts.backward(&loss), &sender)
             .err()
             .expect("refused");
+        assert_eq!(names(&segment(&mut sent)), ["tied"], "the top segment went");
+        assert!(sent.try_recv().is_err(), "never done");
         let message = refused.to_string();
         assert!(
             matches!(refused, TrainerError::Segments(_)) && message.contains("tied"),
