@@ -4,9 +4,11 @@
 //! On the CPU each tensor is copied once into its own buffer, which is already
 //! the least copying there is. On a GPU every copy between device and host is a
 //! transfer with a fixed cost of its own, so a step's gradients are first joined
-//! on the device and come off it in **one** transfer, and the pulled values go
-//! onto it in one transfer and are split there ([`CopyPlan::Joined`]). The
-//! gradients come off into a [`HostBuffer`] kept from step to step.
+//! on the device and come off it in **one** transfer, and the pulled values of
+//! the small variables go onto it in one transfer and are split there
+//! ([`CopyPlan::Joined`]); a variable of 1 MiB or more goes on in a transfer
+//! of its own, straight from its pulled buffer. The gradients come off into a
+//! [`HostBuffer`] kept from step to step.
 
 use std::sync::Arc;
 
@@ -159,24 +161,40 @@ fn cuda_to_host(tensor: &Tensor, host: &mut Vec<f32>) -> candle_core::Result<boo
     Ok(true)
 }
 
-/// The values gathered into `staging`, one transfer onto `device`, then each
-/// variable's part narrowed and written on the device.
+/// A variable at least this large goes onto the device in a transfer of its
+/// own, straight from its pulled buffer: gathering it into the staging buffer
+/// first would cost a host copy of all its bytes, far more than one
+/// transfer's fixed cost.
+const OWN_TRANSFER_BYTES: usize = 1 << 20;
+
+/// Each large variable's values in a transfer of its own; the small ones
+/// gathered into `staging`, one transfer onto `device`, then each variable's
+/// part narrowed and written on the device.
 fn joined_to_vars(
     device: &Device,
     vars: &[&Var],
     values: &[&[f32]],
     staging: &mut Vec<f32>,
 ) -> candle_core::Result<()> {
+    let (large, small): (Vec<usize>, Vec<usize>) = (0..vars.len())
+        .partition(|&i| values[i].len() * std::mem::size_of::<f32>() >= OWN_TRANSFER_BYTES);
+    for i in large {
+        let tensor = Tensor::from_slice(values[i], vars[i].shape(), device)?;
+        vars[i].set(&tensor.to_dtype(vars[i].dtype())?)?;
+    }
     staging.clear();
-    for v in values {
-        staging.extend_from_slice(v);
+    for &i in &small {
+        staging.extend_from_slice(values[i]);
+    }
+    if staging.is_empty() {
+        return Ok(());
     }
     let all = Tensor::from_slice(staging, staging.len(), device)?;
     let mut start = 0;
-    for (var, v) in vars.iter().zip(values) {
-        let part = all.narrow(0, start, v.len())?.reshape(var.shape())?;
-        var.set(&part.to_dtype(var.dtype())?)?;
-        start += v.len();
+    for i in small {
+        let part = all.narrow(0, start, values[i].len())?.reshape(vars[i].shape())?;
+        vars[i].set(&part.to_dtype(vars[i].dtype())?)?;
+        start += values[i].len();
     }
     Ok(())
 }
@@ -291,6 +309,29 @@ mod tests {
             assert_eq!(b.as_tensor().to_vec1::<f64>().unwrap(), [5.0, 6.0, 7.0]);
             assert_eq!(b.dtype(), DType::F64);
         }
+    }
+
+    #[test]
+    fn a_large_variable_goes_on_its_own_and_the_small_ones_joined() {
+        let large_len = OWN_TRANSFER_BYTES / 4;
+        let large = Var::zeros(large_len, DType::F32, &Device::Cpu).unwrap();
+        let (a, b) = (
+            Var::zeros(2, DType::F32, &Device::Cpu).unwrap(),
+            Var::zeros(1, DType::F32, &Device::Cpu).unwrap(),
+        );
+        let large_values: Vec<f32> = (0..large_len).map(|i| i as f32).collect();
+        let mut staging = Vec::new();
+        CopyPlan::Joined
+            .to_vars(
+                &[&a, &large, &b],
+                &[&[1.0, 2.0], &large_values, &[3.0]],
+                &mut staging,
+            )
+            .unwrap();
+        assert_eq!(a.as_tensor().to_vec1::<f32>().unwrap(), [1.0, 2.0]);
+        assert_eq!(b.as_tensor().to_vec1::<f32>().unwrap(), [3.0]);
+        assert_eq!(large.as_tensor().to_vec1::<f32>().unwrap(), large_values);
+        assert_eq!(staging, [1.0, 2.0, 3.0], "only the small ones were gathered");
     }
 
     #[test]
