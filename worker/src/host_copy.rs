@@ -176,8 +176,8 @@ fn joined_to_vars(
     values: &[&[f32]],
     staging: &mut Vec<f32>,
 ) -> candle_core::Result<()> {
-    let (large, small): (Vec<usize>, Vec<usize>) = (0..vars.len())
-        .partition(|&i| values[i].len() * std::mem::size_of::<f32>() >= OWN_TRANSFER_BYTES);
+    let (large, small): (Vec<usize>, Vec<usize>) =
+        (0..vars.len()).partition(|&i| std::mem::size_of_val(values[i]) >= OWN_TRANSFER_BYTES);
     for i in large {
         let tensor = Tensor::from_slice(values[i], vars[i].shape(), device)?;
         vars[i].set(&tensor.to_dtype(vars[i].dtype())?)?;
@@ -192,7 +192,9 @@ fn joined_to_vars(
     let all = Tensor::from_slice(staging, staging.len(), device)?;
     let mut start = 0;
     for i in small {
-        let part = all.narrow(0, start, values[i].len())?.reshape(vars[i].shape())?;
+        let part = all
+            .narrow(0, start, values[i].len())?
+            .reshape(vars[i].shape())?;
         vars[i].set(&part.to_dtype(vars[i].dtype())?)?;
         start += values[i].len();
     }
@@ -331,7 +333,11 @@ mod tests {
         assert_eq!(a.as_tensor().to_vec1::<f32>().unwrap(), [1.0, 2.0]);
         assert_eq!(b.as_tensor().to_vec1::<f32>().unwrap(), [3.0]);
         assert_eq!(large.as_tensor().to_vec1::<f32>().unwrap(), large_values);
-        assert_eq!(staging, [1.0, 2.0, 3.0], "only the small ones were gathered");
+        assert_eq!(
+            staging,
+            [1.0, 2.0, 3.0],
+            "only the small ones were gathered"
+        );
     }
 
     #[test]
