@@ -8,7 +8,7 @@
 //! the small variables go onto it in one transfer and are split there
 //! ([`CopyPlan::Joined`]); a variable of 1 MiB or more goes on in a transfer
 //! of its own, straight from its pulled buffer. The gradients come off into a
-//! [`HostBuffer`] kept from step to step.
+//! [`HostBuffers`] kept from step to step.
 
 use std::sync::Arc;
 
@@ -35,19 +35,19 @@ impl CopyPlan {
         }
     }
 
-    /// Each tensor's elements as little-endian `f32` bytes, in order. The
-    /// joined plan copies them into `buffer` (see [`HostBuffer`]).
+    /// Each tensor's elements as little-endian `f32` bytes, in order, copied
+    /// into `buffers` (see [`HostBuffers`]).
     ///
     /// # Errors
     /// candle's, when a tensor cannot be read.
     pub fn to_host(
         self,
         tensors: &[Tensor],
-        buffer: &mut HostBuffer,
+        buffers: &mut HostBuffers,
     ) -> candle_core::Result<Vec<Bytes>> {
         match self {
-            Self::PerTensor => tensors.iter().map(tensor_bytes).collect(),
-            Self::Joined => joined_to_host(tensors, buffer),
+            Self::PerTensor => per_tensor_to_host(tensors, buffers),
+            Self::Joined => joined_to_host(tensors, buffers),
         }
     }
 
@@ -73,41 +73,69 @@ impl CopyPlan {
     }
 }
 
-/// A host buffer that joined tensors come off the device into, reused from one
-/// step to the next once nothing holds the last step's bytes (a push is over
-/// before the next step's gradients exist). A fresh buffer each time costs more
-/// than the transfer: its pages are faulted in and zeroed every time, and
-/// candle's `to_vec1` on a GPU fills two (docs/gpu.md: 84 MB came off an H100 in
-/// 125 ms that way, where PyTorch moves it into a warm pageable buffer in 5.5).
+/// The host buffers a step's tensors are copied into, one per slot (per
+/// tensor, or one for a joined copy), each reused from one step to the next
+/// once nothing holds the last step's bytes (a push is over before the next
+/// step's gradients exist). A fresh buffer each time costs more than the copy:
+/// its pages are faulted in and zeroed every time, and candle's `to_vec1` on a
+/// GPU fills two (docs/gpu.md: 84 MB came off an H100 in 125 ms that way,
+/// where PyTorch moves it into a warm pageable buffer in 5.5).
 #[derive(Debug, Default)]
-pub struct HostBuffer {
-    last: Option<Arc<Vec<f32>>>,
+pub struct HostBuffers {
+    kept: Vec<Option<Arc<Vec<f32>>>>,
 }
 
-impl HostBuffer {
-    /// The last buffer when nothing else holds it any more, or a new one.
-    fn take(&mut self) -> Vec<f32> {
-        self.last
-            .take()
+impl HostBuffers {
+    /// Slot `slot`'s last buffer when nothing else holds it any more, or a
+    /// new one.
+    fn take(&mut self, slot: usize) -> Vec<f32> {
+        self.kept
+            .get_mut(slot)
+            .and_then(Option::take)
             .and_then(|last| Arc::try_unwrap(last).ok())
             .unwrap_or_default()
     }
 
-    /// `values` as bytes, kept to be taken again next time.
-    fn share(&mut self, values: Vec<f32>) -> Bytes {
+    /// `values` as bytes, kept in slot `slot` to be taken again next time.
+    fn share(&mut self, slot: usize, values: Vec<f32>) -> Bytes {
+        if self.kept.len() <= slot {
+            self.kept.resize(slot + 1, None);
+        }
         let shared = Arc::new(values);
-        self.last = Some(Arc::clone(&shared));
+        self.kept[slot] = Some(Arc::clone(&shared));
         if cfg!(target_endian = "little") {
             Bytes::from_owner(SharedF32(shared))
         } else {
             codec::encode_f32(codec::DType::F32, &shared)
         }
     }
+
+    /// `tensor`'s elements copied into slot `slot`'s buffer, as bytes.
+    fn copy(&mut self, slot: usize, tensor: &Tensor) -> candle_core::Result<Bytes> {
+        let mut host = self.take(slot);
+        copy_to_host(tensor, &mut host)?;
+        Ok(self.share(slot, host))
+    }
+}
+
+/// Each tensor copied into its own kept buffer.
+fn per_tensor_to_host(
+    tensors: &[Tensor],
+    buffers: &mut HostBuffers,
+) -> candle_core::Result<Vec<Bytes>> {
+    tensors
+        .iter()
+        .enumerate()
+        .map(|(slot, tensor)| buffers.copy(slot, tensor))
+        .collect()
 }
 
 /// One `f32` copy of every tensor joined on its device, then one transfer into
-/// `buffer`; the buffers handed back are slices of it.
-fn joined_to_host(tensors: &[Tensor], buffer: &mut HostBuffer) -> candle_core::Result<Vec<Bytes>> {
+/// the buffer of slot 0; the buffers handed back are slices of it.
+fn joined_to_host(
+    tensors: &[Tensor],
+    buffers: &mut HostBuffers,
+) -> candle_core::Result<Vec<Bytes>> {
     let flat = tensors
         .iter()
         .map(|t| t.flatten_all()?.to_dtype(DType::F32))
@@ -115,9 +143,7 @@ fn joined_to_host(tensors: &[Tensor], buffer: &mut HostBuffer) -> candle_core::R
     if flat.is_empty() {
         return Ok(Vec::new());
     }
-    let mut host = buffer.take();
-    copy_to_host(&Tensor::cat(&flat, 0)?, &mut host)?;
-    let all = buffer.share(host);
+    let all = buffers.copy(0, &Tensor::cat(&flat, 0)?)?;
     let mut start = 0;
     Ok(flat
         .iter()
@@ -130,16 +156,42 @@ fn joined_to_host(tensors: &[Tensor], buffer: &mut HostBuffer) -> candle_core::R
         .collect())
 }
 
-/// `tensor` (`f32`, one dimension) into `host`: straight from device memory
-/// into it when it is a CUDA tensor, otherwise through candle's `to_vec1`.
+/// `tensor`'s elements as `f32` into `host`: straight from its memory when it
+/// is a contiguous `f32` tensor on the CPU or a CUDA device, otherwise
+/// through candle's `to_vec1`.
 fn copy_to_host(tensor: &Tensor, host: &mut Vec<f32>) -> candle_core::Result<()> {
     #[cfg(feature = "cuda")]
     if cuda_to_host(tensor, host)? {
         return Ok(());
     }
+    if cpu_to_host(tensor, host) {
+        return Ok(());
+    }
     host.clear();
-    host.extend_from_slice(&tensor.to_vec1::<f32>()?);
+    host.extend_from_slice(
+        &tensor
+            .flatten_all()?
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?,
+    );
     Ok(())
+}
+
+/// A contiguous `f32` CPU tensor copied into `host`, whose capacity is kept;
+/// false for any other.
+fn cpu_to_host(tensor: &Tensor, host: &mut Vec<f32>) -> bool {
+    let (storage, layout) = tensor.storage_and_layout();
+    let (candle_core::Storage::Cpu(cpu), Some((start, end))) =
+        (&*storage, layout.contiguous_offsets())
+    else {
+        return false;
+    };
+    let Ok(values) = cpu.as_slice::<f32>() else {
+        return false;
+    };
+    host.clear();
+    host.extend_from_slice(&values[start..end]);
+    true
 }
 
 /// A contiguous CUDA tensor copied into `host` (resized to fit, so a buffer of
@@ -201,35 +253,11 @@ fn joined_to_vars(
     Ok(())
 }
 
-/// A tensor's elements as little-endian `f32` bytes; on little-endian hosts the
-/// buffer candle copies out is handed over without another copy.
-pub(crate) fn tensor_bytes(tensor: &Tensor) -> candle_core::Result<Bytes> {
-    Ok(f32_bytes(
-        tensor.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?,
-    ))
-}
-
-fn f32_bytes(values: Vec<f32>) -> Bytes {
-    if cfg!(target_endian = "little") {
-        Bytes::from_owner(F32Buffer(values))
-    } else {
-        codec::encode_f32(codec::DType::F32, &values)
-    }
-}
-
 struct SharedF32(Arc<Vec<f32>>);
 
 impl AsRef<[u8]> for SharedF32 {
     fn as_ref(&self) -> &[u8] {
         bytemuck::cast_slice(self.0.as_slice())
-    }
-}
-
-struct F32Buffer(Vec<f32>);
-
-impl AsRef<[u8]> for F32Buffer {
-    fn as_ref(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.0)
     }
 }
 
@@ -249,7 +277,7 @@ mod tests {
 
     #[test]
     fn the_joined_plan_hands_back_what_one_copy_per_tensor_does() {
-        let mut buffer = HostBuffer::default();
+        let mut buffer = HostBuffers::default();
         let per_tensor = CopyPlan::PerTensor
             .to_host(&tensors(), &mut buffer)
             .unwrap();
@@ -270,26 +298,28 @@ mod tests {
     }
 
     #[test]
-    fn the_host_buffer_is_reused_once_nothing_holds_it() {
-        let mut buffer = HostBuffer::default();
-        let first = CopyPlan::Joined.to_host(&tensors(), &mut buffer).unwrap();
-        let held = first[0].as_ptr();
-        let second = CopyPlan::Joined.to_host(&tensors(), &mut buffer).unwrap();
-        assert_ne!(
-            second[0].as_ptr(),
-            held,
-            "the first step's bytes are still held"
-        );
-        assert_eq!(first, second);
-        drop(first);
-        let reused = second[0].as_ptr();
-        drop(second);
-        let third = CopyPlan::Joined.to_host(&tensors(), &mut buffer).unwrap();
-        assert_eq!(
-            third[0].as_ptr(),
-            reused,
-            "the buffer nothing holds is taken again"
-        );
+    fn the_host_buffers_are_reused_once_nothing_holds_them() {
+        for plan in [CopyPlan::PerTensor, CopyPlan::Joined] {
+            let mut buffers = HostBuffers::default();
+            let first = plan.to_host(&tensors(), &mut buffers).unwrap();
+            let held = first[0].as_ptr();
+            let second = plan.to_host(&tensors(), &mut buffers).unwrap();
+            assert_ne!(
+                second[0].as_ptr(),
+                held,
+                "{plan:?}: the first step's bytes are still held"
+            );
+            assert_eq!(first, second);
+            drop(first);
+            let reused = second[0].as_ptr();
+            drop(second);
+            let third = plan.to_host(&tensors(), &mut buffers).unwrap();
+            assert_eq!(
+                third[0].as_ptr(),
+                reused,
+                "{plan:?}: the buffer nothing holds is taken again"
+            );
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ use ps_client::{
     PulledParam, Recovering, RepairBudget,
 };
 
-use crate::host_copy::{CopyPlan, HostBuffer};
+use crate::host_copy::{CopyPlan, HostBuffers};
 use crate::step_time::StepTimes;
 
 mod segment_feed;
@@ -72,9 +72,9 @@ pub struct PsTrainer {
     staging: Vec<f32>,
     /// The host buffer a joined copy takes the gradients off the device into,
     /// reused every step.
-    gradient_buffer: HostBuffer,
+    gradient_buffer: HostBuffers,
     /// The same for each segment of a segmented backward pass, by segment.
-    segment_buffers: Vec<HostBuffer>,
+    segment_buffers: Vec<HostBuffers>,
 }
 
 impl PsTrainer {
@@ -136,7 +136,7 @@ impl PsTrainer {
             created: false,
             copy_plan,
             staging: Vec::new(),
-            gradient_buffer: HostBuffer::default(),
+            gradient_buffer: HostBuffers::default(),
             segment_buffers: Vec::new(),
         };
         trainer.created = trainer.register_initial().await?;
@@ -380,7 +380,7 @@ impl PsTrainer {
             .collect();
         self.named(
             self.copy_plan
-                .to_host(&values, &mut HostBuffer::default())?,
+                .to_host(&values, &mut HostBuffers::default())?,
         )
     }
 

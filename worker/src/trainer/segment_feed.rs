@@ -11,7 +11,7 @@ use candle_core::{Tensor, Var};
 use ps_client::ParamBytes;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::host_copy::{CopyPlan, HostBuffer};
+use crate::host_copy::{CopyPlan, HostBuffers};
 use crate::segmented::SegmentGrads;
 use crate::trainer::TrainerError;
 
@@ -21,7 +21,7 @@ use crate::trainer::TrainerError;
 pub(crate) struct SegmentFeed {
     pub(crate) vars: Vec<(String, Var)>,
     pub(crate) copy_plan: CopyPlan,
-    pub(crate) buffers: Vec<HostBuffer>,
+    pub(crate) buffers: Vec<HostBuffers>,
 }
 
 /// What the feed sends the exchange.
@@ -40,7 +40,7 @@ pub(crate) struct FedGradients {
     pub(crate) grads: Vec<ParamBytes>,
     pub(crate) compute: Duration,
     pub(crate) gather: Duration,
-    pub(crate) buffers: Vec<HostBuffer>,
+    pub(crate) buffers: Vec<HostBuffers>,
 }
 
 impl SegmentFeed {
@@ -117,7 +117,7 @@ impl SegmentFeed {
     ) -> Result<Vec<ParamBytes>, TrainerError> {
         let values: Vec<Tensor> = tensors.iter().map(|(_, t)| t.clone()).collect();
         if self.buffers.len() <= buffer {
-            self.buffers.resize_with(buffer + 1, HostBuffer::default);
+            self.buffers.resize_with(buffer + 1, HostBuffers::default);
         }
         let bytes = self.copy_plan.to_host(&values, &mut self.buffers[buffer])?;
         Ok(tensors
