@@ -2,10 +2,10 @@
 //! gradients is cut into groups of at least `pipeline_group_bytes` (1 MiB by
 //! default; a part on its own when it is that large), and each group's pull
 //! is sent as soon as its push is answered, while later groups are still
-//! being pushed. A push travels
-//! worker → server and a pull server → worker, the two directions of a
-//! full-duplex link, so on a link-bound step the exchange takes about the
-//! push's time plus one group's pull instead of the push's plus the pull's.
+//! being pushed. A push travels worker → server and a pull server → worker,
+//! the two directions of a full-duplex link, so on a link-bound step the
+//! exchange takes about the push's time plus one group's pull instead of the
+//! push's plus the pull's.
 //!
 //! The gradients may come in segments, as a segmented backward pass produces
 //! them (the top of the model first): each segment's groups start while the

@@ -23,6 +23,7 @@ use ps_worker::data::digits;
 use ps_worker::data::rng::SplitMix64;
 use ps_worker::model::Mlp;
 use ps_worker::segmented::Cuts;
+use ps_worker::trainer::vars_by_name;
 
 const BATCH: usize = 16;
 const STEPS: usize = 6;
@@ -83,14 +84,7 @@ fn seeded_model(hidden: usize) -> (VarMap, Mlp) {
         10,
     )
     .unwrap();
-    let mut vars: Vec<_> = varmap
-        .data()
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(n, v)| (n.clone(), v.clone()))
-        .collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    let vars = vars_by_name(&varmap);
     let mut rng = SplitMix64::new(11);
     for (_, var) in vars {
         let values: Vec<f32> = (0..var.elem_count()).map(|_| rng.normal() * 0.1).collect();

@@ -29,9 +29,7 @@ impl Mlp {
             .collect::<Result<_>>()?;
         Ok(Self { layers })
     }
-}
 
-impl Mlp {
     /// Layers in the model.
     pub fn depth(&self) -> usize {
         self.layers.len()

@@ -16,10 +16,9 @@
 //! variable holding a copy of its values. The backward pass of the segment
 //! above stops there, with the gradient `g` of the loss with respect to `h`;
 //! the segment below is then differentiated through `sum(h * g)` (`g`
-//! detached, a constant), whose
-//! gradient with respect to `h` is `g` itself (`1 * g`, exact in floating
-//! point), so every parameter gets the gradient one whole backward pass would
-//! give it. The cost is one copy of `h`, one multiply and one sum per
+//! detached, a constant), whose gradient with respect to `h` is `g` itself
+//! (`1 * g`, exact in floating point), so every parameter gets the gradient
+//! one whole backward pass would give it. The cost is one copy of `h`, one multiply and one sum per
 //! boundary.
 //!
 //! What it cannot do: a parameter used on both sides of a boundary (tied
@@ -128,6 +127,7 @@ impl Iterator for SegmentGrads {
 mod tests {
     use super::*;
     use crate::model::Mlp;
+    use crate::trainer::vars_by_name;
     use candle_core::{DType, Device, Module};
     use candle_nn::{VarBuilder, VarMap};
 
@@ -137,14 +137,7 @@ mod tests {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
         let mlp = Mlp::new(vb, 20, &[32, 24, 16], 5).unwrap();
-        let mut vars: Vec<(String, Var)> = varmap
-            .data()
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(n, v)| (n.clone(), v.clone()))
-            .collect();
-        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let vars = vars_by_name(&varmap);
         let x = Tensor::randn(0f32, 1.0, (8, 20), &device).unwrap();
         let y = Tensor::new(&[0u32, 1, 2, 3, 4, 0, 1, 2], &device).unwrap();
         (mlp, vars, x, y)

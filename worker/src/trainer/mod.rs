@@ -105,14 +105,7 @@ impl PsTrainer {
         varmap: &VarMap,
         optimizer: v1::Optimizer,
     ) -> Result<Self, TrainerError> {
-        let mut vars: Vec<(String, Var)> = varmap
-            .data()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(n, v)| (n.clone(), v.clone()))
-            .collect();
-        vars.sort_by(|a, b| a.0.cmp(&b.0));
+        let vars = vars_by_name(varmap);
         let infos: Vec<ParamInfo> = vars
             .iter()
             .map(|(name, var)| ParamInfo {
@@ -447,6 +440,20 @@ impl PsTrainer {
         };
         Ok(self.loaded)
     }
+}
+
+/// `varmap`'s variables with their names, sorted by name: the order a trainer
+/// keeps them in.
+pub fn vars_by_name(varmap: &VarMap) -> Vec<(String, Var)> {
+    let mut vars: Vec<(String, Var)> = varmap
+        .data()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars
 }
 
 /// How the variables' tensors cross to the host: by their device (the CPU's
