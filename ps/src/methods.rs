@@ -47,6 +47,10 @@ pub const METHODS: &[Method] = &[
         allowed: WORKER,
     },
     Method {
+        name: "OfferSharedMemory",
+        allowed: WORKER,
+    },
+    Method {
         name: "Stats",
         allowed: Allowed::AnyRole,
     },

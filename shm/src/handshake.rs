@@ -1,0 +1,558 @@
+//! Handing a region to a worker: the server's [`Offers`] (a Unix-domain
+//! socket in a directory only its user can enter, and the one-time nonces it
+//! gave out over authenticated gRPC), [`admit`] on the server's side and
+//! [`connect`] on the worker's.
+//!
+//! 1. The worker asks for an offer over its gRPC channel (`OfferSharedMemory`,
+//!    which the server's access layer admits only with a worker's token) and
+//!    gets the socket's path, a 32-byte nonce, the server's boot id and uid.
+//! 2. A worker whose boot id differs is on another host; one that cannot
+//!    open the path is in another container or mount namespace. Either stays
+//!    on gRPC ([`HandshakeError::is_elsewhere`]).
+//! 3. Otherwise it connects and sends the nonce. The server checks the peer's
+//!    uid (`SO_PEERCRED`) against its own and takes the nonce (each is good
+//!    for one connection, for [`OFFER_LIFETIME`]); then it creates a new
+//!    region and four doorbells and sends their file descriptors
+//!    (`SCM_RIGHTS`). Nothing of the region has a name in any file system.
+//! 4. The socket stays open for as long as the session: each side learns of
+//!    the other's end (a crash included) when it closes.
+
+use std::collections::HashMap;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use ps_proto::v1;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::bell::{Bell, Ringer, doorbell};
+use crate::region::{OpenError, Region};
+use crate::ring::{
+    Direction, RingError, RingReader, RingWriter, read_header, region_bytes, write_header,
+};
+
+/// How long an offer's nonce stays good.
+pub const OFFER_LIFETIME: Duration = Duration::from_secs(30);
+
+/// How long either side waits for the other's handshake message.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest handshake message either side reads.
+const HANDSHAKE_LIMIT: u32 = 4096;
+
+/// Why no region changed hands.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// The server runs on another host.
+    #[error("the server is on another host (its boot id {theirs}, this host's {ours})")]
+    OtherHost {
+        /// This host's boot id.
+        ours: String,
+        /// The server's.
+        theirs: String,
+    },
+    /// The server runs as another user.
+    #[error(
+        "the server runs as uid {theirs} and this process as uid {ours}; only the same user gets a region"
+    )]
+    OtherUser {
+        /// This process's uid.
+        ours: u32,
+        /// The server's.
+        theirs: u32,
+    },
+    /// The server's socket cannot be reached from here.
+    #[error(
+        "cannot open the server's shared-memory socket {path} (another container or mount namespace?): {source}"
+    )]
+    NoSocket {
+        /// The socket's path.
+        path: String,
+        /// Why.
+        source: io::Error,
+    },
+    /// The server refused the handshake.
+    #[error("the server refused a shared-memory session: {0}")]
+    Refused(String),
+    /// The other side broke the handshake's protocol.
+    #[error("the shared-memory handshake failed: {0}")]
+    Protocol(String),
+    /// The region handed over cannot be used.
+    #[error(transparent)]
+    Region(#[from] OpenError),
+    /// The region's header is not this version's.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// A socket or system call failed.
+    #[error("the shared-memory handshake failed: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl HandshakeError {
+    /// Whether the server is simply out of reach of shared memory (another
+    /// host, user or namespace): `--data-path auto` then stays on gRPC
+    /// without a warning.
+    pub fn is_elsewhere(&self) -> bool {
+        matches!(
+            self,
+            Self::OtherHost { .. } | Self::OtherUser { .. } | Self::NoSocket { .. }
+        )
+    }
+}
+
+/// The four doorbells of a region, each a `(read end, write end)` pair: for
+/// each ring, the reader's ("words written") and the writer's ("room made").
+#[derive(Debug)]
+pub(crate) struct Bells {
+    requests_written: (OwnedFd, OwnedFd),
+    request_room: (OwnedFd, OwnedFd),
+    answers_written: (OwnedFd, OwnedFd),
+    answer_room: (OwnedFd, OwnedFd),
+}
+
+/// One side's doorbells for each ring it holds an end of: the one it sleeps
+/// on and the one it rings.
+pub(crate) struct SideBells {
+    pub(crate) requests: (Bell, Ringer),
+    pub(crate) answers: (Bell, Ringer),
+}
+
+impl Bells {
+    pub(crate) fn create() -> io::Result<Self> {
+        Ok(Self {
+            requests_written: doorbell()?,
+            request_room: doorbell()?,
+            answers_written: doorbell()?,
+            answer_room: doorbell()?,
+        })
+    }
+
+    /// The ends the worker gets: it sleeps on request room and answers
+    /// written, and rings requests written and answer room.
+    fn worker_ends(&self) -> [BorrowedFd<'_>; 4] {
+        [
+            self.request_room.0.as_fd(),
+            self.requests_written.1.as_fd(),
+            self.answers_written.0.as_fd(),
+            self.answer_room.1.as_fd(),
+        ]
+    }
+
+    /// The worker's doorbells, from the four ends [`Bells::worker_ends`] sent.
+    fn worker_side_of(fds: Vec<OwnedFd>) -> io::Result<SideBells> {
+        let [request_room, requests_written, answers_written, answer_room] =
+            <[OwnedFd; 4]>::try_from(fds).map_err(|fds| {
+                io::Error::other(format!("{} doorbell ends where 4 were due", fds.len()))
+            })?;
+        Ok(SideBells {
+            requests: (Bell::new(request_room)?, Ringer::new(requests_written)?),
+            answers: (Bell::new(answers_written)?, Ringer::new(answer_room)?),
+        })
+    }
+
+    /// The worker's doorbells in this process (for tests).
+    pub(crate) fn worker_side(&self) -> io::Result<SideBells> {
+        let owned = self
+            .worker_ends()
+            .iter()
+            .map(|fd| fd.try_clone_to_owned())
+            .collect::<io::Result<Vec<_>>>()?;
+        Self::worker_side_of(owned)
+    }
+
+    /// The server's doorbells: it sleeps on requests written and answer room,
+    /// and rings request room and answers written.
+    pub(crate) fn server_side(self) -> io::Result<SideBells> {
+        Ok(SideBells {
+            requests: (
+                Bell::new(self.requests_written.0)?,
+                Ringer::new(self.request_room.1)?,
+            ),
+            answers: (
+                Bell::new(self.answer_room.0)?,
+                Ringer::new(self.answers_written.1)?,
+            ),
+        })
+    }
+}
+
+/// The server's end of an admitted session.
+#[derive(Debug)]
+pub struct ServerEnd {
+    /// The requests the worker writes.
+    pub requests: RingReader,
+    /// The answers this server writes.
+    pub answers: RingWriter,
+    /// The socket, open for as long as the session.
+    pub socket: UnixStream,
+    /// The peer's process id, for logs.
+    pub peer_pid: u32,
+}
+
+/// The worker's end of a session.
+#[derive(Debug)]
+pub struct WorkerEnd {
+    /// The requests this worker writes.
+    pub requests: RingWriter,
+    /// The answers the server writes.
+    pub answers: RingReader,
+    /// The socket, open for as long as the session.
+    pub socket: UnixStream,
+}
+
+/// This host's boot id, which differs from one host (and boot) to the next.
+///
+/// # Errors
+/// The file cannot be read (not Linux, or no `/proc`).
+pub fn boot_id() -> io::Result<String> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?
+        .trim()
+        .to_string())
+}
+
+/// The server's socket and the nonces it handed out.
+#[derive(Debug)]
+pub struct Offers {
+    dir: PathBuf,
+    socket: PathBuf,
+    boot_id: String,
+    uid: u32,
+    ring_bytes: u64,
+    pending: Mutex<HashMap<[u8; 32], Instant>>,
+}
+
+impl Offers {
+    /// Binds the server's socket in a new directory under `parent` that only
+    /// this user may enter; each session's region has rings of `ring_bytes`.
+    ///
+    /// # Errors
+    /// The directory or socket cannot be made, or there is no boot id.
+    pub fn bind(parent: &Path, ring_bytes: u64) -> io::Result<(Arc<Self>, UnixListener)> {
+        assert!(ring_bytes >= 4096 && ring_bytes % 8 == 0, "rings are words");
+        let tag: [u8; 8] = random()?;
+        let dir = parent.join(format!(
+            "candle-ps-shm-{}-{}",
+            std::process::id(),
+            hex(&tag)
+        ));
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+        let socket = dir.join("server.sock");
+        let listener = UnixListener::bind(&socket)?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+        let offers = Self {
+            dir,
+            socket,
+            boot_id: boot_id()?,
+            uid: rustix::process::geteuid().as_raw(),
+            ring_bytes,
+            pending: Mutex::default(),
+        };
+        Ok((Arc::new(offers), listener))
+    }
+
+    /// The socket's path.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// A new offer, good for one connection within [`OFFER_LIFETIME`].
+    ///
+    /// # Errors
+    /// No random bytes could be had.
+    pub fn offer(&self) -> io::Result<v1::SharedMemoryOffer> {
+        let nonce: [u8; 32] = random()?;
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.retain(|_, given| given.elapsed() < OFFER_LIFETIME);
+        pending.insert(nonce, Instant::now());
+        Ok(v1::SharedMemoryOffer {
+            socket_path: self.socket.display().to_string(),
+            nonce: nonce.to_vec().into(),
+            boot_id: self.boot_id.clone(),
+            uid: self.uid,
+            expires_ms: OFFER_LIFETIME.as_millis() as u64,
+        })
+    }
+
+    /// Takes `nonce`: true when it was handed out, unused and unexpired.
+    fn take(&self, nonce: &[u8]) -> bool {
+        let Ok(nonce) = <[u8; 32]>::try_from(nonce) else {
+            return false;
+        };
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending
+            .remove(&nonce)
+            .is_some_and(|given| given.elapsed() < OFFER_LIFETIME)
+    }
+}
+
+impl Drop for Offers {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Admits the connection `socket`: checks its user and nonce, then hands it
+/// a new region. A refused peer is told why before the socket closes.
+///
+/// # Errors
+/// Why it was refused, or what failed.
+pub async fn admit(offers: &Offers, mut socket: UnixStream) -> Result<ServerEnd, HandshakeError> {
+    let peer = rustix::net::sockopt::socket_peercred(&socket).map_err(io::Error::from)?;
+    let hello: v1::SharedMemoryHello = read_framed(&mut socket).await?;
+    let refusal = if peer.uid.as_raw() != offers.uid {
+        Some(format!(
+            "the connecting process runs as uid {}, not as this server's uid {}",
+            peer.uid.as_raw(),
+            offers.uid
+        ))
+    } else if !offers.take(&hello.nonce) {
+        Some("the nonce is not one this server offered, was used already, or expired; ask for a new offer".to_string())
+    } else {
+        None
+    };
+    if let Some(refusal) = refusal {
+        let welcome = v1::SharedMemoryWelcome {
+            refusal: refusal.clone(),
+            ring_bytes: 0,
+        };
+        send_with_fds(&socket, &welcome, &[]).await?;
+        return Err(HandshakeError::Refused(refusal));
+    }
+    let region = Arc::new(Region::create(region_bytes(offers.ring_bytes) as usize)?);
+    write_header(&region, offers.ring_bytes);
+    let bells = Bells::create()?;
+    let welcome = v1::SharedMemoryWelcome {
+        refusal: String::new(),
+        ring_bytes: offers.ring_bytes,
+    };
+    let [a, b, c, d] = bells.worker_ends();
+    send_with_fds(&socket, &welcome, &[region.file(), a, b, c, d]).await?;
+    let capacity = (offers.ring_bytes / 8) as usize;
+    let side = bells.server_side()?;
+    Ok(ServerEnd {
+        requests: RingReader::new(
+            Arc::clone(&region),
+            Direction::Requests,
+            capacity,
+            side.requests,
+        ),
+        answers: RingWriter::new(region, Direction::Answers, capacity, side.answers),
+        socket,
+        peer_pid: peer.pid.as_raw_nonzero().get() as u32,
+    })
+}
+
+/// Takes up `offer`: checks it was made on this host to this user, connects
+/// and receives the region.
+///
+/// # Errors
+/// [`HandshakeError`]; [`HandshakeError::is_elsewhere`] when the server is
+/// simply out of reach of shared memory.
+pub async fn connect(offer: &v1::SharedMemoryOffer) -> Result<WorkerEnd, HandshakeError> {
+    let ours = boot_id()?;
+    if ours != offer.boot_id {
+        return Err(HandshakeError::OtherHost {
+            ours,
+            theirs: offer.boot_id.clone(),
+        });
+    }
+    let uid = rustix::process::geteuid().as_raw();
+    if uid != offer.uid {
+        return Err(HandshakeError::OtherUser {
+            ours: uid,
+            theirs: offer.uid,
+        });
+    }
+    let mut socket = UnixStream::connect(&offer.socket_path)
+        .await
+        .map_err(|source| HandshakeError::NoSocket {
+            path: offer.socket_path.clone(),
+            source,
+        })?;
+    let hello = v1::SharedMemoryHello {
+        nonce: offer.nonce.clone(),
+    };
+    write_framed(&mut socket, &hello).await?;
+    let (welcome, fds): (v1::SharedMemoryWelcome, _) = receive_with_fds(&socket).await?;
+    if !welcome.refusal.is_empty() {
+        return Err(HandshakeError::Refused(welcome.refusal));
+    }
+    let mut fds = fds.into_iter();
+    let Some(region) = fds.next() else {
+        return Err(HandshakeError::Protocol(
+            "the welcome carried no region".to_string(),
+        ));
+    };
+    let side = Bells::worker_side_of(fds.collect())
+        .map_err(|e| HandshakeError::Protocol(format!("the welcome's doorbells: {e}")))?;
+    if welcome.ring_bytes < 4096 || welcome.ring_bytes % 8 != 0 || welcome.ring_bytes > 1 << 32 {
+        return Err(HandshakeError::Protocol(format!(
+            "rings of {} bytes are not whole words between 4 KiB and 4 GiB",
+            welcome.ring_bytes
+        )));
+    }
+    let region = Arc::new(Region::open(region, region_bytes(welcome.ring_bytes))?);
+    let capacity = read_header(&region)?;
+    Ok(WorkerEnd {
+        requests: RingWriter::new(
+            Arc::clone(&region),
+            Direction::Requests,
+            capacity,
+            side.requests,
+        ),
+        answers: RingReader::new(region, Direction::Answers, capacity, side.answers),
+        socket,
+    })
+}
+
+/// `N` random bytes from the system.
+fn random<const N: usize>() -> io::Result<[u8; N]> {
+    let mut bytes = [0u8; N];
+    let mut filled = 0;
+    while filled < N {
+        filled +=
+            rustix::rand::getrandom(&mut bytes[filled..], rustix::rand::GetRandomFlags::empty())?;
+    }
+    Ok(bytes)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes `message` behind its length (4 bytes, little-endian).
+async fn write_framed(socket: &mut UnixStream, message: &impl Message) -> io::Result<()> {
+    let body = message.encode_to_vec();
+    socket.write_all(&(body.len() as u32).to_le_bytes()).await?;
+    socket.write_all(&body).await
+}
+
+/// Reads one message written by [`write_framed`], within the handshake's
+/// time and size limits.
+async fn read_framed<M: Message + Default>(socket: &mut UnixStream) -> Result<M, HandshakeError> {
+    let read = async {
+        let mut len = [0u8; 4];
+        socket.read_exact(&mut len).await?;
+        let len = u32::from_le_bytes(len);
+        if len > HANDSHAKE_LIMIT {
+            return Err(HandshakeError::Protocol(format!(
+                "a handshake message of {len} bytes"
+            )));
+        }
+        let mut body = vec![0u8; len as usize];
+        socket.read_exact(&mut body).await?;
+        M::decode(body.as_slice()).map_err(|e| {
+            HandshakeError::Protocol(format!("a handshake message does not decode: {e}"))
+        })
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, read)
+        .await
+        .map_err(|_| {
+            HandshakeError::Protocol(format!("no handshake message within {HANDSHAKE_TIMEOUT:?}"))
+        })?
+}
+
+/// Sends `message` (framed as [`write_framed`] does) with `fds` attached.
+async fn send_with_fds(
+    socket: &UnixStream,
+    message: &impl Message,
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    let body = message.encode_to_vec();
+    let len = (body.len() as u32).to_le_bytes();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(5))];
+    loop {
+        socket.writable().await?;
+        let sent = socket.try_io(Interest::WRITABLE, || {
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+                return Err(io::Error::other(
+                    "the doorbells do not fit a control message",
+                ));
+            }
+            let iov = [IoSlice::new(&len), IoSlice::new(&body)];
+            Ok(rustix::net::sendmsg(
+                socket,
+                &iov,
+                &mut control,
+                SendFlags::NOSIGNAL,
+            )?)
+        });
+        match sent {
+            Ok(n) if n == len.len() + body.len() => return Ok(()),
+            Ok(n) => {
+                return Err(io::Error::other(format!(
+                    "the handshake sent {n} of {} bytes",
+                    len.len() + body.len()
+                )));
+            }
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Receives a message sent by [`send_with_fds`], with its file descriptors.
+async fn receive_with_fds<M: Message + Default>(
+    socket: &UnixStream,
+) -> Result<(M, Vec<OwnedFd>), HandshakeError> {
+    let receive = async {
+        let mut buffer = vec![0u8; HANDSHAKE_LIMIT as usize + 4];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(5))];
+        let mut fds = Vec::new();
+        let mut filled = 0;
+        loop {
+            socket.readable().await?;
+            let received = socket.try_io(Interest::READABLE, || {
+                let mut control = RecvAncillaryBuffer::new(&mut space);
+                let mut iov = [IoSliceMut::new(&mut buffer[filled..])];
+                let got =
+                    rustix::net::recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)?;
+                for message in control.drain() {
+                    if let RecvAncillaryMessage::ScmRights(received) = message {
+                        fds.extend(received);
+                    }
+                }
+                Ok(got.bytes)
+            });
+            match received {
+                Ok(0) => {
+                    return Err(HandshakeError::Protocol(
+                        "the server closed the socket before its welcome".to_string(),
+                    ));
+                }
+                Ok(n) => filled += n,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(error) => return Err(error.into()),
+            }
+            if filled >= 4 {
+                let len = u32::from_le_bytes(buffer[..4].try_into().unwrap_or_default()) as usize;
+                if len > HANDSHAKE_LIMIT as usize {
+                    return Err(HandshakeError::Protocol(format!(
+                        "a welcome of {len} bytes"
+                    )));
+                }
+                if filled >= 4 + len {
+                    let message = M::decode(&buffer[4..4 + len]).map_err(|e| {
+                        HandshakeError::Protocol(format!("the welcome does not decode: {e}"))
+                    })?;
+                    return Ok((message, fds));
+                }
+            }
+        }
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, receive)
+        .await
+        .map_err(|_| HandshakeError::Protocol(format!("no welcome within {HANDSHAKE_TIMEOUT:?}")))?
+}

@@ -1,0 +1,33 @@
+//! `ps-shm`: the same-host data path of candle-ps. A worker on its server's
+//! host sends pushes and pulls through a shared-memory region instead of
+//! loopback TCP: the tensors' bytes are copied once into the region and once
+//! out, with no encoding, no socket and, while both sides are busy, no system
+//! call. gRPC stays the control plane (the offer is an authenticated call) and
+//! the fallback.
+//!
+//! - [`region`]: the sealed memfd, mapped as atomic words (this crate's only
+//!   `unsafe`).
+//! - [`bell`]: eventfd doorbells, rung only for a side that sleeps.
+//! - [`ring`]: a single-producer, single-consumer ring of words with spinning,
+//!   then sleeping, waits.
+//! - [`message`]: session requests and answers on a ring, tensors as raw bytes,
+//!   sequence-numbered.
+//! - [`handshake`]: the server's socket and offers; handing a region over.
+//! - [`link`]: a session run over a region, as request and answer streams.
+//! - [`mode`]: `--data-path auto|grpc|shm`.
+
+pub mod bell;
+pub mod handshake;
+pub mod link;
+pub mod message;
+pub mod mode;
+pub mod region;
+pub mod ring;
+
+pub use handshake::{HandshakeError, Offers, admit, connect};
+pub use link::{ServerLink, WorkerLink, serve_link, worker_link};
+pub use mode::DataPathMode;
+
+/// The default capacity of each of a region's two rings: 1 MiB, small enough
+/// to stay in the shared cache while both sides copy through it.
+pub const DEFAULT_RING_BYTES: u64 = 1 << 20;

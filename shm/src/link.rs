@@ -1,0 +1,161 @@
+//! Running a session over a region: [`serve_link`] (the server's side) and
+//! [`worker_link`] (the worker's) turn the rings into the same request and
+//! answer streams a gRPC `Session` stream gives, so the server answers with
+//! the one session loop and the client matches answers with the one session
+//! link.
+//!
+//! Each side runs a reader task (ring to stream) and a writer task (channel
+//! to ring), watched over by a third that holds the socket: when the socket
+//! closes (the other process ended, crashed included), when a ring or message
+//! is corrupt, or when this side's session ends, all three stop and the
+//! socket closes, which the other side sees in turn. A message only half
+//! written when its writer died is never handed on.
+
+use std::future::Future;
+
+use ps_proto::v1;
+use tokio::io::AsyncReadExt;
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use crate::handshake::{ServerEnd, WorkerEnd};
+use crate::message::{MessageError, Payloads, read_message, write_message};
+use crate::ring::{RingReader, RingWriter};
+
+/// Messages either side's channels hold ahead of the rings.
+const AHEAD: usize = 64;
+
+/// The server's side of a session: the requests read from the region, and
+/// where to send the answers (an `Err` ends the session).
+pub struct ServerLink {
+    /// The worker's requests, in order; an `Err` when the region failed.
+    pub requests: ReceiverStream<Result<v1::SessionRequest, Status>>,
+    /// The answers to write.
+    pub answers: mpsc::Sender<Result<v1::SessionAnswer, Status>>,
+}
+
+/// The worker's side of a session.
+pub struct WorkerLink {
+    /// The requests to write.
+    pub requests: mpsc::Sender<v1::SessionRequest>,
+    /// The server's answers; an `Err` (`UNAVAILABLE`) when the session ended.
+    pub answers: ReceiverStream<Result<v1::SessionAnswer, Status>>,
+}
+
+/// Starts the server's side of the session `end`, refusing requests whose
+/// tensors carry more than `payload_limit` bytes; `stop` ends it early.
+pub fn serve_link(
+    end: ServerEnd,
+    payload_limit: u64,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> ServerLink {
+    let (requests_in, requests) = mpsc::channel(AHEAD);
+    let (answers, answers_out) = mpsc::channel::<Result<v1::SessionAnswer, Status>>(AHEAD);
+    let peer = end.peer_pid;
+    let reader = read_into(end.requests, requests_in, payload_limit, |error| {
+        Status::invalid_argument(format!("the shared-memory session broke: {error}"))
+    });
+    let writer = write_from(end.answers, answers_out, |answer| answer.ok());
+    tokio::spawn(async move {
+        let why = watch(end.socket, reader, writer, stop).await;
+        tracing::debug!(?peer, why, "a shared-memory session ended");
+    });
+    ServerLink {
+        requests: ReceiverStream::new(requests),
+        answers,
+    }
+}
+
+/// Starts the worker's side of the session `end`, taking answers whose
+/// tensors carry up to `payload_limit` bytes.
+pub fn worker_link(end: WorkerEnd, payload_limit: u64) -> WorkerLink {
+    let (requests, requests_out) = mpsc::channel::<v1::SessionRequest>(AHEAD);
+    let (answers_in, answers) = mpsc::channel(AHEAD);
+    let ended = answers_in.clone();
+    let reader = read_into(end.answers, answers_in, payload_limit, |error| {
+        Status::unavailable(format!("the shared-memory session broke: {error}"))
+    });
+    let writer = write_from(end.requests, requests_out, Some);
+    tokio::spawn(async move {
+        let why = watch(end.socket, reader, writer, std::future::pending()).await;
+        let status = Status::unavailable(format!(
+            "the shared-memory session ended ({why}); a new one is opened for the next request"
+        ));
+        let _ = ended.send(Err(status)).await;
+    });
+    WorkerLink {
+        requests,
+        answers: ReceiverStream::new(answers),
+    }
+}
+
+/// Reads messages from `ring` into `into` until either fails; a failed read
+/// is sent on as `status_of` it.
+async fn read_into<M: Payloads + Send + 'static>(
+    mut ring: RingReader,
+    into: mpsc::Sender<Result<M, Status>>,
+    payload_limit: u64,
+    status_of: fn(MessageError) -> Status,
+) -> &'static str {
+    let mut seq = 1;
+    loop {
+        match read_message::<M>(&mut ring, seq, payload_limit).await {
+            Ok(message) => {
+                if into.send(Ok(message)).await.is_err() {
+                    return "this side's session ended";
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "a shared-memory session is corrupt; ending it");
+                let _ = into.send(Err(status_of(error))).await;
+                return "the ring or a message was corrupt";
+            }
+        }
+        seq += 1;
+    }
+}
+
+/// Writes every message from `from` (those `keep` passes) to `ring`, until
+/// the channel closes or a message that `keep` drops arrives.
+async fn write_from<T, M: Payloads>(
+    mut ring: RingWriter,
+    mut from: mpsc::Receiver<T>,
+    keep: fn(T) -> Option<M>,
+) -> &'static str {
+    let mut seq = 1;
+    while let Some(item) = from.recv().await {
+        let Some(message) = keep(item) else {
+            return "this side ended the session";
+        };
+        if let Err(error) = write_message(&mut ring, seq, message).await {
+            tracing::warn!(%error, "a shared-memory ring is corrupt; ending the session");
+            return "the ring was corrupt";
+        }
+        seq += 1;
+    }
+    "this side's session ended"
+}
+
+/// Runs `reader` and `writer` until one ends, the socket closes, or `stop`;
+/// then ends both and closes the socket. Says why.
+async fn watch(
+    mut socket: UnixStream,
+    reader: impl Future<Output = &'static str> + Send + 'static,
+    writer: impl Future<Output = &'static str> + Send + 'static,
+    stop: impl Future<Output = ()> + Send,
+) -> &'static str {
+    let mut reader = tokio::spawn(reader);
+    let mut writer = tokio::spawn(writer);
+    let mut byte = [0u8; 1];
+    let why = tokio::select! {
+        _ = socket.read(&mut byte) => "the other process closed its socket",
+        why = &mut reader => why.unwrap_or("the reader failed"),
+        why = &mut writer => why.unwrap_or("the writer failed"),
+        () = stop => "this server is stopping",
+    };
+    reader.abort();
+    writer.abort();
+    why
+}

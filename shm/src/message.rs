@@ -1,0 +1,217 @@
+//! Session requests and answers as messages on a ring, their tensors carried
+//! as raw bytes beside a protobuf header.
+//!
+//! A message is, in words: `header bytes | payload count << 32`, the sequence
+//! number, one word per payload giving its length in bytes, then the header
+//! (the `SessionRequest` or `SessionAnswer` with every tensor's `data` left
+//! empty), then each payload; the header and each payload padded to a whole
+//! word. The tensors' bytes are copied once into the ring by the writer and
+//! once out of it by the reader; nothing encodes or decodes them.
+//!
+//! Sequence numbers start at 1 and grow by one per message, so a message that
+//! is replayed, skipped or read from the middle is refused
+//! ([`MessageError::Sequence`]); a message is handed on only once all of its
+//! words have arrived, so a writer that dies halfway leaves nothing behind.
+
+use bytes::Bytes;
+use prost::Message;
+use ps_proto::v1;
+use ps_proto::v1::session_answer::Outcome;
+use ps_proto::v1::session_request::Op;
+
+use crate::ring::{RingError, RingReader, RingWriter};
+
+/// The most bytes a message's header may claim.
+const HEADER_LIMIT: u64 = 16 << 20;
+
+/// The most payloads one message may carry.
+const PAYLOAD_COUNT_LIMIT: u64 = 1 << 20;
+
+/// Why a message cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum MessageError {
+    /// The ring failed.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// The message is out of sequence: replayed, skipped, or misaligned.
+    #[error("shared-memory message {got} arrived where {expected} was due")]
+    Sequence {
+        /// The sequence number due.
+        expected: u64,
+        /// The one the message carried.
+        got: u64,
+    },
+    /// The message's sizes, header or payloads do not fit together.
+    #[error("a malformed shared-memory message: {0}")]
+    Malformed(String),
+}
+
+/// The tensors' bytes of a request or an answer, taken out in order.
+pub trait Payloads: Message + Default {
+    /// Takes every tensor's bytes out, leaving them empty.
+    fn take_payloads(&mut self) -> Vec<Bytes>;
+    /// How many tensors carry bytes, and so how many payloads must follow.
+    fn payload_slots(&self) -> usize;
+    /// Puts `payloads` back, in the order [`Payloads::take_payloads`] took them.
+    fn put_payloads(&mut self, payloads: Vec<Bytes>);
+}
+
+fn tensors_of_push(push: &mut v1::PushRequest) -> impl Iterator<Item = &mut v1::Tensor> {
+    push.grads.iter_mut()
+}
+
+fn tensors_of_pull(pull: &mut v1::PullResponse) -> impl Iterator<Item = &mut v1::Tensor> {
+    pull.tensors.iter_mut().filter_map(|t| t.tensor.as_mut())
+}
+
+fn request_tensors(request: &mut v1::SessionRequest) -> Vec<&mut v1::Tensor> {
+    match &mut request.op {
+        Some(Op::Push(push)) => tensors_of_push(push).collect(),
+        Some(Op::PushPull(both)) => both
+            .push
+            .as_mut()
+            .map(|push| tensors_of_push(push).collect())
+            .unwrap_or_default(),
+        Some(Op::Pull(_)) | None => Vec::new(),
+    }
+}
+
+fn answer_tensors(answer: &mut v1::SessionAnswer) -> Vec<&mut v1::Tensor> {
+    match &mut answer.outcome {
+        Some(Outcome::Pull(pull)) => tensors_of_pull(pull).collect(),
+        Some(Outcome::PushPull(both)) => both
+            .pull
+            .as_mut()
+            .map(|pull| tensors_of_pull(pull).collect())
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
+fn take(tensors: Vec<&mut v1::Tensor>) -> Vec<Bytes> {
+    tensors
+        .into_iter()
+        .map(|t| std::mem::take(&mut t.data))
+        .collect()
+}
+
+fn put(tensors: Vec<&mut v1::Tensor>, payloads: Vec<Bytes>) {
+    for (tensor, data) in tensors.into_iter().zip(payloads) {
+        tensor.data = data;
+    }
+}
+
+impl Payloads for v1::SessionRequest {
+    fn take_payloads(&mut self) -> Vec<Bytes> {
+        take(request_tensors(self))
+    }
+    fn payload_slots(&self) -> usize {
+        match &self.op {
+            Some(Op::Push(push)) => push.grads.len(),
+            Some(Op::PushPull(both)) => both.push.as_ref().map_or(0, |push| push.grads.len()),
+            Some(Op::Pull(_)) | None => 0,
+        }
+    }
+    fn put_payloads(&mut self, payloads: Vec<Bytes>) {
+        put(request_tensors(self), payloads);
+    }
+}
+
+impl Payloads for v1::SessionAnswer {
+    fn take_payloads(&mut self) -> Vec<Bytes> {
+        take(answer_tensors(self))
+    }
+    fn payload_slots(&self) -> usize {
+        match &self.outcome {
+            Some(Outcome::Pull(pull)) => pulled(pull),
+            Some(Outcome::PushPull(both)) => both.pull.as_ref().map(pulled).unwrap_or(0),
+            _ => 0,
+        }
+    }
+    fn put_payloads(&mut self, payloads: Vec<Bytes>) {
+        put(answer_tensors(self), payloads);
+    }
+}
+
+fn pulled(pull: &v1::PullResponse) -> usize {
+    pull.tensors.iter().filter(|t| t.tensor.is_some()).count()
+}
+
+/// Writes `message` (its tensors' bytes as payloads) as message `seq`, and
+/// publishes it.
+///
+/// # Errors
+/// The ring failed.
+pub async fn write_message<M: Payloads>(
+    ring: &mut RingWriter,
+    seq: u64,
+    mut message: M,
+) -> Result<(), RingError> {
+    let payloads = message.take_payloads();
+    let header = message.encode_to_vec();
+    ring.write_word(header.len() as u64 | (payloads.len() as u64) << 32)
+        .await?;
+    ring.write_word(seq).await?;
+    for payload in &payloads {
+        ring.write_word(payload.len() as u64).await?;
+    }
+    ring.write(&header).await?;
+    for payload in &payloads {
+        ring.write(payload).await?;
+    }
+    ring.flush();
+    Ok(())
+}
+
+/// Reads message `seq`: its header, with the payloads (no more than
+/// `payload_limit` bytes in all) put back into its tensors.
+///
+/// # Errors
+/// [`MessageError`]: the ring failed, the message is out of sequence, or it is
+/// malformed.
+pub async fn read_message<M: Payloads>(
+    ring: &mut RingReader,
+    seq: u64,
+    payload_limit: u64,
+) -> Result<M, MessageError> {
+    let sizes = ring.read_word().await?;
+    let (header_len, count) = (sizes & 0xffff_ffff, sizes >> 32);
+    let got = ring.read_word().await?;
+    if got != seq {
+        return Err(MessageError::Sequence { expected: seq, got });
+    }
+    if header_len > HEADER_LIMIT || count > PAYLOAD_COUNT_LIMIT {
+        return Err(MessageError::Malformed(format!(
+            "a header of {header_len} bytes and {count} payloads is past the limits"
+        )));
+    }
+    let mut lens = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        lens.push(ring.read_word().await?);
+    }
+    let total = lens.iter().try_fold(0u64, |sum, &len| sum.checked_add(len));
+    if total.is_none_or(|total| total > payload_limit) {
+        return Err(MessageError::Malformed(format!(
+            "{count} payloads of {total:?} bytes in all are past the limit of {payload_limit}"
+        )));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    ring.read(&mut header).await?;
+    let mut message = M::decode(header.as_slice())
+        .map_err(|e| MessageError::Malformed(format!("the header does not decode: {e}")))?;
+    if message.payload_slots() != lens.len() {
+        return Err(MessageError::Malformed(format!(
+            "{} payloads for {} tensors",
+            lens.len(),
+            message.payload_slots()
+        )));
+    }
+    let mut payloads = Vec::with_capacity(lens.len());
+    for len in lens {
+        let mut payload = vec![0u8; len as usize];
+        ring.read(&mut payload).await?;
+        payloads.push(Bytes::from(payload));
+    }
+    message.put_payloads(payloads);
+    Ok(message)
+}

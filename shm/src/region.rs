@@ -1,0 +1,146 @@
+//! [`Region`]: a sealed `memfd` mapped shared into both processes, seen only
+//! as a slice of atomic 64-bit words.
+//!
+//! The server creates the region ([`Region::create`]): an anonymous memory
+//! file that has no name anywhere (nothing to guess, nothing to unlink), sealed
+//! so that its size can never change; it hands the file descriptor to one
+//! worker, which maps it ([`Region::open`], refusing a file that is not
+//! sealed so). A peer that cannot shrink the file cannot make an access fault.
+//!
+//! The other process may write any word at any time, so this crate never
+//! makes a Rust reference to the region's bytes: every access is an atomic
+//! load or store of one word ([`Region::words`]), and what a word holds is
+//! checked before it is trusted (`ring.rs`, `message.rs`).
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::AtomicU64;
+
+use memmap2::MmapRaw;
+use rustix::fs::{MemfdFlags, SealFlags};
+
+/// The seals every region carries: its size is fixed, and so are its seals.
+const SEALS: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::SEAL);
+
+/// Why a received file descriptor is not a region this process maps.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Reading the file's seals or size, or mapping it, failed.
+    #[error("the shared-memory file cannot be used: {0}")]
+    Io(#[from] io::Error),
+    /// The file's size could still change under this process.
+    #[error("the shared-memory file is not sealed against resizing (seals {0:?})")]
+    NotSealed(SealFlags),
+    /// The file is not the size the server announced.
+    #[error("the shared-memory file holds {actual} bytes where {expected} were announced")]
+    WrongSize {
+        /// The size announced.
+        expected: u64,
+        /// The file's size.
+        actual: u64,
+    },
+}
+
+/// One shared-memory region, mapped read-write and shared.
+#[derive(Debug)]
+pub struct Region {
+    map: MmapRaw,
+    file: OwnedFd,
+}
+
+impl Region {
+    /// A new region of `bytes` bytes (a whole number of words), zeroed and sealed.
+    ///
+    /// # Errors
+    /// The system refused a memfd, its size, its seals or its mapping.
+    pub fn create(bytes: usize) -> io::Result<Self> {
+        assert!(bytes > 0 && bytes % 8 == 0, "a region is whole words");
+        let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        let file = rustix::fs::memfd_create("candle-ps-shm", flags)?;
+        rustix::fs::ftruncate(&file, bytes as u64)?;
+        rustix::fs::fcntl_add_seals(&file, SEALS)?;
+        let map = MmapRaw::map_raw(&file)?;
+        Ok(Self { map, file })
+    }
+
+    /// The region in `file`, received from the server, which announced
+    /// `bytes` bytes.
+    ///
+    /// # Errors
+    /// [`OpenError`]: the file is not sealed, not that size, or not mappable.
+    pub fn open(file: OwnedFd, bytes: u64) -> Result<Self, OpenError> {
+        let seals = rustix::fs::fcntl_get_seals(&file).map_err(io::Error::from)?;
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return Err(OpenError::NotSealed(seals));
+        }
+        let actual = rustix::fs::fstat(&file).map_err(io::Error::from)?.st_size as u64;
+        if actual != bytes || bytes == 0 || bytes % 8 != 0 {
+            return Err(OpenError::WrongSize {
+                expected: bytes,
+                actual,
+            });
+        }
+        let map = MmapRaw::map_raw(&file)?;
+        Ok(Self { map, file })
+    }
+
+    /// The region's file, to hand to the worker.
+    pub fn file(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// The region's size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.map.len()
+    }
+
+    /// The region as words, each read and written only atomically.
+    #[allow(unsafe_code)]
+    pub fn words(&self) -> &[AtomicU64] {
+        let ptr = self.map.as_ptr();
+        debug_assert_eq!(ptr.align_offset(std::mem::align_of::<AtomicU64>()), 0);
+        // SAFETY: the mapping is page-aligned, `map.len()` bytes long (a whole
+        // number of words, checked by `create` and `open`), and stays mapped
+        // while `self` lives, which the returned slice borrows. Its size cannot
+        // change (the file is sealed against shrinking), so no access faults.
+        // `AtomicU64` has the size and alignment of `u64`, and every access
+        // through the slice is atomic, which is what memory another process
+        // writes concurrently needs; no other view of the bytes exists.
+        unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU64>(), self.map.len() / 8) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+
+    #[test]
+    fn a_region_is_shared_through_its_file_and_sealed() {
+        let region = Region::create(4096).unwrap();
+        let copy = region.file().try_clone_to_owned().unwrap();
+        let other = Region::open(copy, 4096).unwrap();
+        region.words()[3].store(0xfeed, Ordering::Release);
+        assert_eq!(other.words()[3].load(Ordering::Acquire), 0xfeed);
+        assert!(rustix::fs::ftruncate(region.file(), 0).is_err(), "sealed");
+    }
+
+    #[test]
+    fn an_unsealed_or_resized_file_is_refused() {
+        let file = rustix::fs::memfd_create("t", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&file, 4096).unwrap();
+        assert!(matches!(
+            Region::open(file, 4096),
+            Err(OpenError::NotSealed(_))
+        ));
+        let region = Region::create(4096).unwrap();
+        let copy = region.file().try_clone_to_owned().unwrap();
+        assert!(matches!(
+            Region::open(copy, 8192),
+            Err(OpenError::WrongSize { .. })
+        ));
+    }
+}

@@ -1,0 +1,415 @@
+//! [`RingWriter`] and [`RingReader`]: the two ends of one single-producer,
+//! single-consumer ring of words in a [`Region`], a pipe in shared memory.
+//!
+//! A region holds two rings: requests (the worker writes, the server reads)
+//! and answers (the other way). Each ring has four control words, each on its
+//! own cache line: `tail` (words ever written; only the writer stores it),
+//! `head` (words ever read; only the reader stores it), and the reader's and
+//! the writer's "waiting" words. Positions only grow; a word's place in the
+//! ring is its position modulo the capacity.
+//!
+//! The writer copies words in and then publishes the new `tail` (release); the
+//! reader loads `tail` (acquire), copies words out and publishes the new
+//! `head`. Large writes are published every [`PUBLISH_WORDS`], so the reader
+//! copies out while the writer still copies in. A side with nothing to do
+//! spins for [`SPIN`], then sets its waiting word, checks once more, and
+//! sleeps on its [`Bell`]; the other side rings that bell only when it finds
+//! the waiting word set, so two busy processes exchange words with no
+//! system call.
+//!
+//! The other process is not trusted: a `tail` or `head` that could not come
+//! from a well-behaved peer is [`RingError::Corrupt`], and the session ends.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::time::{Duration, Instant};
+
+use crate::bell::{Bell, Ringer};
+use crate::region::Region;
+
+/// How long a side with nothing to do polls before it sleeps on its bell.
+pub const SPIN: Duration = Duration::from_micros(50);
+
+/// How many words a writer copies before publishing them to the reader.
+pub const PUBLISH_WORDS: u64 = 8 * 1024;
+
+/// Words at the start of a region, before the rings' data.
+pub(crate) const HEADER_WORDS: usize = 128;
+
+/// A word of the region header: the layout's version, checked by the worker.
+pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"cps-shm1");
+
+/// Why a ring cannot go on.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// The other side wrote a control word no well-behaved peer writes.
+    #[error("the shared-memory ring is corrupt: {0}")]
+    Corrupt(String),
+    /// Waiting on a doorbell failed.
+    #[error("the shared-memory doorbell failed: {0}")]
+    Bell(#[from] std::io::Error),
+}
+
+/// Which of a region's two rings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Worker to server.
+    Requests,
+    /// Server to worker.
+    Answers,
+}
+
+/// Where one ring's words are in its region.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    tail: usize,
+    head: usize,
+    reader_waiting: usize,
+    writer_waiting: usize,
+    data: usize,
+    capacity: u64,
+}
+
+impl Layout {
+    fn of(direction: Direction, capacity_words: usize) -> Self {
+        let (control, data) = match direction {
+            Direction::Requests => (8, HEADER_WORDS),
+            Direction::Answers => (40, HEADER_WORDS + capacity_words),
+        };
+        Self {
+            tail: control,
+            head: control + 8,
+            reader_waiting: control + 16,
+            writer_waiting: control + 24,
+            data,
+            capacity: capacity_words as u64,
+        }
+    }
+
+    /// The region's size for two rings of `capacity_words` each.
+    fn region_words(capacity_words: usize) -> usize {
+        HEADER_WORDS + 2 * capacity_words
+    }
+}
+
+/// The size in bytes of a region holding two rings of `ring_bytes` each.
+pub fn region_bytes(ring_bytes: u64) -> u64 {
+    8 * Layout::region_words((ring_bytes / 8) as usize) as u64
+}
+
+/// Writes the header of a new region with rings of `ring_bytes`.
+pub(crate) fn write_header(region: &Region, ring_bytes: u64) {
+    region.words()[0].store(MAGIC, Ordering::Relaxed);
+    region.words()[1].store(ring_bytes / 8, Ordering::Release);
+}
+
+/// The capacity in words of each ring of `region`, as its header says,
+/// checked against the region's size.
+pub(crate) fn read_header(region: &Region) -> Result<usize, RingError> {
+    let words = region.words();
+    if words.len() < HEADER_WORDS || words[0].load(Ordering::Acquire) != MAGIC {
+        return Err(RingError::Corrupt(
+            "the region does not start with this version's header".to_string(),
+        ));
+    }
+    let capacity = words[1].load(Ordering::Acquire);
+    let fits = usize::try_from(capacity)
+        .ok()
+        .filter(|&c| c > 0 && Layout::region_words(c) == words.len());
+    fits.ok_or_else(|| {
+        RingError::Corrupt(format!(
+            "rings of {capacity} words do not fill a region of {} words",
+            words.len()
+        ))
+    })
+}
+
+/// What both ends of a ring share.
+#[derive(Debug)]
+struct End {
+    region: Arc<Region>,
+    layout: Layout,
+    /// The bell this end sleeps on.
+    mine: Bell,
+    /// The bell the other end sleeps on.
+    theirs: Ringer,
+}
+
+impl End {
+    fn word(&self, index: usize) -> &AtomicU64 {
+        &self.region.words()[index]
+    }
+
+    /// The ring's data words from position `at` for up to `len` words, cut
+    /// where the ring wraps: `(first word index, words)`.
+    fn span(&self, at: u64, len: u64) -> (usize, usize) {
+        let offset = at % self.layout.capacity;
+        let len = len.min(self.layout.capacity - offset);
+        (self.layout.data + offset as usize, len as usize)
+    }
+
+    /// Stores `position` in `control` and rings the other end if its
+    /// `their_waiting` word says it sleeps.
+    fn publish(&self, control: usize, position: u64, their_waiting: usize) {
+        self.word(control).store(position, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if self.word(their_waiting).load(Ordering::SeqCst) != 0 {
+            self.word(their_waiting).store(0, Ordering::Relaxed);
+            self.theirs.ring();
+        }
+    }
+
+    /// Waits until `ready` gives a value: spinning for [`SPIN`], then asleep
+    /// on this end's bell with `my_waiting` set.
+    async fn wait<T>(
+        &self,
+        my_waiting: usize,
+        mut ready: impl FnMut() -> Result<Option<T>, RingError>,
+    ) -> Result<T, RingError> {
+        let started = Instant::now();
+        loop {
+            if let Some(value) = ready()? {
+                return Ok(value);
+            }
+            if started.elapsed() < SPIN {
+                for _ in 0..64 {
+                    std::hint::spin_loop();
+                }
+                tokio::task::yield_now().await;
+                continue;
+            }
+            self.word(my_waiting).store(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if let Some(value) = ready()? {
+                self.word(my_waiting).store(0, Ordering::Relaxed);
+                return Ok(value);
+            }
+            self.mine.wait().await?;
+        }
+    }
+}
+
+/// The writing end of a ring.
+#[derive(Debug)]
+pub struct RingWriter {
+    end: End,
+    /// Words written (published or not).
+    tail: u64,
+    /// Words written and published.
+    published: u64,
+}
+
+/// The reading end of a ring.
+#[derive(Debug)]
+pub struct RingReader {
+    end: End,
+    /// Words read.
+    head: u64,
+}
+
+impl RingWriter {
+    /// The writing end of `direction`'s ring in `region`, whose rings hold
+    /// `capacity_words` each; sleeps on `mine`, rings `theirs`.
+    pub(crate) fn new(
+        region: Arc<Region>,
+        direction: Direction,
+        capacity_words: usize,
+        (mine, theirs): (Bell, Ringer),
+    ) -> Self {
+        let layout = Layout::of(direction, capacity_words);
+        let tail = region.words()[layout.tail].load(Ordering::Acquire);
+        let end = End {
+            region,
+            layout,
+            mine,
+            theirs,
+        };
+        Self {
+            end,
+            tail,
+            published: tail,
+        }
+    }
+
+    /// Writes `bytes` as whole words (the last one padded with zeros), waiting
+    /// for room as the reader frees it.
+    ///
+    /// # Errors
+    /// The reader's `head` is corrupt, or the bell failed.
+    pub async fn write(&mut self, bytes: &[u8]) -> Result<(), RingError> {
+        let mut words = bytes.chunks(8).map(|chunk| {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            u64::from_le_bytes(word)
+        });
+        let mut left = bytes.len().div_ceil(8) as u64;
+        while left > 0 {
+            let room = self.room().await?;
+            let (first, len) = self.end.span(self.tail, room.min(left).min(PUBLISH_WORDS));
+            for (slot, word) in self.end.region.words()[first..first + len]
+                .iter()
+                .zip(&mut words)
+            {
+                slot.store(word, Ordering::Relaxed);
+            }
+            self.tail += len as u64;
+            left -= len as u64;
+            if self.tail - self.published >= PUBLISH_WORDS {
+                self.flush();
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes one word.
+    ///
+    /// # Errors
+    /// As [`RingWriter::write`].
+    pub async fn write_word(&mut self, word: u64) -> Result<(), RingError> {
+        self.write(&word.to_le_bytes()).await
+    }
+
+    /// Publishes every word written so far to the reader.
+    pub fn flush(&mut self) {
+        if self.published != self.tail {
+            let layout = self.end.layout;
+            self.end
+                .publish(layout.tail, self.tail, layout.reader_waiting);
+            self.published = self.tail;
+        }
+    }
+
+    /// Free words, waiting (with what was written published) until there are some.
+    async fn room(&mut self) -> Result<u64, RingError> {
+        let (tail, layout) = (self.tail, self.end.layout);
+        let free = |end: &End| {
+            let head = end.word(layout.head).load(Ordering::Acquire);
+            if head > tail || tail - head > layout.capacity {
+                return Err(RingError::Corrupt(format!(
+                    "the reader's head {head} is not within the ring behind the tail {tail}"
+                )));
+            }
+            Ok(Some(layout.capacity - (tail - head)).filter(|&free| free > 0))
+        };
+        if let Some(room) = free(&self.end)? {
+            return Ok(room);
+        }
+        self.flush();
+        self.end
+            .wait(layout.writer_waiting, || free(&self.end))
+            .await
+    }
+}
+
+impl RingReader {
+    /// The reading end of `direction`'s ring in `region`, whose rings hold
+    /// `capacity_words` each; sleeps on `mine`, rings `theirs`.
+    pub(crate) fn new(
+        region: Arc<Region>,
+        direction: Direction,
+        capacity_words: usize,
+        (mine, theirs): (Bell, Ringer),
+    ) -> Self {
+        let layout = Layout::of(direction, capacity_words);
+        let head = region.words()[layout.head].load(Ordering::Acquire);
+        let end = End {
+            region,
+            layout,
+            mine,
+            theirs,
+        };
+        Self { end, head }
+    }
+
+    /// Reads `into.len()` bytes, as whole words (the padding of the last one
+    /// dropped), waiting for the writer as needed.
+    ///
+    /// # Errors
+    /// The writer's `tail` is corrupt, or the bell failed.
+    pub async fn read(&mut self, into: &mut [u8]) -> Result<(), RingError> {
+        let mut chunks = into.chunks_mut(8);
+        let mut left = chunks.len() as u64;
+        while left > 0 {
+            let ready = self.ready().await?;
+            let (first, len) = self.end.span(self.head, ready.min(left).min(PUBLISH_WORDS));
+            for (slot, chunk) in self.end.region.words()[first..first + len]
+                .iter()
+                .zip(&mut chunks)
+            {
+                let word = slot.load(Ordering::Relaxed).to_le_bytes();
+                chunk.copy_from_slice(&word[..chunk.len()]);
+            }
+            self.head += len as u64;
+            left -= len as u64;
+            let layout = self.end.layout;
+            self.end
+                .publish(layout.head, self.head, layout.writer_waiting);
+        }
+        Ok(())
+    }
+
+    /// Reads one word.
+    ///
+    /// # Errors
+    /// As [`RingReader::read`].
+    pub async fn read_word(&mut self) -> Result<u64, RingError> {
+        let mut word = [0u8; 8];
+        self.read(&mut word).await?;
+        Ok(u64::from_le_bytes(word))
+    }
+
+    /// Words written and not yet read, waiting until there are some.
+    async fn ready(&self) -> Result<u64, RingError> {
+        let (head, layout) = (self.head, self.end.layout);
+        let ready = |end: &End| {
+            let tail = end.word(layout.tail).load(Ordering::Acquire);
+            if tail < head || tail - head > layout.capacity {
+                return Err(RingError::Corrupt(format!(
+                    "the writer's tail {tail} is not within the ring ahead of the head {head}"
+                )));
+            }
+            Ok(Some(tail - head).filter(|&ready| ready > 0))
+        };
+        self.end
+            .wait(layout.reader_waiting, || ready(&self.end))
+            .await
+    }
+}
+
+/// Both ends of both rings over one region in this process, for tests:
+/// `(worker's request writer, server's request reader, server's answer
+/// writer, worker's answer reader)`.
+///
+/// # Errors
+/// The system refused the region or a doorbell.
+pub fn in_process(
+    ring_bytes: u64,
+) -> std::io::Result<(RingWriter, RingReader, RingWriter, RingReader)> {
+    let region = Arc::new(Region::create(region_bytes(ring_bytes) as usize)?);
+    write_header(&region, ring_bytes);
+    let capacity = (ring_bytes / 8) as usize;
+    let bells = crate::handshake::Bells::create()?;
+    let worker = bells.worker_side()?;
+    let server = bells.server_side()?;
+    Ok((
+        RingWriter::new(
+            Arc::clone(&region),
+            Direction::Requests,
+            capacity,
+            worker.requests,
+        ),
+        RingReader::new(
+            Arc::clone(&region),
+            Direction::Requests,
+            capacity,
+            server.requests,
+        ),
+        RingWriter::new(
+            Arc::clone(&region),
+            Direction::Answers,
+            capacity,
+            server.answers,
+        ),
+        RingReader::new(region, Direction::Answers, capacity, worker.answers),
+    ))
+}

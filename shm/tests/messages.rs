@@ -1,0 +1,278 @@
+//! Session messages through a region's rings in one process: every message
+//! written whole is read back equal and in order, large ones streaming through
+//! rings much smaller than they are; a message cut short by its writer is
+//! never handed on; a replayed or skipped one is refused.
+
+use std::future::Future;
+use std::task::Context;
+use std::time::Duration;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use ps_proto::v1;
+use ps_proto::v1::session_request::Op;
+use ps_shm::message::{MessageError, read_message, write_message};
+use ps_shm::ring::in_process;
+
+fn push(id: u64, payloads: &[Vec<u8>]) -> v1::SessionRequest {
+    v1::SessionRequest {
+        id,
+        deadline_ms: 0,
+        op: Some(Op::Push(v1::PushRequest {
+            worker_id: 1,
+            step: id,
+            map_version: 0,
+            grads: payloads
+                .iter()
+                .enumerate()
+                .map(|(i, data)| v1::Tensor {
+                    name: format!("w{i}"),
+                    part: 0,
+                    dtype: v1::DType::DtypeF32 as i32,
+                    shape: vec![data.len() as u64],
+                    data: Bytes::from(data.clone()),
+                })
+                .collect(),
+        })),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    #[test]
+    fn messages_arrive_whole_equal_and_in_order(
+        messages in prop::collection::vec(
+            prop::collection::vec(prop::collection::vec(any::<u8>(), 0..20_000), 0..4),
+            1..8,
+        ),
+    ) {
+        runtime().block_on(async {
+            let (mut writer, mut reader, _, _) = in_process(4096).unwrap();
+            let sent: Vec<_> = messages.iter().enumerate().map(|(i, m)| push(i as u64, m)).collect();
+            let writing = {
+                let sent = sent.clone();
+                tokio::spawn(async move {
+                    for (seq, message) in sent.into_iter().enumerate() {
+                        write_message(&mut writer, seq as u64 + 1, message).await.unwrap();
+                    }
+                })
+            };
+            for (seq, expected) in sent.iter().enumerate() {
+                let got: v1::SessionRequest =
+                    read_message(&mut reader, seq as u64 + 1, u64::MAX).await.unwrap();
+                assert_eq!(&got, expected);
+            }
+            writing.await.unwrap();
+        });
+    }
+
+    #[test]
+    fn a_message_cut_short_is_never_handed_on(
+        ring_kib in 4u64..64,
+        payload in 1usize..300_000,
+    ) {
+        runtime().block_on(async {
+            let (mut writer, mut reader, _, _) = in_process(ring_kib * 1024).unwrap();
+            write_message(&mut writer, 1, push(1, &[vec![7; 100]])).await.unwrap();
+            // A writer that dies mid-message: it writes what fits, then is gone.
+            {
+                let mut writing = Box::pin(write_message(&mut writer, 2, push(2, &[vec![9; payload]])));
+                let waker = futures::task::noop_waker();
+                let done = writing.as_mut().poll(&mut Context::from_waker(&waker));
+                prop_assume!(done.is_pending(), "the message fit the ring whole");
+            }
+            let first: v1::SessionRequest = read_message(&mut reader, 1, u64::MAX).await.unwrap();
+            assert_eq!(first.id, 1);
+            let second = tokio::time::timeout(
+                Duration::from_millis(50),
+                read_message::<v1::SessionRequest>(&mut reader, 2, u64::MAX),
+            )
+            .await;
+            assert!(second.is_err(), "a message cut short was handed on: {second:?}");
+            Ok(())
+        })?;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_or_skipped_message_is_refused() {
+    let (mut writer, mut reader, _, _) = in_process(1 << 16).unwrap();
+    write_message(&mut writer, 1, push(1, &[vec![1; 10]]))
+        .await
+        .unwrap();
+    write_message(&mut writer, 1, push(1, &[vec![1; 10]]))
+        .await
+        .unwrap();
+    let first: v1::SessionRequest = read_message(&mut reader, 1, u64::MAX).await.unwrap();
+    assert_eq!(first.id, 1);
+    let replayed = read_message::<v1::SessionRequest>(&mut reader, 2, u64::MAX).await;
+    assert!(matches!(
+        replayed,
+        Err(MessageError::Sequence {
+            expected: 2,
+            got: 1
+        })
+    ));
+
+    let (mut writer, mut reader, _, _) = in_process(1 << 16).unwrap();
+    write_message(&mut writer, 2, push(2, &[])).await.unwrap();
+    let skipped = read_message::<v1::SessionRequest>(&mut reader, 1, u64::MAX).await;
+    assert!(matches!(
+        skipped,
+        Err(MessageError::Sequence {
+            expected: 1,
+            got: 2
+        })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_past_the_limit_or_not_matching_the_tensors_are_refused() {
+    let (mut writer, mut reader, _, _) = in_process(1 << 16).unwrap();
+    write_message(&mut writer, 1, push(1, &[vec![1; 1000]]))
+        .await
+        .unwrap();
+    let over = read_message::<v1::SessionRequest>(&mut reader, 1, 999).await;
+    assert!(matches!(over, Err(MessageError::Malformed(_))), "{over:?}");
+
+    // A header naming no tensors, followed by one payload.
+    let (mut writer, mut reader, _, _) = in_process(1 << 16).unwrap();
+    writer.write_word(2 | 1 << 32).await.unwrap();
+    writer.write_word(1).await.unwrap();
+    writer.write_word(8).await.unwrap();
+    writer.write(&[8, 1]).await.unwrap();
+    writer.write(&[0; 8]).await.unwrap();
+    writer.flush();
+    let mismatched = read_message::<v1::SessionRequest>(&mut reader, 1, u64::MAX).await;
+    assert!(
+        matches!(mismatched, Err(MessageError::Malformed(_))),
+        "{mismatched:?}"
+    );
+}
+
+mod handshake {
+    use ps_shm::handshake::{Offers, admit, connect};
+    use ps_shm::{HandshakeError, serve_link, worker_link};
+    use tokio_stream::StreamExt;
+
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_offer_taken_over_the_socket_carries_a_session_both_ways() {
+        let dir = tempfile::tempdir().unwrap();
+        let (offers, listener) = Offers::bind(dir.path(), 1 << 16).unwrap();
+        let offer = offers.offer().unwrap();
+        let server = {
+            let offers = offers.clone();
+            tokio::spawn(async move {
+                let (socket, _) = listener.accept().await.unwrap();
+                admit(&offers, socket).await
+            })
+        };
+        let worker = connect(&offer).await.unwrap();
+        let server = server.await.unwrap().unwrap();
+        let mut serving = serve_link(server, u64::MAX, std::future::pending());
+        let mut working = worker_link(worker, u64::MAX);
+        let request = push(5, &[vec![3; 300_000]]);
+        working.requests.send(request.clone()).await.unwrap();
+        let got = serving.requests.next().await.unwrap().unwrap();
+        assert_eq!(got, request);
+        let answer = v1::SessionAnswer {
+            id: 5,
+            outcome: None,
+            pull_waited_us: 9,
+        };
+        serving.answers.send(Ok(answer.clone())).await.unwrap();
+        assert_eq!(working.answers.next().await.unwrap().unwrap(), answer);
+
+        // Nobody listens any more: a second connection is refused by the system.
+        let again = connect(&offer).await;
+        let listener_gone = matches!(again, Err(HandshakeError::NoSocket { .. }));
+        assert!(listener_gone, "nobody accepts now: {again:?}");
+
+        // The server's side ends: the worker's answers end with UNAVAILABLE.
+        drop(serving);
+        let ended = working.answers.next().await.unwrap().unwrap_err();
+        assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_nonce_not_offered_or_used_twice_gets_no_region() {
+        let dir = tempfile::tempdir().unwrap();
+        let (offers, listener) = Offers::bind(dir.path(), 1 << 16).unwrap();
+        let accepting = {
+            let offers = offers.clone();
+            tokio::spawn(async move {
+                let mut admitted = Vec::new();
+                for _ in 0..3 {
+                    let (socket, _) = listener.accept().await.unwrap();
+                    admitted.push(admit(&offers, socket).await.is_ok());
+                }
+                admitted
+            })
+        };
+        let mut forged = offers.offer().unwrap();
+        forged.nonce = vec![0; 32].into();
+        let refused = connect(&forged).await.unwrap_err();
+        assert!(matches!(refused, HandshakeError::Refused(_)), "{refused}");
+        assert!(refused.to_string().contains("nonce"), "{refused}");
+        let offer = offers.offer().unwrap();
+        let _kept = connect(&offer).await.unwrap();
+        let twice = connect(&offer).await.unwrap_err();
+        assert!(matches!(twice, HandshakeError::Refused(_)), "{twice}");
+        assert_eq!(accepting.await.unwrap(), vec![false, true, false]);
+    }
+
+    #[tokio::test]
+    async fn an_offer_from_another_host_or_user_is_not_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let (offers, _listener) = Offers::bind(dir.path(), 1 << 16).unwrap();
+        let mut elsewhere = offers.offer().unwrap();
+        elsewhere.boot_id = "another-host".to_string();
+        let error = connect(&elsewhere).await.unwrap_err();
+        assert!(
+            error.is_elsewhere() && error.to_string().contains("another host"),
+            "{error}"
+        );
+        let mut other_user = offers.offer().unwrap();
+        other_user.uid += 1;
+        let error = connect(&other_user).await.unwrap_err();
+        assert!(
+            error.is_elsewhere() && error.to_string().contains("uid"),
+            "{error}"
+        );
+        let mut no_socket = offers.offer().unwrap();
+        no_socket.socket_path = dir.path().join("absent.sock").display().to_string();
+        let error = connect(&no_socket).await.unwrap_err();
+        assert!(matches!(error, HandshakeError::NoSocket { .. }), "{error}");
+    }
+
+    #[test]
+    fn the_socket_and_its_directory_are_private_and_removed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = runtime();
+        let _guard = runtime.enter();
+        let (offers, listener) = Offers::bind(dir.path(), 1 << 16).unwrap();
+        let socket = offers.socket().to_path_buf();
+        let parent = socket.parent().unwrap().to_path_buf();
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&parent), 0o700);
+        assert_eq!(mode(&socket), 0o600);
+        drop(listener);
+        drop(offers);
+        assert!(
+            !parent.exists(),
+            "the socket's directory is removed with the offers"
+        );
+    }
+}
