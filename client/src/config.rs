@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use ps_shm::DataPathMode;
+
 use ps_proto::chunk::DEFAULT_CHUNK_BYTES;
 use ps_proto::transport::TransportConfig;
 
@@ -90,6 +92,10 @@ pub struct ClientConfig {
     /// on its own): smaller groups start the pulls sooner, at one request
     /// each.
     pub pipeline_group_bytes: usize,
+    /// Sessions with a server on this host go through shared memory (`auto`,
+    /// the default, falling back to gRPC; `shm`, failing without it), or
+    /// always over gRPC (`grpc`).
+    pub data_path: DataPathMode,
 }
 
 impl ClientConfig {
@@ -108,6 +114,7 @@ impl ClientConfig {
             session: true,
             pipeline: true,
             pipeline_group_bytes: MIN_GROUP_BYTES,
+            data_path: DataPathMode::Auto,
         }
     }
 }

@@ -65,14 +65,16 @@ impl PsClient {
                         )));
                         config.scheduler = Some(addr.clone());
                     }
-                    (_, channel) => servers.push(Server::new(addr, channel, &transport)),
+                    (_, channel) => {
+                        servers.push(Server::new(addr, channel, &transport, config.data_path))
+                    }
                 }
             }
             (None, addrs) => {
                 let up = addrs.iter().map(|addr| async {
                     let (_, channel) =
                         rendezvous(addr, &[Peer::ParameterServer], &transport, wait).await?;
-                    Ok::<_, ClientError>(Server::new(addr, channel, &transport))
+                    Ok::<_, ClientError>(Server::new(addr, channel, &transport, config.data_path))
                 });
                 servers = all_or_first_error(up).await?;
             }
@@ -85,7 +87,7 @@ impl PsClient {
     pub fn over_channels(config: ClientConfig, channels: Vec<(String, Channel)>) -> Self {
         let servers = channels
             .into_iter()
-            .map(|(addr, channel)| Server::new(&addr, channel, &config.transport))
+            .map(|(addr, channel)| Server::new(&addr, channel, &config.transport, config.data_path))
             .collect();
         Self::assemble(config, Directory::Fixed, servers)
     }
@@ -259,7 +261,7 @@ impl PsClient {
         let servers = all_or_first_error(
             map.servers
                 .iter()
-                .map(|s| Server::connect(transport, &s.addr, server_wait)),
+                .map(|s| Server::connect(transport, &s.addr, server_wait, self.config.data_path)),
         )
         .await?;
         let parts: Vec<(String, Part)> = map

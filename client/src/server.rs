@@ -1,22 +1,26 @@
 //! [`Server`]: one parameter server as a client reaches it: its channel, the
 //! generated client over it, the calls written as frames ([`crate::framed`]),
-//! and its session stream ([`SessionLink`]), opened on first use and again
-//! after it ends.
+//! and its session ([`SessionLink`]), opened on first use and again after it
+//! ends: through shared memory when the server is on this host and the data
+//! path allows it (`ps_shm`), on a gRPC `Session` stream otherwise.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::auth::AuthChannel;
 use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
-use tonic::Status;
+use ps_shm::DataPathMode;
 use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
+use tonic::{Code, Status};
 
 use crate::error::{ClientError, Rpc};
 use crate::framed::{FramedAnswer, start_framed};
@@ -33,6 +37,11 @@ pub(crate) struct Server {
     limit: usize,
     /// The session stream to it: opened on first use, again after it ends.
     session: Arc<tokio::sync::Mutex<SessionState>>,
+    /// Whether sessions are tried through shared memory first.
+    data_path: DataPathMode,
+    /// Set once shared memory proved out of reach (another host, user or
+    /// namespace, or not offered): later sessions go straight to gRPC.
+    shm_out_of_reach: Arc<AtomicBool>,
 }
 
 /// Where a server's session stream stands.
@@ -47,7 +56,12 @@ enum SessionState {
 
 impl Server {
     /// The parameter server at `addr` over `channel`, with the configured message limits.
-    pub(crate) fn new(addr: &str, channel: Channel, transport: &TransportConfig) -> Self {
+    pub(crate) fn new(
+        addr: &str,
+        channel: Channel,
+        transport: &TransportConfig,
+        data_path: DataPathMode,
+    ) -> Self {
         let channel = transport.authed(channel);
         let client = transport.limited(ParameterServerClient::new(channel.clone()));
         Server {
@@ -56,6 +70,8 @@ impl Server {
             channel,
             limit: transport.max_message_bytes,
             session: Arc::new(tokio::sync::Mutex::new(SessionState::Closed)),
+            data_path,
+            shm_out_of_reach: Arc::default(),
         }
     }
 
@@ -65,10 +81,11 @@ impl Server {
         transport: &TransportConfig,
         addr: &str,
         wait: Duration,
+        data_path: DataPathMode,
     ) -> Result<Self, ClientError> {
         if !wait.is_zero() {
             let (_, channel) = rendezvous(addr, &[Peer::ParameterServer], transport, wait).await?;
-            return Ok(Self::new(addr, channel, transport));
+            return Ok(Self::new(addr, channel, transport, data_path));
         }
         let connect_error = |source| ClientError::Connect {
             addr: addr.to_string(),
@@ -80,7 +97,7 @@ impl Server {
             .connect()
             .await
             .map_err(connect_error)?;
-        Ok(Self::new(addr, channel, transport))
+        Ok(Self::new(addr, channel, transport, data_path))
     }
 
     /// Runs `call` with `retry`, naming this server and `what` on failure.
@@ -133,6 +150,11 @@ impl Server {
             SessionState::NotOffered => return Ok(None),
             SessionState::Open(_) | SessionState::Closed => {}
         }
+        if let Some(link) = self.open_shared_memory().await? {
+            let link = Arc::new(link);
+            *state = SessionState::Open(Arc::clone(&link));
+            return Ok(Some(link));
+        }
         match SessionLink::open(self.client.clone()).await? {
             Some(link) => {
                 let link = Arc::new(link);
@@ -142,6 +164,70 @@ impl Server {
             None => {
                 tracing::info!(server = %self.addr, "the server offers no session stream; unary calls instead");
                 *state = SessionState::NotOffered;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether this server's session runs through shared memory (opening it
+    /// when none is open; false when it cannot be opened).
+    pub(crate) async fn on_shared_memory(&self) -> bool {
+        if !self.data_path.tries_shm() || self.shm_out_of_reach.load(Ordering::Relaxed) {
+            return false;
+        }
+        matches!(self.session().await, Ok(Some(link)) if link.is_shared_memory())
+    }
+
+    /// A session through shared memory, when the data path allows one and
+    /// the server offers it to this process; `None` to use gRPC instead.
+    ///
+    /// # Errors
+    /// With `--data-path shm`, `FAILED_PRECONDITION` saying why there is none.
+    async fn open_shared_memory(&self) -> Result<Option<SessionLink>, Status> {
+        if !self.data_path.tries_shm() || self.shm_out_of_reach.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let required = self.data_path == DataPathMode::Shm;
+        let out_of_reach = |why: String| {
+            if required {
+                return Err(Status::failed_precondition(format!(
+                    "--data-path shm: no shared memory with the server at {}: {why}",
+                    self.addr
+                )));
+            }
+            tracing::info!(server = %self.addr, %why, "no shared memory with this server; gRPC instead");
+            self.shm_out_of_reach.store(true, Ordering::Relaxed);
+            Ok(None)
+        };
+        let offer = match self
+            .client
+            .clone()
+            .offer_shared_memory(v1::SharedMemoryOfferRequest {})
+            .await
+        {
+            Ok(offer) => offer.into_inner(),
+            Err(status)
+                if matches!(
+                    status.code(),
+                    Code::Unimplemented | Code::FailedPrecondition
+                ) =>
+            {
+                return out_of_reach(format!("the server offers none ({})", status.message()));
+            }
+            Err(status) => return Err(status),
+        };
+        match ps_shm::connect(&offer).await {
+            Ok(end) => {
+                tracing::info!(server = %self.addr, "pushes and pulls go through shared memory");
+                Ok(Some(SessionLink::over_shared_memory(end)))
+            }
+            Err(error) if error.is_elsewhere() => out_of_reach(error.to_string()),
+            Err(error) if required => Err(Status::failed_precondition(format!(
+                "--data-path shm: the server at {} did not hand over shared memory: {error}",
+                self.addr
+            ))),
+            Err(error) => {
+                tracing::warn!(server = %self.addr, %error, "shared memory failed; this session uses gRPC");
                 Ok(None)
             }
         }

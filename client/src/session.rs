@@ -22,7 +22,8 @@ use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Code, Status, Streaming};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Code, Status};
 
 /// Requests the client may have queued ahead of the stream taking them.
 const REQUESTS_AHEAD: usize = 64;
@@ -36,11 +37,13 @@ struct Waiting {
     ended: Option<Status>,
 }
 
-/// One open `Session` stream to a server.
+/// One open session to a server: a `Session` stream, or a shared-memory
+/// session (`ps_shm`).
 pub(crate) struct SessionLink {
     requests: mpsc::Sender<v1::SessionRequest>,
     waiting: Arc<Mutex<Waiting>>,
     next_id: AtomicU64,
+    shared_memory: bool,
 }
 
 impl SessionLink {
@@ -58,13 +61,35 @@ impl SessionLink {
             Err(status) if status.code() == Code::Unimplemented => return Ok(None),
             Err(status) => return Err(status),
         };
+        Ok(Some(Self::over(requests, answers, false)))
+    }
+
+    /// A session through the shared-memory region `end` hands over.
+    pub(crate) fn over_shared_memory(end: ps_shm::handshake::WorkerEnd) -> Self {
+        let link = ps_shm::worker_link(end, u64::MAX);
+        Self::over(link.requests, link.answers, true)
+    }
+
+    /// A session sending requests to `requests` and matching the answers read
+    /// from `answers`.
+    fn over(
+        requests: mpsc::Sender<v1::SessionRequest>,
+        answers: impl Stream<Item = Result<v1::SessionAnswer, Status>> + Send + Unpin + 'static,
+        shared_memory: bool,
+    ) -> Self {
         let waiting = Arc::new(Mutex::new(Waiting::default()));
         tokio::spawn(read_answers(answers, Arc::clone(&waiting)));
-        Ok(Some(Self {
+        Self {
             requests,
             waiting,
             next_id: AtomicU64::new(1),
-        }))
+            shared_memory,
+        }
+    }
+
+    /// Whether this session runs through shared memory.
+    pub(crate) fn is_shared_memory(&self) -> bool {
+        self.shared_memory
     }
 
     /// Whether the stream has ended (a new request would fail at once).
@@ -117,9 +142,12 @@ fn lock(waiting: &Mutex<Waiting>) -> MutexGuard<'_, Waiting> {
 
 /// Hands each answer on `answers` to the request waiting for it; when the
 /// stream ends, fails every request still waiting with `UNAVAILABLE`.
-async fn read_answers(mut answers: Streaming<v1::SessionAnswer>, waiting: Arc<Mutex<Waiting>>) {
+async fn read_answers(
+    mut answers: impl Stream<Item = Result<v1::SessionAnswer, Status>> + Unpin,
+    waiting: Arc<Mutex<Waiting>>,
+) {
     let ended = loop {
-        match answers.message().await {
+        match answers.next().await.transpose() {
             Ok(Some(answer)) => {
                 if let Some(slot) = lock(&waiting).answers.remove(&answer.id) {
                     let _ = slot.send(Ok(answer));

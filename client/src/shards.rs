@@ -1,8 +1,9 @@
 //! [`Shards`]: the parameter servers a client routes to, where each parameter's
 //! parts live on them, and the shard-map version it routes by; with the fan-out
 //! of register, push, pull and push-then-pull to every server at once. Each
-//! request is one message (on the server's session stream when it has one) or
-//! streamed in chunks, by the size rules of `config.rs` ([`SizeRules`]). A
+//! request is one message (on the server's session when it has one) or
+//! streamed in chunks, by the size rules of `config.rs` ([`SizeRules`]); a
+//! session through shared memory takes every request as one message. A
 //! push or pull sends each server's keys as a few concurrent requests of
 //! similar size, so that no stage waits for the whole of the one before.
 
@@ -260,7 +261,7 @@ impl Shards {
         // Small pushes are one unary message; larger ones stream their chunks,
         // the server reserving room for `bytes` before it reads any. Both go
         // out as HTTP/2 frames written here, the last marked as the end.
-        let (what, path, metadata, pieces) = if self.sizes.transfer_is_unary(bytes) {
+        let (what, path, metadata, pieces) = if self.in_one_message(server, bytes).await {
             let request = self.push_request(worker, step, grads.into_iter());
             if let Some(taken) = self.push_in_session(server, &request).await? {
                 return Ok(taken);
@@ -301,6 +302,12 @@ impl Shards {
             return Err(malformed("more than one answer".to_string()));
         }
         Ok(response.keys.iter().filter(|k| k.accepted).count())
+    }
+
+    /// Whether a push or pull of `bytes` to `server` goes as one message:
+    /// always through shared memory, else when it is small enough.
+    async fn in_one_message(&self, server: &Server, bytes: usize) -> bool {
+        self.sizes.transfer_is_unary(bytes) || (self.session && server.on_shared_memory().await)
     }
 
     /// A push on `server`'s session stream: how many keys took it; `None` when
@@ -373,8 +380,13 @@ impl Shards {
         // those: when the one fits a message, so does the other. Decided from
         // the placement alone, before anything is cut.
         let bytes = self.placement.bytes_per_server();
-        if !self.session || !bytes.iter().all(|&b| self.sizes.transfer_is_unary(b)) {
+        if !self.session {
             return Ok(None);
+        }
+        for (server, &bytes) in self.servers.iter().zip(&bytes) {
+            if !self.in_one_message(server, bytes).await {
+                return Ok(None);
+            }
         }
         let pushes = self.parts_by_server(grads)?;
         let mut pulls: Vec<Vec<PartSink<'_>>> = self.servers.iter().map(|_| Vec::new()).collect();
@@ -485,7 +497,7 @@ impl Shards {
         // there is one); larger ones as a stream of chunks, each written into
         // its sink as it arrives.
         let unary = self.sizes.transfer_is_unary(bytes);
-        if unary && self.session {
+        if self.session && self.in_one_message(server, bytes).await {
             let op = || Op::Pull(request.clone());
             if let Some(answer) = server.in_session(&self.pull_retry(), Rpc::Pull, op).await? {
                 let (Outcome::Pull(response), waited_us) = answer else {

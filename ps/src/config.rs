@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use ps_proto::chunk::DEFAULT_CHUNK_BYTES;
 use ps_proto::transport::{DEFAULT_SERVER_STREAM_WINDOW_BYTES, TransportConfig, TransportError};
+use ps_shm::DataPathMode;
 
 use crate::budget::default_budget;
 use crate::checkpointer::CheckpointConfig;
@@ -54,6 +55,32 @@ pub struct ServerConfig {
     pub checkpoint: Option<CheckpointConfig>,
     /// HTTP/2 and message-size settings.
     pub transport: TransportConfig,
+    /// Whether workers on this host are offered shared memory
+    /// (`--data-path`), and where its socket lives.
+    pub shared_memory: SharedMemoryConfig,
+}
+
+/// The same-host data path's settings (see `ps_shm`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedMemoryConfig {
+    /// `auto` (the default): offered when the socket can be made, gRPC alone
+    /// otherwise; `grpc`: never offered; `shm`: the server fails to start
+    /// when it cannot offer it.
+    pub mode: DataPathMode,
+    /// The directory the server's private socket directory is made in.
+    pub socket_parent: std::path::PathBuf,
+    /// Bytes of each of a session region's two rings.
+    pub ring_bytes: u64,
+}
+
+impl Default for SharedMemoryConfig {
+    fn default() -> Self {
+        Self {
+            mode: DataPathMode::Auto,
+            socket_parent: std::env::temp_dir(),
+            ring_bytes: ps_shm::DEFAULT_RING_BYTES,
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -76,6 +103,7 @@ impl Default for ServerConfig {
                 stream_window_bytes: DEFAULT_SERVER_STREAM_WINDOW_BYTES,
                 ..TransportConfig::default()
             },
+            shared_memory: SharedMemoryConfig::default(),
         }
     }
 }

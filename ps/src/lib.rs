@@ -22,6 +22,7 @@
 //! - [`wire`]: `ps.v1` messages to and from the domain types.
 //! - [`service`]: the gRPC handlers, and [`service::ParameterService::into_server`], the one server stack.
 //! - `session`: the `Session` stream, pushes and pulls as tagged messages on one long-lived stream.
+//! - `shared_memory`: the same sessions for workers on this host, through a shared-memory region (`ps_shm`).
 //! - `admission`: the one admission step (map version, then memory budget) of data-carrying requests.
 //! - `stream_reads`: reading a whole register or push stream, message by message.
 //! - [`methods`]: who may call each method (the access layer's table).
@@ -62,6 +63,7 @@ pub mod restore;
 pub mod server;
 pub mod service;
 mod session;
+mod shared_memory;
 pub mod step_waits;
 pub mod store;
 mod stream_reads;

@@ -132,6 +132,17 @@ struct Args {
     /// example 5m or 90s; 0 or never: keep it).
     #[arg(long, env = "PS_IDLE_CONNECTION_TIMEOUT", default_value = "5m", value_parser = ps_proto::transport::parse_idle_timeout)]
     idle_connection_timeout: ps_proto::transport::IdleLimit,
+    /// Offer workers on this host a shared-memory data path: auto (when the
+    /// socket can be made), grpc (never), or shm (fail to start without it).
+    #[arg(long, env = "PS_DATA_PATH", default_value = "auto")]
+    data_path: ps_shm::DataPathMode,
+    /// Where the shared-memory socket's private directory is made (default:
+    /// the system's temporary directory).
+    #[arg(long, env = "PS_SHM_SOCKET_DIR")]
+    shm_socket_dir: Option<std::path::PathBuf>,
+    /// Bytes of each of a shared-memory session's two rings.
+    #[arg(long, env = "PS_SHM_RING", value_parser = parse_size, default_value = "1MiB")]
+    shm_ring: usize,
     #[command(flatten)]
     security: SecurityArgs,
 }
@@ -219,6 +230,25 @@ impl Args {
             scheduler: None,
             checkpoint: None,
             transport,
+            shared_memory: self.shared_memory()?,
+        })
+    }
+
+    fn shared_memory(&self) -> anyhow::Result<ps_server::config::SharedMemoryConfig> {
+        let defaults = ps_server::config::SharedMemoryConfig::default();
+        if self.shm_ring < 4096 || self.shm_ring % 8 != 0 {
+            anyhow::bail!(
+                "--shm-ring {} must be at least 4 KiB and a multiple of 8 bytes",
+                self.shm_ring
+            );
+        }
+        Ok(ps_server::config::SharedMemoryConfig {
+            mode: self.data_path,
+            socket_parent: self
+                .shm_socket_dir
+                .clone()
+                .unwrap_or(defaults.socket_parent),
+            ring_bytes: self.shm_ring as u64,
         })
     }
 }

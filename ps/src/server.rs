@@ -78,7 +78,17 @@ pub async fn run_with_metrics(
         config.clone(),
         checkpointer.as_ref().map(|(c, _)| Arc::clone(c)),
     );
+    let shared_memory = crate::shared_memory::bind(&config)?;
+    let service = match &shared_memory {
+        Some((offers, _)) => service.with_shared_memory(Arc::clone(offers)),
+        None => service,
+    };
     let service = serve_metrics(service, metrics, &store, checkpoint_times, &stopped);
+    if let Some((offers, listener)) = shared_memory {
+        let accepting =
+            crate::shared_memory::accept(listener, offers, service.clone(), stopped.clone());
+        tokio::spawn(accepting);
+    }
     let router = config
         .transport
         .server()?

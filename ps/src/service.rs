@@ -38,6 +38,7 @@ use crate::session;
 use crate::store::{Pulled, Pushed, Store};
 use crate::stream_reads::{declared_push_bytes, read_push_stream, read_register_stream};
 use crate::wire;
+use ps_shm::Offers;
 
 /// A pull's chunks, holding the charge for the values they share.
 pub(crate) type PullChunks = Charged<std::vec::IntoIter<v1::PullChunk>>;
@@ -47,12 +48,13 @@ const BLOCKING_APPLY_BYTES: usize = 4 << 20;
 
 impl ParameterService {
     /// A unary pull's answer, and how long it waited for its version: the
-    /// values of every key, refused when they do not fit one message.
+    /// values of every key, refused when they take more than `limit` bytes
+    /// (the message limit, for an answer sent as one message).
     pub(crate) async fn pull_response(
         &self,
         request: &v1::PullRequest,
+        limit: usize,
     ) -> Result<(v1::PullResponse, Duration)> {
-        let limit = self.config.transport.max_message_bytes;
         let (pulled, _held, waited) = self.pull_values(request, limit).await?;
         let tensors = pulled.into_iter().map(wire::pulled_tensor).collect();
         let response = v1::PullResponse { tensors };
@@ -73,6 +75,8 @@ pub struct ParameterService {
     checkpointer: Option<Arc<Checkpointer>>,
     metrics: Option<Arc<ServerMetrics>>,
     push_buffer: PushBuffer,
+    /// The shared-memory offers, when this server makes them.
+    shared_memory: Option<Arc<Offers>>,
 }
 
 impl ParameterService {
@@ -89,7 +93,20 @@ impl ParameterService {
             push_buffer: PushBuffer::new(config.push_buffer_bytes),
             config: Arc::new(config),
             metrics: None,
+            shared_memory: None,
         }
+    }
+
+    /// The same service, offering workers on this host sessions through
+    /// `offers` (served by [`crate::shared_memory::accept`]).
+    pub fn with_shared_memory(mut self, offers: Arc<Offers>) -> Self {
+        self.shared_memory = Some(offers);
+        self
+    }
+
+    /// The server's settings.
+    pub(crate) fn config(&self) -> &ServerConfig {
+        &self.config
     }
 
     /// The same service, recording what it answers in `metrics`.
@@ -359,7 +376,9 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<v1::PullRequest>,
     ) -> Result<Response<v1::PullResponse>, Status> {
-        let (response, waited) = self.refusal(self.pull_response(request.get_ref()).await)?;
+        let limit = self.max_message_bytes();
+        let (response, waited) =
+            self.refusal(self.pull_response(request.get_ref(), limit).await)?;
         let mut answer = Response::new(response);
         metadata::set_pull_waited(answer.metadata_mut(), waited);
         Ok(answer)
@@ -373,9 +392,25 @@ impl ParameterServer for ParameterService {
     ) -> Result<Response<Self::SessionStream>, Status> {
         let (answers, answered) = mpsc::channel(session::ANSWERS_AHEAD);
         let idle = self.config.transport.idle_connection_timeout;
-        let serving = session::serve(self.clone(), request.into_inner(), answers, idle);
+        let limit = self.max_message_bytes();
+        let serving = session::serve(self.clone(), request.into_inner(), answers, idle, limit);
         tokio::spawn(serving);
         Ok(Response::new(ReceiverStream::new(answered)))
+    }
+
+    async fn offer_shared_memory(
+        &self,
+        _request: Request<v1::SharedMemoryOfferRequest>,
+    ) -> Result<Response<v1::SharedMemoryOffer>, Status> {
+        let Some(offers) = &self.shared_memory else {
+            return Err(Status::failed_precondition(
+                "this server offers no shared memory (it runs with --data-path grpc, or could not make its socket); use gRPC",
+            ));
+        };
+        let offer = offers
+            .offer()
+            .map_err(|e| Status::internal(format!("no shared-memory offer could be made: {e}")))?;
+        Ok(Response::new(offer))
     }
 
     type PullStreamStream = stream::Empty<Result<v1::PullChunk, Status>>;

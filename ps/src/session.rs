@@ -12,6 +12,9 @@
 //! the stream opened (the `Access` layer); every operation's answer is recorded
 //! in the server's metrics under its own name (`Push`, `Pull`, `PushPull`).
 //!
+//! A shared-memory session (`crate::shared_memory`) is served by the same
+//! loop, its requests read from the region instead of the stream.
+//!
 //! One task serves a stream: it reads requests and drives the operations in
 //! flight side by side, so a pull waiting for its version holds up nothing
 //! behind it. The stream ends when the client ends it, at the first message
@@ -22,14 +25,14 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use futures::stream::FuturesUnordered;
-use futures::{Future, StreamExt};
+use futures::{Future, Stream, StreamExt};
 use ps_common::access::Answers;
 use ps_proto::refusal::refusal_of;
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 use tokio::sync::mpsc;
-use tonic::{Code, Status, Streaming};
+use tonic::{Code, Status};
 
 use crate::service::ParameterService;
 
@@ -41,13 +44,16 @@ pub(crate) type AnswerSender = mpsc::Sender<Result<v1::SessionAnswer, Status>>;
 
 type Operation<'a> = Pin<Box<dyn Future<Output = v1::SessionAnswer> + Send + 'a>>;
 
-/// Serves one session stream until it ends: reads `requests`, runs each
-/// operation on `service`, and sends every answer to `answers`.
+/// Serves one session until it ends: reads `requests` (a gRPC `Session`
+/// stream, or a shared-memory session's), runs each operation on `service`,
+/// and sends every answer to `answers`. A pull's values may take up to
+/// `largest` bytes (the message limit on gRPC; none in shared memory).
 pub(crate) async fn serve(
     service: ParameterService,
-    mut requests: Streaming<v1::SessionRequest>,
+    mut requests: impl Stream<Item = Result<v1::SessionRequest, Status>> + Unpin,
     answers: AnswerSender,
     idle: Option<Duration>,
+    largest: usize,
 ) {
     let mut in_flight: FuturesUnordered<Operation<'_>> = FuturesUnordered::new();
     let mut ids = HashSet::new();
@@ -56,7 +62,7 @@ pub(crate) async fn serve(
     loop {
         let idle_end = idle.map(|idle| idle_since + idle);
         tokio::select! {
-            message = requests.message(), if reading => match message {
+            message = requests.next(), if reading => match message.transpose() {
                 Ok(Some(request)) => {
                     idle_since = tokio::time::Instant::now();
                     if let Some(refused) = admit_id(&mut ids, &request) {
@@ -65,7 +71,7 @@ pub(crate) async fn serve(
                         }
                         continue;
                     }
-                    in_flight.push(Box::pin(operate(&service, request)));
+                    in_flight.push(Box::pin(operate(&service, request, largest)));
                 }
                 Ok(None) => reading = false,
                 Err(status) => {
@@ -119,12 +125,19 @@ fn admit_id(ids: &mut HashSet<u64>, request: &v1::SessionRequest) -> Option<v1::
 type Done = Result<(Outcome, Duration), Status>;
 
 /// Runs one operation within its deadline and records its answer.
-async fn operate(service: &ParameterService, request: v1::SessionRequest) -> v1::SessionAnswer {
+async fn operate(
+    service: &ParameterService,
+    request: v1::SessionRequest,
+    largest: usize,
+) -> v1::SessionAnswer {
     let started = Instant::now();
     let (method, work): (_, Pin<Box<dyn Future<Output = Done> + Send + '_>>) = match request.op {
         Some(Op::Push(push)) => ("Push", Box::pin(push_answer(service, push))),
-        Some(Op::Pull(pull)) => ("Pull", Box::pin(pull_answer(service, pull))),
-        Some(Op::PushPull(both)) => ("PushPull", Box::pin(push_pull_answer(service, both))),
+        Some(Op::Pull(pull)) => ("Pull", Box::pin(pull_answer(service, pull, largest))),
+        Some(Op::PushPull(both)) => (
+            "PushPull",
+            Box::pin(push_pull_answer(service, both, largest)),
+        ),
         None => {
             let status = Status::invalid_argument(format!(
                 "session request {} carries no operation; set push, pull or push_pull",
@@ -173,18 +186,22 @@ async fn push_answer(service: &ParameterService, request: v1::PushRequest) -> Do
 }
 
 /// A pull's answer, as `Pull` gives it, and how long it waited for its version.
-async fn pull_answer(service: &ParameterService, request: v1::PullRequest) -> Done {
-    let (response, waited) = service.refusal(service.pull_response(&request).await)?;
+async fn pull_answer(service: &ParameterService, request: v1::PullRequest, largest: usize) -> Done {
+    let (response, waited) = service.refusal(service.pull_response(&request, largest).await)?;
     Ok((Outcome::Pull(response), waited))
 }
 
 /// A push and then a pull, answered together once the pull has its values.
-async fn push_pull_answer(service: &ParameterService, request: v1::PushPull) -> Done {
+async fn push_pull_answer(
+    service: &ParameterService,
+    request: v1::PushPull,
+    largest: usize,
+) -> Done {
     let missing = |half| Status::invalid_argument(format!("a push_pull without its {half}"));
     let push = request.push.ok_or_else(|| missing("push"))?;
     let pull = request.pull.ok_or_else(|| missing("pull"))?;
     let pushed = service.refusal(service.push_grads(&push).await)?;
-    let (pulled, waited) = service.refusal(service.pull_response(&pull).await)?;
+    let (pulled, waited) = service.refusal(service.pull_response(&pull, largest).await)?;
     let response = v1::PushPullResponse {
         push: Some(crate::wire::push_response(pushed)),
         pull: Some(pulled),

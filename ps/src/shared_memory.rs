@@ -1,0 +1,91 @@
+//! The same-host data path's server side: the socket workers on this host
+//! connect to ([`bind`]) and the sessions they run over their regions
+//! ([`accept`]), each answered by the one session loop (`crate::session`)
+//! with the same admission, budget, metrics and exactly-once rules as a gRPC
+//! session, and no limit on a pull's size but the memory budget.
+
+use std::sync::Arc;
+
+use ps_common::process::ServeError;
+use ps_shm::{DataPathMode, Offers, admit, serve_link};
+use tokio::net::UnixListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ServerConfig;
+use crate::service::ParameterService;
+use crate::session;
+
+/// The shared-memory socket and its offers, when `config` asks for them:
+/// `auto` goes on without them (with a warning) when the socket cannot be
+/// made, `shm` fails.
+///
+/// # Errors
+/// [`ServeError::Config`] for `--data-path shm` when the socket cannot be made.
+pub(crate) fn bind(
+    config: &ServerConfig,
+) -> Result<Option<(Arc<Offers>, UnixListener)>, ServeError> {
+    let shm = &config.shared_memory;
+    if !shm.mode.tries_shm() {
+        return Ok(None);
+    }
+    match Offers::bind(&shm.socket_parent, shm.ring_bytes) {
+        Ok((offers, listener)) => {
+            tracing::info!(socket = %offers.socket().display(), ring_bytes = shm.ring_bytes, "offering shared memory to workers on this host");
+            Ok(Some((offers, listener)))
+        }
+        Err(error) if shm.mode == DataPathMode::Auto => {
+            tracing::warn!(%error, parent = %shm.socket_parent.display(), "no shared-memory socket; workers on this host use gRPC");
+            Ok(None)
+        }
+        Err(error) => Err(ServeError::Config(format!(
+            "--data-path shm: cannot make the shared-memory socket under {}: {error}",
+            shm.socket_parent.display()
+        ))),
+    }
+}
+
+/// Admits workers on `listener` and serves each one's session on `service`
+/// until `stopped`.
+pub(crate) async fn accept(
+    listener: UnixListener,
+    offers: Arc<Offers>,
+    service: ParameterService,
+    stopped: CancellationToken,
+) {
+    loop {
+        let socket = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((socket, _)) => socket,
+                Err(error) => {
+                    tracing::warn!(%error, "the shared-memory socket failed to accept");
+                    continue;
+                }
+            },
+            () = stopped.cancelled() => return,
+        };
+        let (offers, service, stopped) = (Arc::clone(&offers), service.clone(), stopped.clone());
+        tokio::spawn(async move {
+            match admit(&offers, socket).await {
+                Ok(end) => serve(end, service, stopped).await,
+                Err(error) => tracing::warn!(%error, "a shared-memory session was refused"),
+            }
+        });
+    }
+}
+
+/// Serves one admitted session until it ends.
+async fn serve(
+    end: ps_shm::handshake::ServerEnd,
+    service: ParameterService,
+    stopped: CancellationToken,
+) {
+    let peer = end.peer_pid;
+    let budget = service.config().memory_budget as u64;
+    let link = serve_link(end, budget, async move { stopped.cancelled().await });
+    tracing::info!(
+        peer_pid = peer,
+        "a worker on this host took a shared-memory session"
+    );
+    let idle = service.config().transport.idle_connection_timeout;
+    session::serve(service, link.requests, link.answers, idle, usize::MAX).await;
+}

@@ -1,0 +1,202 @@
+//! The same-host data path end to end, over real servers on loopback: a
+//! worker on the server's host pushes and pulls through shared memory, keys
+//! larger than a gRPC message included, with the values gRPC gives; a
+//! repeated push is applied once; `--data-path shm` against a server that
+//! offers none fails naming why; the offer needs a worker's token; a server
+//! that stops ends the region, and the client's next step reopens a session.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use ps_client::placement::ParamInfo;
+use ps_client::{ClientConfig, ParamBytes, PsClient, optim};
+use ps_cluster::LocalServers;
+use ps_proto::auth::{ClusterToken, Role};
+use ps_proto::codec::DType;
+use ps_proto::ids::{Rank, Step, Version};
+use ps_proto::transport::TransportConfig;
+use ps_proto::v1;
+use ps_proto::v1::parameter_server_client::ParameterServerClient;
+use ps_server::ServerConfig;
+use ps_server::config::SharedMemoryConfig;
+use ps_shm::DataPathMode;
+use tonic::Code;
+
+/// 1.5 M values: 6 MiB, past the 4 MiB message limit.
+const LARGE: usize = 3 << 19;
+
+fn values(len: usize, f: impl Fn(usize) -> f32) -> Bytes {
+    (0..len).flat_map(|i| f(i).to_le_bytes()).collect()
+}
+
+/// One BSP server for one worker offering shared memory as `mode` says,
+/// its socket under `dir`.
+async fn server(
+    mode: DataPathMode,
+    dir: &std::path::Path,
+    transport: TransportConfig,
+) -> LocalServers {
+    let config = ServerConfig {
+        workers: 1,
+        shared_memory: SharedMemoryConfig {
+            mode,
+            socket_parent: dir.to_path_buf(),
+            ring_bytes: 64 << 10,
+        },
+        transport,
+        ..ServerConfig::default()
+    };
+    LocalServers::start(1, config).await.expect("a server")
+}
+
+/// A client taking `mode`, with `big` and `small` placed.
+async fn client(addrs: Vec<String>, mode: DataPathMode) -> PsClient {
+    let config = ClientConfig {
+        data_path: mode,
+        ..ClientConfig::new(addrs)
+    };
+    let mut client = PsClient::connect(config).await.expect("connect");
+    let infos = [("big", LARGE), ("small", 4)].map(|(name, len)| ParamInfo {
+        name: name.into(),
+        shape: vec![len],
+        dtype: DType::F32,
+    });
+    client.place(&infos).await.expect("place");
+    client
+}
+
+/// Registers `big` and `small` and runs two SGD steps (lr 0.5) of gradients
+/// `i`-dependent, the second pushed twice; the values pulled after each step.
+async fn train(client: &PsClient) -> Vec<BTreeMap<String, Vec<f32>>> {
+    let initial = [
+        ParamBytes::new("big", values(LARGE, |i| i as f32)),
+        ParamBytes::new("small", values(4, |_| 1.0)),
+    ];
+    client
+        .register(&initial, &optim::sgd(0.5))
+        .await
+        .expect("register");
+    let mut seen = Vec::new();
+    for step in 0..2u64 {
+        let grads = [
+            ParamBytes::new("big", values(LARGE, |i| (i % 7) as f32 + step as f32)),
+            ParamBytes::new("small", values(4, |i| i as f32)),
+        ];
+        let mut into = BTreeMap::new();
+        let (taken, _) = client
+            .push_then_pull_into((Rank(0), Step(step)), &grads, Version(step + 1), &mut into)
+            .await
+            .expect("a step");
+        assert_eq!(taken, 2);
+        if step == 1 {
+            let again = client
+                .push(Rank(0), Step(1), &grads)
+                .await
+                .expect("a repeat");
+            assert_eq!(again, 0, "a repeated push is acknowledged, not applied");
+        }
+        let pulled = client.pull(Version(step + 1)).await.expect("pull");
+        assert_eq!(pulled["big"].values, into["big"].values);
+        seen.push(
+            pulled
+                .into_iter()
+                .map(|(name, p)| (name, p.values))
+                .collect(),
+        );
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_memory_trains_to_the_values_grpc_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = server(DataPathMode::Shm, dir.path(), TransportConfig::default()).await;
+    let grpc = server(DataPathMode::Grpc, dir.path(), TransportConfig::default()).await;
+    let through_shm = train(&client(shm.addrs(), DataPathMode::Shm).await).await;
+    let through_grpc = train(&client(grpc.addrs(), DataPathMode::Grpc).await).await;
+    assert_eq!(through_shm, through_grpc);
+    let big = &through_shm[1]["big"];
+    let expected = |i: usize| i as f32 - 0.5 * ((i % 7) as f32) - 0.5 * ((i % 7) as f32 + 1.0);
+    assert!(big.iter().enumerate().all(|(i, &v)| v == expected(i)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_against_a_server_offering_none_fails_naming_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let grpc = server(DataPathMode::Grpc, dir.path(), TransportConfig::default()).await;
+    let client = client(grpc.addrs(), DataPathMode::Shm).await;
+    // Registration is unary gRPC; the first push opens the session.
+    client
+        .register(
+            &[ParamBytes::new("small", values(4, |_| 0.0))],
+            &optim::sgd(1.0),
+        )
+        .await
+        .expect("register");
+    let grads = [ParamBytes::new("small", values(4, |_| 1.0))];
+    let error = client.push(Rank(0), Step(0), &grads).await.unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains("--data-path shm") && text.contains("offers none"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_needs_a_workers_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let secrets = "server=servers-secret\nworker=workers-secret\n";
+    let transport_as = |role| TransportConfig {
+        token: Some(
+            ClusterToken::new(secrets)
+                .unwrap()
+                .presenting(role)
+                .unwrap(),
+        ),
+        ..TransportConfig::default()
+    };
+    let servers = server(DataPathMode::Auto, dir.path(), transport_as(Role::Server)).await;
+    let addr = &servers.addrs()[0];
+    for (transport, expected) in [
+        (TransportConfig::default(), Some(Code::Unauthenticated)),
+        (transport_as(Role::Server), Some(Code::PermissionDenied)),
+        (transport_as(Role::Worker), None),
+    ] {
+        let channel = ps_tests::authed_channel(addr, &transport).await;
+        let offer = ParameterServerClient::new(channel)
+            .offer_shared_memory(v1::SharedMemoryOfferRequest {})
+            .await;
+        match expected {
+            Some(code) => assert_eq!(offer.unwrap_err().code(), code),
+            None => assert_eq!(offer.unwrap().into_inner().nonce.len(), 32),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_ends_the_region_and_its_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let servers = server(DataPathMode::Shm, dir.path(), TransportConfig::default()).await;
+    let client = client(servers.addrs(), DataPathMode::Shm).await;
+    client
+        .register(
+            &[ParamBytes::new("small", values(4, |_| 0.0))],
+            &optim::sgd(1.0),
+        )
+        .await
+        .expect("register");
+    let grads = [ParamBytes::new("small", values(4, |_| 1.0))];
+    assert_eq!(
+        client.push(Rank(0), Step(0), &grads).await.expect("push"),
+        1
+    );
+    let addr = servers.addrs()[0].clone();
+    servers.shutdown().await.expect("a clean stop");
+    let error = client.push(Rank(0), Step(1), &grads).await.unwrap_err();
+    assert!(error.to_string().contains(&addr), "{error}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(
+        left.is_empty(),
+        "the socket's directory is removed: {left:?}"
+    );
+}
