@@ -17,7 +17,9 @@ use ps_server::ServerConfig;
 use ps_server::checkpointer::{
     CheckpointConfig, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY_STEPS,
 };
+use ps_server::config::SharedMemoryConfig;
 use ps_server::server::ServeError;
+use ps_shm::DataPathMode;
 use ps_worker::data::Dataset;
 use ps_worker::metrics::WorkerMetrics;
 use ps_worker::train::{TrainConfig, TrainError, TrainSummary, train};
@@ -48,6 +50,9 @@ pub struct LocalSpec {
     /// Serve each part's Prometheus metrics on its own port from this address
     /// up (the scheduler, the servers, then the workers); off when `None`.
     pub metrics_listen: Option<SocketAddr>,
+    /// How workers reach the servers: shared memory (`auto`, the default, or
+    /// `shm`, which fails without it) or gRPC alone.
+    pub data_path: DataPathMode,
 }
 
 impl LocalSpec {
@@ -219,6 +224,10 @@ fn server_config(spec: &LocalSpec) -> ServerConfig {
             every: DEFAULT_CHECKPOINT_EVERY,
         }),
         transport: spec.transport(),
+        shared_memory: SharedMemoryConfig {
+            mode: spec.data_path,
+            ..SharedMemoryConfig::default()
+        },
         ..ServerConfig::default()
     }
 }
@@ -237,11 +246,12 @@ async fn join(
             workers: spec.workers,
             consistency: spec.consistency,
         };
-        return Ok((servers.client().await?, group));
+        return Ok((servers.client_taking(spec.data_path).await?, group));
     };
     let mut client = PsClient::connect(ClientConfig {
         scheduler: Some(addr.to_string()),
         transport: spec.transport(),
+        data_path: spec.data_path,
         ..ClientConfig::new(Vec::new())
     })
     .await?;

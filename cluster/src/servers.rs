@@ -11,6 +11,7 @@ use ps_server::ServerConfig;
 use ps_server::checkpointer::CheckpointConfig;
 use ps_server::follower::SchedulerLink;
 use ps_server::server::ServeError;
+use ps_shm::DataPathMode;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -107,8 +108,17 @@ impl LocalServers {
     /// # Errors
     /// [`ClientError::Connect`] if a server is gone.
     pub async fn client(&self) -> Result<PsClient, ClientError> {
+        self.client_taking(DataPathMode::Auto).await
+    }
+
+    /// [`LocalServers::client`], reaching the servers by `data_path`.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`] if a server is gone.
+    pub async fn client_taking(&self, data_path: DataPathMode) -> Result<PsClient, ClientError> {
         PsClient::connect(ClientConfig {
             transport: self.transport.clone(),
+            data_path,
             ..ClientConfig::new(self.addrs())
         })
         .await

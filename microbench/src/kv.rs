@@ -34,9 +34,11 @@ use ps_common::size::format_size;
 use ps_proto::codec::{DType, encode_f32};
 use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::tls::TlsConfig;
+use ps_shm::DataPathMode;
 use serde::{Deserialize, Serialize};
 
 use crate::cpu::process_cpu_seconds;
+use crate::floors::Floors;
 use crate::report::ResultRow;
 use crate::tcp::{BaselineServer, TcpPeer};
 use crate::tls_files::TlsFiles;
@@ -78,6 +80,9 @@ pub struct KvPlan {
     pub sgd_floor: bool,
     /// Every operation a unary call (no session stream).
     pub unary: bool,
+    /// The data paths the workers take, each measured in turn at every size
+    /// (the servers offer shared memory).
+    pub data_paths: Vec<DataPathMode>,
 }
 
 /// How a worker reaches the servers: over TLS or not, and whether operations
@@ -88,6 +93,8 @@ pub struct Reach {
     pub tls: Option<TlsConfig>,
     /// Use the session stream.
     pub session: bool,
+    /// Shared memory or gRPC.
+    pub data_path: DataPathMode,
 }
 
 /// What one worker process measured, printed as one JSON line.
@@ -125,6 +132,7 @@ async fn placed_client(servers: &[String], size: usize, reach: Reach) -> anyhow:
     let mut config = ClientConfig::new(servers.to_vec());
     config.transport.tls = reach.tls;
     config.session = reach.session;
+    config.data_path = reach.data_path;
     config.partition_bytes = size.div_ceil(servers.len()).max(4);
     let mut client = PsClient::connect(config).await?;
     client.place(&[key_info(size)]).await?;
@@ -246,13 +254,24 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
         // drifting between them shows in the spread instead of in the ratio.
         let before = Baselines::measure(plan, size, tls.as_ref()).await?;
         let mut phases = Vec::new();
-        for op in [Op::Push, Op::Pull] {
-            phases.push((op, run_phase(plan, &addrs, &pids, size, op, tls.as_ref())?));
+        for &path in &plan.data_paths {
+            for op in [Op::Push, Op::Pull] {
+                let phase = run_phase(plan, &addrs, &pids, size, (op, path), tls.as_ref())?;
+                phases.push((op, path, phase));
+            }
         }
         let after = Baselines::measure(plan, size, tls.as_ref()).await?;
         let baselines = before.mean_with(after);
-        for (op, (reports, servers_used)) in phases {
-            let row = row(plan, size, op, parts, &reports, &baselines, servers_used);
+        for (op, path, (reports, servers_used)) in phases {
+            let row = row(
+                plan,
+                size,
+                (op, path),
+                parts,
+                &reports,
+                &baselines,
+                servers_used,
+            );
             rows.push(row);
         }
     }
@@ -289,6 +308,7 @@ async fn register_key(
     let reach = Reach {
         tls: tls.map(|t| t.config.clone()),
         session: true,
+        data_path: DataPathMode::Grpc,
     };
     let client = placed_client(addrs, size, reach).await?;
     let initial = [ParamBytes::new(
@@ -307,13 +327,13 @@ fn run_phase(
     addrs: &[String],
     pids: &[u32],
     size: usize,
-    op: Op,
+    (op, path): (Op, DataPathMode),
     tls: Option<&TlsFiles>,
 ) -> anyhow::Result<(Vec<WorkerReport>, Vec<serde_json::Value>)> {
     let before: Vec<f64> = pids.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
     let wall = Instant::now();
     let tls_args: Vec<String> = tls.iter().flat_map(|files| files.client_args()).collect();
-    let reports = spawn_workers(plan, addrs, size, op, &tls_args)?;
+    let reports = spawn_workers(plan, addrs, size, (op, path), &tls_args)?;
     let wall = wall.elapsed().as_secs_f64();
     let servers_used = pids
         .iter()
@@ -335,6 +355,8 @@ struct Baselines {
     tls_tcp: Option<TcpFigures>,
     /// Plain TCP with SGD applied by the receiver, in `--sgd-floor` runs.
     tcp_sgd: Option<TcpFigures>,
+    /// One core's memcpy and copy-then-SGD, in runs with shared memory.
+    floors: Option<Floors>,
 }
 
 impl Baselines {
@@ -350,10 +372,19 @@ impl Baselines {
             true => Some(baseline(Baseline::TcpSgd).await?),
             false => None,
         };
+        let shm = plan.data_paths.iter().any(|path| path.tries_shm());
+        let floors = match shm {
+            true => {
+                let seconds = plan.seconds;
+                Some(tokio::task::spawn_blocking(move || Floors::measure(size, seconds)).await?)
+            }
+            false => None,
+        };
         Ok(Self {
             tcp,
             tls_tcp,
             tcp_sgd,
+            floors,
         })
     }
 
@@ -366,6 +397,11 @@ impl Baselines {
             tcp: TcpFigures::mean(&[self.tcp, after.tcp]),
             tls_tcp: mean(self.tls_tcp, after.tls_tcp),
             tcp_sgd: mean(self.tcp_sgd, after.tcp_sgd),
+            floors: self.floors.zip(after.floors).map(|(a, b)| Floors {
+                memcpy_bytes_per_sec: (a.memcpy_bytes_per_sec + b.memcpy_bytes_per_sec) / 2.0,
+                copy_apply_bytes_per_sec: (a.copy_apply_bytes_per_sec + b.copy_apply_bytes_per_sec)
+                    / 2.0,
+            }),
         }
     }
 }
@@ -373,7 +409,7 @@ impl Baselines {
 fn row(
     plan: &KvPlan,
     size: usize,
-    op: Op,
+    (op, path): (Op, DataPathMode),
     parts: usize,
     reports: &[WorkerReport],
     baselines: &Baselines,
@@ -408,10 +444,22 @@ fn row(
         figures["tcp_sgd_p50_us"] = tcp_sgd.p50_us.into();
         figures["ratio_vs_tcp_sgd"] = (throughput / tcp_sgd.bytes_per_sec.max(1e-9)).into();
     }
+    if let Some(floors) = &baselines.floors {
+        // A pull is at best one copy; a push, a copy and the SGD over it.
+        let floor = match op {
+            Op::Pull => floors.memcpy_bytes_per_sec,
+            Op::Push => floors.copy_apply_bytes_per_sec,
+        };
+        figures["memcpy_bytes_per_sec"] = floors.memcpy_bytes_per_sec.into();
+        figures["copy_sgd_bytes_per_sec"] = floors.copy_apply_bytes_per_sec.into();
+        figures["floor_bytes_per_sec"] = floor.into();
+        figures["ratio_vs_floor"] = (throughput / floor.max(1e-9)).into();
+    }
+    let tls = if plan.tls { " tls" } else { "" };
     ResultRow {
         bench: "kv".into(),
         mode: Some(op.to_string()),
-        encoding: if plan.tls { "f32 tls" } else { "f32" }.into(),
+        encoding: format!("f32{tls} {path}"),
         payload: format!(
             "{} {}x{} W={} ({parts} parts)",
             format_size(size),
@@ -439,10 +487,14 @@ fn spawn_workers(
     plan: &KvPlan,
     addrs: &[String],
     size: usize,
-    op: Op,
+    (op, path): (Op, DataPathMode),
     tls_args: &[String],
 ) -> anyhow::Result<Vec<WorkerReport>> {
     let exe = std::env::current_exe().context("the benchmark's own path")?;
+    // Each data path's workers push as ranks of their own: a rank's steps
+    // start at 0 again, and would be taken for retries of an earlier phase's.
+    let path_index = plan.data_paths.iter().position(|&p| p == path).unwrap_or(0);
+    let first_index = path_index * plan.workers;
     let children = (0..plan.workers)
         .map(|index| {
             Command::new(&exe)
@@ -450,8 +502,9 @@ fn spawn_workers(
                 .args(["--size", &size.to_string(), "--op", &op.to_string()])
                 .args(["--window", &plan.window.to_string()])
                 .args(["--seconds", &plan.seconds.to_string()])
-                .args(["--index", &index.to_string()])
+                .args(["--index", &(first_index + index).to_string()])
                 .args(plan.unary.then_some("--unary"))
+                .args(["--data-path", &path.to_string()])
                 .args(tls_args)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -621,12 +674,15 @@ pub fn table(rows: &[ResultRow]) -> String {
     };
     let tls_tcp = |row: &ResultRow| extra(row, "tls_tcp_bytes_per_sec", "ratio_vs_tls_tcp");
     let tcp_sgd = |row: &ResultRow| extra(row, "tcp_sgd_bytes_per_sec", "ratio_vs_tcp_sgd");
+    let floor = |row: &ResultRow| extra(row, "floor_bytes_per_sec", "ratio_vs_floor");
     let with_tls = rows.iter().any(|row| tls_tcp(row).is_some());
     let with_sgd = rows.iter().any(|row| tcp_sgd(row).is_some());
+    let with_floor = rows.iter().any(|row| floor(row).is_some());
     let mut out = format!(
-        "{:<28} {:>4} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>9} {:>13} {:>18}",
+        "{:<28} {:>4} {:>4} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>9} {:>13} {:>18}",
         "key",
         "op",
+        "path",
         "p50 µs",
         "p99 µs",
         "GB/s",
@@ -642,6 +698,9 @@ pub fn table(rows: &[ResultRow]) -> String {
     }
     if with_sgd {
         out += &format!(" {:>12} {:>6}", "TCP+SGD GB/s", "ratio");
+    }
+    if with_floor {
+        out += &format!(" {:>12} {:>6}", "floor GB/s", "ratio");
     }
     out += "\n";
     for row in rows {
@@ -670,9 +729,10 @@ pub fn table(rows: &[ResultRow]) -> String {
             .unwrap_or_default();
         let gb = |v: Option<f64>| v.map_or(0.0, |v| v / 1e9);
         out += &format!(
-            "{:<28} {:>4} {:>9.0} {:>9.0} {:>10.3} {:>9.0} {:>10.3} {:>6.2} {:>9.0} {:>13} {:>18}",
+            "{:<28} {:>4} {:>4} {:>9.0} {:>9.0} {:>10.3} {:>9.0} {:>10.3} {:>6.2} {:>9.0} {:>13} {:>18}",
             row.payload,
             row.mode.as_deref().unwrap_or(""),
+            row.encoding.rsplit(' ').next().unwrap_or(""),
             row.p50_us.unwrap_or(0.0),
             row.p99_us.unwrap_or(0.0),
             gb(row.throughput_bytes_per_sec),
@@ -683,7 +743,12 @@ pub fn table(rows: &[ResultRow]) -> String {
             workers.join(","),
             servers.join(","),
         );
-        for (present, figures) in [(with_tls, tls_tcp(row)), (with_sgd, tcp_sgd(row))] {
+        let extras = [
+            (with_tls, tls_tcp(row)),
+            (with_sgd, tcp_sgd(row)),
+            (with_floor, floor(row)),
+        ];
+        for (present, figures) in extras {
             out += &match figures {
                 Some((bytes_per_sec, ratio)) => {
                     format!(" {:>12.3} {ratio:>6.2}", bytes_per_sec / 1e9)

@@ -17,6 +17,7 @@
 pub mod apply;
 pub mod bandwidth;
 pub mod cpu;
+pub mod floors;
 pub mod kv;
 pub mod latency;
 pub mod payload;

@@ -252,6 +252,12 @@ struct KvArgs {
     /// stream per worker and server (compare with a run without it).
     #[arg(long)]
     unary: bool,
+    /// The data paths the workers take, comma-separated, each measured at
+    /// every size: grpc, shm (shared memory with the servers, which run on
+    /// this host), auto. With shm, one core's memcpy and copy-then-SGD run
+    /// too, the floors of a pull and a push.
+    #[arg(long, value_delimiter = ',', default_value = "grpc")]
+    data_path: Vec<ps_shm::DataPathMode>,
 }
 
 #[derive(Debug, Args)]
@@ -290,6 +296,9 @@ struct KvWorkerArgs {
     /// Every operation a unary call.
     #[arg(long)]
     unary: bool,
+    /// Shared memory or gRPC.
+    #[arg(long, default_value = "grpc")]
+    data_path: ps_shm::DataPathMode,
     #[command(flatten)]
     security: SecurityArgs,
 }
@@ -531,8 +540,12 @@ fn metrics_cost(rows: &[ResultRow]) -> String {
 
 async fn run_kv(args: KvArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.servers >= 1 && args.workers >= 1 && args.window >= 1 && args.seconds > 0.0,
-        "--servers, --workers and --window must be at least 1, and --seconds above 0"
+        args.servers >= 1
+            && args.workers >= 1
+            && args.window >= 1
+            && args.seconds > 0.0
+            && !args.data_path.is_empty(),
+        "--servers, --workers and --window must be at least 1, --seconds above 0, and --data-path name at least one"
     );
     let plan = KvPlan {
         servers: args.servers,
@@ -543,6 +556,7 @@ async fn run_kv(args: KvArgs) -> anyhow::Result<()> {
         tls: args.tls,
         sgd_floor: args.sgd_floor,
         unary: args.unary,
+        data_paths: args.data_path,
     };
     let rows = kv::run(&plan).await?;
     if args.json {
@@ -567,6 +581,7 @@ async fn run_kv_worker(args: KvWorkerArgs) -> anyhow::Result<()> {
         kv::Reach {
             tls: args.security.tls()?,
             session: !args.unary,
+            data_path: args.data_path,
         },
     )
     .await?;

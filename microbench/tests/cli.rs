@@ -375,7 +375,7 @@ fn kv_over_tls_reads_each_row_against_raw_tls_as_well_as_raw_tcp() {
     let rows = kv_of_one_small_key("--tls");
     assert_eq!(rows.len(), 2, "a push row and a pull row: {rows:?}");
     for row in &rows {
-        assert_eq!(row["encoding"], "f32 tls", "{row}");
+        assert_eq!(row["encoding"], "f32 tls grpc", "{row}");
         let figures = &row["servers"];
         let tls_runs = figures["tls_tcp_runs_bytes_per_sec"]
             .as_array()
@@ -421,6 +421,51 @@ fn kv_with_the_sgd_floor_reads_each_push_against_raw_tcp_that_applies_sgd() {
         pull.get("tcp_sgd_bytes_per_sec").is_none(),
         "a pull applies nothing, so it is not read against the floor: {pull}"
     );
+}
+
+#[test]
+fn kv_measures_both_data_paths_in_one_run_against_one_cores_floors() {
+    let rows = kv_of_one_small_key("--data-path=grpc,shm");
+    let paths: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r["mode"].as_str().unwrap(), r["encoding"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            ("push", "f32 grpc"),
+            ("pull", "f32 grpc"),
+            ("push", "f32 shm"),
+            ("pull", "f32 shm")
+        ]
+    );
+    for row in &rows {
+        let figures = &row["servers"];
+        let (memcpy, copy_sgd) = (
+            figures["memcpy_bytes_per_sec"].as_f64().unwrap(),
+            figures["copy_sgd_bytes_per_sec"].as_f64().unwrap(),
+        );
+        assert!(
+            memcpy > copy_sgd && copy_sgd > 0.0,
+            "a copy alone is faster: {row}"
+        );
+        // A pull's floor is the copy; a push's, the copy and the SGD.
+        let floor = match row["mode"].as_str().unwrap() {
+            "pull" => memcpy,
+            _ => copy_sgd,
+        };
+        assert_eq!(
+            figures["floor_bytes_per_sec"].as_f64().unwrap(),
+            floor,
+            "{row}"
+        );
+        let throughput = row["throughput_bytes_per_sec"].as_f64().unwrap();
+        let ratio = figures["ratio_vs_floor"].as_f64().unwrap();
+        assert!(
+            throughput > 0.0 && (ratio - throughput / floor).abs() <= 1e-9 * ratio,
+            "{row}"
+        );
+    }
 }
 
 #[test]

@@ -107,6 +107,10 @@ async fn read_into<M: Payloads + Send + 'static>(
                     return "this side's session ended";
                 }
             }
+            Err(error) if error.is_peer_gone() => {
+                let _ = into.send(Err(status_of(error))).await;
+                return "the other process closed its doorbell";
+            }
             Err(error) => {
                 tracing::warn!(%error, "a shared-memory session is corrupt; ending it");
                 let _ = into.send(Err(status_of(error))).await;

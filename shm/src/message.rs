@@ -46,6 +46,14 @@ pub enum MessageError {
     Malformed(String),
 }
 
+impl MessageError {
+    /// Whether the other process simply went away (its doorbell closed)
+    /// rather than wrote anything wrong.
+    pub fn is_peer_gone(&self) -> bool {
+        matches!(self, Self::Ring(RingError::Bell(e)) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
+
 /// The tensors' bytes of a request or an answer, taken out in order.
 pub trait Payloads: Message + Default {
     /// Takes every tensor's bytes out, leaving them empty.

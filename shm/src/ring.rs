@@ -237,20 +237,14 @@ impl RingWriter {
     /// # Errors
     /// The reader's `head` is corrupt, or the bell failed.
     pub async fn write(&mut self, bytes: &[u8]) -> Result<(), RingError> {
-        let mut words = bytes.chunks(8).map(|chunk| {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            u64::from_le_bytes(word)
-        });
-        let mut left = bytes.len().div_ceil(8) as u64;
+        let mut chunks = bytes.chunks(8);
+        let mut left = chunks.len() as u64;
         while left > 0 {
             let room = self.room().await?;
             let (first, len) = self.end.span(self.tail, room.min(left).min(PUBLISH_WORDS));
-            for (slot, word) in self.end.region.words()[first..first + len]
-                .iter()
-                .zip(&mut words)
-            {
-                slot.store(word, Ordering::Relaxed);
+            let slots = &self.end.region.words()[first..first + len];
+            for (slot, chunk) in slots.iter().zip(&mut chunks) {
+                slot.store(word_of(chunk), Ordering::Relaxed);
             }
             self.tail += len as u64;
             left -= len as u64;
@@ -332,12 +326,9 @@ impl RingReader {
         while left > 0 {
             let ready = self.ready().await?;
             let (first, len) = self.end.span(self.head, ready.min(left).min(PUBLISH_WORDS));
-            for (slot, chunk) in self.end.region.words()[first..first + len]
-                .iter()
-                .zip(&mut chunks)
-            {
-                let word = slot.load(Ordering::Relaxed).to_le_bytes();
-                chunk.copy_from_slice(&word[..chunk.len()]);
+            let slots = &self.end.region.words()[first..first + len];
+            for (slot, chunk) in slots.iter().zip(&mut chunks) {
+                put_word(chunk, slot.load(Ordering::Relaxed));
             }
             self.head += len as u64;
             left -= len as u64;
@@ -373,6 +364,29 @@ impl RingReader {
         self.end
             .wait(layout.reader_waiting, || ready(&self.end))
             .await
+    }
+}
+
+/// The word `chunk` (up to 8 bytes, little-endian) makes, zero-padded.
+#[inline]
+fn word_of(chunk: &[u8]) -> u64 {
+    match <[u8; 8]>::try_from(chunk) {
+        Ok(whole) => u64::from_le_bytes(whole),
+        Err(_) => {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            u64::from_le_bytes(word)
+        }
+    }
+}
+
+/// Writes `word`'s first `chunk.len()` bytes (little-endian) into `chunk`.
+#[inline]
+fn put_word(chunk: &mut [u8], word: u64) {
+    let bytes = word.to_le_bytes();
+    match <&mut [u8; 8]>::try_from(&mut *chunk) {
+        Ok(whole) => *whole = bytes,
+        Err(_) => chunk.copy_from_slice(&bytes[..chunk.len()]),
     }
 }
 

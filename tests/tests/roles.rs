@@ -132,6 +132,14 @@ async fn each_parameter_server_method_takes_only_its_roles() {
                 server.session(futures::stream::empty()).await.map(drop),
             ),
             (
+                "OfferSharedMemory",
+                May::Workers,
+                server
+                    .offer_shared_memory(v1::SharedMemoryOfferRequest {})
+                    .await
+                    .map(drop),
+            ),
+            (
                 "Stats",
                 May::Both,
                 server.stats(v1::StatsRequest {}).await.map(drop),

@@ -200,3 +200,110 @@ async fn a_stopped_server_ends_the_region_and_its_socket() {
         "the socket's directory is removed: {left:?}"
     );
 }
+
+/// Pushes the server applied so far.
+async fn pushes(addr: &str) -> u64 {
+    let channel = ps_tests::authed_channel(addr, &TransportConfig::default()).await;
+    let stats = ParameterServerClient::new(channel)
+        .stats(v1::StatsRequest {})
+        .await
+        .expect("stats");
+    stats.into_inner().pushes
+}
+
+/// `kill -9` of a worker process while it writes 16 MiB pushes through a
+/// 64 KiB ring (so the kill lands inside one): no push is applied in part.
+/// Every element moved by the same whole number of SGD steps, and the server
+/// goes on serving a new worker through shared memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_write_leaves_no_torn_apply() {
+    const SIZE: usize = 16 << 20;
+    // Large enough that one push more or less shows in every element whose
+    // gradient is not zero.
+    const LR: f32 = 1000.0;
+    let server = ps_tests::ServerProcess::start(&[
+        "--consistency",
+        "asp",
+        "--max-tensor=64MiB",
+        "--data-path",
+        "shm",
+        "--shm-ring",
+        "64KiB",
+    ])
+    .await;
+    let name = format!("kv-{SIZE}");
+    let len = SIZE / 4;
+    let grpc = ClientConfig {
+        data_path: DataPathMode::Grpc,
+        ..ClientConfig::new(vec![server.addr.clone()])
+    };
+    let mut client = PsClient::connect(grpc).await.expect("connect");
+    let info = ParamInfo {
+        name: name.clone(),
+        shape: vec![len],
+        dtype: DType::F32,
+    };
+    client.place(&[info]).await.expect("place");
+    let initial = [ParamBytes::new(&name, values(len, |_| 0.5))];
+    client
+        .register(&initial, &optim::sgd(f64::from(LR)))
+        .await
+        .expect("register");
+
+    let mut worker = tokio::process::Command::new(ps_tests::binary("ps-microbench"))
+        .args(["kv-worker", "--servers", &server.addr, "--size", "16MiB"])
+        .args([
+            "--op",
+            "push",
+            "--window",
+            "1",
+            "--seconds",
+            "60",
+            "--index",
+            "0",
+        ])
+        .args(["--data-path", "shm"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn a kv-worker");
+    let _ = ps_tests::read_log_until(&mut worker, "go through shared memory").await;
+    // Kill it during a push, a few pushes in.
+    while pushes(&server.addr).await < 3 {
+        tokio::task::yield_now().await;
+    }
+    worker.start_kill().expect("kill -9");
+    worker.wait().await.expect("the worker ended");
+
+    let pulled = client.pull(Version(0)).await.expect("pull");
+    let got = &pulled[&name].values;
+    // kv-worker's gradient: ((i % 97) - 48) * 1e-6; element 0 has the largest.
+    let gradient = |i: usize| ((i % 97) as f32 - 48.0) * 1e-6;
+    let steps = ((got[0] - 0.5) / (-LR * gradient(0))).round();
+    assert!(steps >= 3.0, "{steps} pushes applied");
+    for (i, &value) in got.iter().enumerate() {
+        let expected = 0.5 - steps * LR * gradient(i);
+        assert!(
+            (value - expected).abs() < 2e-4,
+            "element {i} is {value}, not {expected} as after {steps} whole pushes: a torn apply"
+        );
+    }
+    let after = ClientConfig {
+        data_path: DataPathMode::Shm,
+        ..ClientConfig::new(vec![server.addr.clone()])
+    };
+    let mut again = PsClient::connect(after).await.expect("connect");
+    let info = ParamInfo {
+        name: name.clone(),
+        shape: vec![len],
+        dtype: DType::F32,
+    };
+    again.place(&[info]).await.expect("place");
+    let grads = [ParamBytes::new(&name, values(len, gradient))];
+    assert_eq!(
+        again.push(Rank(7), Step(0), &grads).await.expect("a push"),
+        1
+    );
+}

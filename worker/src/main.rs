@@ -82,6 +82,11 @@ struct Cli {
     /// being pushed (for comparing the two).
     #[arg(long, env = "PS_NO_PIPELINE", value_parser = env_flag())]
     no_pipeline: bool,
+    /// How pushes and pulls reach a server: auto (through shared memory when
+    /// the server is on this host, gRPC otherwise), shm (shared memory, or
+    /// fail naming why not), or grpc.
+    #[arg(long, env = "PS_DATA_PATH", default_value = "auto")]
+    data_path: ps_shm::DataPathMode,
     #[command(flatten)]
     train: TrainArgs,
     #[command(flatten)]
@@ -169,6 +174,7 @@ async fn main() -> anyhow::Result<()> {
     client_config.scheduler = cli.scheduler.clone();
     client_config.session = !cli.unary;
     client_config.pipeline = !cli.no_pipeline;
+    client_config.data_path = cli.data_path;
     cli.security
         .apply(Role::Worker, &mut client_config.transport)?;
     let mut client = PsClient::connect(client_config).await?;

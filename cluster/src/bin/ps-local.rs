@@ -52,6 +52,10 @@ struct Cli {
     /// Print one JSON summary as the last line of stdout.
     #[arg(long, env = "PS_JSON", value_parser = env_flag())]
     json: bool,
+    /// How the workers reach the servers: auto (shared memory, as they share
+    /// this process's host), shm (the same, failing without it), or grpc.
+    #[arg(long, env = "PS_DATA_PATH", default_value = "auto")]
+    data_path: ps_shm::DataPathMode,
     #[command(flatten)]
     train: TrainArgs,
 }
@@ -102,6 +106,7 @@ async fn main() -> anyhow::Result<()> {
         scheduler: !cli.no_scheduler,
         checkpoint_dir: cli.checkpoint_dir,
         metrics_listen: cli.metrics_listen,
+        data_path: cli.data_path,
         tls: match cli.tls {
             true => Some(ClusterCerts::generate(&[], 1)?.tls_config(true)),
             false => None,
