@@ -12,16 +12,17 @@
 //! reader loads `tail` (acquire), copies words out and publishes the new
 //! `head`. Large writes are published every [`PUBLISH_WORDS`], so the reader
 //! copies out while the writer still copies in. A side with nothing to do
-//! spins for [`SPIN`], then sets its waiting word, checks once more, and
-//! sleeps on its [`Bell`]; the other side rings that bell only when it finds
-//! the waiting word set, so two busy processes exchange words with no
-//! system call.
+//! spins for [`SPIN`] (only when its last wait was short: a peer that
+//! computes between operations would only lose its core to the spinning),
+//! then sets its waiting word, checks once more, and sleeps on its [`Bell`];
+//! the other side rings that bell only when it finds the waiting word set, so
+//! two busy processes exchange words with no system call.
 //!
 //! The other process is not trusted: a `tail` or `head` that could not come
 //! from a well-behaved peer is [`RingError::Corrupt`], and the session ends.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use crate::bell::{Bell, Ringer};
@@ -29,6 +30,11 @@ use crate::region::Region;
 
 /// How long a side with nothing to do polls before it sleeps on its bell.
 pub const SPIN: Duration = Duration::from_micros(50);
+
+/// A wait this short makes the next one spin first. It is twice [`SPIN`]
+/// because a wait that slept also counts the other side's own waking: two
+/// sides that both slept would otherwise never spin again.
+const SHORT_WAIT: Duration = Duration::from_micros(200);
 
 /// How many words a writer copies before publishing them to the reader.
 pub const PUBLISH_WORDS: u64 = 8 * 1024;
@@ -133,6 +139,10 @@ struct End {
     mine: Bell,
     /// The bell the other end sleeps on.
     theirs: Ringer,
+    /// Whether the last wait was shorter than [`SHORT_WAIT`]: only then does
+    /// the next one spin first (a peer that keeps this end waiting longer, such as a
+    /// worker computing between steps, would only have its core taken).
+    spin: AtomicBool,
 }
 
 impl End {
@@ -166,12 +176,18 @@ impl End {
         my_waiting: usize,
         mut ready: impl FnMut() -> Result<Option<T>, RingError>,
     ) -> Result<T, RingError> {
+        if let Some(value) = ready()? {
+            return Ok(value);
+        }
         let started = Instant::now();
+        let spin = self.spin.load(Ordering::Relaxed);
         loop {
             if let Some(value) = ready()? {
+                self.spin
+                    .store(started.elapsed() < SHORT_WAIT, Ordering::Relaxed);
                 return Ok(value);
             }
-            if started.elapsed() < SPIN {
+            if spin && started.elapsed() < SPIN {
                 for _ in 0..64 {
                     std::hint::spin_loop();
                 }
@@ -182,6 +198,8 @@ impl End {
             fence(Ordering::SeqCst);
             if let Some(value) = ready()? {
                 self.word(my_waiting).store(0, Ordering::Relaxed);
+                self.spin
+                    .store(started.elapsed() < SHORT_WAIT, Ordering::Relaxed);
                 return Ok(value);
             }
             self.mine.wait().await?;
@@ -223,6 +241,7 @@ impl RingWriter {
             layout,
             mine,
             theirs,
+            spin: AtomicBool::new(true),
         };
         Self {
             end,
@@ -311,6 +330,7 @@ impl RingReader {
             layout,
             mine,
             theirs,
+            spin: AtomicBool::new(true),
         };
         Self { end, head }
     }
