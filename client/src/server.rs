@@ -27,6 +27,12 @@ use crate::framed::{FramedAnswer, start_framed};
 use crate::retry::RetryPolicy;
 use crate::session::SessionLink;
 
+/// With `--data-path auto`, the largest push or pull sent through shared
+/// memory; larger ones stream over gRPC, which moves them faster today
+/// (`docs/benchmarks.md`: 16 MiB at 2.5-3.1 GB/s over gRPC against 1.1-1.3
+/// through the rings).
+pub(crate) const AUTO_SHM_LARGEST_BYTES: usize = 4 << 20;
+
 /// One parameter server.
 #[derive(Clone)]
 pub(crate) struct Server {
@@ -169,10 +175,17 @@ impl Server {
         }
     }
 
-    /// Whether this server's session runs through shared memory (opening it
-    /// when none is open; false when it cannot be opened).
-    pub(crate) async fn on_shared_memory(&self) -> bool {
-        if !self.data_path.tries_shm() || self.shm_out_of_reach.load(Ordering::Relaxed) {
+    /// Whether a push or pull of `bytes` goes as one message through shared
+    /// memory: with `--data-path shm` whatever its size, with `auto` below
+    /// [`AUTO_SHM_LARGEST_BYTES`] (opening the session when none is open;
+    /// false when it cannot be opened).
+    pub(crate) async fn carries(&self, bytes: usize) -> bool {
+        let within = match self.data_path {
+            DataPathMode::Shm => true,
+            DataPathMode::Auto => bytes < AUTO_SHM_LARGEST_BYTES,
+            DataPathMode::Grpc => false,
+        };
+        if !within || self.shm_out_of_reach.load(Ordering::Relaxed) {
             return false;
         }
         matches!(self.session().await, Ok(Some(link)) if link.is_shared_memory())

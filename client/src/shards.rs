@@ -305,9 +305,9 @@ impl Shards {
     }
 
     /// Whether a push or pull of `bytes` to `server` goes as one message:
-    /// always through shared memory, else when it is small enough.
+    /// when it is small enough, or through shared memory (`Server::carries`).
     async fn in_one_message(&self, server: &Server, bytes: usize) -> bool {
-        self.sizes.transfer_is_unary(bytes) || (self.session && server.on_shared_memory().await)
+        self.sizes.transfer_is_unary(bytes) || (self.session && server.carries(bytes).await)
     }
 
     /// A push on `server`'s session stream: how many keys took it; `None` when
