@@ -55,8 +55,7 @@ pub struct ServerConfig {
     pub checkpoint: Option<CheckpointConfig>,
     /// HTTP/2 and message-size settings.
     pub transport: TransportConfig,
-    /// Whether workers on this host are offered shared memory
-    /// (`--data-path`), and where its socket lives.
+    /// Whether workers on this host are offered shared memory (`--data-path`).
     pub shared_memory: SharedMemoryConfig,
 }
 
@@ -67,8 +66,6 @@ pub struct SharedMemoryConfig {
     /// otherwise; `grpc`: never offered; `shm`: the server fails to start
     /// when it cannot offer it.
     pub mode: DataPathMode,
-    /// The directory the server's private socket directory is made in.
-    pub socket_parent: std::path::PathBuf,
     /// Bytes of each of a session region's two rings.
     pub ring_bytes: u64,
 }
@@ -77,7 +74,6 @@ impl Default for SharedMemoryConfig {
     fn default() -> Self {
         Self {
             mode: DataPathMode::Auto,
-            socket_parent: std::env::temp_dir(),
             ring_bytes: ps_shm::DEFAULT_RING_BYTES,
         }
     }

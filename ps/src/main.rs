@@ -136,10 +136,6 @@ struct Args {
     /// socket can be made), grpc (never), or shm (fail to start without it).
     #[arg(long, env = "PS_DATA_PATH", default_value = "auto")]
     data_path: ps_shm::DataPathMode,
-    /// Where the shared-memory socket's private directory is made (default:
-    /// the system's temporary directory).
-    #[arg(long, env = "PS_SHM_SOCKET_DIR")]
-    shm_socket_dir: Option<std::path::PathBuf>,
     /// Bytes of each of a shared-memory session's two rings.
     #[arg(long, env = "PS_SHM_RING", value_parser = parse_size, default_value = "1MiB")]
     shm_ring: usize,
@@ -235,7 +231,6 @@ impl Args {
     }
 
     fn shared_memory(&self) -> anyhow::Result<ps_server::config::SharedMemoryConfig> {
-        let defaults = ps_server::config::SharedMemoryConfig::default();
         if self.shm_ring < 4096 || self.shm_ring % 8 != 0 {
             anyhow::bail!(
                 "--shm-ring {} must be at least 4 KiB and a multiple of 8 bytes",
@@ -244,10 +239,6 @@ impl Args {
         }
         Ok(ps_server::config::SharedMemoryConfig {
             mode: self.data_path,
-            socket_parent: self
-                .shm_socket_dir
-                .clone()
-                .unwrap_or(defaults.socket_parent),
             ring_bytes: self.shm_ring as u64,
         })
     }

@@ -28,18 +28,17 @@ pub(crate) fn bind(
     if !shm.mode.tries_shm() {
         return Ok(None);
     }
-    match Offers::bind(&shm.socket_parent, shm.ring_bytes) {
+    match Offers::bind(shm.ring_bytes) {
         Ok((offers, listener)) => {
-            tracing::info!(socket = %offers.socket().display(), ring_bytes = shm.ring_bytes, "offering shared memory to workers on this host");
+            tracing::info!(socket = %offers.socket(), ring_bytes = shm.ring_bytes, "offering shared memory to workers on this host");
             Ok(Some((offers, listener)))
         }
         Err(error) if shm.mode == DataPathMode::Auto => {
-            tracing::warn!(%error, parent = %shm.socket_parent.display(), "no shared-memory socket; workers on this host use gRPC");
+            tracing::warn!(%error, "no shared-memory socket; workers on this host use gRPC");
             Ok(None)
         }
         Err(error) => Err(ServeError::Config(format!(
-            "--data-path shm: cannot make the shared-memory socket under {}: {error}",
-            shm.socket_parent.display()
+            "--data-path shm: cannot make the shared-memory socket: {error}"
         ))),
     }
 }

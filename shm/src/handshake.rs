@@ -1,14 +1,20 @@
-//! Handing a region to a worker: the server's [`Offers`] (a Unix-domain
-//! socket in a directory only its user can enter, and the one-time nonces it
-//! gave out over authenticated gRPC), [`admit`] on the server's side and
-//! [`connect`] on the worker's.
+//! Handing a region to a worker: the server's [`Offers`] (an abstract
+//! Unix-domain socket, and the one-time nonces it gave out over authenticated
+//! gRPC), [`admit`] on the server's side and [`connect`] on the worker's.
+//!
+//! The socket is abstract (Linux): it has no file, so a server killed with
+//! `kill -9` leaves nothing behind, and it lives in the server's network
+//! namespace, so a worker in another one (another container, or another
+//! emulated host of `ps-testbed`) cannot reach it and stays on gRPC. Anyone in
+//! the namespace may connect; only the server's uid holding a nonce gets a
+//! region.
 //!
 //! 1. The worker asks for an offer over its gRPC channel (`OfferSharedMemory`,
 //!    which the server's access layer admits only with a worker's token) and
-//!    gets the socket's path, a 32-byte nonce, the server's boot id and uid.
+//!    gets the socket's name, a 32-byte nonce, the server's boot id and uid.
 //! 2. A worker whose boot id differs is on another host; one that cannot
-//!    open the path is in another container or mount namespace. Either stays
-//!    on gRPC ([`HandshakeError::is_elsewhere`]).
+//!    reach the socket is in another network namespace. Either stays on gRPC
+//!    ([`HandshakeError::is_elsewhere`]).
 //! 3. Otherwise it connects and sends the nonce. The server checks the peer's
 //!    uid (`SO_PEERCRED`) against its own and takes the nonce (each is good
 //!    for one connection, for [`OFFER_LIFETIME`]); then it creates a new
@@ -21,8 +27,8 @@ use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,7 +82,7 @@ pub enum HandshakeError {
         "cannot open the server's shared-memory socket {path} (another container or mount namespace?): {source}"
     )]
     NoSocket {
-        /// The socket's path.
+        /// The socket's name.
         path: String,
         /// Why.
         source: io::Error,
@@ -223,8 +229,8 @@ pub fn boot_id() -> io::Result<String> {
 /// The server's socket and the nonces it handed out.
 #[derive(Debug)]
 pub struct Offers {
-    dir: PathBuf,
-    socket: PathBuf,
+    /// The abstract socket's name, `@` first as tools print it.
+    socket: String,
     boot_id: String,
     uid: u32,
     ring_bytes: u64,
@@ -232,36 +238,30 @@ pub struct Offers {
 }
 
 impl Offers {
-    /// Binds the server's socket in a new directory under `parent` that only
-    /// this user may enter; each session's region has rings of `ring_bytes`.
+    /// Binds the server's abstract socket under a new random name; each
+    /// session's region has rings of `ring_bytes`.
     ///
     /// # Errors
-    /// The directory or socket cannot be made, or there is no boot id.
-    pub fn bind(parent: &Path, ring_bytes: u64) -> io::Result<(Arc<Self>, UnixListener)> {
+    /// The socket cannot be bound, or there is no boot id.
+    pub fn bind(ring_bytes: u64) -> io::Result<(Arc<Self>, UnixListener)> {
         assert!(ring_bytes >= 4096 && ring_bytes % 8 == 0, "rings are words");
         let tag: [u8; 8] = random()?;
-        let dir = parent.join(format!(
-            "candle-ps-shm-{}-{}",
-            std::process::id(),
-            hex(&tag)
-        ));
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        let socket = dir.join("server.sock");
-        let listener = UnixListener::bind(&socket)?;
-        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+        let name = format!("candle-ps-shm-{}-{}", std::process::id(), hex(&tag));
+        let address = SocketAddr::from_abstract_name(name.as_bytes())?;
+        let listener = std::os::unix::net::UnixListener::bind_addr(&address)?;
+        listener.set_nonblocking(true)?;
         let offers = Self {
-            dir,
-            socket,
+            socket: format!("@{name}"),
             boot_id: boot_id()?,
             uid: rustix::process::geteuid().as_raw(),
             ring_bytes,
             pending: Mutex::default(),
         };
-        Ok((Arc::new(offers), listener))
+        Ok((Arc::new(offers), UnixListener::from_std(listener)?))
     }
 
-    /// The socket's path.
-    pub fn socket(&self) -> &Path {
+    /// The socket's name (`@` and the abstract name).
+    pub fn socket(&self) -> &str {
         &self.socket
     }
 
@@ -275,7 +275,7 @@ impl Offers {
         pending.retain(|_, given| given.elapsed() < OFFER_LIFETIME);
         pending.insert(nonce, Instant::now());
         Ok(v1::SharedMemoryOffer {
-            socket_path: self.socket.display().to_string(),
+            socket_path: self.socket.clone(),
             nonce: nonce.to_vec().into(),
             boot_id: self.boot_id.clone(),
             uid: self.uid,
@@ -295,11 +295,18 @@ impl Offers {
     }
 }
 
-impl Drop for Offers {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.socket);
-        let _ = std::fs::remove_dir(&self.dir);
-    }
+/// Connects to the socket an offer names: `@name` is abstract, anything else
+/// a path.
+async fn reach(socket: &str) -> io::Result<UnixStream> {
+    let stream = match socket.strip_prefix('@') {
+        Some(name) => {
+            let address = SocketAddr::from_abstract_name(name.as_bytes())?;
+            std::os::unix::net::UnixStream::connect_addr(&address)?
+        }
+        None => std::os::unix::net::UnixStream::connect(socket)?,
+    };
+    stream.set_nonblocking(true)?;
+    UnixStream::from_std(stream)
 }
 
 /// Admits the connection `socket`: checks its user and nonce, then hands it
@@ -374,12 +381,13 @@ pub async fn connect(offer: &v1::SharedMemoryOffer) -> Result<WorkerEnd, Handsha
             theirs: offer.uid,
         });
     }
-    let mut socket = UnixStream::connect(&offer.socket_path)
-        .await
-        .map_err(|source| HandshakeError::NoSocket {
-            path: offer.socket_path.clone(),
-            source,
-        })?;
+    let mut socket =
+        reach(&offer.socket_path)
+            .await
+            .map_err(|source| HandshakeError::NoSocket {
+                path: offer.socket_path.clone(),
+                source,
+            })?;
     let hello = v1::SharedMemoryHello {
         nonce: offer.nonce.clone(),
     };

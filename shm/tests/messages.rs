@@ -168,8 +168,7 @@ mod handshake {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_offer_taken_over_the_socket_carries_a_session_both_ways() {
-        let dir = tempfile::tempdir().unwrap();
-        let (offers, listener) = Offers::bind(dir.path(), 1 << 16).unwrap();
+        let (offers, listener) = Offers::bind(1 << 16).unwrap();
         let offer = offers.offer().unwrap();
         let server = {
             let offers = offers.clone();
@@ -207,8 +206,7 @@ mod handshake {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_nonce_not_offered_or_used_twice_gets_no_region() {
-        let dir = tempfile::tempdir().unwrap();
-        let (offers, listener) = Offers::bind(dir.path(), 1 << 16).unwrap();
+        let (offers, listener) = Offers::bind(1 << 16).unwrap();
         let accepting = {
             let offers = offers.clone();
             tokio::spawn(async move {
@@ -234,8 +232,7 @@ mod handshake {
 
     #[tokio::test]
     async fn an_offer_from_another_host_or_user_is_not_taken() {
-        let dir = tempfile::tempdir().unwrap();
-        let (offers, _listener) = Offers::bind(dir.path(), 1 << 16).unwrap();
+        let (offers, _listener) = Offers::bind(1 << 16).unwrap();
         let mut elsewhere = offers.offer().unwrap();
         elsewhere.boot_id = "another-host".to_string();
         let error = connect(&elsewhere).await.unwrap_err();
@@ -251,28 +248,31 @@ mod handshake {
             "{error}"
         );
         let mut no_socket = offers.offer().unwrap();
-        no_socket.socket_path = dir.path().join("absent.sock").display().to_string();
+        no_socket.socket_path = "@candle-ps-shm-nobody-listens-here".to_string();
         let error = connect(&no_socket).await.unwrap_err();
         assert!(matches!(error, HandshakeError::NoSocket { .. }), "{error}");
     }
 
     #[test]
-    fn the_socket_and_its_directory_are_private_and_removed() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
+    fn the_socket_has_no_file_and_closes_with_its_listener() {
         let runtime = runtime();
-        let _guard = runtime.enter();
-        let (offers, listener) = Offers::bind(dir.path(), 1 << 16).unwrap();
-        let socket = offers.socket().to_path_buf();
-        let parent = socket.parent().unwrap().to_path_buf();
-        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&parent), 0o700);
-        assert_eq!(mode(&socket), 0o600);
-        drop(listener);
-        drop(offers);
-        assert!(
-            !parent.exists(),
-            "the socket's directory is removed with the offers"
-        );
+        runtime.block_on(async {
+            let (offers, listener) = Offers::bind(1 << 16).unwrap();
+            let name = offers.socket().to_string();
+            assert!(name.starts_with("@candle-ps-shm-"), "{name}");
+            let abstract_sockets = || std::fs::read_to_string("/proc/net/unix").unwrap();
+            assert!(abstract_sockets().contains(&name), "listed while bound");
+            let offer = offers.offer().unwrap();
+            drop(listener);
+            assert!(
+                !abstract_sockets().contains(&name),
+                "gone with the listener"
+            );
+            let refused = connect(&offer).await.unwrap_err();
+            assert!(
+                matches!(refused, HandshakeError::NoSocket { .. }),
+                "{refused}"
+            );
+        });
     }
 }

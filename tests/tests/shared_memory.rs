@@ -29,18 +29,12 @@ fn values(len: usize, f: impl Fn(usize) -> f32) -> Bytes {
     (0..len).flat_map(|i| f(i).to_le_bytes()).collect()
 }
 
-/// One BSP server for one worker offering shared memory as `mode` says,
-/// its socket under `dir`.
-async fn server(
-    mode: DataPathMode,
-    dir: &std::path::Path,
-    transport: TransportConfig,
-) -> LocalServers {
+/// One BSP server for one worker offering shared memory as `mode` says.
+async fn server(mode: DataPathMode, transport: TransportConfig) -> LocalServers {
     let config = ServerConfig {
         workers: 1,
         shared_memory: SharedMemoryConfig {
             mode,
-            socket_parent: dir.to_path_buf(),
             ring_bytes: 64 << 10,
         },
         transport,
@@ -109,9 +103,8 @@ async fn train(client: &PsClient) -> Vec<BTreeMap<String, Vec<f32>>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_memory_trains_to_the_values_grpc_gives() {
-    let dir = tempfile::tempdir().unwrap();
-    let shm = server(DataPathMode::Shm, dir.path(), TransportConfig::default()).await;
-    let grpc = server(DataPathMode::Grpc, dir.path(), TransportConfig::default()).await;
+    let shm = server(DataPathMode::Shm, TransportConfig::default()).await;
+    let grpc = server(DataPathMode::Grpc, TransportConfig::default()).await;
     let through_shm = train(&client(shm.addrs(), DataPathMode::Shm).await).await;
     let through_grpc = train(&client(grpc.addrs(), DataPathMode::Grpc).await).await;
     assert_eq!(through_shm, through_grpc);
@@ -122,8 +115,7 @@ async fn shared_memory_trains_to_the_values_grpc_gives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shm_against_a_server_offering_none_fails_naming_why() {
-    let dir = tempfile::tempdir().unwrap();
-    let grpc = server(DataPathMode::Grpc, dir.path(), TransportConfig::default()).await;
+    let grpc = server(DataPathMode::Grpc, TransportConfig::default()).await;
     let client = client(grpc.addrs(), DataPathMode::Shm).await;
     // Registration is unary gRPC; the first push opens the session.
     client
@@ -144,7 +136,6 @@ async fn shm_against_a_server_offering_none_fails_naming_why() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offer_needs_a_workers_token() {
-    let dir = tempfile::tempdir().unwrap();
     let secrets = "server=servers-secret\nworker=workers-secret\n";
     let transport_as = |role| TransportConfig {
         token: Some(
@@ -155,7 +146,7 @@ async fn an_offer_needs_a_workers_token() {
         ),
         ..TransportConfig::default()
     };
-    let servers = server(DataPathMode::Auto, dir.path(), transport_as(Role::Server)).await;
+    let servers = server(DataPathMode::Auto, transport_as(Role::Server)).await;
     let addr = &servers.addrs()[0];
     for (transport, expected) in [
         (TransportConfig::default(), Some(Code::Unauthenticated)),
@@ -175,8 +166,7 @@ async fn an_offer_needs_a_workers_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_server_ends_the_region_and_its_socket() {
-    let dir = tempfile::tempdir().unwrap();
-    let servers = server(DataPathMode::Shm, dir.path(), TransportConfig::default()).await;
+    let servers = server(DataPathMode::Shm, TransportConfig::default()).await;
     let client = client(servers.addrs(), DataPathMode::Shm).await;
     client
         .register(
@@ -191,13 +181,20 @@ async fn a_stopped_server_ends_the_region_and_its_socket() {
         1
     );
     let addr = servers.addrs()[0].clone();
+    let channel = ps_tests::authed_channel(&addr, &TransportConfig::default()).await;
+    let offer = ParameterServerClient::new(channel)
+        .offer_shared_memory(v1::SharedMemoryOfferRequest {})
+        .await
+        .expect("an offer")
+        .into_inner();
     servers.shutdown().await.expect("a clean stop");
     let error = client.push(Rank(0), Step(1), &grads).await.unwrap_err();
     assert!(error.to_string().contains(&addr), "{error}");
-    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    // The socket went with the server: its last offer reaches nothing.
+    let gone = ps_shm::connect(&offer).await.unwrap_err();
     assert!(
-        left.is_empty(),
-        "the socket's directory is removed: {left:?}"
+        matches!(gone, ps_shm::HandshakeError::NoSocket { .. }),
+        "{gone}"
     );
 }
 
