@@ -30,8 +30,10 @@ use crate::session::SessionLink;
 /// With `--data-path auto`, the largest push or pull sent through shared
 /// memory; larger ones stream over gRPC, which moves them faster today
 /// (`docs/benchmarks.md`: 16 MiB at 2.5-3.1 GB/s over gRPC against 1.1-1.3
-/// through the rings).
-pub(crate) const AUTO_SHM_LARGEST_BYTES: usize = 4 << 20;
+/// through the rings). It stays under the 4 MiB default message limit, so a
+/// request retried on a gRPC session (shared memory lost meanwhile) still
+/// fits one message there.
+pub(crate) const AUTO_SHM_LARGEST_BYTES: usize = 3 << 20;
 
 /// One parameter server.
 #[derive(Clone)]

@@ -9,11 +9,18 @@ use std::sync::Arc;
 use ps_common::process::ServeError;
 use ps_shm::{DataPathMode, Offers, admit, serve_link};
 use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
 use crate::service::ParameterService;
 use crate::session;
+
+/// Handshakes in progress at once; more connections are closed as they come.
+const HANDSHAKES_AT_ONCE: usize = 16;
+
+/// How long the accept loop waits after the socket fails to accept.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The shared-memory socket and its offers, when `config` asks for them:
 /// `auto` goes on without them (with a warning) when the socket cannot be
@@ -51,20 +58,30 @@ pub(crate) async fn accept(
     service: ParameterService,
     stopped: CancellationToken,
 ) {
+    let handshakes = Arc::new(Semaphore::new(HANDSHAKES_AT_ONCE));
     loop {
         let socket = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((socket, _)) => socket,
                 Err(error) => {
-                    tracing::warn!(%error, "the shared-memory socket failed to accept");
+                    tracing::warn!(%error, "the shared-memory socket failed to accept; trying again shortly");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                     continue;
                 }
             },
             () = stopped.cancelled() => return,
         };
+        // Past the cap, a connection is closed at once: handshakes cannot
+        // pile up and take this server's file descriptors.
+        let Ok(handshake) = Arc::clone(&handshakes).try_acquire_owned() else {
+            tracing::warn!("too many shared-memory handshakes at once; closing a connection");
+            continue;
+        };
         let (offers, service, stopped) = (Arc::clone(&offers), service.clone(), stopped.clone());
         tokio::spawn(async move {
-            match admit(&offers, socket).await {
+            let admitted = admit(&offers, socket).await;
+            drop(handshake);
+            match admitted {
                 Ok(end) => serve(end, service, stopped).await,
                 Err(error) => tracing::warn!(%error, "a shared-memory session was refused"),
             }

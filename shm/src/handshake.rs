@@ -201,8 +201,9 @@ pub struct ServerEnd {
     pub answers: RingWriter,
     /// The socket, open for as long as the session.
     pub socket: UnixStream,
-    /// The peer's process id, for logs.
-    pub peer_pid: u32,
+    /// The peer's process id, for logs (none when it runs in a process
+    /// namespace this server cannot see into).
+    pub peer_pid: Option<i32>,
 }
 
 /// The worker's end of a session.
@@ -244,7 +245,14 @@ impl Offers {
     /// # Errors
     /// The socket cannot be bound, or there is no boot id.
     pub fn bind(ring_bytes: u64) -> io::Result<(Arc<Self>, UnixListener)> {
-        assert!(ring_bytes >= 4096 && ring_bytes % 8 == 0, "rings are words");
+        if ring_bytes < 4096 || ring_bytes % 8 != 0 || ring_bytes > 1 << 32 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "rings of {ring_bytes} bytes: they must be whole words between 4 KiB and 4 GiB"
+                ),
+            ));
+        }
         let tag: [u8; 8] = random()?;
         let name = format!("candle-ps-shm-{}-{}", std::process::id(), hex(&tag));
         let address = SocketAddr::from_abstract_name(name.as_bytes())?;
@@ -298,14 +306,22 @@ impl Offers {
 /// Connects to the socket an offer names: `@name` is abstract, anything else
 /// a path.
 async fn reach(socket: &str) -> io::Result<UnixStream> {
-    let stream = match socket.strip_prefix('@') {
-        Some(name) => {
-            let address = SocketAddr::from_abstract_name(name.as_bytes())?;
-            std::os::unix::net::UnixStream::connect_addr(&address)?
-        }
-        None => std::os::unix::net::UnixStream::connect(socket)?,
-    };
-    stream.set_nonblocking(true)?;
+    let target = socket.to_string();
+    let connect = tokio::task::spawn_blocking(move || {
+        let stream = match target.strip_prefix('@') {
+            Some(name) => {
+                let address = SocketAddr::from_abstract_name(name.as_bytes())?;
+                std::os::unix::net::UnixStream::connect_addr(&address)?
+            }
+            None => std::os::unix::net::UnixStream::connect(&target)?,
+        };
+        stream.set_nonblocking(true)?;
+        Ok::<_, io::Error>(stream)
+    });
+    let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, connect)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the socket did not accept in time"))?
+        .map_err(io::Error::other)??;
     UnixStream::from_std(stream)
 }
 
@@ -315,20 +331,18 @@ async fn reach(socket: &str) -> io::Result<UnixStream> {
 /// # Errors
 /// Why it was refused, or what failed.
 pub async fn admit(offers: &Offers, mut socket: UnixStream) -> Result<ServerEnd, HandshakeError> {
-    let peer = rustix::net::sockopt::socket_peercred(&socket).map_err(io::Error::from)?;
-    let hello: v1::SharedMemoryHello = read_framed(&mut socket).await?;
-    let refusal = if peer.uid.as_raw() != offers.uid {
-        Some(format!(
+    let peer = socket.peer_cred()?;
+    if peer.uid() != offers.uid {
+        // Closed before anything is read: another user holds nothing here.
+        return Err(HandshakeError::Refused(format!(
             "the connecting process runs as uid {}, not as this server's uid {}",
-            peer.uid.as_raw(),
+            peer.uid(),
             offers.uid
-        ))
-    } else if !offers.take(&hello.nonce) {
-        Some("the nonce is not one this server offered, was used already, or expired; ask for a new offer".to_string())
-    } else {
-        None
-    };
-    if let Some(refusal) = refusal {
+        )));
+    }
+    let hello: v1::SharedMemoryHello = read_framed(&mut socket).await?;
+    if !offers.take(&hello.nonce) {
+        let refusal = "the nonce is not one this server offered, was used already, or expired; ask for a new offer".to_string();
         let welcome = v1::SharedMemoryWelcome {
             refusal: refusal.clone(),
             ring_bytes: 0,
@@ -356,7 +370,7 @@ pub async fn admit(offers: &Offers, mut socket: UnixStream) -> Result<ServerEnd,
         ),
         answers: RingWriter::new(region, Direction::Answers, capacity, side.answers),
         socket,
-        peer_pid: peer.pid.as_raw_nonzero().get() as u32,
+        peer_pid: peer.pid(),
     })
 }
 
@@ -411,7 +425,7 @@ pub async fn connect(offer: &v1::SharedMemoryOffer) -> Result<WorkerEnd, Handsha
         )));
     }
     let region = Arc::new(Region::open(region, region_bytes(welcome.ring_bytes))?);
-    let capacity = read_header(&region)?;
+    let capacity = read_header(&region, welcome.ring_bytes)?;
     Ok(WorkerEnd {
         requests: RingWriter::new(
             Arc::clone(&region),

@@ -7,7 +7,7 @@
 //!
 //! - [`region`]: the sealed memfd, mapped as atomic words (this crate's only
 //!   `unsafe`).
-//! - [`bell`]: eventfd doorbells, rung only for a side that sleeps.
+//! - [`bell`]: pipe doorbells, rung only for a side that sleeps.
 //! - [`ring`]: a single-producer, single-consumer ring of words with spinning,
 //!   then sleeping, waits.
 //! - [`message`]: session requests and answers on a ring, tensors as raw bytes,

@@ -110,8 +110,8 @@ pub(crate) fn write_header(region: &Region, ring_bytes: u64) {
 }
 
 /// The capacity in words of each ring of `region`, as its header says,
-/// checked against the region's size.
-pub(crate) fn read_header(region: &Region) -> Result<usize, RingError> {
+/// checked against the capacity announced (`ring_bytes`) and the region's size.
+pub(crate) fn read_header(region: &Region, ring_bytes: u64) -> Result<usize, RingError> {
     let words = region.words();
     if words.len() < HEADER_WORDS || words[0].load(Ordering::Acquire) != MAGIC {
         return Err(RingError::Corrupt(
@@ -119,9 +119,13 @@ pub(crate) fn read_header(region: &Region) -> Result<usize, RingError> {
         ));
     }
     let capacity = words[1].load(Ordering::Acquire);
-    let fits = usize::try_from(capacity)
-        .ok()
-        .filter(|&c| c > 0 && Layout::region_words(c) == words.len());
+    let fits = usize::try_from(capacity).ok().filter(|&c| {
+        c > 0
+            && capacity == ring_bytes / 8
+            && c.checked_mul(2)
+                .and_then(|both| both.checked_add(HEADER_WORDS))
+                == Some(words.len())
+    });
     fits.ok_or_else(|| {
         RingError::Corrupt(format!(
             "rings of {capacity} words do not fill a region of {} words",
@@ -235,7 +239,9 @@ impl RingWriter {
         (mine, theirs): (Bell, Ringer),
     ) -> Self {
         let layout = Layout::of(direction, capacity_words);
-        let tail = region.words()[layout.tail].load(Ordering::Acquire);
+        // A new region's rings start empty; nothing the peer may have
+        // written there since is trusted.
+        let tail = 0;
         let end = End {
             region,
             layout,
@@ -324,7 +330,7 @@ impl RingReader {
         (mine, theirs): (Bell, Ringer),
     ) -> Self {
         let layout = Layout::of(direction, capacity_words);
-        let head = region.words()[layout.head].load(Ordering::Acquire);
+        let head = 0;
         let end = End {
             region,
             layout,
