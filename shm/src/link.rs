@@ -13,7 +13,9 @@
 
 use std::future::Future;
 
+use ps_proto::refusal::refusal_of;
 use ps_proto::v1;
+use ps_proto::v1::session_answer::Outcome;
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -21,7 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::handshake::{ServerEnd, WorkerEnd};
-use crate::message::{MessageError, Payloads, read_message, write_message};
+use crate::message::{Arrived, MessageError, Payloads, read_message, write_message};
 use crate::ring::{RingReader, RingWriter};
 
 /// Messages either side's channels hold ahead of the rings.
@@ -54,9 +56,12 @@ pub fn serve_link(
     let (requests_in, requests) = mpsc::channel(AHEAD);
     let (answers, answers_out) = mpsc::channel::<Result<v1::SessionAnswer, Status>>(AHEAD);
     let peer = end.peer_pid;
-    let reader = read_into(end.requests, requests_in, payload_limit, |error| {
-        Status::invalid_argument(format!("the shared-memory session broke: {error}"))
-    });
+    let reader = read_requests(
+        end.requests,
+        requests_in,
+        answers.downgrade(),
+        payload_limit,
+    );
     let writer = write_from(end.answers, answers_out, |answer| answer.ok());
     tokio::spawn(async move {
         let why = watch(end.socket, reader, writer, stop).await;
@@ -91,6 +96,62 @@ pub fn worker_link(end: WorkerEnd, payload_limit: u64) -> WorkerLink {
     }
 }
 
+/// Reads requests from `ring` into `into` until either fails; a request
+/// past `payload_limit` is answered on `answers` with `RESOURCE_EXHAUSTED`
+/// (the session goes on), and a failed read ends the session. `answers` is
+/// weak: the session ends when its loop lets go of the answers, not when
+/// this reader does.
+async fn read_requests(
+    mut ring: RingReader,
+    into: mpsc::Sender<Result<v1::SessionRequest, Status>>,
+    answers: mpsc::WeakSender<Result<v1::SessionAnswer, Status>>,
+    payload_limit: u64,
+) -> &'static str {
+    let mut seq = 1;
+    loop {
+        let sent = match read_message::<v1::SessionRequest>(&mut ring, seq, payload_limit).await {
+            Ok(Arrived::Whole(request)) => into.send(Ok(request)).await.is_ok(),
+            Ok(Arrived::PastLimit(request, why)) => {
+                let status = Status::resource_exhausted(why);
+                let refusal = v1::SessionAnswer {
+                    id: request.id,
+                    outcome: Some(Outcome::Refusal(refusal_of(&status))),
+                    pull_waited_us: 0,
+                };
+                match answers.upgrade() {
+                    Some(answers) => answers.send(Ok(refusal)).await.is_ok(),
+                    None => false,
+                }
+            }
+            Err(error) => {
+                return ended(error, &into, |e| {
+                    Status::invalid_argument(format!("the shared-memory session broke: {e}"))
+                })
+                .await;
+            }
+        };
+        if !sent {
+            return "this side's session ended";
+        }
+        seq += 1;
+    }
+}
+
+/// Says why a read failed, on `into` as `status_of` it.
+async fn ended<M>(
+    error: MessageError,
+    into: &mpsc::Sender<Result<M, Status>>,
+    status_of: fn(MessageError) -> Status,
+) -> &'static str {
+    if error.is_peer_gone() {
+        let _ = into.send(Err(status_of(error))).await;
+        return "the other process closed its doorbell";
+    }
+    tracing::warn!(%error, "a shared-memory session is corrupt; ending it");
+    let _ = into.send(Err(status_of(error))).await;
+    "the ring or a message was corrupt"
+}
+
 /// Reads messages from `ring` into `into` until either fails; a failed read
 /// is sent on as `status_of` it.
 async fn read_into<M: Payloads + Send + 'static>(
@@ -101,21 +162,15 @@ async fn read_into<M: Payloads + Send + 'static>(
 ) -> &'static str {
     let mut seq = 1;
     loop {
-        match read_message::<M>(&mut ring, seq, payload_limit).await {
-            Ok(message) => {
-                if into.send(Ok(message)).await.is_err() {
-                    return "this side's session ended";
-                }
+        let message = match read_message::<M>(&mut ring, seq, payload_limit).await {
+            Ok(Arrived::Whole(message)) => message,
+            Ok(Arrived::PastLimit(_, why)) => {
+                return ended(MessageError::Malformed(why), &into, status_of).await;
             }
-            Err(error) if error.is_peer_gone() => {
-                let _ = into.send(Err(status_of(error))).await;
-                return "the other process closed its doorbell";
-            }
-            Err(error) => {
-                tracing::warn!(%error, "a shared-memory session is corrupt; ending it");
-                let _ = into.send(Err(status_of(error))).await;
-                return "the ring or a message was corrupt";
-            }
+            Err(error) => return ended(error, &into, status_of).await,
+        };
+        if into.send(Ok(message)).await.is_err() {
+            return "this side's session ended";
         }
         seq += 1;
     }

@@ -171,6 +171,17 @@ pub async fn write_message<M: Payloads>(
     Ok(())
 }
 
+/// A message read off a ring.
+#[derive(Debug)]
+pub enum Arrived<M> {
+    /// The whole message, its payloads put back.
+    Whole(M),
+    /// A message whose payloads were past the limit: its header alone (the
+    /// payloads were read past and dropped), and why it is refused. The ring
+    /// stays aligned, so the session goes on.
+    PastLimit(M, String),
+}
+
 /// Reads message `seq`: its header, with the payloads (no more than
 /// `payload_limit` bytes in all) put back into its tensors.
 ///
@@ -181,7 +192,7 @@ pub async fn read_message<M: Payloads>(
     ring: &mut RingReader,
     seq: u64,
     payload_limit: u64,
-) -> Result<M, MessageError> {
+) -> Result<Arrived<M>, MessageError> {
     let sizes = ring.read_word().await?;
     let (header_len, count) = (sizes & 0xffff_ffff, sizes >> 32);
     let got = ring.read_word().await?;
@@ -197,12 +208,11 @@ pub async fn read_message<M: Payloads>(
     for _ in 0..count {
         lens.push(ring.read_word().await?);
     }
-    let total = lens.iter().try_fold(0u64, |sum, &len| sum.checked_add(len));
-    if total.is_none_or(|total| total > payload_limit) {
+    let Some(total) = lens.iter().try_fold(0u64, |sum, &len| sum.checked_add(len)) else {
         return Err(MessageError::Malformed(format!(
-            "{count} payloads of {total:?} bytes in all are past the limit of {payload_limit}"
+            "{count} payloads whose lengths overflow"
         )));
-    }
+    };
     let mut header = vec![0u8; header_len as usize];
     ring.read(&mut header).await?;
     let mut message = M::decode(header.as_slice())
@@ -214,6 +224,13 @@ pub async fn read_message<M: Payloads>(
             message.payload_slots()
         )));
     }
+    if total > payload_limit {
+        skip(ring, &lens).await?;
+        let why = format!(
+            "a request carrying {total} bytes of tensors is past this server's limit of {payload_limit} (its memory budget); send fewer keys at once or raise --memory-budget"
+        );
+        return Ok(Arrived::PastLimit(message, why));
+    }
     let mut payloads = Vec::with_capacity(lens.len());
     for len in lens {
         let mut payload = vec![0u8; len as usize];
@@ -221,5 +238,19 @@ pub async fn read_message<M: Payloads>(
         payloads.push(Bytes::from(payload));
     }
     message.put_payloads(payloads);
-    Ok(message)
+    Ok(Arrived::Whole(message))
+}
+
+/// Reads past payloads of `lens` bytes (each padded to whole words).
+async fn skip(ring: &mut RingReader, lens: &[u64]) -> Result<(), RingError> {
+    let mut scratch = vec![0u8; 64 << 10];
+    for &len in lens {
+        let mut left = len.div_ceil(8) * 8;
+        while left > 0 {
+            let now = left.min(scratch.len() as u64) as usize;
+            ring.read(&mut scratch[..now]).await?;
+            left -= now as u64;
+        }
+    }
+    Ok(())
 }

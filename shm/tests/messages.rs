@@ -11,7 +11,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use ps_proto::v1;
 use ps_proto::v1::session_request::Op;
-use ps_shm::message::{MessageError, read_message, write_message};
+use ps_shm::message::{Arrived, MessageError, read_message, write_message};
 use ps_shm::ring::in_process;
 
 fn push(id: u64, payloads: &[Vec<u8>]) -> v1::SessionRequest {
@@ -34,6 +34,17 @@ fn push(id: u64, payloads: &[Vec<u8>]) -> v1::SessionRequest {
                 })
                 .collect(),
         })),
+    }
+}
+
+/// Message `seq`, which must arrive whole.
+async fn read_whole(
+    reader: &mut ps_shm::ring::RingReader,
+    seq: u64,
+) -> Result<v1::SessionRequest, MessageError> {
+    match read_message(reader, seq, u64::MAX).await? {
+        Arrived::Whole(request) => Ok(request),
+        Arrived::PastLimit(_, why) => panic!("no limit, yet past it: {why}"),
     }
 }
 
@@ -68,7 +79,7 @@ proptest! {
             };
             for (seq, expected) in sent.iter().enumerate() {
                 let got: v1::SessionRequest =
-                    read_message(&mut reader, seq as u64 + 1, u64::MAX).await.unwrap();
+                    read_whole(&mut reader, seq as u64 + 1).await.unwrap();
                 assert_eq!(&got, expected);
             }
             writing.await.unwrap();
@@ -90,11 +101,11 @@ proptest! {
                 let done = writing.as_mut().poll(&mut Context::from_waker(&waker));
                 prop_assume!(done.is_pending(), "the message fit the ring whole");
             }
-            let first: v1::SessionRequest = read_message(&mut reader, 1, u64::MAX).await.unwrap();
+            let first: v1::SessionRequest = read_whole(&mut reader, 1).await.unwrap();
             assert_eq!(first.id, 1);
             let second = tokio::time::timeout(
                 Duration::from_millis(50),
-                read_message::<v1::SessionRequest>(&mut reader, 2, u64::MAX),
+                read_whole(&mut reader, 2),
             )
             .await;
             assert!(second.is_err(), "a message cut short was handed on: {second:?}");
@@ -112,9 +123,9 @@ async fn a_replayed_or_skipped_message_is_refused() {
     write_message(&mut writer, 1, push(1, &[vec![1; 10]]))
         .await
         .unwrap();
-    let first: v1::SessionRequest = read_message(&mut reader, 1, u64::MAX).await.unwrap();
+    let first: v1::SessionRequest = read_whole(&mut reader, 1).await.unwrap();
     assert_eq!(first.id, 1);
-    let replayed = read_message::<v1::SessionRequest>(&mut reader, 2, u64::MAX).await;
+    let replayed = read_whole(&mut reader, 2).await;
     assert!(matches!(
         replayed,
         Err(MessageError::Sequence {
@@ -125,7 +136,7 @@ async fn a_replayed_or_skipped_message_is_refused() {
 
     let (mut writer, mut reader, _, _) = in_process(1 << 16).unwrap();
     write_message(&mut writer, 2, push(2, &[])).await.unwrap();
-    let skipped = read_message::<v1::SessionRequest>(&mut reader, 1, u64::MAX).await;
+    let skipped = read_whole(&mut reader, 1).await;
     assert!(matches!(
         skipped,
         Err(MessageError::Sequence {
@@ -137,12 +148,30 @@ async fn a_replayed_or_skipped_message_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_past_the_limit_or_not_matching_the_tensors_are_refused() {
-    let (mut writer, mut reader, _, _) = in_process(1 << 16).unwrap();
-    write_message(&mut writer, 1, push(1, &[vec![1; 1000]]))
-        .await
-        .unwrap();
+    // Past the limit: the header alone, the payload read past, the next
+    // message whole.
+    let (mut writer, mut reader, _, _) = in_process(4096).unwrap();
+    let writing = tokio::spawn(async move {
+        write_message(&mut writer, 1, push(1, &[vec![1; 100_000]]))
+            .await
+            .unwrap();
+        write_message(&mut writer, 2, push(2, &[vec![2; 10]]))
+            .await
+            .unwrap();
+    });
     let over = read_message::<v1::SessionRequest>(&mut reader, 1, 999).await;
-    assert!(matches!(over, Err(MessageError::Malformed(_))), "{over:?}");
+    match over {
+        Ok(Arrived::PastLimit(request, why)) => {
+            assert_eq!(request.id, 1);
+            assert!(why.contains("100000 bytes") && why.contains("999"), "{why}");
+        }
+        other => panic!("not refused as past the limit: {other:?}"),
+    }
+    assert_eq!(
+        read_whole(&mut reader, 2).await.unwrap(),
+        push(2, &[vec![2; 10]])
+    );
+    writing.await.unwrap();
 
     // A header naming no tensors, followed by one payload.
     let (mut writer, mut reader, _, _) = in_process(1 << 16).unwrap();
@@ -152,7 +181,7 @@ async fn payloads_past_the_limit_or_not_matching_the_tensors_are_refused() {
     writer.write(&[8, 1]).await.unwrap();
     writer.write(&[0; 8]).await.unwrap();
     writer.flush();
-    let mismatched = read_message::<v1::SessionRequest>(&mut reader, 1, u64::MAX).await;
+    let mismatched = read_whole(&mut reader, 1).await;
     assert!(
         matches!(mismatched, Err(MessageError::Malformed(_))),
         "{mismatched:?}"

@@ -304,3 +304,51 @@ async fn a_worker_killed_mid_write_leaves_no_torn_apply() {
         1
     );
 }
+
+/// A push through shared memory past the server's memory budget is refused
+/// with `RESOURCE_EXHAUSTED` naming the budget, and the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_past_the_budget_is_refused_and_the_session_goes_on() {
+    let config = ServerConfig {
+        workers: 1,
+        memory_budget: 2 << 20,
+        shared_memory: SharedMemoryConfig {
+            mode: DataPathMode::Shm,
+            ring_bytes: 64 << 10,
+        },
+        ..ServerConfig::default()
+    };
+    let servers = LocalServers::start(1, config).await.expect("a server");
+    let config = ClientConfig {
+        data_path: DataPathMode::Shm,
+        ..ClientConfig::new(servers.addrs())
+    };
+    let mut client = PsClient::connect(config).await.expect("connect");
+    let infos = [("small", 4), ("large", 1 << 20)].map(|(name, len)| ParamInfo {
+        name: name.into(),
+        shape: vec![len],
+        dtype: DType::F32,
+    });
+    client.place(&infos).await.expect("place");
+    client
+        .register(
+            &[ParamBytes::new("small", values(4, |_| 0.0))],
+            &optim::sgd(1.0),
+        )
+        .await
+        .expect("register");
+    // 4 MiB of gradient for a key never registered: refused as it is read.
+    let large = [ParamBytes::new("large", values(1 << 20, |_| 1.0))];
+    let error = client.push(Rank(0), Step(0), &large).await.unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.contains("ResourceExhausted") || text.contains("resource"),
+        "{text}"
+    );
+    assert!(text.contains("memory-budget"), "{text}");
+    let small = [ParamBytes::new("small", values(4, |_| 1.0))];
+    assert_eq!(
+        client.push(Rank(0), Step(0), &small).await.expect("a push"),
+        1
+    );
+}
