@@ -24,7 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admission::Admitted;
-use crate::budget::{Charge, Charged};
+use crate::budget::{Charge, Charged, MemoryBudget};
 use crate::checkpointer::Checkpointer;
 use crate::config::ServerConfig;
 use crate::data_path::DataPath;
@@ -107,6 +107,11 @@ impl ParameterService {
     /// The server's settings.
     pub(crate) fn config(&self) -> &ServerConfig {
         &self.config
+    }
+
+    /// The memory this server may hold.
+    pub(crate) fn budget(&self) -> &Arc<MemoryBudget> {
+        self.store.budget()
     }
 
     /// The same service, recording what it answers in `metrics`.

@@ -2,11 +2,15 @@
 //! connect to ([`bind`]) and the sessions they run over their regions
 //! ([`accept`]), each answered by the one session loop (`crate::session`)
 //! with the same admission, budget, metrics and exactly-once rules as a gRPC
-//! session, and no limit on a pull's size but the memory budget.
+//! session, and no limit on a pull's size but the memory budget. Each
+//! session's region, and each request's tensors while they live, are charged
+//! to the budget.
 
 use std::sync::Arc;
 
 use ps_common::process::ServeError;
+use ps_shm::link::Charger;
+use ps_shm::pool::Hold;
 use ps_shm::{DataPathMode, Offers, admit, serve_link};
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
@@ -77,6 +81,19 @@ pub(crate) async fn accept(
             tracing::warn!("too many shared-memory handshakes at once; closing a connection");
             continue;
         };
+        // The region is charged before it is made, and for the session's
+        // life; a worker refused here goes on over gRPC.
+        let region = offers.region_bytes() as usize;
+        let charged = service.budget().charge(region, || {
+            "a worker's shared-memory region (--shm-ring, twice)".to_string()
+        });
+        let charged = match charged {
+            Ok(charged) => charged,
+            Err(error) => {
+                tracing::warn!(%error, "no shared memory for a worker: over the memory budget; it uses gRPC");
+                continue;
+            }
+        };
         let (offers, service, stopped) = (Arc::clone(&offers), service.clone(), stopped.clone());
         tokio::spawn(async move {
             let admitted = admit(&offers, socket).await;
@@ -85,6 +102,7 @@ pub(crate) async fn accept(
                 Ok(end) => serve(end, service, stopped).await,
                 Err(error) => tracing::warn!(%error, "a shared-memory session was refused"),
             }
+            drop(charged);
         });
     }
 }
@@ -96,12 +114,25 @@ async fn serve(
     stopped: CancellationToken,
 ) {
     let peer = end.peer_pid;
-    let budget = service.config().memory_budget as u64;
-    let link = serve_link(end, budget, async move { stopped.cancelled().await });
+    let link = serve_link(end, charger(&service), async move {
+        stopped.cancelled().await;
+    });
     tracing::info!(
         peer_pid = peer,
         "a worker on this host took a shared-memory session"
     );
     let idle = service.config().transport.idle_connection_timeout;
     session::serve(service, link.requests, link.answers, idle, usize::MAX).await;
+}
+
+/// Charges a request's payloads to `service`'s memory budget while they live.
+fn charger(service: &ParameterService) -> Charger {
+    let budget = Arc::clone(service.budget());
+    Arc::new(move |bytes| {
+        let what = || format!("a shared-memory request carrying {bytes} bytes of tensors");
+        budget
+            .charge(bytes as usize, what)
+            .map(|charge| Arc::new(charge) as Hold)
+            .map_err(|error| error.to_string())
+    })
 }

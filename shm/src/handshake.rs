@@ -273,6 +273,11 @@ impl Offers {
         &self.socket
     }
 
+    /// The size in bytes of each session's region.
+    pub fn region_bytes(&self) -> u64 {
+        region_bytes(self.ring_bytes)
+    }
+
     /// A new offer, good for one connection within [`OFFER_LIFETIME`].
     ///
     /// # Errors

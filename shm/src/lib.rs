@@ -5,8 +5,8 @@
 //! call. gRPC stays the control plane (the offer is an authenticated call) and
 //! the fallback.
 //!
-//! - [`region`]: the sealed memfd, mapped as atomic words (this crate's only
-//!   `unsafe`).
+//! - [`region`]: the sealed memfd: atomic control words and bulk copies of
+//!   data (this crate's only `unsafe`).
 //! - [`bell`]: pipe doorbells, rung only for a side that sleeps.
 //! - [`ring`]: a single-producer, single-consumer ring of words with spinning,
 //!   then sleeping, waits.
@@ -14,6 +14,7 @@
 //!   sequence-numbered.
 //! - [`handshake`]: the server's socket and offers; handing a region over.
 //! - [`link`]: a session run over a region, as request and answer streams.
+//! - [`pool`]: reused buffers for the payloads a reader copies out.
 //! - [`mode`]: `--data-path auto|grpc|shm`.
 
 pub mod bell;
@@ -21,6 +22,7 @@ pub mod handshake;
 pub mod link;
 pub mod message;
 pub mod mode;
+pub mod pool;
 pub mod region;
 pub mod ring;
 

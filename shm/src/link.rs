@@ -12,22 +12,33 @@
 //! written when its writer died is never handed on.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use ps_proto::refusal::refusal_of;
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::handshake::{ServerEnd, WorkerEnd};
-use crate::message::{Arrived, MessageError, Payloads, read_message, write_message};
+use crate::message::{Arrived, MessageError, Payloads, read_head, read_message, write_message};
+use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingReader, RingWriter};
 
 /// Messages either side's channels hold ahead of the rings.
 const AHEAD: usize = 64;
+
+/// The most payload bytes a server's session holds read off its ring and not
+/// yet let go of (a larger request is read alone); with the payload buffers
+/// its pool keeps, this bounds a session's memory beyond its region.
+pub const AHEAD_BYTES: u64 = 32 << 20;
+
+/// Takes `bytes` of the server's memory for a request's payloads, held until
+/// they are dropped, or says why it cannot (the request is then refused).
+pub type Charger = Arc<dyn Fn(u64) -> Result<Hold, String> + Send + Sync>;
 
 /// The server's side of a session: the requests read from the region, and
 /// where to send the answers (an `Err` ends the session).
@@ -46,22 +57,17 @@ pub struct WorkerLink {
     pub answers: ReceiverStream<Result<v1::SessionAnswer, Status>>,
 }
 
-/// Starts the server's side of the session `end`, refusing requests whose
-/// tensors carry more than `payload_limit` bytes; `stop` ends it early.
+/// Starts the server's side of the session `end`, taking each request's
+/// payloads from the server's memory through `charge`; `stop` ends it early.
 pub fn serve_link(
     end: ServerEnd,
-    payload_limit: u64,
+    charge: Charger,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> ServerLink {
     let (requests_in, requests) = mpsc::channel(AHEAD);
     let (answers, answers_out) = mpsc::channel::<Result<v1::SessionAnswer, Status>>(AHEAD);
     let peer = end.peer_pid;
-    let reader = read_requests(
-        end.requests,
-        requests_in,
-        answers.downgrade(),
-        payload_limit,
-    );
+    let reader = read_requests(end.requests, requests_in, answers.downgrade(), charge);
     let writer = write_from(end.answers, answers_out, |answer| answer.ok());
     tokio::spawn(async move {
         let why = watch(end.socket, reader, writer, stop).await;
@@ -96,22 +102,25 @@ pub fn worker_link(end: WorkerEnd, payload_limit: u64) -> WorkerLink {
     }
 }
 
-/// Reads requests from `ring` into `into` until either fails; a request
-/// past `payload_limit` is answered on `answers` with `RESOURCE_EXHAUSTED`
-/// (the session goes on), and a failed read ends the session. `answers` is
-/// weak: the session ends when its loop lets go of the answers, not when
-/// this reader does.
+/// Reads requests from `ring` into `into` until either fails. A request's
+/// payloads are read only once they fit the session's read-ahead
+/// ([`AHEAD_BYTES`]) and `charge` has taken them from the server's memory; a
+/// request `charge` refuses is answered on `answers` with
+/// `RESOURCE_EXHAUSTED` (the session goes on), and a failed read ends the
+/// session. `answers` is weak: the session ends when its loop lets go of the
+/// answers, not when this reader does.
 async fn read_requests(
     mut ring: RingReader,
     into: mpsc::Sender<Result<v1::SessionRequest, Status>>,
     answers: mpsc::WeakSender<Result<v1::SessionAnswer, Status>>,
-    payload_limit: u64,
+    charge: Charger,
 ) -> &'static str {
-    let mut seq = 1;
+    let (mut seq, pool) = (1, BufferPool::new());
+    let ahead = Arc::new(Semaphore::new(AHEAD_BYTES as usize));
     loop {
-        let sent = match read_message::<v1::SessionRequest>(&mut ring, seq, payload_limit).await {
-            Ok(Arrived::Whole(request)) => into.send(Ok(request)).await.is_ok(),
-            Ok(Arrived::PastLimit(request, why)) => {
+        let sent = match read_request(&mut ring, seq, &pool, &ahead, &charge).await {
+            Ok(Ok(request)) => into.send(Ok(request)).await.is_ok(),
+            Ok(Err((request, why))) => {
                 let status = Status::resource_exhausted(why);
                 let refusal = v1::SessionAnswer {
                     id: request.id,
@@ -134,6 +143,37 @@ async fn read_requests(
             return "this side's session ended";
         }
         seq += 1;
+    }
+}
+
+/// A request read off the ring, or its header and why its payloads were
+/// refused (and read past).
+type Admitted = Result<v1::SessionRequest, (v1::SessionRequest, String)>;
+
+/// Reads request `seq`, its payloads held by a share of `ahead` and a
+/// `charge`d share of the server's memory until the last of them drops.
+async fn read_request(
+    ring: &mut RingReader,
+    seq: u64,
+    pool: &BufferPool,
+    ahead: &Arc<Semaphore>,
+    charge: &Charger,
+) -> Result<Admitted, MessageError> {
+    let head = read_head::<v1::SessionRequest>(ring, seq).await?;
+    let bytes = head.payload_bytes();
+    if bytes == 0 {
+        return Ok(Ok(head.read_payloads(ring, pool, None).await?));
+    }
+    let share = bytes.min(AHEAD_BYTES) as u32;
+    let Ok(read_ahead) = Arc::clone(ahead).acquire_many_owned(share).await else {
+        unreachable!("the read-ahead semaphore is never closed");
+    };
+    match charge(bytes) {
+        Ok(charged) => {
+            let hold: Hold = Arc::new((read_ahead, charged));
+            Ok(Ok(head.read_payloads(ring, pool, Some(hold)).await?))
+        }
+        Err(why) => Ok(Err((head.skip(ring).await?, why))),
     }
 }
 
@@ -160,9 +200,9 @@ async fn read_into<M: Payloads + Send + 'static>(
     payload_limit: u64,
     status_of: fn(MessageError) -> Status,
 ) -> &'static str {
-    let mut seq = 1;
+    let (mut seq, pool) = (1, BufferPool::new());
     loop {
-        let message = match read_message::<M>(&mut ring, seq, payload_limit).await {
+        let message = match read_message::<M>(&mut ring, seq, payload_limit, &pool).await {
             Ok(Arrived::Whole(message)) => message,
             Ok(Arrived::PastLimit(_, why)) => {
                 return ended(MessageError::Malformed(why), &into, status_of).await;

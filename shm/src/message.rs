@@ -19,6 +19,7 @@ use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 
+use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingError, RingReader, RingWriter};
 
 /// The most bytes a message's header may claim.
@@ -182,17 +183,64 @@ pub enum Arrived<M> {
     PastLimit(M, String),
 }
 
-/// Reads message `seq`: its header, with the payloads (no more than
-/// `payload_limit` bytes in all) put back into its tensors.
+/// A message whose header has been read and whose payloads are still on
+/// the ring: the reader decides whether to take them ([`Head::read_payloads`])
+/// or read past them ([`Head::skip`]); either way the ring stays aligned.
+#[derive(Debug)]
+pub struct Head<M> {
+    /// The message, its tensors' bytes still empty.
+    pub message: M,
+    lens: Vec<u64>,
+    total: u64,
+}
+
+impl<M: Payloads> Head<M> {
+    /// The bytes of all its payloads together.
+    pub fn payload_bytes(&self) -> u64 {
+        self.total
+    }
+
+    /// Copies the payloads into buffers of `pool`, each holding `hold` (such
+    /// as a memory charge) until it is dropped, and puts them back into the
+    /// message.
+    ///
+    /// # Errors
+    /// The ring failed.
+    pub async fn read_payloads(
+        mut self,
+        ring: &mut RingReader,
+        pool: &BufferPool,
+        hold: Option<Hold>,
+    ) -> Result<M, RingError> {
+        let mut payloads = Vec::with_capacity(self.lens.len());
+        for &len in &self.lens {
+            let mut payload = pool.take(len as usize);
+            ring.read(&mut payload).await?;
+            payloads.push(pool.bytes(payload, hold.clone()));
+        }
+        self.message.put_payloads(payloads);
+        Ok(self.message)
+    }
+
+    /// Reads past the payloads, leaving the message without them.
+    ///
+    /// # Errors
+    /// The ring failed.
+    pub async fn skip(self, ring: &mut RingReader) -> Result<M, RingError> {
+        skip(ring, &self.lens).await?;
+        Ok(self.message)
+    }
+}
+
+/// Reads message `seq`'s header, leaving its payloads on the ring.
 ///
 /// # Errors
 /// [`MessageError`]: the ring failed, the message is out of sequence, or it is
 /// malformed.
-pub async fn read_message<M: Payloads>(
+pub async fn read_head<M: Payloads>(
     ring: &mut RingReader,
     seq: u64,
-    payload_limit: u64,
-) -> Result<Arrived<M>, MessageError> {
+) -> Result<Head<M>, MessageError> {
     let sizes = ring.read_word().await?;
     let (header_len, count) = (sizes & 0xffff_ffff, sizes >> 32);
     let got = ring.read_word().await?;
@@ -215,7 +263,7 @@ pub async fn read_message<M: Payloads>(
     };
     let mut header = vec![0u8; header_len as usize];
     ring.read(&mut header).await?;
-    let mut message = M::decode(header.as_slice())
+    let message = M::decode(header.as_slice())
         .map_err(|e| MessageError::Malformed(format!("the header does not decode: {e}")))?;
     if message.payload_slots() != lens.len() {
         return Err(MessageError::Malformed(format!(
@@ -224,21 +272,35 @@ pub async fn read_message<M: Payloads>(
             message.payload_slots()
         )));
     }
+    Ok(Head {
+        message,
+        lens,
+        total,
+    })
+}
+
+/// Reads message `seq`: its header, with the payloads (no more than
+/// `payload_limit` bytes in all, each copied into a buffer of `pool`) put
+/// back into its tensors.
+///
+/// # Errors
+/// As [`read_head`].
+pub async fn read_message<M: Payloads>(
+    ring: &mut RingReader,
+    seq: u64,
+    payload_limit: u64,
+    pool: &BufferPool,
+) -> Result<Arrived<M>, MessageError> {
+    let head = read_head::<M>(ring, seq).await?;
+    let total = head.payload_bytes();
     if total > payload_limit {
-        skip(ring, &lens).await?;
+        let message = head.skip(ring).await?;
         let why = format!(
-            "a request carrying {total} bytes of tensors is past this server's limit of {payload_limit} (its memory budget); send fewer keys at once or raise --memory-budget"
+            "a message carrying {total} bytes of tensors is past the limit of {payload_limit}"
         );
         return Ok(Arrived::PastLimit(message, why));
     }
-    let mut payloads = Vec::with_capacity(lens.len());
-    for len in lens {
-        let mut payload = vec![0u8; len as usize];
-        ring.read(&mut payload).await?;
-        payloads.push(Bytes::from(payload));
-    }
-    message.put_payloads(payloads);
-    Ok(Arrived::Whole(message))
+    Ok(Arrived::Whole(head.read_payloads(ring, pool, None).await?))
 }
 
 /// Reads past payloads of `lens` bytes (each padded to whole words).

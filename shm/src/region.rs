@@ -8,9 +8,11 @@
 //! sealed so). A peer that cannot shrink the file cannot make an access fault.
 //!
 //! The other process may write any word at any time, so this crate never
-//! makes a Rust reference to the region's bytes: every access is an atomic
-//! load or store of one word ([`Region::words`]), and what a word holds is
-//! checked before it is trusted (`ring.rs`, `message.rs`).
+//! makes a Rust reference to the region's bytes: a control word is an atomic
+//! load or store ([`Region::words`]), and a ring's data is copied in and out
+//! in bulk through raw pointers ([`Region::copy_in`], [`Region::copy_out`])
+//! into this process's own buffers. What arrives is checked before it is
+//! trusted (`ring.rs`, `message.rs`).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -109,6 +111,55 @@ impl Region {
         // through the slice is atomic, which is what memory another process
         // writes concurrently needs; no other view of the bytes exists.
         unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU64>(), self.map.len() / 8) }
+    }
+
+    /// Copies `from` into the region from word `word` on.
+    ///
+    /// # Panics
+    /// The bytes run past the region's end (a bug in the caller, which
+    /// works out every span from its own positions).
+    #[allow(unsafe_code)]
+    pub fn copy_in(&self, word: usize, from: &[u8]) {
+        let at = self.byte_span(word, from.len());
+        // SAFETY: `byte_span` checked that `at..at + from.len()` lies in the
+        // mapping, which stays mapped (and sealed at its size) while `self`
+        // lives. Only raw pointers touch the shared bytes, never a reference,
+        // and `from` is this process's own memory, so the two cannot overlap.
+        unsafe {
+            let to = self.map.as_mut_ptr().add(at);
+            std::ptr::copy_nonoverlapping(from.as_ptr(), to, from.len());
+        }
+    }
+
+    /// Copies the region's bytes from word `word` on into `into`.
+    ///
+    /// # Panics
+    /// As [`Region::copy_in`].
+    #[allow(unsafe_code)]
+    pub fn copy_out(&self, word: usize, into: &mut [u8]) {
+        let at = self.byte_span(word, into.len());
+        // SAFETY: as in `copy_in`, the other way. A peer that broke the ring's
+        // protocol and wrote these bytes during the copy changes only which
+        // bytes arrive (any bytes are a valid `u8`), and what arrives is
+        // checked before it is trusted.
+        unsafe {
+            let from = self.map.as_ptr().add(at);
+            std::ptr::copy_nonoverlapping(from, into.as_mut_ptr(), into.len());
+        }
+    }
+
+    /// The byte offset of word `word`, checked to have `len` bytes of the
+    /// region after it.
+    fn byte_span(&self, word: usize, len: usize) -> usize {
+        let at = word.checked_mul(8);
+        let fits = at
+            .and_then(|at| at.checked_add(len))
+            .is_some_and(|end| end <= self.map.len());
+        assert!(
+            fits,
+            "{len} bytes from word {word} run past the region's end"
+        );
+        word * 8
     }
 }
 

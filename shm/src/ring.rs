@@ -262,17 +262,22 @@ impl RingWriter {
     /// # Errors
     /// The reader's `head` is corrupt, or the bell failed.
     pub async fn write(&mut self, bytes: &[u8]) -> Result<(), RingError> {
-        let mut chunks = bytes.chunks(8);
-        let mut left = chunks.len() as u64;
-        while left > 0 {
+        let mut done = 0;
+        while done < bytes.len() {
+            let left = (bytes.len() - done).div_ceil(8) as u64;
             let room = self.room().await?;
             let (first, len) = self.end.span(self.tail, room.min(left).min(PUBLISH_WORDS));
-            let slots = &self.end.region.words()[first..first + len];
-            for (slot, chunk) in slots.iter().zip(&mut chunks) {
-                slot.store(word_of(chunk), Ordering::Relaxed);
+            let now = (len * 8).min(bytes.len() - done);
+            let whole = now - now % 8;
+            let region = &self.end.region;
+            region.copy_in(first, &bytes[done..done + whole]);
+            if whole < now {
+                let mut last = [0u8; 8];
+                last[..now - whole].copy_from_slice(&bytes[done + whole..done + now]);
+                region.copy_in(first + whole / 8, &last);
             }
+            done += now;
             self.tail += len as u64;
-            left -= len as u64;
             if self.tail - self.published >= PUBLISH_WORDS {
                 self.flush();
             }
@@ -347,17 +352,22 @@ impl RingReader {
     /// # Errors
     /// The writer's `tail` is corrupt, or the bell failed.
     pub async fn read(&mut self, into: &mut [u8]) -> Result<(), RingError> {
-        let mut chunks = into.chunks_mut(8);
-        let mut left = chunks.len() as u64;
-        while left > 0 {
+        let mut done = 0;
+        while done < into.len() {
+            let left = (into.len() - done).div_ceil(8) as u64;
             let ready = self.ready().await?;
             let (first, len) = self.end.span(self.head, ready.min(left).min(PUBLISH_WORDS));
-            let slots = &self.end.region.words()[first..first + len];
-            for (slot, chunk) in slots.iter().zip(&mut chunks) {
-                put_word(chunk, slot.load(Ordering::Relaxed));
+            let now = (len * 8).min(into.len() - done);
+            let whole = now - now % 8;
+            let region = &self.end.region;
+            region.copy_out(first, &mut into[done..done + whole]);
+            if whole < now {
+                let mut last = [0u8; 8];
+                region.copy_out(first + whole / 8, &mut last);
+                into[done + whole..done + now].copy_from_slice(&last[..now - whole]);
             }
+            done += now;
             self.head += len as u64;
-            left -= len as u64;
             let layout = self.end.layout;
             self.end
                 .publish(layout.head, self.head, layout.writer_waiting);
@@ -390,29 +400,6 @@ impl RingReader {
         self.end
             .wait(layout.reader_waiting, || ready(&self.end))
             .await
-    }
-}
-
-/// The word `chunk` (up to 8 bytes, little-endian) makes, zero-padded.
-#[inline]
-fn word_of(chunk: &[u8]) -> u64 {
-    match <[u8; 8]>::try_from(chunk) {
-        Ok(whole) => u64::from_le_bytes(whole),
-        Err(_) => {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            u64::from_le_bytes(word)
-        }
-    }
-}
-
-/// Writes `word`'s first `chunk.len()` bytes (little-endian) into `chunk`.
-#[inline]
-fn put_word(chunk: &mut [u8], word: u64) {
-    let bytes = word.to_le_bytes();
-    match <&mut [u8; 8]>::try_from(&mut *chunk) {
-        Ok(whole) => *whole = bytes,
-        Err(_) => chunk.copy_from_slice(&bytes[..chunk.len()]),
     }
 }
 

@@ -12,6 +12,7 @@ use proptest::prelude::*;
 use ps_proto::v1;
 use ps_proto::v1::session_request::Op;
 use ps_shm::message::{Arrived, MessageError, read_message, write_message};
+use ps_shm::pool::BufferPool;
 use ps_shm::ring::in_process;
 
 fn push(id: u64, payloads: &[Vec<u8>]) -> v1::SessionRequest {
@@ -42,7 +43,7 @@ async fn read_whole(
     reader: &mut ps_shm::ring::RingReader,
     seq: u64,
 ) -> Result<v1::SessionRequest, MessageError> {
-    match read_message(reader, seq, u64::MAX).await? {
+    match read_message(reader, seq, u64::MAX, &BufferPool::new()).await? {
         Arrived::Whole(request) => Ok(request),
         Arrived::PastLimit(_, why) => panic!("no limit, yet past it: {why}"),
     }
@@ -159,7 +160,7 @@ async fn payloads_past_the_limit_or_not_matching_the_tensors_are_refused() {
             .await
             .unwrap();
     });
-    let over = read_message::<v1::SessionRequest>(&mut reader, 1, 999).await;
+    let over = read_message::<v1::SessionRequest>(&mut reader, 1, 999, &BufferPool::new()).await;
     match over {
         Ok(Arrived::PastLimit(request, why)) => {
             assert_eq!(request.id, 1);
@@ -189,11 +190,26 @@ async fn payloads_past_the_limit_or_not_matching_the_tensors_are_refused() {
 }
 
 mod handshake {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use ps_proto::v1::session_answer::Outcome;
     use ps_shm::handshake::{Offers, admit, connect};
+    use ps_shm::link::Charger;
+    use ps_shm::pool::Hold;
     use ps_shm::{HandshakeError, serve_link, worker_link};
     use tokio_stream::StreamExt;
 
     use super::*;
+
+    /// Gives a test charge's bytes back when dropped.
+    struct Release(Arc<AtomicU64>, u64);
+
+    impl Drop for Release {
+        fn drop(&mut self) {
+            self.0.fetch_sub(self.1, Ordering::SeqCst);
+        }
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_offer_taken_over_the_socket_carries_a_session_both_ways() {
@@ -208,12 +224,51 @@ mod handshake {
         };
         let worker = connect(&offer).await.unwrap();
         let server = server.await.unwrap().unwrap();
-        let mut serving = serve_link(server, u64::MAX, std::future::pending());
+        // The server charges each request's payloads while they live, and
+        // refuses a request past 1 MB.
+        let held = Arc::new(AtomicU64::new(0));
+        let charge: Charger = {
+            let held = Arc::clone(&held);
+            Arc::new(move |bytes| {
+                if bytes > 1_000_000 {
+                    return Err(format!("{bytes} bytes is past the test's limit"));
+                }
+                held.fetch_add(bytes, Ordering::SeqCst);
+                Ok(Arc::new(Release(Arc::clone(&held), bytes)) as Hold)
+            })
+        };
+        let mut serving = serve_link(server, charge, std::future::pending());
         let mut working = worker_link(worker, u64::MAX);
-        let request = push(5, &[vec![3; 300_000]]);
+        let request = push(5, &[vec![3; 300_000], vec![4; 1000]]);
         working.requests.send(request.clone()).await.unwrap();
         let got = serving.requests.next().await.unwrap().unwrap();
         assert_eq!(got, request);
+        assert_eq!(
+            held.load(Ordering::SeqCst),
+            301_000,
+            "charged while it lives"
+        );
+        drop(got);
+        assert_eq!(held.load(Ordering::SeqCst), 0, "given back when dropped");
+
+        // A request the charge refuses is answered RESOURCE_EXHAUSTED by the
+        // reader itself, and the session goes on.
+        working
+            .requests
+            .send(push(6, &[vec![1; 2_000_000]]))
+            .await
+            .unwrap();
+        let refused = working.answers.next().await.unwrap().unwrap();
+        assert_eq!(refused.id, 6);
+        let Some(Outcome::Refusal(refusal)) = refused.outcome else {
+            panic!("a refusal: {refused:?}");
+        };
+        assert!(
+            refusal.message.contains("past the test's limit"),
+            "{refusal:?}"
+        );
+        working.requests.send(request.clone()).await.unwrap();
+        assert_eq!(serving.requests.next().await.unwrap().unwrap(), request);
         let answer = v1::SessionAnswer {
             id: 5,
             outcome: None,

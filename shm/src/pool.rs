@@ -1,0 +1,158 @@
+//! [`BufferPool`]: the buffers a ring's reader copies payloads into, handed
+//! on as [`Bytes`] and given back to the pool when the last clone drops.
+//!
+//! A fresh buffer for every large payload costs the kernel's page faults and
+//! zeroing on each message (a 16 MiB push paid more for its fresh pages than
+//! for its copy). The pool keeps buffers that came back, up to
+//! [`KEPT_BYTES`] and [`KEPT_BUFFERS`] in all, so a busy session copies into memory it already
+//! has.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex, Weak};
+
+use bytes::Bytes;
+
+/// The most bytes of buffers one pool keeps for reuse.
+pub const KEPT_BYTES: usize = 32 << 20;
+
+/// The most buffers one pool keeps for reuse.
+pub const KEPT_BUFFERS: usize = 16;
+
+/// What a lent buffer keeps alive until its last clone drops, such as the
+/// memory charge the bytes were read under.
+pub type Hold = Arc<dyn Any + Send + Sync>;
+
+/// Reusable payload buffers; cloning shares the pool.
+#[derive(Debug, Clone, Default)]
+pub struct BufferPool {
+    free: Arc<Mutex<Free>>,
+}
+
+#[derive(Debug, Default)]
+struct Free {
+    buffers: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl BufferPool {
+    /// A new, empty pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A buffer of `len` bytes (their contents unspecified): the kept one
+    /// closest above `len` if there is one, else a new one.
+    pub fn take(&self, len: usize) -> Vec<u8> {
+        let kept = {
+            let mut free = lock(&self.free);
+            let fitting = (free.buffers.iter().enumerate())
+                .filter(|(_, b)| b.len() >= len)
+                .min_by_key(|(_, b)| b.len())
+                .map(|(at, _)| at);
+            fitting.map(|at| {
+                let buffer = free.buffers.swap_remove(at);
+                free.bytes -= buffer.capacity();
+                buffer
+            })
+        };
+        let mut buffer = kept.unwrap_or_default();
+        buffer.resize(len, 0);
+        buffer
+    }
+
+    /// `buffer` as `Bytes` that give it back to this pool, and let go of
+    /// `hold`, when dropped.
+    pub fn bytes(&self, buffer: Vec<u8>, hold: Option<Hold>) -> Bytes {
+        Bytes::from_owner(Pooled {
+            buffer,
+            pool: Arc::downgrade(&self.free),
+            _hold: hold,
+        })
+    }
+
+    /// How many buffers the pool keeps now.
+    pub fn kept(&self) -> usize {
+        lock(&self.free).buffers.len()
+    }
+}
+
+fn lock(free: &Mutex<Free>) -> std::sync::MutexGuard<'_, Free> {
+    free.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A buffer lent out as `Bytes`, going back to its pool (if the pool still
+/// exists and has room) when dropped.
+struct Pooled {
+    buffer: Vec<u8>,
+    pool: Weak<Mutex<Free>>,
+    _hold: Option<Hold>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buffer
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let Some(pool) = self.pool.upgrade() else {
+            return;
+        };
+        let mut free = lock(&pool);
+        let size = self.buffer.capacity();
+        if size > 0 && free.bytes + size <= KEPT_BYTES && free.buffers.len() < KEPT_BUFFERS {
+            free.bytes += size;
+            free.buffers.push(std::mem::take(&mut self.buffer));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dropped_payload_comes_back_and_is_reused() {
+        let pool = BufferPool::new();
+        let buffer = pool.take(1 << 20);
+        let first = buffer.as_ptr();
+        let bytes = pool.bytes(buffer, None);
+        let clone = bytes.clone();
+        drop(bytes);
+        assert_eq!(pool.kept(), 0, "a clone still holds it");
+        drop(clone);
+        assert_eq!(pool.kept(), 1);
+        let again = pool.take(4096);
+        assert_eq!(again.as_ptr(), first, "the kept buffer is reused");
+        assert_eq!(again.len(), 4096);
+        assert_eq!(pool.kept(), 0);
+    }
+
+    #[test]
+    fn the_pool_keeps_no_more_than_its_limit() {
+        let pool = BufferPool::new();
+        let lent: Vec<Bytes> = (0..3)
+            .map(|_| pool.bytes(pool.take(KEPT_BYTES / 2), None))
+            .collect();
+        drop(lent);
+        assert_eq!(pool.kept(), 2);
+    }
+
+    #[test]
+    fn payloads_outliving_their_pool_are_freed_and_let_go_of_their_hold() {
+        let pool = BufferPool::new();
+        let hold: Hold = Arc::new(7u8);
+        let bytes = pool.bytes(pool.take(16), Some(Arc::clone(&hold)));
+        assert_eq!(Arc::strong_count(&hold), 2);
+        drop(pool);
+        assert_eq!(bytes.len(), 16);
+        drop(bytes);
+        assert_eq!(
+            Arc::strong_count(&hold),
+            1,
+            "the hold goes with the payload"
+        );
+    }
+}
