@@ -192,9 +192,10 @@ impl End {
                 return Ok(value);
             }
             if spin && started.elapsed() < SPIN {
-                for _ in 0..64 {
-                    std::hint::spin_loop();
-                }
+                // The system's yield lets the peer run on this core when
+                // there are more busy processes than cores; the runtime's
+                // lets this thread's other tasks run.
+                std::thread::yield_now();
                 tokio::task::yield_now().await;
                 continue;
             }
