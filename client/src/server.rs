@@ -27,14 +27,6 @@ use crate::framed::{FramedAnswer, start_framed};
 use crate::retry::RetryPolicy;
 use crate::session::SessionLink;
 
-/// With `--data-path auto`, the largest push or pull sent through shared
-/// memory; larger ones stream over gRPC, which moves them faster today
-/// (`docs/benchmarks.md`: 16 MiB at 2.5-3.1 GB/s over gRPC against 1.1-1.3
-/// through the rings). It stays under the 4 MiB default message limit, so a
-/// request retried on a gRPC session (shared memory lost meanwhile) still
-/// fits one message there.
-pub(crate) const AUTO_SHM_LARGEST_BYTES: usize = 3 << 20;
-
 /// One parameter server.
 #[derive(Clone)]
 pub(crate) struct Server {
@@ -177,17 +169,11 @@ impl Server {
         }
     }
 
-    /// Whether a push or pull of `bytes` goes as one message through shared
-    /// memory: with `--data-path shm` whatever its size, with `auto` below
-    /// [`AUTO_SHM_LARGEST_BYTES`] (opening the session when none is open;
-    /// false when it cannot be opened).
-    pub(crate) async fn carries(&self, bytes: usize) -> bool {
-        let within = match self.data_path {
-            DataPathMode::Shm => true,
-            DataPathMode::Auto => bytes < AUTO_SHM_LARGEST_BYTES,
-            DataPathMode::Grpc => false,
-        };
-        if !within || self.shm_out_of_reach.load(Ordering::Relaxed) {
+    /// Whether pushes and pulls of any size go as one message through shared
+    /// memory (opening the session when none is open; false when it cannot
+    /// be opened).
+    pub(crate) async fn carries_any_size(&self) -> bool {
+        if !self.data_path.tries_shm() || self.shm_out_of_reach.load(Ordering::Relaxed) {
             return false;
         }
         matches!(self.session().await, Ok(Some(link)) if link.is_shared_memory())
@@ -256,12 +242,18 @@ impl Server {
         retry: &RetryPolicy,
         what: Rpc,
         op: impl Fn() -> Op,
+        fits_grpc: bool,
     ) -> Result<Option<(Outcome, u64)>, ClientError> {
         retry
             .run(what.name(), || async {
+                // A message only shared memory carries is not sent on a gRPC
+                // session (shared memory lost since it was cut): `None`, and
+                // the caller streams it instead.
                 match self.session().await? {
-                    Some(link) => link.call(op()).await.map(Some),
-                    None => Ok(None),
+                    Some(link) if fits_grpc || link.is_shared_memory() => {
+                        link.call(op()).await.map(Some)
+                    }
+                    _ => Ok(None),
                 }
             })
             .await

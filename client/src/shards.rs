@@ -258,14 +258,19 @@ impl Shards {
         grads: Vec<PartGrad>,
     ) -> Result<usize, ClientError> {
         let bytes: usize = grads.iter().map(|(_, data)| data.len()).sum();
-        // Small pushes are one unary message; larger ones stream their chunks,
-        // the server reserving room for `bytes` before it reads any. Both go
-        // out as HTTP/2 frames written here, the last marked as the end.
-        let (what, path, metadata, pieces) = if self.in_one_message(server, bytes).await {
-            let request = self.push_request(worker, step, grads.into_iter());
-            if let Some(taken) = self.push_in_session(server, &request).await? {
+        // A push goes as one message on the session when it fits one there
+        // (any size through shared memory). Otherwise small pushes are one
+        // unary message and larger ones stream their chunks, the server
+        // reserving room for `bytes` before it reads any; both go out as
+        // HTTP/2 frames written here, the last marked as the end.
+        if self.in_one_message(server, bytes).await {
+            let request = self.push_request(worker, step, grads.iter().cloned());
+            if let Some(taken) = self.push_in_session(server, &request, bytes).await? {
                 return Ok(taken);
             }
+        }
+        let (what, path, metadata, pieces) = if self.sizes.transfer_is_unary(bytes) {
+            let request = self.push_request(worker, step, grads.into_iter());
             let pieces = vec![framed_message(&request)];
             (Rpc::Push, PUSH_PATH, MetadataMap::new(), pieces)
         } else {
@@ -305,9 +310,10 @@ impl Shards {
     }
 
     /// Whether a push or pull of `bytes` to `server` goes as one message:
-    /// when it is small enough, or through shared memory (`Server::carries`).
+    /// when it is small enough, or through shared memory
+    /// (`Server::carries_any_size`).
     async fn in_one_message(&self, server: &Server, bytes: usize) -> bool {
-        self.sizes.transfer_is_unary(bytes) || (self.session && server.carries(bytes).await)
+        self.sizes.transfer_is_unary(bytes) || (self.session && server.carries_any_size().await)
     }
 
     /// A push on `server`'s session stream: how many keys took it; `None` when
@@ -316,12 +322,15 @@ impl Shards {
         &self,
         server: &Server,
         request: &v1::PushRequest,
+        bytes: usize,
     ) -> Result<Option<usize>, ClientError> {
         if !self.session {
             return Ok(None);
         }
         let op = || Op::Push(request.clone());
-        let Some((outcome, _)) = server.in_session(&self.retry, Rpc::Push, op).await? else {
+        let fits_grpc = self.sizes.transfer_is_unary(bytes);
+        let answered = server.in_session(&self.retry, Rpc::Push, op, fits_grpc);
+        let Some((outcome, _)) = answered.await? else {
             return Ok(None);
         };
         match outcome {
@@ -403,7 +412,8 @@ impl Shards {
                     push: Some(self.push_request(worker, step, push.iter().map(part_grad))),
                     pull: Some(self.pull_request(&sinks, min_version)),
                 };
-                self.push_pull_on(&self.servers[s], request, sinks)
+                let fits_grpc = self.sizes.transfer_is_unary(bytes[s]);
+                self.push_pull_on(&self.servers[s], request, sinks, fits_grpc)
             });
         let mut taken = 0;
         let mut answers = Vec::new();
@@ -421,6 +431,7 @@ impl Shards {
         server: &Server,
         request: v1::PushPull,
         mut sinks: Vec<PartSink<'_>>,
+        fits_grpc: bool,
     ) -> Result<(usize, Vec<(ParamKey, Version)>, Duration), ClientError> {
         let protocol = |reason: String| ClientError::Protocol {
             what: Rpc::PushPull,
@@ -428,9 +439,11 @@ impl Shards {
             reason,
         };
         let op = || Op::PushPull(request.clone());
-        let answer = server.in_session(&self.retry, Rpc::PushPull, op).await?;
-        let Some((Outcome::PushPull(response), waited_us)) = answer else {
-            return Err(protocol("no push_pull answer on the session".to_string()));
+        let answer = server.in_session(&self.retry, Rpc::PushPull, op, fits_grpc);
+        let Some((Outcome::PushPull(response), waited_us)) = answer.await? else {
+            return Err(protocol(
+                "no push_pull answer on the session (shared memory lost and the request too large for one gRPC message: the step may be run again, its push is applied once)".to_string(),
+            ));
         };
         let (Some(pushed), Some(pulled)) = (response.push, response.pull) else {
             return Err(protocol(
@@ -499,7 +512,8 @@ impl Shards {
         let unary = self.sizes.transfer_is_unary(bytes);
         if self.session && self.in_one_message(server, bytes).await {
             let op = || Op::Pull(request.clone());
-            if let Some(answer) = server.in_session(&self.pull_retry(), Rpc::Pull, op).await? {
+            let retry = self.pull_retry();
+            if let Some(answer) = server.in_session(&retry, Rpc::Pull, op, unary).await? {
                 let (Outcome::Pull(response), waited_us) = answer else {
                     let reason = MalformedReply::Missing("a pull answered with another outcome");
                     return Err(protocol(Rpc::Pull, reason));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use ps_common::process::ServeError;
 use ps_shm::link::Charger;
-use ps_shm::pool::Hold;
+use ps_shm::pool::{BufferPool, Hold};
 use ps_shm::{DataPathMode, Offers, admit, serve_link};
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
@@ -63,6 +63,7 @@ pub(crate) async fn accept(
     stopped: CancellationToken,
 ) {
     let handshakes = Arc::new(Semaphore::new(HANDSHAKES_AT_ONCE));
+    let pool = BufferPool::new();
     loop {
         let socket = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -95,11 +96,12 @@ pub(crate) async fn accept(
             }
         };
         let (offers, service, stopped) = (Arc::clone(&offers), service.clone(), stopped.clone());
+        let pool = pool.clone();
         tokio::spawn(async move {
             let admitted = admit(&offers, socket).await;
             drop(handshake);
             match admitted {
-                Ok(end) => serve(end, service, stopped).await,
+                Ok(end) => serve(end, service, pool, stopped).await,
                 Err(error) => tracing::warn!(%error, "a shared-memory session was refused"),
             }
             drop(charged);
@@ -111,10 +113,11 @@ pub(crate) async fn accept(
 async fn serve(
     end: ps_shm::handshake::ServerEnd,
     service: ParameterService,
+    pool: BufferPool,
     stopped: CancellationToken,
 ) {
     let peer = end.peer_pid;
-    let link = serve_link(end, charger(&service), async move {
+    let link = serve_link(end, charger(&service), pool, async move {
         stopped.cancelled().await;
     });
     tracing::info!(

@@ -58,16 +58,23 @@ pub struct WorkerLink {
 }
 
 /// Starts the server's side of the session `end`, taking each request's
-/// payloads from the server's memory through `charge`; `stop` ends it early.
+/// payloads from the server's memory through `charge` into buffers of `pool`
+/// (which the server's sessions share); `stop` ends it early.
 pub fn serve_link(
     end: ServerEnd,
     charge: Charger,
+    pool: BufferPool,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> ServerLink {
     let (requests_in, requests) = mpsc::channel(AHEAD);
     let (answers, answers_out) = mpsc::channel::<Result<v1::SessionAnswer, Status>>(AHEAD);
     let peer = end.peer_pid;
-    let reader = read_requests(end.requests, requests_in, answers.downgrade(), charge);
+    let reader = read_requests(
+        end.requests,
+        requests_in,
+        answers.downgrade(),
+        (charge, pool),
+    );
     let writer = write_from(end.answers, answers_out, |answer| answer.ok());
     tokio::spawn(async move {
         let why = watch(end.socket, reader, writer, stop).await;
@@ -113,9 +120,9 @@ async fn read_requests(
     mut ring: RingReader,
     into: mpsc::Sender<Result<v1::SessionRequest, Status>>,
     answers: mpsc::WeakSender<Result<v1::SessionAnswer, Status>>,
-    charge: Charger,
+    (charge, pool): (Charger, BufferPool),
 ) -> &'static str {
-    let (mut seq, pool) = (1, BufferPool::new());
+    let mut seq = 1;
     let ahead = Arc::new(Semaphore::new(AHEAD_BYTES as usize));
     loop {
         let sent = match read_request(&mut ring, seq, &pool, &ahead, &charge).await {

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 
-/// The most bytes of buffers one pool keeps for reuse.
+/// The most bytes of buffers one pool keeps for reuse (a server's sessions
+/// share one pool).
 pub const KEPT_BYTES: usize = 32 << 20;
 
 /// The most buffers one pool keeps for reuse.

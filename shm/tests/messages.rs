@@ -237,7 +237,7 @@ mod handshake {
                 Ok(Arc::new(Release(Arc::clone(&held), bytes)) as Hold)
             })
         };
-        let mut serving = serve_link(server, charge, std::future::pending());
+        let mut serving = serve_link(server, charge, BufferPool::new(), std::future::pending());
         let mut working = worker_link(worker, u64::MAX);
         let request = push(5, &[vec![3; 300_000], vec![4; 1000]]);
         working.requests.send(request.clone()).await.unwrap();

@@ -108,6 +108,10 @@ async fn shared_memory_trains_to_the_values_grpc_gives() {
     let through_shm = train(&client(shm.addrs(), DataPathMode::Shm).await).await;
     let through_grpc = train(&client(grpc.addrs(), DataPathMode::Grpc).await).await;
     assert_eq!(through_shm, through_grpc);
+    // `auto` sends the 6 MiB key through shared memory too.
+    let auto = server(DataPathMode::Auto, TransportConfig::default()).await;
+    let through_auto = train(&client(auto.addrs(), DataPathMode::Auto).await).await;
+    assert_eq!(through_auto, through_grpc);
     let big = &through_shm[1]["big"];
     let expected = |i: usize| i as f32 - 0.5 * ((i % 7) as f32) - 0.5 * ((i % 7) as f32 + 1.0);
     assert!(big.iter().enumerate().all(|(i, &v)| v == expected(i)));
