@@ -16,6 +16,7 @@
 //! - [`access`]: which role may call each gRPC method, and every answer's metrics, in one layer.
 //! - [`security_args`]: the `--tls-*` flags and cluster token every program takes.
 //! - [`plot_style`]: the font and palette of every chart.
+//! - [`rate`]: link rates as `tc` writes them (the testbed and the planner).
 //! - [`metrics`]: the Prometheus endpoint and build information of every program,
 //!   and [`text_format`], its classic text format for scrapers that do not ask for OpenMetrics.
 
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod plot_style;
 pub mod process;
 pub mod processes;
+pub mod rate;
 pub mod rendezvous;
 pub mod rng;
 pub mod runtime;

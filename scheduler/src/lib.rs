@@ -14,6 +14,7 @@
 //! - [`server`]: [`server::run`], serving the scheduler with an expiry ticker.
 //! - [`config`]: settings and their validation.
 //! - [`group`]: fixed and elastic worker-group sizes.
+//! - [`plan`]: `ps-scheduler plan`, the cost model that picks a setup.
 
 pub mod barrier;
 pub mod config;
@@ -24,6 +25,7 @@ pub mod methods;
 pub mod metrics;
 pub mod owners;
 pub mod placement;
+pub mod plan;
 pub mod roster;
 pub mod server;
 pub mod service;

@@ -95,6 +95,10 @@ enum Command {
         #[arg(long)]
         watch: bool,
     },
+    /// Plan a setup for a model on a cluster: every candidate's predicted
+    /// step time and its terms, the fastest that fits chosen
+    /// (docs/plan.md).
+    Plan(ps_scheduler::plan::cli::PlanArgs),
     /// Exit 0 when the scheduler at --server serves (a container health check).
     Health {
         /// The scheduler's address.
@@ -247,6 +251,7 @@ async fn main() -> anyhow::Result<()> {
             connect_timeout,
             watch,
         }) => return status(scheduler, &transport, *connect_timeout, *watch).await,
+        Some(Command::Plan(args)) => return args.run(),
         Some(Command::Health { server }) => {
             std::process::exit(ps_common::health::report(server, &transport).await);
         }

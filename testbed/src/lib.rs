@@ -7,7 +7,8 @@
 //! link's bytes and utilisation, and each process's CPU, and removes every
 //! namespace, link and process it made, also on failure and on Ctrl-C.
 //!
-//! - [`rate`]: link rates as `tc` writes them;
+//! - [`rate`]: link rates as `tc` writes them (from `ps-common`, which the
+//!   planner shares);
 //! - [`ceiling`]: raw TCP over the same links, both ways at once;
 //! - [`hosts`]: which hosts, their addresses and rates;
 //! - [`netns`]: the namespaces, links and shapers, and their counters;
@@ -20,5 +21,5 @@ pub mod hosts;
 pub mod job;
 pub mod netns;
 pub mod process;
-pub mod rate;
+pub use ps_common::rate;
 pub mod report;

@@ -46,9 +46,7 @@ impl FromStr for LinkRate {
             .map_err(|_| format!("link rate {text:?}: {number:?} is not a number"))?;
         let bits = value * scale;
         if !bits.is_finite() || bits < MIN_BITS_PER_SEC as f64 || bits > 1e12 {
-            return Err(format!(
-                "link rate {text:?} is outside 1mbit..1000gbit, the rates the testbed shapes"
-            ));
+            return Err(format!("link rate {text:?} is outside 1mbit..1000gbit"));
         }
         Ok(Self(bits.round() as u64))
     }

@@ -1,0 +1,369 @@
+//! The cost model: a setup's predicted step time as a sum of named terms,
+//! each from the model's bytes, the cluster's links and the measured
+//! constants ([`Constants`]), so that `--explain` can show every one.
+//!
+//! Per step, each worker pushes its gradients and pulls the values back:
+//! `W = model bytes × wire bytes / 4` each way. A link carries both
+//! directions at once, so a direction's time is its busiest link's bytes over
+//! its rate times the link efficiency. The terms:
+//!
+//! - `compute`: the worker's forward and backward pass (given or measured).
+//! - `push`, `pull`: the busiest link's bytes each way, over its rate, plus
+//!   the worker's per-byte CPU, plus one round trip each.
+//! - `apply`: the busiest server's gradients (f32) over the apply rate.
+//! - `requests`: requests per step times the per-request CPU.
+//! - `overlap` (negative): with pipelining, the pull of a key group overlaps
+//!   the push of the next, so the shorter direction is hidden but for one
+//!   group; with a segmented backward, the push also overlaps the backward
+//!   pass but for its last segment.
+
+use serde::{Deserialize, Serialize};
+
+/// The measured constants of the model, each with where it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Constants {
+    /// CPU seconds per request, both sides together.
+    pub request_seconds: f64,
+    /// Bytes per second a worker encodes or copies (each direction).
+    pub worker_bytes_per_sec: f64,
+    /// Bytes of f32 gradient per second a server applies (SGD), one core.
+    pub apply_bytes_per_sec: f64,
+    /// The share of a link's rate a job's bytes get.
+    pub link_efficiency: f64,
+    /// Where each constant came from, in the order above.
+    pub sources: Vec<String>,
+}
+
+impl Default for Constants {
+    /// The constants measured on the development machine (2 cores), from
+    /// `docs/benchmarks.md`.
+    fn default() -> Self {
+        Self {
+            request_seconds: 110e-6,
+            worker_bytes_per_sec: 3.5e9,
+            apply_bytes_per_sec: 5.0e9,
+            link_efficiency: 0.85,
+            sources: vec![
+                "4 KiB push p50 over gRPC, 110-120 us (ps-microbench kv, docs/benchmarks.md, issue 38)".into(),
+                "16 MiB pull over gRPC, 3.4-3.6 GB/s (ps-microbench kv, same table)".into(),
+                "copy-then-SGD floor, one core, 4.9-7.3 GB/s at 16 MiB (ps-microbench kv --data-path shm)".into(),
+                "link use of pipelined push and pull, 0.8-0.9 of the shaped rate (ps-testbed, docs/overlap.md)".into(),
+            ],
+        }
+    }
+}
+
+/// Where the servers run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// On hosts of their own.
+    Dedicated,
+    /// One on each of the first worker hosts, beside its worker.
+    Colocated,
+}
+
+/// One candidate setup.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Setup {
+    /// Server processes.
+    pub servers: u32,
+    /// Where they run.
+    pub placement: Placement,
+    /// The largest part a tensor is cut into, in bytes.
+    pub partition_bytes: u64,
+    /// Bytes per value on the wire: 4 (f32) or 2 (bf16, f16).
+    pub wire_bytes: u32,
+    /// Push and pull pipelined per key group.
+    pub pipeline: bool,
+    /// Backward-pass segments whose pushes overlap the rest (1: none).
+    pub backward_segments: u32,
+}
+
+/// The cluster a plan is for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cluster {
+    /// Worker hosts, one worker each.
+    pub workers: u32,
+    /// Each worker host's link, bytes per second each way.
+    pub worker_link: f64,
+    /// Each server host's link when servers have hosts of their own.
+    pub server_link: f64,
+    /// Round-trip time between hosts, seconds.
+    pub rtt: f64,
+    /// Seconds of compute per step.
+    pub compute: f64,
+}
+
+/// A prediction: its terms in seconds, and their sum.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Terms {
+    /// Forward and backward.
+    pub compute: f64,
+    /// The push's link time, per-byte CPU and round trip.
+    pub push: f64,
+    /// The pull's.
+    pub pull: f64,
+    /// The busiest server's apply.
+    pub apply: f64,
+    /// Per-request CPU.
+    pub requests: f64,
+    /// Time hidden by pipelining and segmenting (at most zero).
+    pub overlap: f64,
+    /// The predicted step time.
+    pub step: f64,
+    /// The busiest link's bytes each way per step.
+    pub busiest_link_bytes: f64,
+    /// The busiest server's share of the model, as a multiple of an even share.
+    pub imbalance: f64,
+}
+
+/// Key groups a pipelined step is cut into, per server (`client/src/pipeline.rs`
+/// cuts a step's keys into groups of about this many).
+pub const PIPELINE_GROUPS: u64 = 4;
+
+/// The share of a step's compute that is the backward pass.
+pub const BACKWARD_SHARE: f64 = 2.0 / 3.0;
+
+/// Predicts `setup`'s step time for a model of `tensor_bytes` (f32) on
+/// `cluster`, with `constants`.
+pub fn predict(
+    setup: &Setup,
+    tensor_bytes: &[u64],
+    cluster: &Cluster,
+    constants: &Constants,
+) -> Terms {
+    let model: u64 = tensor_bytes.iter().sum();
+    let (parts, imbalance) = balance(tensor_bytes, setup.partition_bytes, setup.servers);
+    let wire = model as f64 * f64::from(setup.wire_bytes) / 4.0;
+    let (link_time, busiest_link_bytes) = busiest_link(setup, cluster, constants, wire, imbalance);
+    let cpu_bytes = wire / constants.worker_bytes_per_sec;
+    let push = link_time + cpu_bytes + cluster.rtt;
+    let pull = link_time + cpu_bytes + cluster.rtt;
+    let even_share = model as f64 / f64::from(setup.servers);
+    let apply = f64::from(cluster.workers) * even_share * imbalance / constants.apply_bytes_per_sec;
+    let requests = requests_per_step(setup, parts) as f64 * constants.request_seconds;
+    let overlap = -hidden(setup, cluster.compute, push, pull, apply);
+    let step = cluster.compute + push + pull + apply + requests + overlap;
+    Terms {
+        compute: cluster.compute,
+        push,
+        pull,
+        apply,
+        requests,
+        overlap,
+        step,
+        busiest_link_bytes,
+        imbalance,
+    }
+}
+
+/// The busiest link each way per step: `(seconds, bytes)`, its rate taken
+/// at the link efficiency.
+fn busiest_link(
+    setup: &Setup,
+    cluster: &Cluster,
+    constants: &Constants,
+    wire: f64,
+    imbalance: f64,
+) -> (f64, f64) {
+    let (n, s) = (f64::from(cluster.workers), f64::from(setup.servers));
+    let share = wire / s * imbalance;
+    let links = match setup.placement {
+        // A worker's link carries its own W; a server's, N workers' shares.
+        Placement::Dedicated => vec![
+            (wire, cluster.worker_link),
+            (n * share, cluster.server_link),
+        ],
+        // A host with a server sends its worker's shares for the other
+        // servers and its own share to the other workers; a host without one
+        // sends its worker's whole W.
+        Placement::Colocated => {
+            let with_server = (wire - share + (n - 1.0) * share, cluster.worker_link);
+            if s < n {
+                vec![with_server, (wire, cluster.worker_link)]
+            } else {
+                vec![with_server]
+            }
+        }
+    };
+    links
+        .into_iter()
+        .map(|(bytes, rate)| (bytes / (rate * constants.link_efficiency), bytes))
+        .fold(
+            (0.0, 0.0),
+            |busiest, link| if link.0 > busiest.0 { link } else { busiest },
+        )
+}
+
+/// Parts a model is cut into at `partition` bytes, and the busiest of
+/// `servers`'s load over an even share when they are placed largest first on
+/// the least-loaded server.
+pub fn balance(tensor_bytes: &[u64], partition: u64, servers: u32) -> (u64, f64) {
+    let mut parts: Vec<u64> = tensor_bytes
+        .iter()
+        .flat_map(|&bytes| {
+            let count = bytes.div_ceil(partition).max(1);
+            let base = bytes / count;
+            (0..count).map(move |i| base + u64::from(i < bytes % count))
+        })
+        .collect();
+    parts.sort_unstable_by(|a, b| b.cmp(a));
+    let mut loads = vec![0u64; servers.max(1) as usize];
+    for &part in &parts {
+        let least = loads.iter_mut().min().expect("at least one server");
+        *least += part;
+    }
+    let total: u64 = parts.iter().sum();
+    let busiest = *loads.iter().max().expect("at least one server");
+    let even = total as f64 / f64::from(servers.max(1));
+    let imbalance = if even > 0.0 {
+        busiest as f64 / even
+    } else {
+        1.0
+    };
+    (parts.len() as u64, imbalance)
+}
+
+/// Requests a worker makes per step: one push and one pull per server, or per
+/// key group on each server when pipelined (never more than the parts).
+pub fn requests_per_step(setup: &Setup, parts: u64) -> u64 {
+    let servers = u64::from(setup.servers);
+    let per_direction = if setup.pipeline {
+        (servers * PIPELINE_GROUPS).min(parts.max(servers))
+    } else {
+        servers
+    };
+    2 * per_direction
+}
+
+/// Time hidden by overlapping: pipelining hides the shorter of push and
+/// pull (and the apply) but for one group's share; segmenting hides the push
+/// behind the backward pass but for its last segment.
+fn hidden(setup: &Setup, compute: f64, push: f64, pull: f64, apply: f64) -> f64 {
+    let mut hidden = 0.0;
+    if setup.pipeline {
+        let groups = (u64::from(setup.servers) * PIPELINE_GROUPS) as f64;
+        let shorter = pull.min(push + apply);
+        hidden += shorter * (1.0 - 1.0 / groups);
+    }
+    if setup.backward_segments > 1 {
+        let segments = f64::from(setup.backward_segments);
+        let backward = compute * BACKWARD_SHARE;
+        hidden += push.min(backward * (segments - 1.0) / segments);
+    }
+    hidden
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup(servers: u32, placement: Placement) -> Setup {
+        Setup {
+            servers,
+            placement,
+            partition_bytes: 4 << 20,
+            wire_bytes: 4,
+            pipeline: false,
+            backward_segments: 1,
+        }
+    }
+
+    fn constants() -> Constants {
+        Constants {
+            request_seconds: 100e-6,
+            worker_bytes_per_sec: 1e9,
+            apply_bytes_per_sec: 2e9,
+            link_efficiency: 1.0,
+            sources: Vec::new(),
+        }
+    }
+
+    fn cluster(workers: u32) -> Cluster {
+        Cluster {
+            workers,
+            worker_link: 125e6,
+            server_link: 125e6,
+            rtt: 0.0,
+            compute: 0.1,
+        }
+    }
+
+    /// 2 workers, 2 dedicated servers at 1 Gbit/s, a 100 MB model of 25
+    /// tensors of 4 MB, worked by hand.
+    #[test]
+    fn a_dedicated_setup_adds_up_as_worked_by_hand() {
+        let tensors = vec![4_000_000u64; 25]; // 100 MB, 25 parts of 4 MB
+        let terms = predict(
+            &setup(2, Placement::Dedicated),
+            &tensors,
+            &cluster(2),
+            &constants(),
+        );
+        // Parts over 2 servers largest first: 13 and 12, so the busiest holds
+        // 52 MB against an even 50: imbalance 1.04.
+        assert!((terms.imbalance - 1.04).abs() < 1e-12);
+        // A worker's link: 100 MB; a server's: 2 workers x 52 MB = 104 MB.
+        assert!((terms.busiest_link_bytes - 104e6).abs() < 1.0);
+        // push = 104 MB / 125 MB/s + 100 MB / 1 GB/s = 0.832 + 0.1.
+        assert!((terms.push - 0.932).abs() < 1e-9);
+        assert!((terms.pull - 0.932).abs() < 1e-9);
+        // apply = 2 workers x 52 MB / 2 GB/s = 0.052.
+        assert!((terms.apply - 0.052).abs() < 1e-9);
+        // requests = 2 x 2 servers x 100 us.
+        assert!((terms.requests - 0.0004).abs() < 1e-12);
+        let step = 0.1 + 0.932 + 0.932 + 0.052 + 0.0004;
+        assert!((terms.step - step).abs() < 1e-9, "{terms:?}");
+    }
+
+    /// BytePS's rule: with servers beside every worker, a host sends
+    /// 2 W (N - 1) / N each way.
+    #[test]
+    fn colocated_servers_send_two_n_minus_one_over_n() {
+        let tensors = vec![1_000_000u64; 40]; // 40 MB in 1 MB parts
+        let terms = predict(
+            &setup(4, Placement::Colocated),
+            &tensors,
+            &cluster(4),
+            &constants(),
+        );
+        assert!((terms.imbalance - 1.0).abs() < 1e-12);
+        assert!((terms.busiest_link_bytes - 2.0 * 40e6 * 3.0 / 4.0).abs() < 1.0);
+    }
+
+    #[test]
+    fn pipelining_hides_all_but_one_group_of_the_shorter_direction() {
+        let tensors = vec![1_000_000u64; 16];
+        let mut pipelined = setup(1, Placement::Dedicated);
+        pipelined.pipeline = true;
+        let plain = predict(
+            &setup(1, Placement::Dedicated),
+            &tensors,
+            &cluster(1),
+            &constants(),
+        );
+        let terms = predict(&pipelined, &tensors, &cluster(1), &constants());
+        // One server, 4 groups: 3/4 of the pull hidden (pull < push + apply).
+        assert!(
+            (terms.overlap + plain.pull * 0.75).abs() < 1e-9,
+            "{terms:?}"
+        );
+        assert_eq!(requests_per_step(&pipelined, 16), 8);
+        // Requests: 8 instead of 2.
+        assert!((terms.requests - 8.0 * 100e-6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn large_partitions_of_few_tensors_load_servers_unevenly() {
+        // One 64 MB tensor over 3 servers: in 16 MB parts, 4 parts (2,1,1):
+        // the busiest holds 32 MB of an even 21.3.
+        let (parts, imbalance) = balance(&[64 << 20], 16 << 20, 3);
+        assert_eq!(parts, 4);
+        assert!((imbalance - 1.5).abs() < 1e-12);
+        // In 1 MB parts the load is within one part of even.
+        let (parts, imbalance) = balance(&[64 << 20], 1 << 20, 3);
+        assert_eq!(parts, 64);
+        assert!(imbalance < 1.04);
+    }
+}

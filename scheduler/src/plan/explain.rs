@@ -1,0 +1,169 @@
+//! A [`Plan`] as text: the candidates' table, and with `--explain` the
+//! formulas and every constant with where it came from.
+
+use std::fmt::Write;
+
+use ps_common::size::{format_rate, format_size};
+
+use super::cost::{BACKWARD_SHARE, PIPELINE_GROUPS};
+use super::{Candidate, Placement, Plan, Setup};
+
+/// The setup in a few words: `2 servers beside workers, 4 MiB parts, f32,
+/// pipelined, 4 backward segments`.
+pub fn describe(setup: &Setup) -> String {
+    let servers = match (setup.servers, setup.placement) {
+        (1, Placement::Colocated) => "1 server beside a worker".to_string(),
+        (n, Placement::Colocated) => format!("{n} servers beside workers"),
+        (1, Placement::Dedicated) => "1 server on its own host".to_string(),
+        (n, Placement::Dedicated) => format!("{n} servers on their own hosts"),
+    };
+    let wire = if setup.wire_bytes == 2 { "bf16" } else { "f32" };
+    let pipeline = if setup.pipeline {
+        "pipelined"
+    } else {
+        "push then pull"
+    };
+    let segments = match setup.backward_segments {
+        1 => String::new(),
+        n => format!(", {n} backward segments"),
+    };
+    format!(
+        "{servers}, {} parts, {wire}, {pipeline}{segments}",
+        format_size(setup.partition_bytes as usize)
+    )
+}
+
+fn ms(seconds: f64) -> String {
+    format!("{:.1}", seconds * 1e3)
+}
+
+/// The table of the `top` fastest candidates (and the chosen one), each
+/// term in milliseconds.
+pub fn table(plan: &Plan, top: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} ({} parameters, {}) on {} worker(s), {} links, {} ms of compute per step\n",
+        plan.model,
+        plan.parameters,
+        format_size(plan.parameters as usize * 4),
+        plan.cluster.workers,
+        format_rate(plan.cluster.worker_link),
+        ms(plan.cluster.compute)
+    );
+    let _ = writeln!(
+        out,
+        "{:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  setup",
+        "#", "step ms", "compute", "push", "pull", "apply", "requests", "overlap"
+    );
+    let shown = plan
+        .candidates
+        .iter()
+        .enumerate()
+        .filter(|(i, c)| *i < top || c.setup == plan.chosen);
+    for (i, candidate) in shown {
+        let _ = writeln!(out, "{}", row(i + 1, candidate, &plan.chosen));
+    }
+    let _ = writeln!(
+        out,
+        "\nchosen: {}; consistency {}",
+        describe(&plan.chosen),
+        plan.consistency
+    );
+    if plan.chosen.wire_bytes == 2 {
+        let _ = writeln!(
+            out,
+            "bf16 on the wire halves the bytes but rounds every gradient and value to 8 bits of mantissa: check the accuracy you reach against f32 once"
+        );
+    }
+    out
+}
+
+fn row(rank: usize, candidate: &Candidate, chosen: &Setup) -> String {
+    let t = &candidate.terms;
+    let mark = if &candidate.setup == chosen { "*" } else { " " };
+    let ruled = candidate
+        .ruled_out
+        .as_ref()
+        .map(|why| format!(" [ruled out: {why}]"))
+        .unwrap_or_default();
+    format!(
+        "{mark}{rank:>3} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {}{ruled}",
+        ms(t.step),
+        ms(t.compute),
+        ms(t.push),
+        ms(t.pull),
+        ms(t.apply),
+        ms(t.requests),
+        ms(t.overlap),
+        describe(&candidate.setup)
+    )
+}
+
+/// The formulas, the constants with their sources, and the chosen setup's
+/// terms worked out.
+pub fn explanation(plan: &Plan) -> String {
+    let c = &plan.constants;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "The model (scheduler/src/plan/cost.rs), per step and worker:
+  W        = model bytes x wire bytes / 4                 (each way)
+  link     = busiest link's bytes / (its rate x efficiency)
+             a dedicated server's link carries N x W / S x imbalance,
+             a worker's W; beside workers, a host with a server carries
+             W - share + (N - 1) x share (2 W (N-1)/N when S = N)
+  push     = link + W / worker rate + RTT
+  pull     = link + W / worker rate + RTT
+  apply    = N x (model bytes / S) x imbalance / apply rate
+  requests = 2 x (S, or S x {PIPELINE_GROUPS} groups when pipelined, at most the parts) x request CPU
+  overlap  = -(pipelined: min(pull, push + apply) x (1 - 1 / (S x {PIPELINE_GROUPS})))
+             -(segmented in k: min(push, compute x {BACKWARD_SHARE:.2} x (k - 1) / k))
+  step     = compute + push + pull + apply + requests + overlap
+  imbalance: the busiest server's parts over an even share, parts placed
+             largest first on the least-loaded server.
+Rules: a server's memory (values, accumulator, snapshot, optimizer state)
+within --server-memory; servers on their own hosts have at least as much
+link in all as the workers.
+
+Constants:"
+    );
+    let values = [
+        ("request CPU", format!("{:.0} us", c.request_seconds * 1e6)),
+        ("worker rate", format_rate(c.worker_bytes_per_sec)),
+        ("apply rate", format_rate(c.apply_bytes_per_sec)),
+        ("link efficiency", format!("{:.2}", c.link_efficiency)),
+    ];
+    for (i, (name, value)) in values.iter().enumerate() {
+        let source = c.sources.get(i).map_or("given", String::as_str);
+        let _ = writeln!(out, "  {name:<16} {value:<12} {source}");
+    }
+    let cl = &plan.cluster;
+    let _ = writeln!(
+        out,
+        "  RTT              {:.0} us\n  compute          {} ms\n  worker link      {}\n  server link      {}",
+        cl.rtt * 1e6,
+        ms(cl.compute),
+        format_rate(cl.worker_link),
+        format_rate(cl.server_link)
+    );
+    if let Some(chosen) = plan.candidates.iter().find(|c| c.setup == plan.chosen) {
+        let t = &chosen.terms;
+        let _ = writeln!(
+            out,
+            "\nThe chosen setup, {}:\n  busiest link {} each way, imbalance {:.3}, server memory {}\n  step {} ms = compute {} + push {} + pull {} + apply {} + requests {} + overlap {}",
+            describe(&chosen.setup),
+            format_size(t.busiest_link_bytes as usize),
+            t.imbalance,
+            format_size(chosen.server_memory as usize),
+            ms(t.step),
+            ms(t.compute),
+            ms(t.push),
+            ms(t.pull),
+            ms(t.apply),
+            ms(t.requests),
+            ms(t.overlap)
+        );
+    }
+    out
+}

@@ -1,0 +1,179 @@
+//! `ps-scheduler plan` as a user runs it: the real binary on the built-in
+//! models and a range of clusters, its JSON read back and held to the
+//! planner's invariants, and its plan file written and read again.
+
+use std::process::Command;
+
+use ps_scheduler::plan::cli::read_plan;
+use ps_scheduler::plan::{Placement, Plan};
+
+fn plan(args: &[&str]) -> Plan {
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-scheduler"))
+        .arg("plan")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("ps-scheduler runs");
+    assert!(
+        output.status.success(),
+        "plan {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the JSON is a plan")
+}
+
+/// What every plan must hold: candidates fastest first, the chosen one the
+/// fastest no rule sets aside, within the memory budget, and with servers on
+/// their own hosts never given less link in all than the workers have.
+fn check_invariants(plan: &Plan) {
+    assert!(!plan.candidates.is_empty());
+    let steps: Vec<f64> = plan.candidates.iter().map(|c| c.terms.step).collect();
+    assert!(steps.windows(2).all(|w| w[0] <= w[1]), "fastest first");
+    let chosen = plan
+        .candidates
+        .iter()
+        .find(|c| c.setup == plan.chosen)
+        .expect("the chosen setup is a candidate");
+    assert!(chosen.ruled_out.is_none());
+    let first_allowed = plan.candidates.iter().find(|c| c.ruled_out.is_none());
+    assert_eq!(first_allowed.map(|c| &c.setup), Some(&plan.chosen));
+    for candidate in &plan.candidates {
+        let terms = &candidate.terms;
+        let sum =
+            terms.compute + terms.push + terms.pull + terms.apply + terms.requests + terms.overlap;
+        assert!(
+            (sum - terms.step).abs() < 1e-9,
+            "the terms add up: {terms:?}"
+        );
+        assert!(terms.overlap <= 0.0 && terms.step >= terms.compute);
+        assert!(terms.imbalance >= 1.0 - 1e-9);
+        let over_budget = candidate.server_memory > plan.choices.server_memory;
+        let servers = f64::from(candidate.setup.servers);
+        let workers = f64::from(plan.cluster.workers);
+        let short_of_link = candidate.setup.placement == Placement::Dedicated
+            && servers * plan.cluster.server_link < workers * plan.cluster.worker_link;
+        assert_eq!(
+            over_budget || short_of_link,
+            candidate.ruled_out.is_some(),
+            "{candidate:?}"
+        );
+    }
+}
+
+#[test]
+fn plans_of_the_built_in_models_hold_the_invariants() {
+    for model in ["resnet50", "bert-base", "mlp:1024,2048,2048,10"] {
+        for (workers, link, server_hosts) in [
+            ("1", "1gbit", "0"),
+            ("4", "500mbit", "3"),
+            ("8", "10gbit", "8"),
+        ] {
+            let plan = plan(&[
+                "--model",
+                model,
+                "--workers",
+                workers,
+                "--link",
+                link,
+                "--server-hosts",
+                server_hosts,
+                "--compute",
+                "50ms",
+                "--server-memory",
+                "4GiB",
+            ]);
+            check_invariants(&plan);
+            assert_eq!(plan.model, model);
+        }
+    }
+}
+
+#[test]
+fn a_tight_budget_and_few_server_links_are_never_chosen() {
+    // bert-base is 438 MB: three f32 copies do not fit one 1 GiB server,
+    // and two dedicated 1 Gbit/s servers are less link than four workers'.
+    let plan = plan(&[
+        "--model",
+        "bert-base",
+        "--workers",
+        "4",
+        "--server-hosts",
+        "2",
+        "--max-servers",
+        "4",
+        "--server-memory",
+        "1GiB",
+    ]);
+    check_invariants(&plan);
+    assert!(
+        plan.candidates
+            .iter()
+            .any(|c| c.ruled_out.as_deref().is_some_and(|w| w.contains("budget")))
+    );
+    assert!(
+        plan.candidates
+            .iter()
+            .any(|c| c.ruled_out.as_deref().is_some_and(|w| w.contains("link")))
+    );
+    assert!(plan.chosen.servers >= 2);
+}
+
+#[test]
+fn the_plan_file_reads_back_and_explain_shows_every_constant() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plan.json");
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-scheduler"))
+        .args([
+            "plan",
+            "--model",
+            "resnet50",
+            "--workers",
+            "2",
+            "--explain",
+            "--out",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).unwrap();
+    for needed in [
+        "chosen:",
+        "request CPU",
+        "worker rate",
+        "apply rate",
+        "link efficiency",
+        "step ",
+    ] {
+        assert!(text.contains(needed), "{needed} missing from:\n{text}");
+    }
+    let plan = read_plan(&file).unwrap();
+    check_invariants(&plan);
+    assert!(!plan.made.is_empty());
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ps-scheduler"))
+            .arg("plan")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let unknown = run(&["--model", "resnet5"]);
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("not resnet50, bert-base or mlp"));
+    let too_big = run(&[
+        "--model",
+        "bert-base",
+        "--workers",
+        "1",
+        "--server-memory",
+        "1GiB",
+    ]);
+    assert!(String::from_utf8_lossy(&too_big.stderr).contains("no setup fits"));
+    let no_workers = run(&["--workers", "0"]);
+    assert!(!no_workers.status.success());
+    assert!(String::from_utf8_lossy(&no_workers.stderr).contains("at least one worker"));
+}
