@@ -17,6 +17,7 @@
 //!   group; with a segmented backward, the push also overlaps the backward
 //!   pass but for its last segment.
 
+use ps_proto::placement::{self, Param};
 use serde::{Deserialize, Serialize};
 
 /// The measured constants of the model, each with where it came from.
@@ -196,33 +197,23 @@ fn busiest_link(
         )
 }
 
-/// Parts a model is cut into at `partition` bytes, and the busiest of
-/// `servers`'s load over an even share when they are placed largest first on
-/// the least-loaded server.
+/// Parts the system's own planner (`ps_proto::placement::plan`) cuts a model
+/// of `tensor_bytes` into for `servers` with parts of at most `partition`
+/// bytes, and the busiest server's load over an even share.
 pub fn balance(tensor_bytes: &[u64], partition: u64, servers: u32) -> (u64, f64) {
-    let mut parts: Vec<u64> = tensor_bytes
+    let params: Vec<Param> = tensor_bytes
         .iter()
-        .flat_map(|&bytes| {
-            let count = bytes.div_ceil(partition).max(1);
-            let base = bytes / count;
-            (0..count).map(move |i| base + u64::from(i < bytes % count))
+        .enumerate()
+        .map(|(i, &bytes)| Param {
+            name: i.to_string(),
+            elements: (bytes / 4) as usize,
+            elem_size: 4,
         })
         .collect();
-    parts.sort_unstable_by(|a, b| b.cmp(a));
-    let mut loads = vec![0u64; servers.max(1) as usize];
-    for &part in &parts {
-        let least = loads.iter_mut().min().expect("at least one server");
-        *least += part;
-    }
-    let total: u64 = parts.iter().sum();
-    let busiest = *loads.iter().max().expect("at least one server");
-    let even = total as f64 / f64::from(servers.max(1));
-    let imbalance = if even > 0.0 {
-        busiest as f64 / even
-    } else {
-        1.0
-    };
-    (parts.len() as u64, imbalance)
+    let servers = servers.max(1) as usize;
+    let assignments = placement::plan(&params, servers, partition as usize);
+    let imbalance = placement::imbalance(&params, &assignments, servers);
+    (assignments.len() as u64, imbalance.max(1.0))
 }
 
 /// Requests a worker makes per step: one push and one pull per server, or per
@@ -290,30 +281,25 @@ mod tests {
         }
     }
 
-    /// 2 workers, 2 dedicated servers at 1 Gbit/s, a 100 MB model of 25
-    /// tensors of 4 MB, worked by hand.
     #[test]
     fn a_dedicated_setup_adds_up_as_worked_by_hand() {
-        let tensors = vec![4_000_000u64; 25]; // 100 MB, 25 parts of 4 MB
-        let terms = predict(
-            &setup(2, Placement::Dedicated),
-            &tensors,
-            &cluster(2),
-            &constants(),
-        );
-        // Parts over 2 servers largest first: 13 and 12, so the busiest holds
-        // 52 MB against an even 50: imbalance 1.04.
-        assert!((terms.imbalance - 1.04).abs() < 1e-12);
-        // A worker's link: 100 MB; a server's: 2 workers x 52 MB = 104 MB.
-        assert!((terms.busiest_link_bytes - 104e6).abs() < 1.0);
-        // push = 104 MB / 125 MB/s + 100 MB / 1 GB/s = 0.832 + 0.1.
-        assert!((terms.push - 0.932).abs() < 1e-9);
-        assert!((terms.pull - 0.932).abs() < 1e-9);
-        // apply = 2 workers x 52 MB / 2 GB/s = 0.052.
-        assert!((terms.apply - 0.052).abs() < 1e-9);
+        // 2 workers, 2 dedicated servers at 1 Gbit/s, a 100 MB model of 25
+        // tensors of 4 MB.
+        let tensors = vec![4_000_000u64; 25];
+        let terms = predict(&setup(2, Placement::Dedicated), &tensors, &cluster(2), &constants());
+        // The planner cuts each tensor in two (a multiple of the servers, under
+        // the 4 MiB cap): 50 parts of 2 MB, 25 per server, evenly.
+        assert_eq!(balance(&tensors, 4 << 20, 2), (50, 1.0));
+        // A worker's link: 100 MB; a server's: 2 workers x 50 MB = 100 MB.
+        assert!((terms.busiest_link_bytes - 100e6).abs() < 1.0);
+        // push = 100 MB / 125 MB/s + 100 MB / 1 GB/s + RTT 0 = 0.8 + 0.1.
+        assert!((terms.push - 0.9).abs() < 1e-9);
+        assert!((terms.pull - 0.9).abs() < 1e-9);
+        // apply = 2 workers x 50 MB / 2 GB/s = 0.05.
+        assert!((terms.apply - 0.05).abs() < 1e-9);
         // requests = 2 x 2 servers x 100 us.
         assert!((terms.requests - 0.0004).abs() < 1e-12);
-        let step = 0.1 + 0.932 + 0.932 + 0.052 + 0.0004;
+        let step = 0.1 + 0.9 + 0.9 + 0.05 + 0.0004;
         assert!((terms.step - step).abs() < 1e-9, "{terms:?}");
     }
 
@@ -355,15 +341,13 @@ mod tests {
     }
 
     #[test]
-    fn large_partitions_of_few_tensors_load_servers_unevenly() {
-        // One 64 MB tensor over 3 servers: in 16 MB parts, 4 parts (2,1,1):
-        // the busiest holds 32 MB of an even 21.3.
-        let (parts, imbalance) = balance(&[64 << 20], 16 << 20, 3);
-        assert_eq!(parts, 4);
-        assert!((imbalance - 1.5).abs() < 1e-12);
-        // In 1 MB parts the load is within one part of even.
-        let (parts, imbalance) = balance(&[64 << 20], 1 << 20, 3);
-        assert_eq!(parts, 64);
-        assert!(imbalance < 1.04);
+    fn the_balance_is_the_system_planners() {
+        // One 64 MiB tensor over 3 servers, parts of at most 4 MiB: a
+        // multiple of 3 parts (18), even to a part.
+        let (parts, imbalance) = balance(&[64 << 20], 4 << 20, 3);
+        assert_eq!(parts, 18);
+        assert!(imbalance < 1.001, "{imbalance}");
+        // Two whole tensors of 3 and 1 bytes' worth on one server: 1.0.
+        assert_eq!(balance(&[12, 4], 1 << 20, 1), (2, 1.0));
     }
 }

@@ -120,8 +120,8 @@ pub fn explanation(plan: &Plan) -> String {
   overlap  = -(pipelined: min(pull, push + apply) x (1 - 1 / (S x {PIPELINE_GROUPS})))
              -(segmented in k: min(push, compute x {BACKWARD_SHARE:.2} x (k - 1) / k))
   step     = compute + push + pull + apply + requests + overlap
-  imbalance: the busiest server's parts over an even share, parts placed
-             largest first on the least-loaded server.
+  imbalance: the busiest server's load over an even share, as the system's
+             own planner places the parts (ps_proto::placement::plan).
 Rules: a server's memory (values, accumulator, snapshot, optimizer state)
 within --server-memory; servers on their own hosts have at least as much
 link in all as the workers.

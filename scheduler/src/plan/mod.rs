@@ -22,9 +22,13 @@ use serde::{Deserialize, Serialize};
 pub use cost::{Cluster, Constants, Placement, Setup, Terms};
 pub use model::ModelShapes;
 
-/// Partition sizes a plan considers: BytePS's 4,096,000 bytes (first, so
-/// that it wins a tie), 1 MiB and 16 MiB.
-pub const PARTITIONS: [u64; 3] = [4_096_000, 1 << 20, 16 << 20];
+/// The largest parts a plan considers: the system's default, 1 MiB (first,
+/// so that it wins a tie), and its largest, 4 MiB (BytePS cuts 4,096,000
+/// bytes).
+pub const PARTITIONS: [u64; 2] = [
+    ps_proto::placement::DEFAULT_PART_BYTES as u64,
+    ps_proto::placement::MAX_PART_BYTES as u64,
+];
 
 /// What the user allows and asks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
