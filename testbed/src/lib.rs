@@ -14,12 +14,14 @@
 //! - [`netns`]: the namespaces, links and shapers, and their counters;
 //! - [`process`]: a binary started inside a host's namespace;
 //! - [`job`]: scheduler, servers and workers, run to the workers' end;
-//! - [`report`]: what a run prints.
+//! - [`report`]: what a run prints;
+//! - [`plan_check`]: `ps-scheduler plan`'s predictions against runs.
 
 pub mod ceiling;
 pub mod hosts;
 pub mod job;
 pub mod netns;
+pub mod plan_check;
 pub mod process;
 pub use ps_common::rate;
 pub mod report;

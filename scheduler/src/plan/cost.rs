@@ -286,7 +286,12 @@ mod tests {
         // 2 workers, 2 dedicated servers at 1 Gbit/s, a 100 MB model of 25
         // tensors of 4 MB.
         let tensors = vec![4_000_000u64; 25];
-        let terms = predict(&setup(2, Placement::Dedicated), &tensors, &cluster(2), &constants());
+        let terms = predict(
+            &setup(2, Placement::Dedicated),
+            &tensors,
+            &cluster(2),
+            &constants(),
+        );
         // The planner cuts each tensor in two (a multiple of the servers, under
         // the 4 MiB cap): 50 parts of 2 MB, 25 per server, evenly.
         assert_eq!(balance(&tensors, 4 << 20, 2), (50, 1.0));

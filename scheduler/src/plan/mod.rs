@@ -8,7 +8,8 @@
 //!
 //! [`plan`] predicts every candidate setup (servers and where they run,
 //! partition size, wire dtype, pipelining, backward segments), sets aside
-//! those a rule forbids, and picks the fastest of the rest. The result is a
+//! those a rule forbids, and picks the fastest of the rest, or one with
+//! fewer servers predicted within 5 % of it. The result is a
 //! [`Plan`], a JSON file a person can read and edit, and that `ps-local
 //! --plan FILE` runs.
 
@@ -76,7 +77,8 @@ pub struct Plan {
     pub constants: Constants,
     /// Every candidate, fastest first.
     pub candidates: Vec<Candidate>,
-    /// The chosen setup (the first candidate no rule sets aside).
+    /// The chosen setup: of the candidates no rule sets aside, the fewest
+    /// servers within [`WORTH_A_SERVER`] of the fastest ([`pick`]).
     pub chosen: Setup,
     /// The consistency to run with: `bsp`, or `ssp:N` when staleness is allowed.
     pub consistency: String,
@@ -125,10 +127,12 @@ pub fn plan(
         })
         .collect();
     candidates.sort_by(|a, b| a.terms.step.total_cmp(&b.terms.step));
-    let chosen = candidates
+    let allowed: Vec<&Candidate> = candidates
         .iter()
-        .find(|c| c.ruled_out.is_none())
-        .map(|c| c.setup.clone())
+        .filter(|c| c.ruled_out.is_none())
+        .collect();
+    let chosen = pick(&allowed, |c| (c.terms.step, c.setup.servers))
+        .map(|at| allowed[at].setup.clone())
         .ok_or_else(|| {
             let why = candidates
                 .first()
@@ -150,6 +154,29 @@ pub fn plan(
         },
         made: String::new(),
     })
+}
+
+/// How much slower (as a share) a setup with fewer servers may be predicted
+/// and still be chosen: a server is a host or a process to pay for, and the
+/// model cannot tell setups this close apart (docs/plan.md).
+pub const WORTH_A_SERVER: f64 = 0.05;
+
+/// Which of `items` to choose, given each one's predicted step and servers:
+/// the fewest servers among those within [`WORTH_A_SERVER`] of the fastest,
+/// the fastest of those. `None` when `items` is empty.
+pub fn pick<T>(items: &[T], step_and_servers: impl Fn(&T) -> (f64, u32)) -> Option<usize> {
+    let fastest = items
+        .iter()
+        .map(|item| step_and_servers(item).0)
+        .min_by(f64::total_cmp)?;
+    let close = |item: &T| step_and_servers(item).0 <= fastest * (1.0 + WORTH_A_SERVER);
+    (0..items.len())
+        .filter(|&i| close(&items[i]))
+        .min_by(|&a, &b| {
+            let (step_a, servers_a) = step_and_servers(&items[a]);
+            let (step_b, servers_b) = step_and_servers(&items[b]);
+            servers_a.cmp(&servers_b).then(step_a.total_cmp(&step_b))
+        })
 }
 
 fn validate(cluster: &Cluster, choices: &Choices) -> Result<(), PlanError> {
@@ -284,6 +311,13 @@ mod tests {
             let unbalanced = c.setup.placement == Placement::Dedicated && c.setup.servers < 4;
             assert_eq!(unbalanced, c.ruled_out.is_some(), "{c:?}");
         }
+    }
+
+    #[test]
+    fn a_close_setup_with_fewer_servers_is_picked() {
+        let items = [(1.00, 3), (1.03, 2), (1.06, 1), (0.99, 4)];
+        assert_eq!(pick(&items, |&(step, servers)| (step, servers)), Some(1));
+        assert_eq!(pick(&items[..0], |&(step, servers)| (step, servers)), None);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! sudo ps-testbed run --hosts server=2,worker=2 --link 1gbit -- --epochs 2
 //! sudo ps-testbed run --link 1gbit -- --dataset synthetic --synthetic-features 1024 \
 //!     --hidden 2048,2048 --batch-size 32 --optimizer sgd --epochs 1
+//! sudo ps-testbed plan-check  # the cost model of `ps-scheduler plan` against runs
 //! sudo ps-testbed clean      # namespaces left by a run that was killed
 //! ```
 
@@ -13,12 +14,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use ps_testbed::ceiling;
 use ps_testbed::hosts::{HostCounts, LinkOverride, plan};
 use ps_testbed::job::{self, JobSpec};
 use ps_testbed::netns::{self, Network};
 use ps_testbed::rate::LinkRate;
 use ps_testbed::report::Report;
+use ps_testbed::{ceiling, plan_check};
 
 #[derive(Parser)]
 #[command(
@@ -34,6 +35,9 @@ struct Cli {
 enum Action {
     /// Build the cluster, run the job, report, and remove everything.
     Run(RunArgs),
+    /// Run a grid of setups and compare each one's step time with what
+    /// `ps-scheduler plan`'s cost model predicts (docs/plan.md).
+    PlanCheck(PlanCheckArgs),
     /// Remove namespaces that runs under --prefix left when they were killed.
     Clean {
         /// The namespace prefix of the runs to clean up after.
@@ -98,11 +102,38 @@ struct RunArgs {
     worker_args: Vec<String>,
 }
 
+#[derive(clap::Args)]
+struct PlanCheckArgs {
+    /// Link rates of the grid, every host's.
+    #[arg(long, value_delimiter = ',', default_value = "500mbit,1gbit,2500mbit")]
+    links: Vec<LinkRate>,
+    /// Server host counts of the grid.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    servers: Vec<usize>,
+    /// Worker hosts.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Only the models whose label is given (comm-bound, compute-bound).
+    #[arg(long, value_delimiter = ',')]
+    models: Vec<String>,
+    /// Namespace prefix.
+    #[arg(long, default_value = "psplan")]
+    prefix: String,
+    /// Folder for the runs' logs and the results (plan-check.json, plan-check.md).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Run nothing: print the tables of an earlier run's plan-check.json
+    /// (with this build's choice rule).
+    #[arg(long)]
+    table: Option<PathBuf>,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     ps_common::process::init_tracing();
     match Cli::parse().command {
         Action::Run(args) => run(args).await,
+        Action::PlanCheck(args) => plan_check(args).await,
         Action::Clean { prefix } => {
             netns::preflight()?;
             let removed = netns::sweep(&prefix)?;
@@ -121,13 +152,64 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn run(args: RunArgs) -> anyhow::Result<()> {
-    netns::preflight()?;
-    let hosts = plan(args.hosts, args.link, &args.link_for).map_err(anyhow::Error::msg)?;
-    let swept = netns::sweep(&args.prefix)?;
-    if !swept.is_empty() {
-        tracing::info!(namespaces = ?swept, "removed what a killed run left");
+async fn plan_check(args: PlanCheckArgs) -> anyhow::Result<()> {
+    if let Some(path) = &args.table {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let rows: Vec<plan_check::Row> = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a plan-check.json", path.display()))?;
+        print!("{}", plan_check::table(&rows, args.workers));
+        return Ok(());
     }
+    netns::preflight()?;
+    anyhow::ensure!(
+        !args.links.is_empty() && !args.servers.is_empty() && args.workers > 0,
+        "the grid needs at least one link rate, one server count and one worker"
+    );
+    let bin_dir = binaries()?;
+    let out = args.out.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("ps-plan-check-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&out).with_context(|| format!("making {}", out.display()))?;
+    let models: Vec<_> = plan_check::default_models()
+        .into_iter()
+        .filter(|m| args.models.is_empty() || args.models.iter().any(|l| l == m.label))
+        .collect();
+    anyhow::ensure!(
+        !models.is_empty(),
+        "--models: the grid's models are comm-bound and compute-bound"
+    );
+    let grid = plan_check::Grid {
+        models,
+        links: args.links,
+        servers: args.servers,
+        workers: args.workers,
+        bin_dir,
+        out: out.clone(),
+        prefix: args.prefix,
+    };
+    let rows = tokio::select! {
+        rows = plan_check::run(&grid) => rows?,
+        () = ps_common::process::shutdown_signal() => {
+            anyhow::bail!("interrupted: every process was killed and every namespace removed");
+        }
+    };
+    let table = plan_check::table(&rows, grid.workers);
+    std::fs::write(
+        out.join("plan-check.json"),
+        serde_json::to_string_pretty(&rows)?,
+    )?;
+    std::fs::write(out.join("plan-check.md"), &table)?;
+    print!("{table}");
+    println!(
+        "\nlogs, plan-check.json and plan-check.md: {}",
+        out.display()
+    );
+    Ok(())
+}
+
+/// The folder of `ps-testbed`, checked to hold the binaries a job runs.
+fn binaries() -> anyhow::Result<PathBuf> {
     let bin_dir = std::env::current_exe()?
         .parent()
         .context("the folder of ps-testbed")?
@@ -139,6 +221,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             bin_dir.display()
         );
     }
+    Ok(bin_dir)
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    netns::preflight()?;
+    let hosts = plan(args.hosts, args.link, &args.link_for).map_err(anyhow::Error::msg)?;
+    let swept = netns::sweep(&args.prefix)?;
+    if !swept.is_empty() {
+        tracing::info!(namespaces = ?swept, "removed what a killed run left");
+    }
+    let bin_dir = binaries()?;
     let out = args
         .out
         .clone()

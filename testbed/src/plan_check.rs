@@ -1,0 +1,285 @@
+//! Checking `ps-scheduler plan`'s cost model against measurement: a grid of
+//! setups (link rate, server count, pipelining, model) each run in the
+//! emulated cluster, each one's step time predicted by the model, and the
+//! two compared (`ps-testbed plan-check`, `docs/plan.md`).
+//!
+//! Each model's compute per step is measured once, on the grid's fastest
+//! link with one server and no pipelining (the share of the step its
+//! workers spent computing), and given to the model for every setup, as a
+//! user would give `--compute`; everything else is predicted.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ps_common::rate::LinkRate;
+use ps_scheduler::plan::cost::{self, Cluster, Constants, Placement, Setup};
+use ps_scheduler::plan::model::ModelShapes;
+use serde::{Deserialize, Serialize};
+
+use crate::hosts::{HostCounts, plan};
+use crate::job::{self, JobSpec};
+use crate::netns::Network;
+use crate::report::Report;
+
+/// One model of the grid: its shapes and the worker flags that train it.
+#[derive(Debug, Clone)]
+pub struct GridModel {
+    /// A short name for the table.
+    pub label: &'static str,
+    /// `mlp:IN,HIDDEN...,OUT`, as the planner reads it.
+    pub shapes: String,
+    /// The `ps-worker` flags that train it.
+    pub worker_args: Vec<String>,
+}
+
+/// The grid's two models: one whose step the links bound (25 MB of
+/// parameters, small batches) and one whose compute does (1 MB, large
+/// batches).
+pub fn default_models() -> Vec<GridModel> {
+    let args = |text: &str| text.split_whitespace().map(String::from).collect();
+    vec![
+        GridModel {
+            label: "comm-bound",
+            shapes: "mlp:1024,2048,2048,4".into(),
+            worker_args: args(
+                "--dataset synthetic --synthetic-features 1024 --hidden 2048,2048 --synthetic-train 3200 --epochs 1 --batch-size 32",
+            ),
+        },
+        GridModel {
+            label: "compute-bound",
+            shapes: "mlp:256,1024,4".into(),
+            worker_args: args(
+                "--dataset synthetic --synthetic-features 256 --hidden 1024 --synthetic-train 80000 --epochs 1 --batch-size 2048",
+            ),
+        },
+    ]
+}
+
+/// The grid to run.
+#[derive(Debug, Clone)]
+pub struct Grid {
+    /// Models.
+    pub models: Vec<GridModel>,
+    /// Link rates, every host's.
+    pub links: Vec<LinkRate>,
+    /// Server host counts.
+    pub servers: Vec<usize>,
+    /// Worker hosts.
+    pub workers: usize,
+    /// Where the binaries are.
+    pub bin_dir: PathBuf,
+    /// Where each run's logs go.
+    pub out: PathBuf,
+    /// Namespace prefix.
+    pub prefix: String,
+}
+
+/// One setup of the grid, run and predicted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Row {
+    /// The model's label.
+    pub model: String,
+    /// The link rate.
+    pub link: String,
+    /// Server hosts.
+    pub servers: usize,
+    /// Whether push and pull were pipelined.
+    pub pipeline: bool,
+    /// The compute per step given to the model, ms.
+    pub compute_ms: f64,
+    /// The predicted step, ms.
+    pub predicted_ms: f64,
+    /// The measured step (the workers' mean), ms.
+    pub measured_ms: f64,
+    /// Predicted over measured, minus one.
+    pub error: f64,
+}
+
+/// Runs the grid: per model, a calibration run for its compute, then every
+/// setup.
+///
+/// # Errors
+/// The cluster or a job failed.
+pub async fn run(grid: &Grid) -> anyhow::Result<Vec<Row>> {
+    let constants = Constants::default();
+    let fastest = *grid.links.iter().max().expect("at least one link rate");
+    let mut rows = Vec::new();
+    for model in &grid.models {
+        let shapes = ModelShapes::from_spec(&model.shapes).map_err(anyhow::Error::msg)?;
+        let calibration = run_one(grid, model, fastest, 1, false, "calibration").await?;
+        let compute = calibration.compute_seconds;
+        tracing::info!(
+            model = model.label,
+            compute_ms = compute * 1e3,
+            "compute calibrated"
+        );
+        for &link in &grid.links {
+            for &servers in &grid.servers {
+                for pipeline in [false, true] {
+                    let label = format!("{}-{link}-{servers}-{pipeline}", model.label);
+                    let measured = run_one(grid, model, link, servers, pipeline, &label).await?;
+                    let setup = Setup {
+                        servers: servers as u32,
+                        placement: Placement::Dedicated,
+                        partition_bytes: ps_scheduler::plan::PARTITIONS[0],
+                        wire_bytes: 4,
+                        pipeline,
+                        backward_segments: 1,
+                    };
+                    let cluster = Cluster {
+                        workers: grid.workers as u32,
+                        worker_link: link.bytes_per_sec(),
+                        server_link: link.bytes_per_sec(),
+                        rtt: 100e-6,
+                        compute,
+                    };
+                    let terms = cost::predict(&setup, &shapes.tensor_bytes(), &cluster, &constants);
+                    let row = Row {
+                        model: model.label.to_string(),
+                        link: link.to_string(),
+                        servers,
+                        pipeline,
+                        compute_ms: compute * 1e3,
+                        predicted_ms: terms.step * 1e3,
+                        measured_ms: measured.step_seconds * 1e3,
+                        error: terms.step / measured.step_seconds - 1.0,
+                    };
+                    tracing::info!(?row, "measured");
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// A run's mean step and the compute share of it.
+struct Measured {
+    step_seconds: f64,
+    compute_seconds: f64,
+}
+
+async fn run_one(
+    grid: &Grid,
+    model: &GridModel,
+    link: LinkRate,
+    servers: usize,
+    pipeline: bool,
+    label: &str,
+) -> anyhow::Result<Measured> {
+    let counts = HostCounts {
+        servers,
+        workers: grid.workers,
+    };
+    let hosts = plan(counts, link, &[]).map_err(anyhow::Error::msg)?;
+    let mut worker_args = model.worker_args.clone();
+    if !pipeline {
+        worker_args.push("--no-pipeline".into());
+    }
+    let spec = JobSpec {
+        bin_dir: grid.bin_dir.clone(),
+        out: grid.out.join(label),
+        worker_args,
+        server_args: Vec::new(),
+        timeout: Duration::from_secs(300),
+    };
+    std::fs::create_dir_all(&spec.out)?;
+    let network = Network::build(&grid.prefix, &hosts)?;
+    let outcome = job::run(&network, &spec).await;
+    drop(network);
+    let report = Report::of(&outcome?, None);
+    let count = report.workers.len().max(1) as f64;
+    let step_ms: f64 = report.workers.iter().map(|w| w.step_ms).sum::<f64>() / count;
+    let compute_share: f64 = report
+        .workers
+        .iter()
+        .map(|w| {
+            w.split
+                .iter()
+                .find(|(phase, _)| phase == "compute")
+                .map_or(0.0, |p| p.1)
+        })
+        .sum::<f64>()
+        / count;
+    Ok(Measured {
+        step_seconds: step_ms / 1e3,
+        compute_seconds: step_ms / 1e3 * compute_share,
+    })
+}
+
+/// The rows as a Markdown table, and the summary: the share within ±20 %,
+/// the largest error, and per model and link the plan's pick (as
+/// `ps-scheduler plan` picks: `ps_scheduler::plan::pick`) against the fastest
+/// measured and against the default (one server per worker, pipelined).
+pub fn table(rows: &[Row], workers: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| model | link | servers | pipelined | compute ms | predicted ms | measured ms | error |\n|---|---|---|---|---|---|---|---|"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:+.0} % |",
+            r.model,
+            r.link,
+            r.servers,
+            if r.pipeline { "yes" } else { "no" },
+            r.compute_ms,
+            r.predicted_ms,
+            r.measured_ms,
+            r.error * 100.0
+        );
+    }
+    let within = rows.iter().filter(|r| r.error.abs() <= 0.20).count();
+    let worst = rows.iter().map(|r| r.error.abs()).fold(0.0, f64::max);
+    let _ = writeln!(
+        out,
+        "\nWithin ±20 %: {within} of {} ({:.0} %); the largest error {:.0} %.\n",
+        rows.len(),
+        100.0 * within as f64 / rows.len().max(1) as f64,
+        worst * 100.0
+    );
+    let _ = writeln!(
+        out,
+        "| model | link | plan's pick | its measured ms | fastest measured | pick / fastest | default ({workers} servers, pipelined) ms | default / pick |\n|---|---|---|---|---|---|---|---|"
+    );
+    let mut groups: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r.model.as_str(), r.link.as_str()))
+        .collect();
+    groups.dedup();
+    for (model, link) in groups {
+        let group: Vec<&Row> = rows
+            .iter()
+            .filter(|r| r.model == model && r.link == link)
+            .collect();
+        let at = ps_scheduler::plan::pick(&group, |r| (r.predicted_ms, r.servers as u32));
+        let pick = group[at.expect("a row")];
+        let fastest = group
+            .iter()
+            .map(|r| r.measured_ms)
+            .fold(f64::INFINITY, f64::min);
+        let default = group.iter().find(|r| r.servers == workers && r.pipeline);
+        let (default_ms, gain) = default.map_or(("-".to_string(), "-".to_string()), |d| {
+            (
+                format!("{:.0}", d.measured_ms),
+                format!("{:.2}", d.measured_ms / pick.measured_ms),
+            )
+        });
+        let _ = writeln!(
+            out,
+            "| {model} | {link} | {} server(s), {} | {:.0} | {fastest:.0} | {:.2} | {default_ms} | {gain} |",
+            pick.servers,
+            if pick.pipeline {
+                "pipelined"
+            } else {
+                "push then pull"
+            },
+            pick.measured_ms,
+            pick.measured_ms / fastest,
+        );
+    }
+    out
+}
