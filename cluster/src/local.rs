@@ -53,6 +53,9 @@ pub struct LocalSpec {
     /// How workers reach the servers: shared memory (`auto`, the default, or
     /// `shm`, which fails without it) or gRPC alone.
     pub data_path: DataPathMode,
+    /// Whether each step's push and pull are pipelined per key group (the
+    /// default).
+    pub pipeline: bool,
 }
 
 impl LocalSpec {
@@ -246,12 +249,18 @@ async fn join(
             workers: spec.workers,
             consistency: spec.consistency,
         };
-        return Ok((servers.client_taking(spec.data_path).await?, group));
+        let config = ClientConfig {
+            data_path: spec.data_path,
+            pipeline: spec.pipeline,
+            ..ClientConfig::new(Vec::new())
+        };
+        return Ok((servers.client_with(config).await?, group));
     };
     let mut client = PsClient::connect(ClientConfig {
         scheduler: Some(addr.to_string()),
         transport: spec.transport(),
         data_path: spec.data_path,
+        pipeline: spec.pipeline,
         ..ClientConfig::new(Vec::new())
     })
     .await?;

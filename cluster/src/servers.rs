@@ -116,10 +116,25 @@ impl LocalServers {
     /// # Errors
     /// [`ClientError::Connect`] if a server is gone.
     pub async fn client_taking(&self, data_path: DataPathMode) -> Result<PsClient, ClientError> {
-        PsClient::connect(ClientConfig {
-            transport: self.transport.clone(),
+        self.client_with(ClientConfig {
             data_path,
             ..ClientConfig::new(self.addrs())
+        })
+        .await
+    }
+
+    /// A client of `config` (its addresses and transport replaced by these
+    /// servers' own).
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`] if a server is gone.
+    pub async fn client_with(&self, config: ClientConfig) -> Result<PsClient, ClientError> {
+        PsClient::connect(ClientConfig {
+            transport: self.transport.clone(),
+            ..ClientConfig {
+                servers: self.addrs(),
+                ..config
+            }
         })
         .await
     }

@@ -208,3 +208,58 @@ fn version_and_help_name_the_program() {
     );
     assert!(help.contains("[env: PS_WORKERS="), "{help}");
 }
+
+/// `--plan auto` plans the run on the spot and runs what it chose; a plan
+/// file (here one edited by hand, as a user may) sets the servers and the
+/// consistency over the flags.
+#[test]
+fn a_plan_chooses_the_setup_auto_or_from_a_file() {
+    let auto = ps_local_json(&["--plan", "auto", "--epochs", "5"]);
+    let servers = auto["servers"].as_u64().unwrap();
+    assert!((1..=4).contains(&servers), "{auto}");
+    assert!(auto["test_accuracy"].as_f64().unwrap() > 0.8, "{auto}");
+
+    let model = ps_scheduler::plan::ModelShapes::from_spec("mlp:64,64,10").unwrap();
+    let cluster = ps_scheduler::plan::Cluster {
+        workers: 2,
+        worker_link: 5e9,
+        server_link: 5e9,
+        rtt: 50e-6,
+        compute: 1e-3,
+    };
+    let choices = ps_scheduler::plan::Choices {
+        max_servers: 3,
+        server_hosts: 0,
+        allow_bf16: false,
+        staleness: 1,
+        server_memory: 1 << 30,
+        optimizer_state: 0,
+    };
+    let constants = ps_scheduler::plan::Constants::default();
+    let mut plan = ps_scheduler::plan::plan(&model, &cluster, &choices, &constants).unwrap();
+    plan.chosen.servers = 3;
+    plan.chosen.pipeline = false;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plan.json");
+    ps_scheduler::plan::cli::write_plan(&plan, &file).unwrap();
+    let planned = ps_local_json(&[
+        "--plan",
+        file.to_str().unwrap(),
+        "--servers",
+        "1",
+        "--epochs",
+        "5",
+    ]);
+    assert_eq!(planned["servers"].as_u64(), Some(3), "{planned}");
+    assert!(
+        planned["test_accuracy"].as_f64().unwrap() > 0.8,
+        "{planned}"
+    );
+
+    let missing = Command::new(env!("CARGO_BIN_EXE_ps-local"))
+        .args(["--plan", "/nonexistent/plan.json"])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("reading the plan"));
+}

@@ -102,7 +102,6 @@ pub struct Row {
 /// # Errors
 /// The cluster or a job failed.
 pub async fn run(grid: &Grid) -> anyhow::Result<Vec<Row>> {
-    let constants = Constants::default();
     let fastest = *grid.links.iter().max().expect("at least one link rate");
     let mut rows = Vec::new();
     for model in &grid.models {
@@ -119,31 +118,17 @@ pub async fn run(grid: &Grid) -> anyhow::Result<Vec<Row>> {
                 for pipeline in [false, true] {
                     let label = format!("{}-{link}-{servers}-{pipeline}", model.label);
                     let measured = run_one(grid, model, link, servers, pipeline, &label).await?;
-                    let setup = Setup {
-                        servers: servers as u32,
-                        placement: Placement::Dedicated,
-                        partition_bytes: ps_scheduler::plan::PARTITIONS[0],
-                        wire_bytes: 4,
-                        pipeline,
-                        backward_segments: 1,
-                    };
-                    let cluster = Cluster {
-                        workers: grid.workers as u32,
-                        worker_link: link.bytes_per_sec(),
-                        server_link: link.bytes_per_sec(),
-                        rtt: 100e-6,
-                        compute,
-                    };
-                    let terms = cost::predict(&setup, &shapes.tensor_bytes(), &cluster, &constants);
+                    let predicted =
+                        predict(&shapes, link, servers, pipeline, compute, grid.workers);
                     let row = Row {
                         model: model.label.to_string(),
                         link: link.to_string(),
                         servers,
                         pipeline,
                         compute_ms: compute * 1e3,
-                        predicted_ms: terms.step * 1e3,
+                        predicted_ms: predicted * 1e3,
                         measured_ms: measured.step_seconds * 1e3,
-                        error: terms.step / measured.step_seconds - 1.0,
+                        error: predicted / measured.step_seconds - 1.0,
                     };
                     tracing::info!(?row, "measured");
                     rows.push(row);
@@ -152,6 +137,69 @@ pub async fn run(grid: &Grid) -> anyhow::Result<Vec<Row>> {
         }
     }
     Ok(rows)
+}
+
+/// The step time the cost model predicts for `shapes` with `servers`
+/// dedicated servers and `workers` workers on links of `link`, given
+/// `compute` seconds of compute per step; seconds.
+pub fn predict(
+    shapes: &ModelShapes,
+    link: LinkRate,
+    servers: usize,
+    pipeline: bool,
+    compute: f64,
+    workers: usize,
+) -> f64 {
+    let setup = Setup {
+        servers: servers as u32,
+        placement: Placement::Dedicated,
+        partition_bytes: ps_scheduler::plan::PARTITIONS[0],
+        wire_bytes: 4,
+        pipeline,
+        backward_segments: 1,
+    };
+    let cluster = Cluster {
+        workers: workers as u32,
+        worker_link: link.bytes_per_sec(),
+        server_link: link.bytes_per_sec(),
+        rtt: 100e-6,
+        compute,
+    };
+    cost::predict(
+        &setup,
+        &shapes.tensor_bytes(),
+        &cluster,
+        &Constants::default(),
+    )
+    .step
+}
+
+/// Predicts `rows` again with this build's cost model (the measurements
+/// stay), for the tables of an earlier run.
+///
+/// # Errors
+/// A row's model is not one of the grid's.
+pub fn predict_again(rows: &mut [Row], workers: usize) -> anyhow::Result<()> {
+    let models = default_models();
+    for row in rows {
+        let model = models
+            .iter()
+            .find(|m| m.label == row.model)
+            .ok_or_else(|| anyhow::anyhow!("{}: not a model of the grid", row.model))?;
+        let shapes = ModelShapes::from_spec(&model.shapes).map_err(anyhow::Error::msg)?;
+        let link: LinkRate = row.link.parse().map_err(anyhow::Error::msg)?;
+        let predicted = predict(
+            &shapes,
+            link,
+            row.servers,
+            row.pipeline,
+            row.compute_ms / 1e3,
+            workers,
+        );
+        row.predicted_ms = predicted * 1e3;
+        row.error = row.predicted_ms / row.measured_ms - 1.0;
+    }
+    Ok(())
 }
 
 /// A run's mean step and the compute share of it.

@@ -256,3 +256,51 @@ fn clean_removes_what_a_killed_run_left_and_nothing_else() {
         .unwrap();
     assert_eq!(left, [live], "only the dead run's namespace goes");
 }
+
+/// `ps-testbed plan-check` on the smallest grid (the compute-bound model, one
+/// link rate, one server, pipelined or not): every setup runs, is predicted
+/// and compared, the tables are written, and nothing is left behind.
+#[test]
+#[ignore = "needs root, ip and tc; .ci/run runs it"]
+fn plan_check_runs_a_grid_and_compares_each_setup_with_its_prediction() {
+    if !root_or_skip() {
+        return;
+    }
+    let testbed = testbed();
+    let out = tempfile::tempdir().expect("a folder for the results");
+    let run = Command::new(&testbed)
+        .args([
+            "plan-check",
+            "--prefix",
+            PREFIX,
+            "--links",
+            "1gbit",
+            "--servers",
+            "1",
+        ])
+        .args(["--models", "compute-bound", "--out"])
+        .arg(out.path())
+        .output()
+        .expect("run ps-testbed plan-check");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "plan-check failed:\n{stderr}");
+    assert!(namespaces(PREFIX).is_empty(), "namespaces left behind");
+    let rows: Vec<Value> =
+        serde_json::from_slice(&std::fs::read(out.path().join("plan-check.json")).unwrap())
+            .unwrap();
+    assert_eq!(rows.len(), 2, "one server, pipelined and not");
+    for row in &rows {
+        let (predicted, measured) = (
+            row["predicted_ms"].as_f64().unwrap(),
+            row["measured_ms"].as_f64().unwrap(),
+        );
+        assert!(predicted > 0.0 && measured > 0.0, "{row}");
+        let error = row["error"].as_f64().unwrap();
+        assert!((error - (predicted / measured - 1.0)).abs() < 1e-9, "{row}");
+    }
+    let table = std::fs::read_to_string(out.path().join("plan-check.md")).unwrap();
+    assert!(
+        table.contains("Within ±20 %") && table.contains("plan's pick"),
+        "{table}"
+    );
+}

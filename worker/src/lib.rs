@@ -8,12 +8,14 @@
 //! - [`data`]: shipped, generated and file-based data sets.
 //! - [`host_copy`]: moving a step's tensors between the device and host buffers.
 //! - [`device`]: choosing the candle device from `cpu` or `cuda:N`.
+//! - [`compute_probe`]: one step's compute timed on this host, for `ps-local --plan auto`.
 //! - [`step_time`]: where the training time goes (compute, gather, push, wait, pull, apply).
 //! - [`metrics`]: the Prometheus metrics a worker serves on `--metrics-listen`.
 //! - [`report`]: the CSV files and charts `--out DIR` writes.
 //! - [`segmented`]: a forward pass cut at boundaries, for a backward pass one segment at a time.
 
 pub mod cli;
+pub mod compute_probe;
 pub mod data;
 pub mod device;
 pub mod host_copy;

@@ -5,6 +5,7 @@
 //! ps-local                                  # 2 servers, 2 workers, MLP on digits
 //! ps-local --servers 3 --workers 4 --json
 //! ps-local --metrics-listen 127.0.0.1:9100   # scheduler :9100, servers :9101-, workers after
+//! ps-local --plan auto                       # the setup ps-scheduler plan picks for this run
 //! ```
 
 use std::io::IsTerminal;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use ps_cluster::local::{LocalSpec, LocalSummary, run_local};
+use ps_cluster::planned;
 use ps_common::certs::ClusterCerts;
 use ps_common::flag::env_flag;
 use ps_proto::consistency::Consistency;
@@ -56,6 +58,12 @@ struct Cli {
     /// this process's host), shm (the same, failing without it), or grpc.
     #[arg(long, env = "PS_DATA_PATH", default_value = "auto")]
     data_path: ps_shm::DataPathMode,
+    /// Run the setup a plan chooses: auto (planned now for this run, its
+    /// compute timed here) or a file from `ps-scheduler plan --out`. It sets
+    /// the servers, the consistency, pipelining and backward segments, over
+    /// --servers and --consistency.
+    #[arg(long, env = "PS_PLAN")]
+    plan: Option<ps_cluster::planned::PlanSource>,
     #[command(flatten)]
     train: TrainArgs,
 }
@@ -99,7 +107,8 @@ async fn main() -> anyhow::Result<()> {
         .train
         .train_config(std::io::stderr().is_terminal())
         .map_err(anyhow::Error::msg)?;
-    let spec = LocalSpec {
+    let mut config = config;
+    let mut spec = LocalSpec {
         servers: usize::from(cli.servers),
         workers: cli.workers,
         consistency: cli.consistency,
@@ -107,11 +116,22 @@ async fn main() -> anyhow::Result<()> {
         checkpoint_dir: cli.checkpoint_dir,
         metrics_listen: cli.metrics_listen,
         data_path: cli.data_path,
+        pipeline: true,
         tls: match cli.tls {
             true => Some(ClusterCerts::generate(&[], 1)?.tls_config(true)),
             false => None,
         },
     };
+    if let Some(source) = &cli.plan {
+        let hidden = &cli.train.hidden;
+        let plan = planned::load(source, &data, hidden, config.batch_size, cli.workers)?;
+        let run = planned::apply(&plan, hidden.len() + 1);
+        tracing::info!(setup = %run.summary, consistency = %run.consistency, "running the plan's setup");
+        spec.servers = run.servers;
+        spec.pipeline = run.pipeline;
+        spec.consistency = run.consistency.parse().map_err(anyhow::Error::msg)?;
+        config.backward_segments = run.backward_segments;
+    }
     let summary = tokio::select! {
         summary = run_local(&spec, data, &config) => summary?,
         () = ps_common::process::shutdown_signal() => anyhow::bail!("interrupted before training finished"),

@@ -11,11 +11,13 @@
 //! - `push`, `pull`: the busiest link's bytes each way, over its rate, plus
 //!   the worker's per-byte CPU, plus one round trip each.
 //! - `apply`: the busiest server's gradients (f32) over the apply rate.
-//! - `requests`: requests per step times the per-request CPU.
-//! - `overlap` (negative): with pipelining, the pull of a key group overlaps
-//!   the push of the next, so the shorter direction is hidden but for one
-//!   group; with a segmented backward, the push also overlaps the backward
-//!   pass but for its last segment.
+//! - `requests`: requests per step (a push and a pull per key group) times
+//!   the per-request CPU.
+//! - `overlap` (negative): time the two directions share. Pipelined, a
+//!   group's pull overlaps the pushes of groups at other servers; when a
+//!   server's link is busier than a worker's, the worker whose push ends first
+//!   pulls while the others still push. With a segmented backward, the push
+//!   also overlaps the backward pass but for its last segment.
 
 use ps_proto::placement::{self, Param};
 use serde::{Deserialize, Serialize};
@@ -119,9 +121,10 @@ pub struct Terms {
     pub imbalance: f64,
 }
 
-/// Key groups a pipelined step is cut into, per server (`client/src/pipeline.rs`
-/// cuts a step's keys into groups of about this many).
-pub const PIPELINE_GROUPS: u64 = 4;
+/// The smallest group of keys a pipelined step sends as a request of its
+/// own: the client's `MIN_GROUP_BYTES` (`client/src/config.rs`), its default
+/// `pipeline_group_bytes`.
+pub const PIPELINE_GROUP_BYTES: u64 = 1 << 20;
 
 /// The share of a step's compute that is the backward pass.
 pub const BACKWARD_SHARE: f64 = 2.0 / 3.0;
@@ -137,14 +140,17 @@ pub fn predict(
     let model: u64 = tensor_bytes.iter().sum();
     let (parts, imbalance) = balance(tensor_bytes, setup.partition_bytes, setup.servers);
     let wire = model as f64 * f64::from(setup.wire_bytes) / 4.0;
-    let (link_time, busiest_link_bytes) = busiest_link(setup, cluster, constants, wire, imbalance);
+    let ((link_time, busiest_link_bytes), slack) =
+        busiest_link(setup, cluster, constants, wire, imbalance);
     let cpu_bytes = wire / constants.worker_bytes_per_sec;
     let push = link_time + cpu_bytes + cluster.rtt;
     let pull = link_time + cpu_bytes + cluster.rtt;
     let even_share = model as f64 / f64::from(setup.servers);
     let apply = f64::from(cluster.workers) * even_share * imbalance / constants.apply_bytes_per_sec;
-    let requests = requests_per_step(setup, parts) as f64 * constants.request_seconds;
-    let overlap = -hidden(setup, cluster.compute, push, pull, apply);
+    let groups = groups_per_step(setup, wire, parts);
+    // A push and a pull per group.
+    let requests = (2 * groups) as f64 * constants.request_seconds;
+    let overlap = -hidden(setup, (groups, slack), cluster.compute, (push, pull, apply));
     let step = cluster.compute + push + pull + apply + requests + overlap;
     Terms {
         compute: cluster.compute,
@@ -160,14 +166,15 @@ pub fn predict(
 }
 
 /// The busiest link each way per step: `(seconds, bytes)`, its rate taken
-/// at the link efficiency.
+/// at the link efficiency; and the share of that time a worker's own link
+/// (carrying its `W`) leaves free.
 fn busiest_link(
     setup: &Setup,
     cluster: &Cluster,
     constants: &Constants,
     wire: f64,
     imbalance: f64,
-) -> (f64, f64) {
+) -> ((f64, f64), f64) {
     let (n, s) = (f64::from(cluster.workers), f64::from(setup.servers));
     let share = wire / s * imbalance;
     let links = match setup.placement {
@@ -188,13 +195,21 @@ fn busiest_link(
             }
         }
     };
-    links
+    let time = |bytes: f64, rate: f64| bytes / (rate * constants.link_efficiency);
+    let busiest = links
         .into_iter()
-        .map(|(bytes, rate)| (bytes / (rate * constants.link_efficiency), bytes))
+        .map(|(bytes, rate)| (time(bytes, rate), bytes))
         .fold(
             (0.0, 0.0),
             |busiest, link| if link.0 > busiest.0 { link } else { busiest },
-        )
+        );
+    let own = time(wire, cluster.worker_link);
+    let slack = if busiest.0 > 0.0 {
+        (1.0 - own / busiest.0).max(0.0)
+    } else {
+        0.0
+    };
+    (busiest, slack)
 }
 
 /// Parts the system's own planner (`ps_proto::placement::plan`) cuts a model
@@ -216,28 +231,45 @@ pub fn balance(tensor_bytes: &[u64], partition: u64, servers: u32) -> (u64, f64)
     (assignments.len() as u64, imbalance.max(1.0))
 }
 
-/// Requests a worker makes per step: one push and one pull per server, or per
-/// key group on each server when pipelined (never more than the parts).
-pub fn requests_per_step(setup: &Setup, parts: u64) -> u64 {
+/// Key groups a step's push (and pull) is cut into: with pipelining, one
+/// per [`PIPELINE_GROUP_BYTES`] of wire bytes, at least one per server and at
+/// most one per part; without, one per server.
+pub fn groups_per_step(setup: &Setup, wire: f64, parts: u64) -> u64 {
     let servers = u64::from(setup.servers);
-    let per_direction = if setup.pipeline {
-        (servers * PIPELINE_GROUPS).min(parts.max(servers))
-    } else {
-        servers
-    };
-    2 * per_direction
+    if !setup.pipeline {
+        return servers;
+    }
+    let by_bytes = (wire / PIPELINE_GROUP_BYTES as f64).ceil() as u64;
+    by_bytes.clamp(servers, parts.max(servers))
 }
 
-/// Time hidden by overlapping: pipelining hides the shorter of push and
-/// pull (and the apply) but for one group's share; segmenting hides the push
-/// behind the backward pass but for its last segment.
-fn hidden(setup: &Setup, compute: f64, push: f64, pull: f64, apply: f64) -> f64 {
-    let mut hidden = 0.0;
-    if setup.pipeline {
-        let groups = (u64::from(setup.servers) * PIPELINE_GROUPS) as f64;
-        let shorter = pull.min(push + apply);
-        hidden += shorter * (1.0 - 1.0 / groups);
-    }
+/// Time hidden by overlapping the two directions, and the push with the
+/// backward pass.
+///
+/// - Pipelined, a group's pull waits for every worker's push of that group
+///   at its server, and holds that server's session meanwhile: only groups at
+///   the other servers go on, so `(1 - 1/S) x (1 - 1/G)` of the shorter
+///   direction hides (none with one server).
+/// - Staggered: when a server's link carries more than a worker's (`slack`,
+///   the share of the busiest link's time a worker's own link is free), the
+///   worker whose push ends first pulls while the others still push, so that
+///   share of the shorter direction hides, pipelined or not.
+/// - Segmented in `k`, the push hides behind the backward pass but for its
+///   last segment.
+fn hidden(
+    setup: &Setup,
+    (groups, slack): (u64, f64),
+    compute: f64,
+    (push, pull, apply): (f64, f64, f64),
+) -> f64 {
+    let shorter = pull.min(push + apply);
+    let pipelined = if setup.pipeline {
+        let servers = f64::from(setup.servers);
+        (1.0 - 1.0 / servers) * (1.0 - 1.0 / groups as f64)
+    } else {
+        0.0
+    };
+    let mut hidden = shorter * pipelined.max(slack);
     if setup.backward_segments > 1 {
         let segments = f64::from(setup.backward_segments);
         let backward = compute * BACKWARD_SHARE;
@@ -324,25 +356,63 @@ mod tests {
     }
 
     #[test]
-    fn pipelining_hides_all_but_one_group_of_the_shorter_direction() {
-        let tensors = vec![1_000_000u64; 16];
-        let mut pipelined = setup(1, Placement::Dedicated);
+    fn pipelining_hides_what_other_servers_can_carry_on_with() {
+        // 4 MiB in four whole 1 MiB tensors, two servers, one worker: four
+        // 1 MiB groups; (1 - 1/2) x (1 - 1/4) of the pull hides.
+        let tensors = vec![1u64 << 20; 4];
+        let mut pipelined = setup(2, Placement::Dedicated);
         pipelined.pipeline = true;
         let plain = predict(
-            &setup(1, Placement::Dedicated),
+            &setup(2, Placement::Dedicated),
             &tensors,
             &cluster(1),
             &constants(),
         );
         let terms = predict(&pipelined, &tensors, &cluster(1), &constants());
-        // One server, 4 groups: 3/4 of the pull hidden (pull < push + apply).
+        assert_eq!(groups_per_step(&pipelined, 4.0 * 1048576.0, 8), 4);
+        assert_eq!(plain.overlap, 0.0);
         assert!(
-            (terms.overlap + plain.pull * 0.75).abs() < 1e-9,
+            (terms.overlap + plain.pull * 0.375).abs() < 1e-9,
             "{terms:?}"
         );
-        assert_eq!(requests_per_step(&pipelined, 16), 8);
-        // Requests: 8 instead of 2.
+        // Requests: a push and a pull per group, 8 instead of 2 x 2 servers.
         assert!((terms.requests - 8.0 * 100e-6).abs() < 1e-12);
+        // One server: nothing hides.
+        let mut one = pipelined.clone();
+        one.servers = 1;
+        assert_eq!(
+            predict(&one, &tensors, &cluster(1), &constants()).overlap,
+            0.0
+        );
+        // Groups are at least one per server and at most one per part.
+        let mut three = pipelined.clone();
+        three.servers = 3;
+        assert_eq!(groups_per_step(&three, 1000.0, 10), 3);
+        assert_eq!(groups_per_step(&three, 100.0 * 1048576.0, 10), 10);
+    }
+
+    #[test]
+    fn a_server_link_busier_than_the_workers_hides_by_staggering() {
+        // One server for two workers: its link carries 2 W, each worker's W,
+        // so half the server link's time a worker's own link is free, and
+        // half the pull hides even without pipelining.
+        let tensors = vec![1u64 << 20; 4];
+        let terms = predict(
+            &setup(1, Placement::Dedicated),
+            &tensors,
+            &cluster(2),
+            &constants(),
+        );
+        assert!((terms.busiest_link_bytes - 2.0 * 4.0 * 1048576.0).abs() < 1.0);
+        assert!((terms.overlap + 0.5 * terms.pull).abs() < 1e-9, "{terms:?}");
+        // Two servers for two workers: every link carries W, nothing hides.
+        let even = predict(
+            &setup(2, Placement::Dedicated),
+            &tensors,
+            &cluster(2),
+            &constants(),
+        );
+        assert_eq!(even.overlap, 0.0);
     }
 
     #[test]

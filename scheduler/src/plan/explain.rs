@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use ps_common::size::{format_rate, format_size};
 
-use super::cost::{BACKWARD_SHARE, PIPELINE_GROUPS};
+use super::cost::{BACKWARD_SHARE, PIPELINE_GROUP_BYTES};
 use super::{Candidate, Placement, Plan, Setup};
 
 /// The setup in a few words: `2 servers beside workers, 4 MiB parts, f32,
@@ -105,6 +105,7 @@ fn row(rank: usize, candidate: &Candidate, chosen: &Setup) -> String {
 pub fn explanation(plan: &Plan) -> String {
     let c = &plan.constants;
     let mut out = String::new();
+    let group = format_size(PIPELINE_GROUP_BYTES as usize);
     let _ = writeln!(
         out,
         "The model (scheduler/src/plan/cost.rs), per step and worker:
@@ -116,8 +117,10 @@ pub fn explanation(plan: &Plan) -> String {
   push     = link + W / worker rate + RTT
   pull     = link + W / worker rate + RTT
   apply    = N x (model bytes / S) x imbalance / apply rate
-  requests = 2 x (S, or S x {PIPELINE_GROUPS} groups when pipelined, at most the parts) x request CPU
-  overlap  = -(pipelined: min(pull, push + apply) x (1 - 1 / (S x {PIPELINE_GROUPS})))
+  groups G = S, or when pipelined W / {group} (at least S, at most the parts)
+  requests = 2 x G x request CPU
+  slack    = 1 - (a worker's own link time / the busiest link's time)
+  overlap  = -min(pull, push + apply) x max(slack, pipelined: (1 - 1/S) x (1 - 1/G))
              -(segmented in k: min(push, compute x {BACKWARD_SHARE:.2} x (k - 1) / k))
   step     = compute + push + pull + apply + requests + overlap
   imbalance: the busiest server's load over an even share, as the system's

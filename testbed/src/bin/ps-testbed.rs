@@ -122,8 +122,8 @@ struct PlanCheckArgs {
     /// Folder for the runs' logs and the results (plan-check.json, plan-check.md).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Run nothing: print the tables of an earlier run's plan-check.json
-    /// (with this build's choice rule).
+    /// Run nothing: print the tables of an earlier run's plan-check.json,
+    /// predicted again with this build's cost model and choice rule.
     #[arg(long)]
     table: Option<PathBuf>,
 }
@@ -156,8 +156,9 @@ async fn plan_check(args: PlanCheckArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.table {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let rows: Vec<plan_check::Row> = serde_json::from_str(&text)
+        let mut rows: Vec<plan_check::Row> = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a plan-check.json", path.display()))?;
+        plan_check::predict_again(&mut rows, args.workers)?;
         print!("{}", plan_check::table(&rows, args.workers));
         return Ok(());
     }

@@ -1,0 +1,151 @@
+//! `ps-local --plan auto|FILE`: a plan's setup applied to a local run. `auto`
+//! plans this run on the spot: its MLP on its data set, its workers on this
+//! host's loopback links, the compute per step timed here
+//! (`ps_worker::compute_probe`). A file is a plan `ps-scheduler plan --out`
+//! wrote (and a person may have edited).
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use anyhow::Context;
+use ps_common::rate::LinkRate;
+use ps_scheduler::plan::cli::read_plan;
+use ps_scheduler::plan::explain::describe;
+use ps_scheduler::plan::{Choices, Cluster, Constants, ModelShapes, Plan, plan};
+use ps_worker::data::Dataset;
+
+/// Where the plan comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanSource {
+    /// Planned for this run.
+    Auto,
+    /// A plan file.
+    File(PathBuf),
+}
+
+impl FromStr for PlanSource {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "" => Err("--plan takes auto or a plan file".to_string()),
+            "auto" => Ok(Self::Auto),
+            path => Ok(Self::File(PathBuf::from(path))),
+        }
+    }
+}
+
+/// Loopback between the parts of one process, as a link rate: raw TCP moves
+/// 4-6 GB/s here (`ps-microbench kv`'s TCP column, docs/benchmarks.md).
+const LOOPBACK: &str = "40gbit";
+
+/// What a local run takes from a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedRun {
+    /// Parameter servers.
+    pub servers: usize,
+    /// Whether push and pull are pipelined.
+    pub pipeline: bool,
+    /// Backward segments (at most the model's layers).
+    pub backward_segments: usize,
+    /// The consistency, as `ps-local --consistency` takes it.
+    pub consistency: String,
+    /// The setup in words, and its predicted step.
+    pub summary: String,
+}
+
+/// The plan for this run: from its file, or made now for the MLP of
+/// `hidden` layers on `data` in batches of `batch` with `workers` workers.
+///
+/// # Errors
+/// The file cannot be read, the compute cannot be timed, or nothing fits.
+pub fn load(
+    source: &PlanSource,
+    data: &Dataset,
+    hidden: &[usize],
+    batch: usize,
+    workers: u32,
+) -> anyhow::Result<Plan> {
+    match source {
+        PlanSource::File(path) => read_plan(path),
+        PlanSource::Auto => {
+            let compute = ps_worker::compute_probe::step_seconds(data, hidden, batch)
+                .context("timing a step's compute for --plan auto")?;
+            let widths: Vec<String> = std::iter::once(data.width())
+                .chain(hidden.iter().copied())
+                .chain([data.classes])
+                .map(|w| w.to_string())
+                .collect();
+            let model = ModelShapes::from_spec(&format!("mlp:{}", widths.join(",")))
+                .map_err(anyhow::Error::msg)?;
+            let link: LinkRate = LOOPBACK.parse().map_err(anyhow::Error::msg)?;
+            let cluster = Cluster {
+                workers,
+                worker_link: link.bytes_per_sec(),
+                server_link: link.bytes_per_sec(),
+                rtt: 50e-6,
+                compute,
+            };
+            let choices = Choices {
+                max_servers: 4,
+                server_hosts: 0,
+                allow_bf16: false,
+                staleness: 0,
+                server_memory: default_server_memory(),
+                optimizer_state: 0,
+            };
+            Ok(plan(&model, &cluster, &choices, &Constants::default())?)
+        }
+    }
+}
+
+/// The default memory budget of a server (three quarters of this host's memory).
+fn default_server_memory() -> u64 {
+    ps_server::budget::default_budget() as u64
+}
+
+/// What `plan` sets for a run whose model has `layers` layers; a bf16 plan
+/// runs in f32 (the workers cannot put bf16 on the wire yet), with a warning.
+pub fn apply(plan: &Plan, layers: usize) -> PlannedRun {
+    let chosen = &plan.chosen;
+    if chosen.wire_bytes != 4 {
+        tracing::warn!(
+            "the plan puts bf16 on the wire, which the workers cannot do yet: f32 instead"
+        );
+    }
+    let backward_segments = (chosen.backward_segments as usize).clamp(1, layers.max(1));
+    let predicted = plan
+        .candidates
+        .iter()
+        .find(|c| &c.setup == chosen)
+        .map_or(String::new(), |c| {
+            format!(" (predicted step {:.2} ms)", c.terms.step * 1e3)
+        });
+    PlannedRun {
+        servers: chosen.servers as usize,
+        pipeline: chosen.pipeline,
+        backward_segments,
+        consistency: plan.consistency.clone(),
+        summary: format!("{}{predicted}", describe(chosen)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_plans_this_run_and_apply_keeps_segments_within_the_layers() {
+        let data = ps_worker::data::digits::load().unwrap();
+        let plan = load(&PlanSource::Auto, &data, &[64], 32, 2).unwrap();
+        assert_eq!(plan.model, "mlp:64,64,10");
+        assert!(plan.cluster.compute > 0.0);
+        let run = apply(&plan, 2);
+        assert!((1..=4).contains(&run.servers));
+        assert!((1..=2).contains(&run.backward_segments));
+        assert_eq!(run.consistency, "bsp");
+        assert!(run.summary.contains("predicted step"), "{}", run.summary);
+        assert_eq!("auto".parse(), Ok(PlanSource::Auto));
+        assert_eq!("p.json".parse(), Ok(PlanSource::File("p.json".into())));
+    }
+}
