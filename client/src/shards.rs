@@ -372,9 +372,12 @@ impl Shards {
 
     /// Pushes `grads` as `worker`'s `step` and pulls every placed parameter at
     /// `min_version` into `into`, each server's share as one `PushPull` on its
-    /// session stream: one round trip per server instead of two. `None`, with
-    /// nothing sent, when that cannot be: sessions are off, or a server's push
-    /// or pull does not fit one message (the caller pushes, then pulls).
+    /// session stream: one round trip per server instead of two. `None` when
+    /// that cannot be (the caller pushes, then pulls): sessions are off, or a
+    /// server's push or pull does not fit one message (nothing sent), or a
+    /// server's session could not carry its share when it was sent (other
+    /// servers' pushes may have been applied, and are acknowledged, not
+    /// applied, when pushed again).
     /// Otherwise how many keys took the push, and the longest time a server
     /// held the pull waiting. The whole is retried on failure: the push is
     /// applied once however often it arrives.
@@ -417,7 +420,14 @@ impl Shards {
             });
         let mut taken = 0;
         let mut answers = Vec::new();
-        for (accepted, versions, waited) in all_or_first_error(calls).await? {
+        for answered in all_or_first_error(calls).await? {
+            // A server whose session could not carry its share (shared memory
+            // lost since, the share too large for one gRPC message): the
+            // caller pushes, then pulls; pushes that went through already are
+            // acknowledged again, not applied twice.
+            let Some((accepted, versions, waited)) = answered else {
+                return Ok(None);
+            };
             taken += accepted;
             answers.push((versions, waited));
         }
@@ -425,14 +435,15 @@ impl Shards {
     }
 
     /// One server's `PushPull`: the keys that took the push, the version of
-    /// each part pulled into `sinks`, and how long the pull waited.
+    /// each part pulled into `sinks`, and how long the pull waited; `None`
+    /// when its session cannot carry the request (`Server::in_session`).
     async fn push_pull_on(
         &self,
         server: &Server,
         request: v1::PushPull,
         mut sinks: Vec<PartSink<'_>>,
         fits_grpc: bool,
-    ) -> Result<(usize, Vec<(ParamKey, Version)>, Duration), ClientError> {
+    ) -> Result<Option<(usize, Vec<(ParamKey, Version)>, Duration)>, ClientError> {
         let protocol = |reason: String| ClientError::Protocol {
             what: Rpc::PushPull,
             addr: server.addr.clone(),
@@ -440,9 +451,12 @@ impl Shards {
         };
         let op = || Op::PushPull(request.clone());
         let answer = server.in_session(&self.retry, Rpc::PushPull, op, fits_grpc);
-        let Some((Outcome::PushPull(response), waited_us)) = answer.await? else {
+        let Some((outcome, waited_us)) = answer.await? else {
+            return Ok(None);
+        };
+        let Outcome::PushPull(response) = outcome else {
             return Err(protocol(
-                "no push_pull answer on the session (shared memory lost and the request too large for one gRPC message: the step may be run again, its push is applied once)".to_string(),
+                "a push_pull answered with another outcome".to_string(),
             ));
         };
         let (Some(pushed), Some(pulled)) = (response.push, response.pull) else {
@@ -453,7 +467,7 @@ impl Shards {
         write_pulled(&mut sinks, pulled.tensors).map_err(|e| protocol(e.to_string()))?;
         let versions = finished(&sinks).map_err(|e| protocol(e.to_string()))?;
         let accepted = pushed.keys.iter().filter(|k| k.accepted).count();
-        Ok((accepted, versions, Duration::from_micros(waited_us)))
+        Ok(Some((accepted, versions, Duration::from_micros(waited_us))))
     }
 
     /// A push request of `grads` as `worker`'s `step`.

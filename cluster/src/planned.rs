@@ -106,8 +106,17 @@ fn default_server_memory() -> u64 {
 
 /// What `plan` sets for a run whose model has `layers` layers; a bf16 plan
 /// runs in f32 (the workers cannot put bf16 on the wire yet), with a warning.
-pub fn apply(plan: &Plan, layers: usize) -> PlannedRun {
+/// Over shared memory (`ps-local`'s default) a step whose shares fit is one
+/// push-and-pull per server whatever `pipeline` says.
+///
+/// # Errors
+/// The plan (a file a person may have edited) names no servers.
+pub fn apply(plan: &Plan, layers: usize) -> anyhow::Result<PlannedRun> {
     let chosen = &plan.chosen;
+    anyhow::ensure!(
+        chosen.servers > 0,
+        "the plan's chosen setup has no servers; give it at least one"
+    );
     if chosen.wire_bytes != 4 {
         tracing::warn!(
             "the plan puts bf16 on the wire, which the workers cannot do yet: f32 instead"
@@ -121,13 +130,13 @@ pub fn apply(plan: &Plan, layers: usize) -> PlannedRun {
         .map_or(String::new(), |c| {
             format!(" (predicted step {:.2} ms)", c.terms.step * 1e3)
         });
-    PlannedRun {
+    Ok(PlannedRun {
         servers: chosen.servers as usize,
         pipeline: chosen.pipeline,
         backward_segments,
         consistency: plan.consistency.clone(),
         summary: format!("{}{predicted}", describe(chosen)),
-    }
+    })
 }
 
 #[cfg(test)]
@@ -140,12 +149,20 @@ mod tests {
         let plan = load(&PlanSource::Auto, &data, &[64], 32, 2).unwrap();
         assert_eq!(plan.model, "mlp:64,64,10");
         assert!(plan.cluster.compute > 0.0);
-        let run = apply(&plan, 2);
+        let run = apply(&plan, 2).unwrap();
         assert!((1..=4).contains(&run.servers));
         assert!((1..=2).contains(&run.backward_segments));
         assert_eq!(run.consistency, "bsp");
         assert!(run.summary.contains("predicted step"), "{}", run.summary);
         assert_eq!("auto".parse(), Ok(PlanSource::Auto));
         assert_eq!("p.json".parse(), Ok(PlanSource::File("p.json".into())));
+        let mut none = plan.clone();
+        none.chosen.servers = 0;
+        assert!(
+            apply(&none, 2)
+                .unwrap_err()
+                .to_string()
+                .contains("no servers")
+        );
     }
 }

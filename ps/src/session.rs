@@ -201,6 +201,9 @@ async fn push_pull_answer(
     let push = request.push.ok_or_else(|| missing("push"))?;
     let pull = request.pull.ok_or_else(|| missing("pull"))?;
     let pushed = service.refusal(service.push_grads(&push).await)?;
+    // The push's tensors go before the pull waits: nothing of them is needed
+    // now, and a shared-memory session's read-ahead is held while they live.
+    drop(push);
     let (pulled, waited) = service.refusal(service.pull_response(&pull, largest).await)?;
     let response = v1::PushPullResponse {
         push: Some(crate::wire::push_response(pushed)),

@@ -3,8 +3,9 @@
 //! ([`accept`]), each answered by the one session loop (`crate::session`)
 //! with the same admission, budget, metrics and exactly-once rules as a gRPC
 //! session, and no limit on a pull's size but the memory budget. Each
-//! session's region, and each request's tensors while they live, are charged
-//! to the budget.
+//! session's region is charged to the budget; a request's tensors are
+//! charged when the service takes them, as over gRPC, and one that could
+//! never fit is refused before it is read.
 
 use std::sync::Arc;
 
@@ -128,14 +129,19 @@ async fn serve(
     session::serve(service, link.requests, link.answers, idle, usize::MAX).await;
 }
 
-/// Charges a request's payloads to `service`'s memory budget while they live.
+/// Refuses a request whose tensors could never fit `service`'s memory budget,
+/// before they are read. Those it lets in are charged as a gRPC request's
+/// are, by the service when it takes them (`push_grads`); charging them here
+/// as well would count them twice.
 fn charger(service: &ParameterService) -> Charger {
     let budget = Arc::clone(service.budget());
     Arc::new(move |bytes| {
-        let what = || format!("a shared-memory request carrying {bytes} bytes of tensors");
-        budget
-            .charge(bytes as usize, what)
-            .map(|charge| Arc::new(charge) as Hold)
-            .map_err(|error| error.to_string())
+        let limit = budget.limit() as u64;
+        if bytes > limit {
+            return Err(format!(
+                "a shared-memory request carrying {bytes} bytes of tensors is past this server's memory budget of {limit} bytes; send fewer keys at once, spread them over more servers, or raise --memory-budget"
+            ));
+        }
+        Ok(Arc::new(()) as Hold)
     })
 }

@@ -32,12 +32,15 @@ use crate::ring::{RingReader, RingWriter};
 const AHEAD: usize = 64;
 
 /// The most payload bytes a server's session holds read off its ring and not
-/// yet let go of (a larger request is read alone); with the payload buffers
-/// its pool keeps, this bounds a session's memory beyond its region.
+/// yet let go of, but for one request larger than this, which is read alone
+/// (so the bound is this or the largest request `Charger` admits); with the
+/// payload buffers the pool keeps, it bounds a session's memory beyond its
+/// region.
 pub const AHEAD_BYTES: u64 = 32 << 20;
 
-/// Takes `bytes` of the server's memory for a request's payloads, held until
-/// they are dropped, or says why it cannot (the request is then refused).
+/// Admits a request carrying `bytes` of payloads before they are read (what
+/// it returns, such as a memory charge, is held until they are dropped), or
+/// says why not (the request is then read past and refused).
 pub type Charger = Arc<dyn Fn(u64) -> Result<Hold, String> + Send + Sync>;
 
 /// The server's side of a session: the requests read from the region, and
@@ -57,9 +60,9 @@ pub struct WorkerLink {
     pub answers: ReceiverStream<Result<v1::SessionAnswer, Status>>,
 }
 
-/// Starts the server's side of the session `end`, taking each request's
-/// payloads from the server's memory through `charge` into buffers of `pool`
-/// (which the server's sessions share); `stop` ends it early.
+/// Starts the server's side of the session `end`, each request's payloads
+/// admitted by `charge` and read into buffers of `pool` (which the server's
+/// sessions share); `stop` ends it early.
 pub fn serve_link(
     end: ServerEnd,
     charge: Charger,
@@ -111,8 +114,8 @@ pub fn worker_link(end: WorkerEnd, payload_limit: u64) -> WorkerLink {
 
 /// Reads requests from `ring` into `into` until either fails. A request's
 /// payloads are read only once they fit the session's read-ahead
-/// ([`AHEAD_BYTES`]) and `charge` has taken them from the server's memory; a
-/// request `charge` refuses is answered on `answers` with
+/// ([`AHEAD_BYTES`]) and `charge` admits them; a request `charge` refuses is
+/// answered on `answers` with
 /// `RESOURCE_EXHAUSTED` (the session goes on), and a failed read ends the
 /// session. `answers` is weak: the session ends when its loop lets go of the
 /// answers, not when this reader does.
@@ -157,8 +160,8 @@ async fn read_requests(
 /// refused (and read past).
 type Admitted = Result<v1::SessionRequest, (v1::SessionRequest, String)>;
 
-/// Reads request `seq`, its payloads held by a share of `ahead` and a
-/// `charge`d share of the server's memory until the last of them drops.
+/// Reads request `seq`, its payloads holding a share of `ahead` and what
+/// `charge` returned until the last of them drops.
 async fn read_request(
     ring: &mut RingReader,
     seq: u64,

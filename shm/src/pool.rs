@@ -19,6 +19,9 @@ pub const KEPT_BYTES: usize = 32 << 20;
 /// The most buffers one pool keeps for reuse.
 pub const KEPT_BUFFERS: usize = 16;
 
+/// Payloads this small may take a kept buffer of up to twice this size.
+const SMALLEST_KEPT: usize = 4096;
+
 /// What a lent buffer keeps alive until its last clone drops, such as the
 /// memory charge the bytes were read under.
 pub type Hold = Arc<dyn Any + Send + Sync>;
@@ -41,14 +44,16 @@ impl BufferPool {
         Self::default()
     }
 
-    /// A buffer of `len` bytes (their contents unspecified): the kept one
-    /// closest above `len` if there is one, else a new one.
+    /// A buffer of `len` bytes (their contents unspecified): the smallest
+    /// kept one that holds `len` without being more than twice the size (a
+    /// small payload does not pin a large buffer), else a new one.
     pub fn take(&self, len: usize) -> Vec<u8> {
+        let most = len.max(SMALLEST_KEPT).saturating_mul(2);
         let kept = {
             let mut free = lock(&self.free);
             let fitting = (free.buffers.iter().enumerate())
-                .filter(|(_, b)| b.len() >= len)
-                .min_by_key(|(_, b)| b.len())
+                .filter(|(_, b)| (len..=most).contains(&b.capacity()))
+                .min_by_key(|(_, b)| b.capacity())
                 .map(|(at, _)| at);
             fitting.map(|at| {
                 let buffer = free.buffers.swap_remove(at);
@@ -125,10 +130,15 @@ mod tests {
         assert_eq!(pool.kept(), 0, "a clone still holds it");
         drop(clone);
         assert_eq!(pool.kept(), 1);
-        let again = pool.take(4096);
+        let small = pool.take(4096);
+        assert_ne!(small.as_ptr(), first, "a small payload does not pin it");
+        let again = pool.take(600 << 10);
         assert_eq!(again.as_ptr(), first, "the kept buffer is reused");
-        assert_eq!(again.len(), 4096);
+        assert_eq!(again.len(), 600 << 10);
         assert_eq!(pool.kept(), 0);
+        // Back at its smaller length, it still serves a full-size payload.
+        drop(pool.bytes(again, None));
+        assert_eq!(pool.take(1 << 20).as_ptr(), first);
     }
 
     #[test]

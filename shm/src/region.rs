@@ -98,7 +98,10 @@ impl Region {
         self.map.len()
     }
 
-    /// The region as words, each read and written only atomically.
+    /// The region as words. The control words (the header, each ring's
+    /// positions and waiting words) are only ever loaded and stored through
+    /// this view, atomically; a ring's data words are copied in bulk instead
+    /// ([`Region::copy_in`], [`Region::copy_out`]).
     #[allow(unsafe_code)]
     pub fn words(&self) -> &[AtomicU64] {
         let ptr = self.map.as_ptr();
@@ -107,9 +110,11 @@ impl Region {
         // number of words, checked by `create` and `open`), and stays mapped
         // while `self` lives, which the returned slice borrows. Its size cannot
         // change (the file is sealed against shrinking), so no access faults.
-        // `AtomicU64` has the size and alignment of `u64`, and every access
-        // through the slice is atomic, which is what memory another process
-        // writes concurrently needs; no other view of the bytes exists.
+        // `AtomicU64` has the size and alignment of `u64`. The slice spans the
+        // data words too, which `copy_in`/`copy_out` also reach through raw
+        // pointers; the ring never touches a data word both ways (it stores
+        // and loads only control words through the slice), so the two views
+        // never meet on one word.
         unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU64>(), self.map.len() / 8) }
     }
 
@@ -138,10 +143,13 @@ impl Region {
     #[allow(unsafe_code)]
     pub fn copy_out(&self, word: usize, into: &mut [u8]) {
         let at = self.byte_span(word, into.len());
-        // SAFETY: as in `copy_in`, the other way. A peer that broke the ring's
-        // protocol and wrote these bytes during the copy changes only which
-        // bytes arrive (any bytes are a valid `u8`), and what arrives is
-        // checked before it is trusted.
+        // SAFETY: as in `copy_in`, the other way. The ring copies out only
+        // words the writer published (acquire on its `tail`), which a
+        // well-behaved peer no longer writes. A peer that breaks that and
+        // writes during the copy makes it, formally, a data race with another
+        // process; what it can change is which bytes arrive (the copy is into
+        // this process's own buffer, and any bytes are a valid `u8`), and
+        // what arrives is checked before it is trusted.
         unsafe {
             let from = self.map.as_ptr().add(at);
             std::ptr::copy_nonoverlapping(from, into.as_mut_ptr(), into.len());

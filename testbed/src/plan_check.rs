@@ -258,8 +258,9 @@ async fn run_one(
 
 /// The rows as a Markdown table, and the summary: the share within ±20 %,
 /// the largest error, and per model and link the plan's pick (as
-/// `ps-scheduler plan` picks: `ps_scheduler::plan::pick`) against the fastest
-/// measured and against the default (one server per worker, pipelined).
+/// `ps-scheduler plan` picks: its link rule, then `ps_scheduler::plan::pick`)
+/// against the fastest measured and against the default (one server per
+/// worker, pipelined).
 pub fn table(rows: &[Row], workers: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -303,8 +304,16 @@ pub fn table(rows: &[Row], workers: usize) -> String {
             .iter()
             .filter(|r| r.model == model && r.link == link)
             .collect();
-        let at = ps_scheduler::plan::pick(&group, |r| (r.predicted_ms, r.servers as u32));
-        let pick = group[at.expect("a row")];
+        // The planner's link rule: dedicated servers need at least the
+        // workers' link in all (every link here has the same rate).
+        let allowed: Vec<&Row> = group
+            .iter()
+            .copied()
+            .filter(|r| r.servers >= workers)
+            .collect();
+        let candidates = if allowed.is_empty() { &group } else { &allowed };
+        let at = ps_scheduler::plan::pick(candidates, |r| (r.predicted_ms, r.servers as u32));
+        let pick = candidates[at.expect("a row")];
         let fastest = group
             .iter()
             .map(|r| r.measured_ms)

@@ -125,7 +125,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(source) = &cli.plan {
         let hidden = &cli.train.hidden;
         let plan = planned::load(source, &data, hidden, config.batch_size, cli.workers)?;
-        let run = planned::apply(&plan, hidden.len() + 1);
+        let run = planned::apply(&plan, hidden.len() + 1)?;
         tracing::info!(setup = %run.summary, consistency = %run.consistency, "running the plan's setup");
         spec.servers = run.servers;
         spec.pipeline = run.pipeline;

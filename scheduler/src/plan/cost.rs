@@ -183,11 +183,13 @@ fn busiest_link(
             (wire, cluster.worker_link),
             (n * share, cluster.server_link),
         ],
-        // A host with a server sends its worker's shares for the other
-        // servers and its own share to the other workers; a host without one
-        // sends its worker's whole W.
+        // In the push, a host with a server sends its worker's shares for
+        // the other servers and receives the other workers' shares for its
+        // own; the pull is the same the other way. Each direction carries
+        // the larger of the two (BytePS's 2 W (N - 1) / N is both phases'
+        // sends together). A host without a server carries its worker's W.
         Placement::Colocated => {
-            let with_server = (wire - share + (n - 1.0) * share, cluster.worker_link);
+            let with_server = ((wire - share).max((n - 1.0) * share), cluster.worker_link);
             if s < n {
                 vec![with_server, (wire, cluster.worker_link)]
             } else {
@@ -340,10 +342,11 @@ mod tests {
         assert!((terms.step - step).abs() < 1e-9, "{terms:?}");
     }
 
-    /// BytePS's rule: with servers beside every worker, a host sends
-    /// 2 W (N - 1) / N each way.
+    /// BytePS's figure: with servers beside every worker, a host sends
+    /// 2 W (N - 1) / N a step, W (N - 1) / N in the push and as much in the
+    /// pull.
     #[test]
-    fn colocated_servers_send_two_n_minus_one_over_n() {
+    fn colocated_servers_send_two_n_minus_one_over_n_a_step() {
         let tensors = vec![1_000_000u64; 40]; // 40 MB in 1 MB parts
         let terms = predict(
             &setup(4, Placement::Colocated),
@@ -352,7 +355,17 @@ mod tests {
             &constants(),
         );
         assert!((terms.imbalance - 1.0).abs() < 1e-12);
-        assert!((terms.busiest_link_bytes - 2.0 * 40e6 * 3.0 / 4.0).abs() < 1.0);
+        assert!((terms.busiest_link_bytes - 40e6 * 3.0 / 4.0).abs() < 1.0);
+        assert_eq!(terms.overlap, 0.0, "every host carries as much: no slack");
+        // One server beside one of two workers: its host receives the other
+        // worker's whole W in the push, the other host sends it.
+        let one = predict(
+            &setup(1, Placement::Colocated),
+            &tensors,
+            &cluster(2),
+            &constants(),
+        );
+        assert!((one.busiest_link_bytes - 40e6).abs() < 1.0);
     }
 
     #[test]

@@ -113,7 +113,8 @@ pub fn explanation(plan: &Plan) -> String {
   link     = busiest link's bytes / (its rate x efficiency)
              a dedicated server's link carries N x W / S x imbalance,
              a worker's W; beside workers, a host with a server carries
-             W - share + (N - 1) x share (2 W (N-1)/N when S = N)
+             max(W - share, (N - 1) x share) each way (2 W (N-1)/N a step
+             when S = N)
   push     = link + W / worker rate + RTT
   pull     = link + W / worker rate + RTT
   apply    = N x (model bytes / S) x imbalance / apply rate

@@ -288,7 +288,7 @@ mod tests {
     }
 
     #[test]
-    fn the_chosen_setup_is_the_fastest_that_no_rule_sets_aside() {
+    fn the_chosen_setup_has_the_fewest_servers_close_to_the_fastest_allowed() {
         let model = ModelShapes::from_spec("resnet50").unwrap();
         let plan = plan(
             &model,

@@ -6,6 +6,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+/// The largest model a plan takes: 1 PiB of f32 values.
+const MAX_MODEL_BYTES: u64 = 1 << 50;
+
 /// One tensor of a model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorShape {
@@ -23,9 +26,14 @@ impl TensorShape {
         }
     }
 
-    /// Its elements.
+    /// Its elements (`ModelShapes::from_spec` refuses shapes whose product
+    /// overflows).
     pub fn elements(&self) -> u64 {
         self.shape.iter().product()
+    }
+
+    fn checked_elements(&self) -> Option<u64> {
+        self.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
     }
 }
 
@@ -84,6 +92,16 @@ impl ModelShapes {
         };
         if tensors.is_empty() {
             return Err(format!("--model {spec}: no tensors"));
+        }
+        let total = tensors.iter().try_fold(0u64, |sum, t| {
+            t.checked_elements()
+                .and_then(|n| n.checked_mul(4))
+                .and_then(|bytes| sum.checked_add(bytes))
+        });
+        if total.is_none_or(|bytes| bytes > MAX_MODEL_BYTES) {
+            return Err(format!(
+                "--model {spec}: more than {MAX_MODEL_BYTES} bytes of parameters"
+            ));
         }
         Ok(Self {
             name: spec.to_string(),
