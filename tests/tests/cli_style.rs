@@ -7,11 +7,12 @@ use std::process::Command;
 use ps_tests::binary;
 
 /// Each program and the subcommands a user runs.
-const COMMANDS: [&[&str]; 13] = [
+const COMMANDS: [&[&str]; 15] = [
     &["ps-server"],
     &["ps-server", "export"],
     &["ps-scheduler"],
     &["ps-scheduler", "status"],
+    &["ps-scheduler", "plan"],
     &["ps-worker"],
     &["ps-local"],
     &["ps-microbench", "latency"],
@@ -20,6 +21,7 @@ const COMMANDS: [&[&str]; 13] = [
     &["ps-microbench", "tcp-check"],
     &["ps-microbench", "serve"],
     &["ps-testbed", "run"],
+    &["ps-testbed", "plan-check"],
     &["ps-testbed", "clean"],
 ];
 

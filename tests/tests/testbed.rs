@@ -8,7 +8,8 @@
 //! Needs root, `ip` and `tc`, so it is `#[ignore]`d in `cargo test
 //! --workspace`; `.ci/run` runs it with `PS_REQUIRE_ROOT=1`, which makes a
 //! machine without them fail the test instead of skipping it. Its namespaces
-//! are under the prefix `psci`, apart from a developer's runs (`psbed`).
+//! are under the prefix `psci` (`psciplan` for plan-check), apart from a
+//! developer's runs (`psbed`).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -18,6 +19,10 @@ use ps_common::processes::binary;
 use serde_json::Value;
 
 const PREFIX: &str = "psci";
+
+/// The plan-check test's own prefix: the tests run at once, and each checks
+/// that its namespaces are gone while the others may still hold theirs.
+const PLAN_PREFIX: &str = "psciplan";
 
 fn root_or_skip() -> bool {
     let root = Command::new("id")
@@ -272,7 +277,7 @@ fn plan_check_runs_a_grid_and_compares_each_setup_with_its_prediction() {
         .args([
             "plan-check",
             "--prefix",
-            PREFIX,
+            PLAN_PREFIX,
             "--links",
             "1gbit",
             "--servers",
@@ -284,7 +289,7 @@ fn plan_check_runs_a_grid_and_compares_each_setup_with_its_prediction() {
         .expect("run ps-testbed plan-check");
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "plan-check failed:\n{stderr}");
-    assert!(namespaces(PREFIX).is_empty(), "namespaces left behind");
+    assert!(namespaces(PLAN_PREFIX).is_empty(), "namespaces left behind");
     let rows: Vec<Value> =
         serde_json::from_slice(&std::fs::read(out.path().join("plan-check.json")).unwrap())
             .unwrap();
