@@ -163,7 +163,7 @@ fn mlp(widths: &str) -> Result<ModelShapes, String> {
 /// batch norms counted by their weight and bias.
 fn resnet50() -> ModelShapes {
     let mut tensors = vec![TensorShape::new("conv1.weight", &[64, 3, 7, 7])];
-    batch_norm(&mut tensors, "bn1", 64);
+    norm(&mut tensors, "bn1", 64);
     let mut channels = 64;
     for (stage, (&width, &blocks)) in [64u64, 128, 256, 512].iter().zip(&[3, 4, 6, 3]).enumerate() {
         for block in 0..blocks {
@@ -176,7 +176,7 @@ fn resnet50() -> ModelShapes {
             ];
             for (i, (conv, shape)) in convs.iter().enumerate() {
                 tensors.push(TensorShape::new(format!("{name}.{conv}.weight"), shape));
-                batch_norm(&mut tensors, &format!("{name}.bn{}", i + 1), shape[0]);
+                norm(&mut tensors, &format!("{name}.bn{}", i + 1), shape[0]);
             }
             if block == 0 {
                 let shape = [out, channels, 1, 1];
@@ -184,7 +184,7 @@ fn resnet50() -> ModelShapes {
                     format!("{name}.downsample.0.weight"),
                     &shape,
                 ));
-                batch_norm(&mut tensors, &format!("{name}.downsample.1"), out);
+                norm(&mut tensors, &format!("{name}.downsample.1"), out);
             }
             channels = out;
         }
@@ -197,9 +197,11 @@ fn resnet50() -> ModelShapes {
     }
 }
 
-fn batch_norm(tensors: &mut Vec<TensorShape>, name: &str, channels: u64) {
-    tensors.push(TensorShape::new(format!("{name}.weight"), &[channels]));
-    tensors.push(TensorShape::new(format!("{name}.bias"), &[channels]));
+/// A normalisation layer's trainable tensors (batch or layer norm alike): a
+/// weight and a bias of `width`.
+fn norm(tensors: &mut Vec<TensorShape>, name: &str, width: u64) {
+    tensors.push(TensorShape::new(format!("{name}.weight"), &[width]));
+    tensors.push(TensorShape::new(format!("{name}.bias"), &[width]));
 }
 
 /// BERT-base, uncased (12 layers, hidden 768, 30,522 tokens, with the
@@ -211,7 +213,7 @@ fn bert_base() -> ModelShapes {
         TensorShape::new("embeddings.position_embeddings.weight", &[512, hidden]),
         TensorShape::new("embeddings.token_type_embeddings.weight", &[2, hidden]),
     ];
-    layer_norm(&mut tensors, "embeddings.LayerNorm", hidden);
+    norm(&mut tensors, "embeddings.LayerNorm", hidden);
     let linear = |tensors: &mut Vec<TensorShape>, name: &str, out: u64, input: u64| {
         tensors.push(TensorShape::new(format!("{name}.weight"), &[out, input]));
         tensors.push(TensorShape::new(format!("{name}.bias"), &[out]));
@@ -232,7 +234,7 @@ fn bert_base() -> ModelShapes {
             hidden,
             hidden,
         );
-        layer_norm(
+        norm(
             &mut tensors,
             &format!("{name}.attention.output.LayerNorm"),
             hidden,
@@ -244,18 +246,13 @@ fn bert_base() -> ModelShapes {
             hidden,
         );
         linear(&mut tensors, &format!("{name}.output.dense"), hidden, inner);
-        layer_norm(&mut tensors, &format!("{name}.output.LayerNorm"), hidden);
+        norm(&mut tensors, &format!("{name}.output.LayerNorm"), hidden);
     }
     linear(&mut tensors, "pooler.dense", hidden, hidden);
     ModelShapes {
         name: "bert-base".to_string(),
         tensors,
     }
-}
-
-fn layer_norm(tensors: &mut Vec<TensorShape>, name: &str, width: u64) {
-    tensors.push(TensorShape::new(format!("{name}.weight"), &[width]));
-    tensors.push(TensorShape::new(format!("{name}.bias"), &[width]));
 }
 
 #[cfg(test)]
