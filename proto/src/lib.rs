@@ -7,6 +7,7 @@
 //! - [`metadata`]: the gRPC metadata keys on refusals a client acts on.
 //! - [`refusal`]: a refused session operation's status, carried as a `SessionRefusal` and read back.
 //! - [`placement`]: the one placement planner, shared by the scheduler and workers.
+//! - [`rows`]: embedding tables on the wire: row buckets, their servers, ids and rows as bytes.
 //! - [`key`]: [`key::ParamKey`], the name of one stored tensor.
 //! - [`ids`]: named numbers — [`ids::Rank`], [`ids::Step`], [`ids::Version`], [`ids::MapVersion`], [`ids::ServerId`].
 //! - [`header`]: [`header::TensorHeader`], the one description of a tensor: key, dtype, shape.
@@ -35,6 +36,7 @@ pub mod metadata;
 pub mod placement;
 pub mod refusal;
 pub mod rope;
+pub mod rows;
 pub mod tls;
 pub mod transport;
 

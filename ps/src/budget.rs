@@ -124,6 +124,13 @@ impl Charge {
         }
     }
 
+    /// Takes over `other`'s bytes (a charge on the same budget), taking
+    /// nothing more from the budget.
+    pub fn merge(&mut self, mut other: Charge) {
+        debug_assert!(Arc::ptr_eq(&self.budget, &other.budget));
+        self.bytes += std::mem::take(&mut other.bytes);
+    }
+
     /// The bytes this charge holds.
     pub fn bytes(&self) -> usize {
         self.bytes

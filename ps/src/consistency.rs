@@ -10,8 +10,10 @@
 //! Exactly once: a push whose step is not above the worker's last admitted step for
 //! the key is a retry; it is acknowledged and not applied again.
 
+use std::collections::{BTreeSet, HashMap};
+
 pub use ps_proto::consistency::Consistency;
-use ps_proto::ids::{Step, Version};
+use ps_proto::ids::{Rank, Step, Version};
 
 /// What to do with one key's share of a push.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +55,15 @@ pub fn admit(
     } else {
         Admission::Accept
     }
+}
+
+/// SSP's clock of a key: the lowest `step + 1` pushed by any live worker,
+/// given each worker's last admitted step (0 if one never pushed).
+pub fn group_clock(last_step: &HashMap<Rank, Step>, live: &BTreeSet<Rank>) -> Version {
+    live.iter()
+        .map(|w| last_step.get(w).map_or(Version(0), |s| Version::after(*s)))
+        .min()
+        .unwrap_or(Version(0))
 }
 
 #[cfg(test)]

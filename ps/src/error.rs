@@ -80,6 +80,49 @@ pub enum Error {
         /// How many keys this server holds.
         known: usize,
     },
+    /// A table declaration that cannot be used.
+    #[error("table `{table}`: {reason}")]
+    InvalidTable {
+        /// The table.
+        table: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A table this server never had declared.
+    #[error(
+        "unknown table `{table}`: it was never declared on this server ({known} tables are); declare it (DeclareTable) first or check the shard map"
+    )]
+    UnknownTable {
+        /// The table.
+        table: String,
+        /// How many tables this server holds.
+        known: usize,
+    },
+    /// A bucket of a table this server does not hold.
+    #[error(
+        "bucket {} of table `{}` is not held by this server; declare it here (DeclareTable) or route by the current shard map",
+        .key.part, .key.name
+    )]
+    UnknownBucket {
+        /// The bucket, as `(table, bucket)`.
+        key: ParamKey,
+    },
+    /// A table exists with a different spec.
+    #[error("{existing} is already declared; this request declares {requested}")]
+    TableConflict {
+        /// The declared table.
+        existing: String,
+        /// The requested one.
+        requested: String,
+    },
+    /// Row ids or row data that cannot be taken.
+    #[error("bucket {} of table `{}`: {reason}", .key.part, .key.name)]
+    BadRows {
+        /// The bucket, as `(table, bucket)`.
+        key: ParamKey,
+        /// What is wrong.
+        reason: String,
+    },
     /// The same key appears twice in one request.
     #[error("{key} appears more than once in one request")]
     RepeatedKey {
@@ -309,8 +352,10 @@ impl Error {
     /// The gRPC status code for this error.
     pub fn code(&self) -> Code {
         match self {
-            Error::UnknownKey { .. } => Code::NotFound,
-            Error::SpecConflict { .. } => Code::AlreadyExists,
+            Error::UnknownKey { .. } | Error::UnknownTable { .. } | Error::UnknownBucket { .. } => {
+                Code::NotFound
+            }
+            Error::SpecConflict { .. } | Error::TableConflict { .. } => Code::AlreadyExists,
             Error::FutureStep { .. }
             | Error::PullAhead { .. }
             | Error::StaleStep { .. }
@@ -335,6 +380,8 @@ impl Error {
             | Error::ShapeMismatch { .. }
             | Error::NonFinite { .. }
             | Error::InvalidOptimizer { .. }
+            | Error::InvalidTable { .. }
+            | Error::BadRows { .. }
             | Error::WorkerOutsideGroup { .. } => Code::InvalidArgument,
         }
     }

@@ -17,7 +17,10 @@
 //! - [`param`]: one key's state.
 //! - [`restore`]: a key's state from checkpoints or a worker's copy.
 //! - [`entry`]: one stored key; a push applied to its keys, all or nothing.
-//! - [`store`]: all keys; all-or-nothing register and push, waiting pulls.
+//! - [`store`]: all keys; all-or-nothing register and push, waiting pulls; the same for table rows.
+//! - [`table`]: embedding tables: specs, row initialisers, row optimizers, buckets.
+//! - `table_service`: the table methods (`DeclareTable`, `PullRows`, `PushRows`) through the admission step.
+//! - [`table_wire`]: the table messages to and from the store's row types.
 //! - [`step_waits`]: how long BSP steps waited, and for whom.
 //! - [`wire`]: `ps.v1` messages to and from the domain types.
 //! - [`service`]: the gRPC handlers, and [`service::ParameterService::into_server`], the one server stack.
@@ -67,6 +70,9 @@ mod shared_memory;
 pub mod step_waits;
 pub mod store;
 mod stream_reads;
+pub mod table;
+mod table_service;
+pub mod table_wire;
 pub mod values;
 pub mod wire;
 

@@ -43,6 +43,18 @@ pub const METHODS: &[Method] = &[
         allowed: WORKER,
     },
     Method {
+        name: "DeclareTable",
+        allowed: WORKER,
+    },
+    Method {
+        name: "PullRows",
+        allowed: WORKER,
+    },
+    Method {
+        name: "PushRows",
+        allowed: WORKER,
+    },
+    Method {
         name: "Session",
         allowed: WORKER,
     },

@@ -338,14 +338,7 @@ impl KeyState {
 
     /// The lowest `step + 1` pushed by any live worker (0 if one never pushed).
     fn group_clock(&self, live: &BTreeSet<Rank>) -> Version {
-        live.iter()
-            .map(|w| {
-                self.last_step
-                    .get(w)
-                    .map_or(Version(0), |s| Version::after(*s))
-            })
-            .min()
-            .unwrap_or(Version(0))
+        crate::consistency::group_clock(&self.last_step, live)
     }
 
     /// The values encoded in `dtype` and their version. In `f32` they are the

@@ -104,6 +104,11 @@ impl ParameterService {
         self
     }
 
+    /// The store this service answers from.
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// The server's settings.
     pub(crate) fn config(&self) -> &ServerConfig {
         &self.config
@@ -387,6 +392,31 @@ impl ParameterServer for ParameterService {
         let mut answer = Response::new(response);
         metadata::set_pull_waited(answer.metadata_mut(), waited);
         Ok(answer)
+    }
+
+    async fn declare_table(
+        &self,
+        request: Request<v1::DeclareTableRequest>,
+    ) -> Result<Response<v1::DeclareTableResponse>, Status> {
+        let result = self.declare_table_rows(request.get_ref()).await;
+        self.answer(result)
+    }
+
+    async fn pull_rows(
+        &self,
+        request: Request<v1::PullRowsRequest>,
+    ) -> Result<Response<v1::PullRowsResponse>, Status> {
+        let limit = self.max_message_bytes();
+        let result = self.pull_table_rows(request.get_ref(), limit).await;
+        self.answer(result)
+    }
+
+    async fn push_rows(
+        &self,
+        request: Request<v1::PushRowsRequest>,
+    ) -> Result<Response<v1::PushRowsResponse>, Status> {
+        let result = self.push_table_rows(request.get_ref()).await;
+        self.answer(result)
     }
 
     type SessionStream = ReceiverStream<std::result::Result<v1::SessionAnswer, Status>>;

@@ -26,6 +26,10 @@ use crate::error::{Error, Result};
 use crate::param::{Group, HeldBytes, ParamSpec};
 use crate::restore::{Archive, Offered, new_key, refresh_key};
 use crate::step_waits::StepWaits;
+use crate::table::Tables;
+
+mod rows;
+pub use rows::{DeclaredBucket, PulledRows, PushedBucket, RowBlock};
 
 /// The outcome of registering one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +118,7 @@ pub struct Store {
     counters: Counters,
     step_waits: StepWaits,
     shutdown: CancellationToken,
+    tables: Tables,
 }
 
 impl Store {
@@ -130,6 +135,7 @@ impl Store {
             counters: Counters::default(),
             step_waits: StepWaits::default(),
             shutdown,
+            tables: Tables::default(),
         }
     }
 
@@ -211,7 +217,7 @@ impl Store {
                 entry.announce(state.version());
             }
         }
-        advanced
+        advanced + self.complete_buckets(&live)
     }
 
     /// The rules this store enforces.
@@ -226,7 +232,7 @@ impl Store {
         error
     }
 
-    fn check_serving(&self) -> Result<()> {
+    pub(crate) fn check_serving(&self) -> Result<()> {
         if self.shutdown.is_cancelled() {
             Err(Error::ShuttingDown)
         } else {
@@ -567,15 +573,32 @@ impl Store {
         deadline: Instant,
         timeout: Duration,
     ) -> Result<()> {
-        let mut versions = entry.version.subscribe();
+        match self.reached(&entry.version, wanted, deadline).await? {
+            true => Ok(()),
+            false => Err(self.timeout_error(entry, wanted, timeout)),
+        }
+    }
+
+    /// Waits until `versions` announces `wanted` or later (true) or `deadline`
+    /// passes (false).
+    ///
+    /// # Errors
+    /// `ShuttingDown`.
+    pub(crate) async fn reached(
+        &self,
+        versions: &watch::Sender<Version>,
+        wanted: Version,
+        deadline: Instant,
+    ) -> Result<bool> {
+        let mut versions = versions.subscribe();
         let reached = tokio::select! {
             reached = tokio::time::timeout_at(deadline, versions.wait_for(|v| *v >= wanted)) => reached,
             () = self.shutdown.cancelled() => return Err(Error::ShuttingDown),
         };
         match reached {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => Ok(true),
             Ok(Err(_)) => Err(Error::ShuttingDown),
-            Err(_elapsed) => Err(self.timeout_error(entry, wanted, timeout)),
+            Err(_elapsed) => Ok(false),
         }
     }
 
@@ -670,7 +693,7 @@ fn check_dtype_and_shape(spec: &ParamSpec, dtype: DType, shape: &[usize]) -> Res
     Ok(())
 }
 
-fn check_unique<'a>(keys: impl Iterator<Item = &'a ParamKey>) -> Result<()> {
+pub(crate) fn check_unique<'a>(keys: impl Iterator<Item = &'a ParamKey>) -> Result<()> {
     let mut seen = HashSet::new();
     for key in keys {
         if !seen.insert(key) {

@@ -1,0 +1,466 @@
+//! The store's operations on embedding tables (`crate::table`): declaring a
+//! table's buckets, pulling rows by id, pushing row gradients. As for dense
+//! keys, a request is checked whole first, then its buckets are locked in
+//! bucket order and it changes all of them or none.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ps_proto::ids::{MapVersion, Rank, Step, Version};
+use ps_proto::key::ParamKey;
+use ps_proto::rows::{MAX_IDS_PER_REQUEST, bucket_of};
+use tokio::time::Instant;
+
+use super::Store;
+use crate::consistency::{Admission, Consistency};
+use crate::error::{Error, Result};
+use crate::table::bucket::{Bucket, BucketState, PushedRows};
+use crate::table::{Table, TableSpec};
+
+/// The rows of one bucket a request names: ids, and for a push one gradient
+/// row per id (`width` elements each).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowBlock {
+    /// The bucket every id belongs to.
+    pub bucket: u32,
+    /// The ids.
+    pub ids: Vec<u64>,
+    /// Push only: the gradient rows, in id order.
+    pub rows: Vec<f32>,
+}
+
+/// What declaring one bucket did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeclaredBucket {
+    /// The bucket.
+    pub bucket: u32,
+    /// True when this declaration made it.
+    pub created: bool,
+    /// Its version.
+    pub version: Version,
+    /// Rows it holds.
+    pub rows: usize,
+}
+
+/// One bucket's rows, as a pull reads them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PulledRows {
+    /// The bucket.
+    pub bucket: u32,
+    /// One row per requested id, little-endian `f32`s.
+    pub rows: Bytes,
+    /// The bucket's version the rows are at.
+    pub version: Version,
+}
+
+/// The outcome of a row push for one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PushedBucket {
+    /// The bucket.
+    pub bucket: u32,
+    /// False when `(worker, step)` had been taken before.
+    pub accepted: bool,
+    /// The bucket's version after the push.
+    pub version: Version,
+}
+
+/// Whether a request's blocks carry gradient rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blocks {
+    Pull,
+    Push,
+}
+
+impl Store {
+    /// Declares `spec` and makes the buckets of it in `buckets` that this
+    /// server lacks (empty). Idempotent; all or nothing.
+    ///
+    /// # Errors
+    /// `ShuttingDown`; `EmptyRequest`; `InvalidTable` for a bucket past the
+    /// table's; `RepeatedKey`; `TableConflict` with a table declared otherwise.
+    pub fn declare_table(&self, spec: TableSpec, buckets: &[u32]) -> Result<Vec<DeclaredBucket>> {
+        self.check_serving()?;
+        if buckets.is_empty() {
+            return Err(Error::EmptyRequest {
+                what: "no buckets to declare",
+            });
+        }
+        if let Some(past) = buckets.iter().find(|b| **b >= spec.buckets) {
+            return Err(Error::InvalidTable {
+                table: spec.name.clone(),
+                reason: format!("bucket {past} is past the table's {} buckets", spec.buckets),
+            });
+        }
+        let keys: Vec<ParamKey> = buckets
+            .iter()
+            .map(|b| ParamKey::new(&spec.name, *b))
+            .collect();
+        super::check_unique(keys.iter())?;
+        let table = self
+            .tables
+            .declare(&spec)
+            .map_err(|existing| Error::TableConflict {
+                existing: existing.spec.to_string(),
+                requested: spec.to_string(),
+            })?;
+        let mut held = table.buckets.write().unwrap_or_else(|p| p.into_inner());
+        let declared = keys
+            .into_iter()
+            .map(|key| {
+                let bucket = key.part;
+                let created = !held.contains_key(&bucket);
+                let entry = held.entry(bucket).or_insert_with(|| {
+                    let charge = self
+                        .budget
+                        .charge(0, String::new)
+                        .unwrap_or_else(|_| unreachable!("an empty charge always fits"));
+                    Arc::new(Bucket::new(key, BucketState::new(&table.spec, charge)))
+                });
+                let state = entry.lock();
+                DeclaredBucket {
+                    bucket,
+                    created,
+                    version: state.version(),
+                    rows: state.rows(),
+                }
+            })
+            .collect();
+        tracing::debug!(table = %table.spec, buckets = buckets.len(), "table declared");
+        Ok(declared)
+    }
+
+    /// Reads the rows of `blocks` from `table`, first waiting up to `timeout`
+    /// until each bucket is at `min_version` or later. A wait ends with
+    /// `StaleMap` when a newer shard map than `routed_by` is applied meanwhile.
+    ///
+    /// # Errors
+    /// `ShuttingDown`, `EmptyRequest`, `UnknownTable`, `UnknownBucket`,
+    /// `RepeatedKey`, `BadRows`, `PullAhead`, `PullTimeout`, `StaleMap`.
+    pub async fn pull_rows(
+        &self,
+        table: &str,
+        blocks: &[RowBlock],
+        min_version: Version,
+        timeout: Duration,
+        routed_by: MapVersion,
+    ) -> Result<Vec<PulledRows>> {
+        self.check_serving()?;
+        let table = self.table(table)?;
+        let buckets = self.checked_buckets(&table, blocks, Blocks::Pull)?;
+        let bsp = self.group().consistency == Consistency::Bsp;
+        for bucket in &buckets {
+            let version = *bucket.version.borrow();
+            if bsp && min_version.get() > version.get().saturating_add(1) {
+                return Err(Error::PullAhead {
+                    key: bucket.key.clone(),
+                    wanted: min_version,
+                    version,
+                });
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        for bucket in &buckets {
+            let reached = tokio::select! {
+                reached = self.reached(&bucket.version, min_version, deadline) => reached?,
+                () = self.map.moved_past(routed_by) => return Err(Error::StaleMap {
+                    requested: routed_by,
+                    current: self.map.current(),
+                }),
+            };
+            if !reached {
+                return Err(self.bucket_timeout(bucket, min_version, timeout));
+            }
+        }
+        let pulled = buckets
+            .iter()
+            .zip(blocks)
+            .map(|(bucket, block)| {
+                let mut rows = Vec::with_capacity(block.ids.len() * table.spec.width * 4);
+                let state = bucket.lock();
+                state.read_into(&table.spec, &block.ids, &mut rows);
+                PulledRows {
+                    bucket: block.bucket,
+                    rows: Bytes::from(rows),
+                    version: state.version(),
+                }
+            })
+            .collect();
+        self.counters.pulls.fetch_add(1, Ordering::Relaxed);
+        Ok(pulled)
+    }
+
+    /// Pushes `worker`'s row gradients of `step` to `table`. All or nothing; a
+    /// bucket that had taken `(worker, step)` acknowledges it with `accepted: false`.
+    ///
+    /// # Errors
+    /// `ShuttingDown`, `EmptyRequest`, `WorkerOutsideGroup`, `UnknownTable`,
+    /// `UnknownBucket`, `RepeatedKey`, `BadRows` (an id twice, out of range or
+    /// in another bucket, a row of the wrong width, NaN), `FutureStep`,
+    /// `StaleStep`, `OverBudget` for the rows it would make.
+    pub fn push_rows(
+        &self,
+        table: &str,
+        worker: Rank,
+        step: Step,
+        blocks: &[RowBlock],
+    ) -> Result<Vec<PushedBucket>> {
+        self.check_serving()?;
+        let group = self.group();
+        if group.consistency.has_group() && worker.get() >= group.workers {
+            return Err(Error::WorkerOutsideGroup {
+                worker,
+                group: group.workers,
+            });
+        }
+        let table = self.table(table)?;
+        let buckets = self.checked_buckets(&table, blocks, Blocks::Push)?;
+        let mut order: Vec<usize> = (0..blocks.len()).collect();
+        order.sort_by_key(|&i| blocks[i].bucket);
+        let mut states: Vec<_> = order.iter().map(|&i| (i, buckets[i].lock())).collect();
+        states.sort_by_key(|(i, _)| *i);
+        let mut news = Vec::with_capacity(blocks.len());
+        for ((_, state), (bucket, block)) in states.iter().zip(buckets.iter().zip(blocks)) {
+            news.push(match state.admit(group.consistency, worker, step) {
+                Admission::Accept => Some(state.new_bytes(&table.spec, group, &block.ids)),
+                Admission::Duplicate => None,
+                refused => return Err(refusal(refused, bucket, worker, step, state.version())),
+            });
+        }
+        let total = news.iter().flatten().map(|n| n.rows + n.pending).sum();
+        let mut charge = self.budget.charge(total, || {
+            format!(
+                "{} new rows of table `{}`",
+                total / table.spec.row_bytes().max(1),
+                table.spec.name
+            )
+        })?;
+        let live = self.live_workers();
+        let mut pushed = Vec::with_capacity(blocks.len());
+        for (((_, state), new), (bucket, block)) in
+            states.iter_mut().zip(news).zip(buckets.iter().zip(blocks))
+        {
+            if let Some(new) = new {
+                let push = PushedRows {
+                    worker,
+                    step,
+                    ids: &block.ids,
+                    grads: &block.rows,
+                    charge: charge.split_off(new.rows + new.pending),
+                    new,
+                };
+                if let Some(waited) = state.accept(&table.spec, group, &live, push) {
+                    self.step_waits.record(waited, Some(worker));
+                }
+                bucket.announce(state.version());
+            }
+            pushed.push(PushedBucket {
+                bucket: block.bucket,
+                accepted: new.is_some(),
+                version: state.version(),
+            });
+        }
+        let duplicates = pushed.iter().filter(|p| !p.accepted).count() as u64;
+        self.counters
+            .duplicate_pushes
+            .fetch_add(duplicates, Ordering::Relaxed);
+        self.counters.pushes.fetch_add(1, Ordering::Relaxed);
+        let bytes: usize = blocks
+            .iter()
+            .map(|b| b.rows.len() * 4 + b.ids.len() * 8)
+            .sum();
+        self.counters
+            .push_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        Ok(pushed)
+    }
+
+    /// Completes every bucket's BSP step that was waiting only for workers no
+    /// longer in `live`; returns how many buckets advanced.
+    pub(super) fn complete_buckets(&self, live: &BTreeSet<Rank>) -> usize {
+        let consistency = self.rules.group.consistency;
+        let mut advanced = 0;
+        for table in self.tables.all() {
+            for bucket in table.all_buckets() {
+                let mut state = bucket.lock();
+                if let Some(waited) = state.complete(&table.spec, consistency, live) {
+                    self.step_waits.record(waited, None);
+                    advanced += 1;
+                    bucket.announce(state.version());
+                }
+            }
+        }
+        advanced
+    }
+
+    /// Bytes the rows of a pull of `blocks` from `table` take.
+    ///
+    /// # Errors
+    /// `UnknownTable`.
+    pub fn pull_rows_bytes(&self, table: &str, blocks: &[RowBlock]) -> Result<usize> {
+        let width = self.table(table)?.spec.width;
+        Ok(blocks
+            .iter()
+            .map(|b| b.ids.len())
+            .sum::<usize>()
+            .saturating_mul(width * 4))
+    }
+
+    fn table(&self, name: &str) -> Result<Arc<Table>> {
+        self.tables.get(name).ok_or_else(|| Error::UnknownTable {
+            table: name.to_string(),
+            known: self.tables.len(),
+        })
+    }
+
+    /// The buckets `blocks` name, in block order, after checking every block
+    /// against the table: no bucket twice, each held here, each id in range
+    /// and in its block's bucket; a push's rows the table's width, finite,
+    /// without an id twice.
+    fn checked_buckets(
+        &self,
+        table: &Table,
+        blocks: &[RowBlock],
+        kind: Blocks,
+    ) -> Result<Vec<Arc<Bucket>>> {
+        if blocks.is_empty() {
+            return Err(Error::EmptyRequest {
+                what: "no row blocks",
+            });
+        }
+        let keys: Vec<ParamKey> = blocks
+            .iter()
+            .map(|b| ParamKey::new(&table.spec.name, b.bucket))
+            .collect();
+        super::check_unique(keys.iter())?;
+        let ids: usize = blocks.iter().map(|b| b.ids.len()).sum();
+        if ids > MAX_IDS_PER_REQUEST {
+            return Err(Error::BadRows {
+                key: keys[0].clone(),
+                reason: format!(
+                    "the request carries {ids} ids, over the limit of {MAX_IDS_PER_REQUEST}; split it"
+                ),
+            });
+        }
+        keys.into_iter()
+            .zip(blocks)
+            .map(|(key, block)| {
+                self.check_block(&table.spec, &key, block, kind)?;
+                table
+                    .bucket(block.bucket)
+                    .ok_or(Error::UnknownBucket { key })
+            })
+            .collect()
+    }
+
+    fn check_block(
+        &self,
+        spec: &TableSpec,
+        key: &ParamKey,
+        block: &RowBlock,
+        kind: Blocks,
+    ) -> Result<()> {
+        let bad = |reason: String| Error::BadRows {
+            key: key.clone(),
+            reason,
+        };
+        if block.bucket >= spec.buckets {
+            return Err(bad(format!("the table has only {} buckets", spec.buckets)));
+        }
+        for &id in &block.ids {
+            if let Some(max) = spec.max_rows.filter(|max| id >= *max) {
+                return Err(bad(format!(
+                    "id {id} is out of range: the table's ids are below {max}"
+                )));
+            }
+            let home = bucket_of(id, spec.buckets);
+            if home != block.bucket {
+                return Err(bad(format!(
+                    "id {id} belongs to bucket {home}; send each id in the block of its bucket (ps_proto::rows::bucket_of)"
+                )));
+            }
+        }
+        if kind == Blocks::Pull {
+            return Ok(());
+        }
+        let expected = block.ids.len() * spec.width;
+        if block.rows.len() != expected {
+            return Err(bad(format!(
+                "{} gradient elements for {} ids of width {}: rows must be {expected} elements",
+                block.rows.len(),
+                block.ids.len(),
+                spec.width
+            )));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(block.ids.len());
+        if let Some(id) = block.ids.iter().find(|id| !seen.insert(**id)) {
+            return Err(bad(format!(
+                "id {id} appears twice in one push; sum its gradient rows into one"
+            )));
+        }
+        if self.rules.reject_non_finite
+            && let Some(index) = block.rows.iter().position(|v| !v.is_finite())
+        {
+            return Err(bad(format!(
+                "the gradient row of id {} has a non-finite value {} at element {}; fix the model or loss scale, or start the server with --allow-non-finite",
+                block.ids[index / spec.width],
+                block.rows[index],
+                index % spec.width
+            )));
+        }
+        Ok(())
+    }
+
+    fn bucket_timeout(&self, bucket: &Bucket, wanted: Version, waited: Duration) -> Error {
+        let state = bucket.lock();
+        let group = self.group();
+        let missing = state.missing_workers(group, &self.live_workers());
+        let detail = if missing.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " ({} of {} workers; still waiting for row pushes from workers {missing:?})",
+                group.consistency, group.workers
+            )
+        };
+        Error::PullTimeout {
+            key: bucket.key.clone(),
+            wanted,
+            have: state.version(),
+            waited,
+            detail,
+        }
+    }
+}
+
+/// The error for a push the bucket does not admit.
+fn refusal(
+    admission: Admission,
+    bucket: &Bucket,
+    worker: Rank,
+    step: Step,
+    version: Version,
+) -> Error {
+    let key = bucket.key.clone();
+    match admission {
+        Admission::Future { max_step } => Error::FutureStep {
+            key,
+            worker,
+            step,
+            version,
+            max_step,
+        },
+        _ => Error::StaleStep {
+            key,
+            worker,
+            step,
+            version,
+        },
+    }
+}
+
+#[cfg(test)]
+#[path = "rows_tests.rs"]
+mod tests;

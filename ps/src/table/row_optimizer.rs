@@ -1,0 +1,181 @@
+//! The row optimizers' arithmetic: one row's values and state updated by one
+//! row gradient. Rows and state are stored in `f32`; each element's update is
+//! computed in `f64`, term by term as the dense optimizers
+//! (`crate::optimizer`) and PyTorch's `Adagrad` and `SparseAdam` do.
+
+use super::spec::RowOptimizer;
+
+/// One row's slices: its values and up to two state slices of the same width
+/// (empty when the optimizer keeps less).
+pub struct RowSlices<'a> {
+    /// The row's values.
+    pub values: &'a mut [f32],
+    /// Adagrad's sum of squares, or Adam's first moment.
+    pub first: &'a mut [f32],
+    /// Adam's second moment.
+    pub second: &'a mut [f32],
+}
+
+/// Applies `grad * scale` to `row`; `t` is the 1-based count of updates the
+/// row's bucket has applied, for Adam's bias correction.
+pub fn update_row(optimizer: &RowOptimizer, row: RowSlices<'_>, grad: &[f32], scale: f32, t: u64) {
+    let scale = f64::from(scale);
+    match *optimizer {
+        RowOptimizer::Sgd { lr, weight_decay } => {
+            for (w, g) in row.values.iter_mut().zip(grad) {
+                let w64 = f64::from(*w);
+                let g = f64::from(*g) * scale + weight_decay * w64;
+                *w = (w64 - lr * g) as f32;
+            }
+        }
+        RowOptimizer::Adagrad { lr, eps, .. } => {
+            for ((w, s), g) in row.values.iter_mut().zip(row.first.iter_mut()).zip(grad) {
+                let g = f64::from(*g) * scale;
+                let sum = f64::from(*s) + g * g;
+                *s = sum as f32;
+                *w = (f64::from(*w) - lr * g / (sum.sqrt() + eps)) as f32;
+            }
+        }
+        RowOptimizer::LazyAdam {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => {
+            let t = i32::try_from(t.max(1)).unwrap_or(i32::MAX);
+            let correct1 = 1.0 - beta1.powi(t);
+            let correct2 = 1.0 - beta2.powi(t);
+            let moments = row.first.iter_mut().zip(row.second.iter_mut());
+            for ((w, (m, v)), g) in row.values.iter_mut().zip(moments).zip(grad) {
+                let g = f64::from(*g) * scale;
+                let w64 = f64::from(*w) * (1.0 - lr * weight_decay);
+                let m64 = beta1 * f64::from(*m) + (1.0 - beta1) * g;
+                let v64 = beta2 * f64::from(*v) + (1.0 - beta2) * g * g;
+                *m = m64 as f32;
+                *v = v64 as f32;
+                *w = (w64 - lr * (m64 / correct1) / ((v64 / correct2).sqrt() + eps)) as f32;
+            }
+        }
+    }
+}
+
+/// The starting value of a new row's state elements: Adagrad's initial
+/// accumulator, zero otherwise.
+pub fn initial_state(optimizer: &RowOptimizer) -> f32 {
+    match *optimizer {
+        RowOptimizer::Adagrad {
+            initial_accumulator,
+            ..
+        } => initial_accumulator as f32,
+        _ => 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ps_common::rng::SplitMix64;
+
+    /// The same optimizers with every value and state kept in `f64`.
+    fn reference(
+        optimizer: &RowOptimizer,
+        w: &mut [f64],
+        s1: &mut [f64],
+        s2: &mut [f64],
+        g: &[f64],
+        t: u64,
+    ) {
+        match *optimizer {
+            RowOptimizer::Sgd { lr, weight_decay } => {
+                for i in 0..w.len() {
+                    w[i] -= lr * (g[i] + weight_decay * w[i]);
+                }
+            }
+            RowOptimizer::Adagrad { lr, eps, .. } => {
+                for i in 0..w.len() {
+                    s1[i] += g[i] * g[i];
+                    w[i] -= lr * g[i] / (s1[i].sqrt() + eps);
+                }
+            }
+            RowOptimizer::LazyAdam {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                let t = t as i32;
+                for i in 0..w.len() {
+                    w[i] *= 1.0 - lr * weight_decay;
+                    s1[i] = beta1 * s1[i] + (1.0 - beta1) * g[i];
+                    s2[i] = beta2 * s2[i] + (1.0 - beta2) * g[i] * g[i];
+                    let m_hat = s1[i] / (1.0 - beta1.powi(t));
+                    let v_hat = s2[i] / (1.0 - beta2.powi(t));
+                    w[i] -= lr * m_hat / (v_hat.sqrt() + eps);
+                }
+            }
+        }
+    }
+
+    fn optimizers() -> [RowOptimizer; 3] {
+        [
+            RowOptimizer::Sgd {
+                lr: 0.05,
+                weight_decay: 0.01,
+            },
+            RowOptimizer::Adagrad {
+                lr: 0.1,
+                initial_accumulator: 0.1,
+                eps: 1e-10,
+            },
+            RowOptimizer::LazyAdam {
+                lr: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01,
+            },
+        ]
+    }
+
+    #[test]
+    fn every_row_optimizer_matches_a_float64_reference_over_many_steps() {
+        let width = 32;
+        for optimizer in optimizers() {
+            let mut rng = SplitMix64::new(11);
+            let mut w: Vec<f32> = (0..width).map(|_| rng.normal()).collect();
+            let state = initial_state(&optimizer);
+            let (mut s1, mut s2) = (vec![state; width], vec![0.0f32; width]);
+            let mut w64: Vec<f64> = w.iter().map(|v| f64::from(*v)).collect();
+            let (mut r1, mut r2) = (vec![f64::from(state); width], vec![0.0; width]);
+            for t in 1..=200 {
+                let grad: Vec<f32> = (0..width).map(|_| rng.normal()).collect();
+                // A sum of two workers' gradients, scaled back to their mean.
+                let doubled: Vec<f32> = grad.iter().map(|g| g * 2.0).collect();
+                let row = RowSlices {
+                    values: &mut w,
+                    first: &mut s1,
+                    second: &mut s2,
+                };
+                update_row(&optimizer, row, &doubled, 0.5, t);
+                let g64: Vec<f64> = grad.iter().map(|v| f64::from(*v)).collect();
+                reference(&optimizer, &mut w64, &mut r1, &mut r2, &g64, t);
+            }
+            for (got, want) in w.iter().zip(&w64) {
+                let error = (f64::from(*got) - want).abs();
+                assert!(
+                    error <= 1e-4 * want.abs().max(1.0),
+                    "{optimizer:?}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn adagrad_rows_start_from_the_initial_accumulator() {
+        let adagrad = optimizers()[1];
+        assert_eq!(initial_state(&adagrad), 0.1);
+        assert_eq!(initial_state(&optimizers()[2]), 0.0);
+    }
+}
