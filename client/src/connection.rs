@@ -27,6 +27,8 @@ pub struct PsClient {
     config: ClientConfig,
     directory: Directory,
     shards: Shards,
+    /// The embedding tables declared through this client, by name.
+    tables: BTreeMap<String, v1::TableSpec>,
 }
 
 impl PsClient {
@@ -98,6 +100,7 @@ impl PsClient {
             config,
             directory,
             shards,
+            tables: BTreeMap::new(),
         }
     }
 
@@ -458,5 +461,122 @@ impl PsClient {
         into: &mut BTreeMap<String, PulledParam>,
     ) -> Result<Duration, ClientError> {
         self.shards.pull_into(min_version, into).await
+    }
+}
+
+/// Embedding tables (`crate::rows`).
+impl PsClient {
+    /// Declares the embedding table `table` on every server, each with the
+    /// buckets it holds (a table with no bucket count gets
+    /// [`ps_proto::rows::DEFAULT_BUCKETS`]). Idempotent: every worker of a job
+    /// declares the same table.
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server, for example `ALREADY_EXISTS` for a
+    /// table declared with another spec.
+    pub async fn declare_table(&mut self, mut table: v1::TableSpec) -> Result<(), ClientError> {
+        if table.buckets == 0 {
+            table.buckets = ps_proto::rows::DEFAULT_BUCKETS;
+        }
+        self.shards.declare_table(&table).await?;
+        self.tables.insert(table.name.clone(), table);
+        Ok(())
+    }
+
+    /// The declared table `name`.
+    ///
+    /// # Errors
+    /// [`ClientError::Usage`] for a table this client never declared.
+    pub fn table(&self, name: &str) -> Result<&v1::TableSpec, ClientError> {
+        self.tables.get(name).ok_or_else(|| {
+            ClientError::Usage(format!(
+                "table {name} was never declared; call declare_table() first"
+            ))
+        })
+    }
+
+    /// The rows of `ids` of table `table` (`width` elements each, one row per
+    /// id, repeats included), once every bucket they come from reaches
+    /// `min_version`. Each distinct id is read once.
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server.
+    pub async fn pull_rows(
+        &self,
+        table: &str,
+        ids: &[u64],
+        min_version: Version,
+    ) -> Result<Vec<f32>, ClientError> {
+        let unique = crate::rows::UniqueIds::of(ids);
+        let spec = self.table(table)?;
+        let rows = self
+            .shards
+            .pull_rows(spec, &unique.ids, min_version)
+            .await?;
+        Ok(unique.scatter(&rows, spec.width as usize))
+    }
+
+    /// The rows of `unique.ids` (each once, in that order); for a caller that
+    /// gathers the batch's rows itself (an embedding layer does).
+    ///
+    /// # Errors
+    /// As [`PsClient::pull_rows`].
+    pub async fn pull_unique_rows(
+        &self,
+        table: &str,
+        unique: &crate::rows::UniqueIds,
+        min_version: Version,
+    ) -> Result<Vec<f32>, ClientError> {
+        let spec = self.table(table)?;
+        self.shards.pull_rows(spec, &unique.ids, min_version).await
+    }
+
+    /// Pushes the row gradients of `step` for `ids` (one `width`-element row
+    /// per id, repeats included: their gradients are summed) to every server
+    /// holding a bucket of `table`, every bucket included so that BSP steps
+    /// complete. Returns how many buckets took the push (the rest had taken
+    /// it before: a repeated push is applied once).
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server; the push may have been applied on some
+    /// (repeat it with the same step: it is applied once).
+    pub async fn push_rows(
+        &self,
+        table: &str,
+        (worker, step): (Rank, Step),
+        ids: &[u64],
+        grads: &[f32],
+    ) -> Result<usize, ClientError> {
+        let unique = crate::rows::UniqueIds::of(ids);
+        let spec = self.table(table)?;
+        let width = spec.width as usize;
+        if grads.len() != ids.len() * width {
+            return Err(ClientError::Usage(format!(
+                "{} gradient elements for {} ids of width {width}",
+                grads.len(),
+                ids.len()
+            )));
+        }
+        let sums = unique.sum(grads, width);
+        self.push_unique_rows(table, (worker, step), &unique.ids, &sums)
+            .await
+    }
+
+    /// [`PsClient::push_rows`] of ids that hold no repeats (`grads` one row per id).
+    ///
+    /// # Errors
+    /// As [`PsClient::push_rows`]; a repeated id is refused by its server.
+    pub async fn push_unique_rows(
+        &self,
+        table: &str,
+        (worker, step): (Rank, Step),
+        ids: &[u64],
+        grads: &[f32],
+    ) -> Result<usize, ClientError> {
+        self.record_step(step);
+        let spec = self.table(table)?;
+        self.shards
+            .push_rows(spec, (worker, step), ids, grads)
+            .await
     }
 }

@@ -28,6 +28,12 @@ pub enum Rpc {
     PullStream,
     /// A push and then a pull as one operation on a server's `Session`.
     PushPull,
+    /// A server's `DeclareTable`.
+    DeclareTable,
+    /// A server's `PullRows`.
+    PullRows,
+    /// A server's `PushRows`.
+    PushRows,
     /// The scheduler's `RegisterWorker`.
     RegisterWorker,
     /// The scheduler's `DeclareParams`.
@@ -48,6 +54,9 @@ impl Rpc {
             Rpc::Pull => "Pull",
             Rpc::PullStream => "PullStream",
             Rpc::PushPull => "PushPull",
+            Rpc::DeclareTable => "DeclareTable",
+            Rpc::PullRows => "PullRows",
+            Rpc::PushRows => "PushRows",
             Rpc::RegisterWorker => "RegisterWorker",
             Rpc::DeclareParams => "DeclareParams",
             Rpc::GetShardMap => "GetShardMap",

@@ -10,6 +10,8 @@
 //! - `framed`: push and pull streams written and read as HTTP/2 frames, without copying tensors.
 //! - [`wire`]: the messages and chunk streams for placed parameter parts.
 //! - [`placement`]: which server holds which part of which parameter.
+//! - [`table_spec`]: embedding tables as a worker declares them, row optimizers by name.
+//! - [`rows`]: embedding rows by id: buckets routed to servers, deduplicated pulls and pushes.
 //! - [`repair`]: repairing placement after a stale map or a lost server.
 //! - [`recovery`]: [`Recovering`], the state machine that decides between attempts, repairs and giving up.
 //! - [`error`]: [`ClientError`], and [`Recovery`], what to do about one.
@@ -29,9 +31,11 @@ pub mod placement;
 pub mod recovery;
 pub mod repair;
 pub mod retry;
+pub mod rows;
 mod server;
 mod session;
 pub(crate) mod shards;
+pub mod table_spec;
 pub mod wire;
 
 pub use config::{ClientConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUESTS_PER_SERVER};
@@ -41,4 +45,6 @@ pub use error::{ClientError, Recovery, Repair, Rpc};
 pub use optim::{adam, momentum, sgd};
 pub use recovery::{Action, Outcome, Recovering};
 pub use repair::{LocalCopy, RepairBudget};
+pub use rows::UniqueIds;
+pub use table_spec::RowOptimizerChoice;
 pub use wire::{ParamBytes, PulledParam};

@@ -100,6 +100,11 @@ impl Server {
         Ok(Self::new(addr, channel, transport, data_path))
     }
 
+    /// The largest message this client sends to or takes from the server.
+    pub(crate) fn message_limit(&self) -> usize {
+        self.limit
+    }
+
     /// Runs `call` with `retry`, naming this server and `what` on failure.
     pub(crate) async fn call<T, F, Fut>(
         &self,

@@ -72,14 +72,14 @@ pub(crate) struct Shards {
     pub(crate) servers: Vec<Server>,
     pub(crate) placement: Placement,
     pub(crate) map_version: MapVersion,
-    retry: RetryPolicy,
+    pub(crate) retry: RetryPolicy,
     session: bool,
     pub(crate) pipeline: bool,
     pub(crate) pipeline_group_bytes: usize,
     chunk_bytes: usize,
     requests_per_server: usize,
     sizes: SizeRules,
-    pull_timeout: Duration,
+    pub(crate) pull_timeout: Duration,
 }
 
 impl Shards {
@@ -106,7 +106,7 @@ impl Shards {
     /// so the pull would wait for a push that is never repeated. The trainer
     /// repeats the whole step instead, push included; a repeated push is applied
     /// once.
-    fn pull_retry(&self) -> RetryPolicy {
+    pub(crate) fn pull_retry(&self) -> RetryPolicy {
         RetryPolicy {
             attempts: 1,
             ..self.retry.clone()
