@@ -119,6 +119,21 @@ async fn every_row_gradient_is_applied_exactly_once_through_cuts_and_repeats() {
         proxy.cuts() > 0,
         "the proxy cut nothing; the test tested nothing"
     );
+    // Every push names all 4 buckets, so a push taken before counts 4 times.
+    let mut raw = ParameterServerClient::connect(format!("http://{}", servers.addrs()[0]))
+        .await
+        .unwrap();
+    let stats = raw.stats(v1::StatsRequest {}).await.unwrap().into_inner();
+    let on_purpose = u64::from(workers) * steps.div_ceil(5);
+    let retried_after_applying = stats.duplicate_pushes / 4 - on_purpose;
+    eprintln!(
+        "{} cuts, {retried_after_applying} row pushes retried after they were applied",
+        proxy.cuts()
+    );
+    assert!(
+        retried_after_applying > 0,
+        "no acknowledgement was lost after an applied push; the faults missed their target"
+    );
     drop(proxy);
     servers.shutdown().await.expect("clean shutdown");
 }
