@@ -478,8 +478,23 @@ impl PsClient {
         if table.buckets == 0 {
             table.buckets = ps_proto::rows::DEFAULT_BUCKETS;
         }
-        self.shards.declare_table(&table).await?;
+        self.shards.declare_table(&table, Version(0)).await?;
         self.tables.insert(table.name.clone(), table);
+        Ok(())
+    }
+
+    /// Declares every table again, for a job at `version` (the next step's
+    /// pull version), after a server was lost or the shard map changed: each
+    /// bucket's server takes it from the newest checkpoint it can read (or
+    /// makes it empty), moved forward to `version`. A table too large to copy
+    /// has no worker copy to offer; the updates since its checkpoint are lost.
+    ///
+    /// # Errors
+    /// [`ClientError`] from any server.
+    pub async fn redeclare_tables(&self, version: Version) -> Result<(), ClientError> {
+        for table in self.tables.values() {
+            self.shards.declare_table(table, version).await?;
+        }
         Ok(())
     }
 

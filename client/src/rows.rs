@@ -147,8 +147,13 @@ impl Shards {
             .collect()
     }
 
-    /// Declares `table` on every server, each with the buckets it holds.
-    pub(crate) async fn declare_table(&self, table: &v1::TableSpec) -> Result<(), ClientError> {
+    /// Declares `table` on every server, each with the buckets it holds;
+    /// `restore` is the step the job is at (0 when it starts).
+    pub(crate) async fn declare_table(
+        &self,
+        table: &v1::TableSpec,
+        restore: Version,
+    ) -> Result<(), ClientError> {
         let owners = self.bucket_owners(table)?;
         let calls = self.servers.iter().enumerate().filter_map(|(s, server)| {
             let buckets: Vec<u32> = (0..table.buckets)
@@ -161,6 +166,7 @@ impl Shards {
                 table: Some(table.clone()),
                 buckets,
                 map_version: self.map_version.get(),
+                restore_version: restore.get(),
             };
             Some(server.call(&self.retry, Rpc::DeclareTable, move |mut c| {
                 let request = request.clone();

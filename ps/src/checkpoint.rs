@@ -56,6 +56,19 @@ pub struct KeyCheckpoint {
     pub version: u64,
     /// The last step each worker pushed.
     pub last_step: HashMap<u32, u64>,
+    /// For a bucket of an embedding table (named by [`bucket_key`]): the ids of
+    /// its rows, in the order `values` holds them, `width` elements each.
+    /// `None` for a dense key.
+    pub rows: Option<Vec<u64>>,
+}
+
+/// What a table bucket's name starts with in a checkpoint, keeping tables and
+/// dense keys of the same name apart.
+pub const TABLE_PREFIX: &str = "rows:";
+
+/// The name a checkpoint gives bucket `bucket` of table `table`.
+pub fn bucket_key(table: &str, bucket: u32) -> ParamKey {
+    ParamKey::new(format!("{TABLE_PREFIX}{table}"), bucket)
 }
 
 /// What a key's values are: its dtype, its shape and, for a partition, the whole
@@ -105,6 +118,9 @@ struct KeyMeta {
     shape: Vec<usize>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     whole_shape: Vec<usize>,
+    /// A table bucket, whose row ids are the tensor `<name>/<part>/ids`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    table: bool,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -137,6 +153,12 @@ pub(crate) fn encode(keys: &[KeyCheckpoint]) -> Result<Vec<u8>, String> {
                 tensors.push((tensor_name(&k.key, what), view));
             }
         }
+        if let Some(ids) = &k.rows {
+            let bytes: &[u8] = bytemuck::cast_slice(ids);
+            let view =
+                TensorView::new(Dtype::U64, vec![ids.len()], bytes).map_err(|e| e.to_string())?;
+            tensors.push((tensor_name(&k.key, "ids"), view));
+        }
     }
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let metas: Vec<KeyMeta> = keys
@@ -159,6 +181,7 @@ pub(crate) fn encode(keys: &[KeyCheckpoint]) -> Result<Vec<u8>, String> {
                 dtype,
                 shape,
                 whole_shape,
+                table: k.rows.is_some(),
             }
         })
         .collect();
@@ -252,10 +275,25 @@ pub fn decode(buffer: &[u8]) -> Result<Vec<KeyCheckpoint>, String> {
             Err(e) => Err(format!("{key}: {e}")),
         }
     };
+    let read_ids = |key: &ParamKey| -> Result<Vec<u64>, String> {
+        match tensors.tensor(&tensor_name(key, "ids")) {
+            Ok(view) if view.dtype() == Dtype::U64 => Ok(view
+                .data()
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+                .collect()),
+            Ok(view) => Err(format!("{key} ids are {:?}, not U64", view.dtype())),
+            Err(e) => Err(format!("{key}: {e}")),
+        }
+    };
     metas
         .into_iter()
         .map(|m| {
             let key = ParamKey::new(m.name, m.part);
+            let rows = match m.table {
+                true => Some(read_ids(&key)?),
+                false => None,
+            };
             let layout = match m.dtype.as_str() {
                 "" => None,
                 name => Some(Layout {
@@ -275,6 +313,7 @@ pub fn decode(buffer: &[u8]) -> Result<Vec<KeyCheckpoint>, String> {
                 updates: m.updates,
                 version: m.version,
                 last_step: m.last_step.into_iter().collect(),
+                rows,
             })
         })
         .collect()
@@ -421,6 +460,7 @@ mod tests {
             updates: version,
             version,
             last_step: HashMap::from([(0, version.saturating_sub(1)), (1, 7)]),
+            rows: None,
         }
     }
 
@@ -432,6 +472,31 @@ mod tests {
         assert_eq!(read(&path).unwrap(), keys);
         let (newest_path, newest_keys) = newest(dir.path()).unwrap();
         assert_eq!((newest_path, newest_keys), (path, keys));
+    }
+
+    #[test]
+    fn a_table_bucket_reads_back_with_its_row_ids_beside_a_dense_key_of_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let bucket = KeyCheckpoint {
+            key: bucket_key("w", 0),
+            layout: None,
+            rows: Some(vec![7, 0, u64::MAX]),
+            ..key("w", 2)
+        };
+        let empty = KeyCheckpoint {
+            key: bucket_key("w", 1),
+            values: Vec::new(),
+            first: Vec::new(),
+            rows: Some(Vec::new()),
+            ..bucket.clone()
+        };
+        let keys = vec![key("w", 3), bucket, empty];
+        let path = write(dir.path(), &keys).unwrap();
+        let mut back = read(&path).unwrap();
+        back.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut want = keys;
+        want.sort_by(|a, b| a.key.cmp(&b.key));
+        assert_eq!(back, want);
     }
 
     #[test]

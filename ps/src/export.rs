@@ -107,8 +107,9 @@ pub fn export(root: &Path, out: &Path, optimizer_state: bool) -> Result<Exported
     })
 }
 
-/// The newest copy of every key in the server folders under `root`, or in `root`
-/// itself when it is one server's folder.
+/// The newest copy of every dense key in the server folders under `root`, or
+/// in `root` itself when it is one server's folder. Embedding tables are not
+/// part of the exported model: their rows stay in the checkpoints.
 fn newest_keys(root: &Path) -> HashMap<ParamKey, KeyCheckpoint> {
     let mut found = checkpoint::scan_shared(root);
     if let Some((path, own)) = checkpoint::newest(root) {
@@ -116,6 +117,7 @@ fn newest_keys(root: &Path) -> HashMap<ParamKey, KeyCheckpoint> {
     }
     found
         .into_iter()
+        .filter(|(_, (_, state))| state.rows.is_none())
         .map(|(key, (_, state))| (key, state))
         .collect()
 }
@@ -272,6 +274,7 @@ mod tests {
             updates: 1,
             version,
             last_step: HashMap::new(),
+            rows: None,
         }
     }
 

@@ -166,6 +166,7 @@ mod tests {
             updates: 1,
             version: 1,
             last_step: std::collections::HashMap::new(),
+            rows: None,
         };
         let bytes = crate::checkpoint::encode(&[key]).unwrap();
         assert!(checkpoint(&bytes));

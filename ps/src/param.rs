@@ -171,6 +171,7 @@ impl KeyState {
                 .into_iter()
                 .map(|(rank, step)| (rank.get(), step.get()))
                 .collect(),
+            rows: None,
         }
     }
 

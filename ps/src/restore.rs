@@ -164,6 +164,7 @@ mod tests {
             updates: version,
             version,
             last_step: HashMap::from([(0, version - 1), (1, version - 1)]),
+            rows: None,
         };
         checkpoint::write(&root.path().join("server-a"), &[saved]).unwrap();
         let archive = Archive::load(root.path());

@@ -163,22 +163,24 @@ impl Store {
         map.values().cloned().collect()
     }
 
-    /// Every key's state as a checkpoint holds it, each read under its lock.
+    /// Every key's and table bucket's state as a checkpoint holds it, each
+    /// read under its lock.
     pub fn checkpoint_keys(&self) -> Vec<crate::checkpoint::KeyCheckpoint> {
         let entries = self.all_entries();
-        entries
+        let mut keys: Vec<_> = entries
             .iter()
             .map(|entry| entry.lock().checkpoint(&entry.spec))
-            .collect()
+            .collect();
+        keys.extend(self.checkpoint_buckets());
+        keys
     }
 
-    /// The highest version of any key (0 when empty): how far training has come.
+    /// The highest version of any key or bucket (0 when empty): how far
+    /// training has come.
     pub fn max_version(&self) -> Version {
         let map = self.keys.read().unwrap_or_else(|p| p.into_inner());
-        map.values()
-            .map(|e| *e.version.borrow())
-            .max()
-            .unwrap_or_default()
+        let dense = map.values().map(|e| *e.version.borrow()).max();
+        dense.unwrap_or_default().max(self.max_bucket_version())
     }
 
     /// The shard-map version this server has applied, and the check of requests

@@ -21,7 +21,10 @@ impl ParameterService {
         // them, and the store charges each row as it makes it.
         let _admitted = Admitted::map(self.store(), request.map_version).await?;
         let spec = table_wire::table_spec(request.table.as_ref())?;
-        let declared = self.store().declare_table(spec, &request.buckets)?;
+        let restore = Version(request.restore_version);
+        let declared = self
+            .store()
+            .declare_table(spec, &request.buckets, restore)?;
         Ok(table_wire::declare_response(declared))
     }
 

@@ -37,6 +37,7 @@ fn partition(part: u32, values: Vec<f32>) -> KeyCheckpoint {
         updates: 9,
         version: 9,
         last_step: HashMap::new(),
+        rows: None,
     }
 }
 

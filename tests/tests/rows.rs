@@ -262,7 +262,7 @@ async fn bad_row_requests_are_refused_precisely_and_change_nothing() {
     let declare = |spec: v1::TableSpec| v1::DeclareTableRequest {
         table: Some(spec),
         buckets: vec![0, 1],
-        map_version: 0,
+        ..Default::default()
     };
     raw.declare_table(declare(spec.clone()))
         .await

@@ -76,12 +76,21 @@ enum Blocks {
 
 impl Store {
     /// Declares `spec` and makes the buckets of it in `buckets` that this
-    /// server lacks (empty). Idempotent; all or nothing.
+    /// server lacks: from the newest checkpoint it can read, else empty. With a
+    /// `restore` version (the step a job is at, when a worker declares the
+    /// table again after a server was lost), a bucket behind it moves forward
+    /// to it (`BucketState::fast_forward`). Idempotent; all or nothing.
     ///
     /// # Errors
     /// `ShuttingDown`; `EmptyRequest`; `InvalidTable` for a bucket past the
-    /// table's; `RepeatedKey`; `TableConflict` with a table declared otherwise.
-    pub fn declare_table(&self, spec: TableSpec, buckets: &[u32]) -> Result<Vec<DeclaredBucket>> {
+    /// table's; `RepeatedKey`; `TableConflict` with a table declared otherwise;
+    /// `OverBudget` for the rows of a checkpoint.
+    pub fn declare_table(
+        &self,
+        spec: TableSpec,
+        buckets: &[u32],
+        restore: Version,
+    ) -> Result<Vec<DeclaredBucket>> {
         self.check_serving()?;
         if buckets.is_empty() {
             return Err(Error::EmptyRequest {
@@ -107,22 +116,27 @@ impl Store {
                 requested: spec.to_string(),
             })?;
         let mut held = table.buckets.write().unwrap_or_else(|p| p.into_inner());
+        let mut made = Vec::new();
+        for key in &keys {
+            if !held.contains_key(&key.part) {
+                made.push((key.part, self.new_bucket(&table.spec, key, restore)?));
+            }
+        }
+        let created: Vec<u32> = made.iter().map(|(bucket, _)| *bucket).collect();
+        held.extend(made);
+        let ranks = self.group_ranks();
         let declared = keys
-            .into_iter()
+            .iter()
             .map(|key| {
-                let bucket = key.part;
-                let created = !held.contains_key(&bucket);
-                let entry = held.entry(bucket).or_insert_with(|| {
-                    let charge = self
-                        .budget
-                        .charge(0, String::new)
-                        .unwrap_or_else(|_| unreachable!("an empty charge always fits"));
-                    Arc::new(Bucket::new(key, BucketState::new(&table.spec, charge)))
-                });
-                let state = entry.lock();
+                let bucket = &held[&key.part];
+                let mut state = bucket.lock();
+                if state.fast_forward(restore, ranks) {
+                    tracing::warn!(bucket = %key, version = %restore, "bucket behind the job moved forward; its updates since its checkpoint are lost");
+                    bucket.announce(state.version());
+                }
                 DeclaredBucket {
-                    bucket,
-                    created,
+                    bucket: key.part,
+                    created: created.contains(&key.part),
                     version: state.version(),
                     rows: state.rows(),
                 }
@@ -130,6 +144,69 @@ impl Store {
             .collect();
         tracing::debug!(table = %table.spec, buckets = buckets.len(), "table declared");
         Ok(declared)
+    }
+
+    /// A bucket this server lacks: from the newest checkpoint it can read
+    /// (read again when `restore` says a job is under way), else empty.
+    fn new_bucket(
+        &self,
+        table: &TableSpec,
+        key: &ParamKey,
+        restore: Version,
+    ) -> Result<Arc<Bucket>> {
+        let empty = || self.budget.charge(0, String::new);
+        let saved_as = crate::checkpoint::bucket_key(&table.name, key.part);
+        let saved = self
+            .archive
+            .as_ref()
+            .and_then(|archive| archive.lookup(&saved_as, restore > Version(0)));
+        if let Some((path, saved)) = saved {
+            match BucketState::from_checkpoint(table, &saved, empty()?)? {
+                Some(state) => {
+                    tracing::info!(bucket = %key, version = %state.version(), rows = state.rows(), path = %path.display(), "bucket restored from checkpoint: rows and optimizer state");
+                    return Ok(Arc::new(Bucket::new(key.clone(), state)));
+                }
+                None => {
+                    tracing::warn!(bucket = %key, path = %path.display(), saved = saved.spec, now = %table, "checkpoint holds this bucket with another spec; not used");
+                }
+            }
+        }
+        Ok(Arc::new(Bucket::new(
+            key.clone(),
+            BucketState::new(table, empty()?),
+        )))
+    }
+
+    /// The ranks of the group, for the steps a restored version implies (none
+    /// under ASP).
+    fn group_ranks(&self) -> u32 {
+        let group = self.group();
+        if group.consistency.has_group() {
+            group.workers
+        } else {
+            0
+        }
+    }
+
+    /// Every bucket's state as a checkpoint holds it, each read under its lock.
+    pub(super) fn checkpoint_buckets(&self) -> Vec<crate::checkpoint::KeyCheckpoint> {
+        let mut saved = Vec::new();
+        for table in self.tables.all() {
+            for bucket in table.all_buckets() {
+                let key = crate::checkpoint::bucket_key(&table.spec.name, bucket.key.part);
+                saved.push(bucket.lock().checkpoint(&table.spec, key));
+            }
+        }
+        saved
+    }
+
+    /// The highest version of any bucket (0 when none).
+    pub(super) fn max_bucket_version(&self) -> Version {
+        let buckets = self.tables.all().into_iter().flat_map(|t| t.all_buckets());
+        buckets
+            .map(|b| *b.version.borrow())
+            .max()
+            .unwrap_or_default()
     }
 
     /// Reads the rows of `blocks` from `table`, first waiting up to `timeout`

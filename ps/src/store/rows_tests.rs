@@ -29,7 +29,7 @@ fn store(consistency: Consistency, workers: u32, budget: usize) -> Store {
         memory_budget: budget,
     };
     let store = Store::new(rules, CancellationToken::new());
-    store.declare_table(table(), &[0, 1]).unwrap();
+    store.declare_table(table(), &[0, 1], Version(0)).unwrap();
     store
 }
 
@@ -246,15 +246,58 @@ async fn a_shrinking_group_completes_the_bucket_step() {
 #[test]
 fn a_table_declared_twice_differently_is_refused() {
     let store = store(Consistency::Bsp, 1, 1 << 30);
-    let again = store.declare_table(table(), &[0]).unwrap();
+    let again = store.declare_table(table(), &[0], Version(0)).unwrap();
     assert!(!again[0].created);
     let mut wider = table();
     wider.width = 8;
-    let error = store.declare_table(wider, &[0]).unwrap_err();
+    let error = store.declare_table(wider, &[0], Version(0)).unwrap_err();
     assert!(matches!(error, Error::TableConflict { .. }), "{error}");
-    let past = store.declare_table(table(), &[2]).unwrap_err();
+    let past = store.declare_table(table(), &[2], Version(0)).unwrap_err();
     assert!(
         past.to_string().contains("past the table's 2 buckets"),
         "{past}"
     );
+}
+
+#[tokio::test]
+async fn a_bucket_comes_back_from_its_checkpoint_and_moves_forward_to_the_job() {
+    let root = tempfile::tempdir().unwrap();
+    let first = store(Consistency::Bsp, 1, 1 << 30);
+    let ids = ids_of(0, 3);
+    for step in 0..3 {
+        let push = [push_block(0, &ids, 0.25), push_block(1, &[], 0.0)];
+        first.push_rows("emb", Rank(0), Step(step), &push).unwrap();
+    }
+    let saved = rows(&first, &[pull_block(0, &ids)]).await;
+    assert_eq!(saved[0].version, Version(3));
+    crate::checkpoint::write(&root.path().join("server-a"), &first.checkpoint_keys()).unwrap();
+    // A step the checkpoint does not hold.
+    first
+        .push_rows("emb", Rank(0), Step(3), &[push_block(0, &ids, 0.25)])
+        .unwrap();
+
+    let rules = first.rules();
+    let resumed = Store::new(rules, CancellationToken::new()).with_archive(root.path());
+    let declared = resumed.declare_table(table(), &[0, 1], Version(0)).unwrap();
+    assert!(
+        declared
+            .iter()
+            .all(|d| d.created && d.version == Version(3))
+    );
+    assert_eq!(declared[0].rows, 3);
+    assert_eq!(rows(&resumed, &[pull_block(0, &ids)]).await, saved);
+    assert_eq!(resumed.budget().held(), 3 * table().row_bytes());
+
+    // Declared again by a job at step 4: the bucket moves forward, step 3 is
+    // taken as done, step 4 is taken.
+    let behind = Store::new(rules, CancellationToken::new()).with_archive(root.path());
+    let declared = behind.declare_table(table(), &[0, 1], Version(4)).unwrap();
+    assert!(declared.iter().all(|d| d.version == Version(4)));
+    let repeat = behind.push_rows("emb", Rank(0), Step(3), &[push_block(0, &ids, 1.0)]);
+    assert!(!repeat.unwrap()[0].accepted);
+    let next = behind.push_rows("emb", Rank(0), Step(4), &[push_block(0, &ids, 1.0)]);
+    assert!(next.unwrap()[0].accepted);
+    let after = floats(&rows(&behind, &[pull_block(0, &ids)]).await[0].rows);
+    let want: Vec<f32> = floats(&saved[0].rows).iter().map(|v| v - 1.0).collect();
+    assert_eq!(after, want);
 }

@@ -20,6 +20,7 @@ use super::init::initial_row;
 use super::row_optimizer::{RowSlices, initial_state, update_row};
 use super::spec::TableSpec;
 use crate::budget::Charge;
+use crate::checkpoint::KeyCheckpoint;
 use crate::consistency::{Admission, Consistency, admit, group_clock};
 use crate::param::Group;
 
@@ -129,6 +130,101 @@ impl BucketState {
             pending: PendingRows::default(),
             charge,
         }
+    }
+
+    /// The bucket as a checkpoint holds it, named `key` (see
+    /// [`crate::checkpoint::bucket_key`]). A push to the BSP step in progress
+    /// is not saved and does not count as pushed, as for a dense key.
+    pub fn checkpoint(&self, table: &TableSpec, key: ParamKey) -> KeyCheckpoint {
+        let mut steps = self.last_step.clone();
+        for worker in &self.pending.workers {
+            match self.version.last_step() {
+                Some(done) => steps.insert(*worker, done),
+                None => steps.remove(worker),
+            };
+        }
+        KeyCheckpoint {
+            key,
+            spec: table.to_string(),
+            layout: None,
+            values: self.values.clone(),
+            first: self.first.clone(),
+            second: self.second.clone(),
+            updates: self.updates,
+            version: self.version.get(),
+            last_step: steps.into_iter().map(|(r, s)| (r.get(), s.get())).collect(),
+            rows: Some(self.ids.clone()),
+        }
+    }
+
+    /// A bucket resumed from `saved`, its rows charged to `charge` (empty);
+    /// `Ok(None)` when it was saved with another spec or does not fit it.
+    ///
+    /// # Errors
+    /// `OverBudget` when its rows do not fit the memory budget.
+    pub(crate) fn from_checkpoint(
+        table: &TableSpec,
+        saved: &KeyCheckpoint,
+        mut charge: Charge,
+    ) -> crate::error::Result<Option<Self>> {
+        let Some(ids) = saved.rows.as_ref() else {
+            return Ok(None);
+        };
+        let elements = ids.len() * table.width;
+        let kept = table.optimizer.state_per_element();
+        let state_len = |n: usize| if kept >= n { elements } else { 0 };
+        let fits = saved.spec == table.to_string()
+            && saved.values.len() == elements
+            && saved.first.len() == state_len(1)
+            && saved.second.len() == state_len(2);
+        if !fits {
+            return Ok(None);
+        }
+        charge.grow(ids.len() * table.row_bytes(), || {
+            format!("restoring {} rows of {}", ids.len(), saved.key)
+        })?;
+        let index = ids
+            .iter()
+            .enumerate()
+            .map(|(slot, id)| (*id, slot as u32))
+            .collect();
+        Ok(Some(Self {
+            width: table.width,
+            index,
+            ids: ids.clone(),
+            values: saved.values.clone(),
+            first: saved.first.clone(),
+            second: saved.second.clone(),
+            updates: saved.updates,
+            version: Version(saved.version),
+            last_step: saved
+                .last_step
+                .iter()
+                .map(|(&rank, &step)| (Rank(rank), Step(step)))
+                .collect(),
+            pending: PendingRows::default(),
+            charge,
+        }))
+    }
+
+    /// Moves the bucket forward to `version`, the step the job is at, when it
+    /// is behind (it was restored from an older checkpoint, or made empty):
+    /// the updates in between are lost, every step before `version` counts as
+    /// pushed by each of the group's `ranks`, and a step in progress is
+    /// dropped. Returns whether it moved.
+    pub fn fast_forward(&mut self, version: Version, ranks: u32) -> bool {
+        if version <= self.version {
+            return false;
+        }
+        self.version = version;
+        self.pending = PendingRows::default();
+        if let Some(done) = version.last_step() {
+            for rank in (0..ranks).map(Rank) {
+                let last = self.last_step.entry(rank).or_insert(done);
+                *last = (*last).max(done);
+            }
+        }
+        true
     }
 
     /// Current version.
