@@ -12,6 +12,12 @@
 #   scripts/pslite_bench.sh run [--servers S] [--workers W] [--size BYTES]
 #                               [--window K] [--seconds N]
 #       One JSON line per operation (push, pull) on stdout.
+#   scripts/pslite_bench.sh run-rows [--servers S] [--workers W] [--batch B]
+#                               [--width D] [--rows N] [--zipf A]
+#                               [--window K] [--seconds N]
+#       ps-lite's side of `ps-microbench rows` (bench/pslite/rows_bench.cc):
+#       the same Zipf batches of embedding rows pulled, then pushed; one JSON
+#       line per operation.
 #
 # Getting ps-lite: nothing here downloads it. PSLITE_SRC (default
 # target/pslite-src) may be a source tree, a bare git repository (its HEAD is
@@ -26,6 +32,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD="$ROOT/target/pslite-build"
 SRC=${PSLITE_SRC:-$ROOT/target/pslite-src}
 BIN="$BUILD/kv_bench"
+ROWS_BIN="$BUILD/rows_bench"
 
 die() { echo "pslite_bench: $*" >&2; exit 1; }
 
@@ -64,7 +71,10 @@ build() {
   g++ -std=c++11 -O2 -Wall -Wno-deprecated-declarations \
     -I "$tree/include" -I "$tree/src" "$ROOT/bench/pslite/kv_bench.cc" \
     "$tree/build/libps.a" -lprotobuf-lite -lzmq -pthread -o "$BIN"
-  echo "built $BIN" >&2
+  g++ -std=c++11 -O2 -Wall -Wno-deprecated-declarations \
+    -I "$tree/include" -I "$tree/src" "$ROOT/bench/pslite/rows_bench.cc" \
+    "$tree/build/libps.a" -lprotobuf-lite -lzmq -pthread -o "$ROWS_BIN"
+  echo "built $BIN and $ROWS_BIN" >&2
 }
 
 PIDS=()
@@ -79,23 +89,11 @@ cleanup() {
   if [[ -n "$LOGS" && -z "${PSLITE_KEEP_LOGS:-}" ]]; then rm -rf "$LOGS"; fi
 }
 
-run() {
-  local servers=1 workers=1 size=4096 window=8 seconds=5
-  while (($#)); do
-    (($# >= 2)) || die "$1 needs a value"
-    case "$1" in
-      --servers) servers=$2 ;;
-      --workers) workers=$2 ;;
-      --size) size=$2 ;;
-      --window) window=$2 ;;
-      --seconds) seconds=$2 ;;
-      *) die "unknown flag $1 (run [--servers S] [--workers W] [--size BYTES] [--window K] [--seconds N])" ;;
-    esac
-    shift 2
-  done
-  [[ -x "$BIN" ]] || die "no $BIN: run '$0 build' first"
-  ((size % (4 * servers) == 0)) || die "--size must be a multiple of 4 * --servers"
-
+# Starts a scheduler, the servers and the workers of `bin` with the flags
+# that follow, waits for them, and leaves their output in $LOGS.
+launch() {
+  local bin=$1 servers=$2 workers=$3 seconds=$4
+  shift 4
   trap cleanup EXIT
   trap 'exit 130' INT TERM
   LOGS=$(mktemp -d "${TMPDIR:-/tmp}/pslite_bench.XXXXXX")
@@ -119,8 +117,7 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))' $((1 + servers + worker
     [[ $role == server ]] && count=$servers
     [[ $role == worker ]] && count=$workers
     for ((i = 0; i < count; i++)); do
-      DMLC_ROLE=$role PORT=${ports[n]} timeout -k 5 "$limit" "$BIN" \
-        --size "$size" --window "$window" --seconds "$seconds" \
+      DMLC_ROLE=$role PORT=${ports[n]} timeout -k 5 "$limit" "$bin" "$@" \
         >"$LOGS/$role-$i.out" 2>"$LOGS/$role-$i.err" &
       PIDS+=("$!")
       n=$((n + 1))
@@ -140,6 +137,27 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))' $((1 + servers + worker
     die "a ps-lite process failed (logs above)"
   fi
   PIDS=()
+}
+
+run() {
+  local servers=1 workers=1 size=4096 window=8 seconds=5
+  while (($#)); do
+    (($# >= 2)) || die "$1 needs a value"
+    case "$1" in
+      --servers) servers=$2 ;;
+      --workers) workers=$2 ;;
+      --size) size=$2 ;;
+      --window) window=$2 ;;
+      --seconds) seconds=$2 ;;
+      *) die "unknown flag $1 (run [--servers S] [--workers W] [--size BYTES] [--window K] [--seconds N])" ;;
+    esac
+    shift 2
+  done
+  [[ -x "$BIN" ]] || die "no $BIN: run '$0 build' first"
+  ((size % (4 * servers) == 0)) || die "--size must be a multiple of 4 * --servers"
+
+  launch "$BIN" "$servers" "$workers" "$seconds" \
+    --size "$size" --window "$window" --seconds "$seconds"
 
   python3 - "$LOGS" "$size" "$servers" "$workers" "$window" <<'EOF'
 import glob, json, statistics, sys
@@ -167,8 +185,59 @@ for op in ("push", "pull"):
 EOF
 }
 
+run_rows() {
+  local servers=1 workers=1 batch=4096 width=64 rows=10000000 zipf=1.05 window=4 seconds=3
+  while (($#)); do
+    (($# >= 2)) || die "$1 needs a value"
+    case "$1" in
+      --servers) servers=$2 ;;
+      --workers) workers=$2 ;;
+      --batch) batch=$2 ;;
+      --width) width=$2 ;;
+      --rows) rows=$2 ;;
+      --zipf) zipf=$2 ;;
+      --window) window=$2 ;;
+      --seconds) seconds=$2 ;;
+      *) die "unknown flag $1 (run-rows [--servers S] [--workers W] [--batch B] [--width D] [--rows N] [--zipf A] [--window K] [--seconds N])" ;;
+    esac
+    shift 2
+  done
+  [[ -x "$ROWS_BIN" ]] || die "no $ROWS_BIN: run '$0 build' first"
+  launch "$ROWS_BIN" "$servers" "$workers" "$seconds" \
+    --batch "$batch" --width "$width" --rows "$rows" --zipf "$zipf" \
+    --window "$window" --seconds "$seconds"
+
+  python3 - "$LOGS" "$servers" "$workers" "$window" "$batch" "$width" <<'EOF'
+import glob, json, statistics, sys
+logs, servers, workers, window, batch, width = sys.argv[1], *map(int, sys.argv[2:])
+rows = []
+for path in glob.glob(logs + "/*.out"):
+    for line in open(path):
+        if line.startswith("PSLITE_RESULT "):
+            rows.append(json.loads(line.split(" ", 1)[1]))
+for op in ("pull", "push"):
+    mine = [r for r in rows if r["op"] == op]
+    ws = [r for r in mine if r["role"] == "worker"]
+    assert len(ws) == workers and len(mine) == 1 + servers + workers, mine
+    moved = sum(r["rows"] for r in ws)
+    secs = max(r["secs"] for r in ws)
+    server_cpu = sum(r["cpu_s"] for r in mine if r["role"] == "server")
+    print(json.dumps({
+        "system": "ps-lite", "mode": op, "batch": batch, "width": width,
+        "servers": servers, "workers": workers, "window": window,
+        "rows_per_sec": round(moved / secs),
+        "mb_per_sec": round(moved * width * 4 / secs / 1e6, 1),
+        "rows_per_batch": round(moved / max(1, sum(r["batches"] for r in ws)), 1),
+        "p50_us": round(statistics.median(r["p50_us"] for r in ws), 1),
+        "p99_us": round(statistics.median(r["p99_us"] for r in ws), 1),
+        "server_cpu_us_per_row": round(server_cpu / moved * 1e6, 3),
+    }))
+EOF
+}
+
 case "${1:-}" in
   build) build ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  run-rows) shift; run_rows "$@" ;;
+  *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

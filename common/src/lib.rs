@@ -9,6 +9,7 @@
 //! - [`processes`]: real `ps-server` and `ps-scheduler` processes on loopback ports.
 //! - [`fixtures`]: parameter shapes of ResNet-50 and BERT-base.
 //! - [`rng`]: a small deterministic random generator for data and payloads.
+//! - [`zipf`]: Zipf-distributed ranks (ids of a synthetic embedding workload).
 //! - [`runtime`]: the tokio runtime of each program, half a thread per core by default.
 //! - [`connections`]: a server's connections, at most `--max-connections` at once, idle ones closed.
 //! - [`idle`]: each connection's requests in flight, counted by a layer every server runs.
@@ -38,3 +39,4 @@ pub mod runtime;
 pub mod security_args;
 pub mod size;
 pub mod text_format;
+pub mod zipf;

@@ -37,7 +37,7 @@ use ps_proto::tls::TlsConfig;
 use ps_shm::DataPathMode;
 use serde::{Deserialize, Serialize};
 
-use crate::cpu::process_cpu_seconds;
+use crate::cpu::{proc_cpu_seconds, process_cpu_seconds};
 use crate::floors::Floors;
 use crate::report::ResultRow;
 use crate::tcp::{BaselineServer, TcpPeer};
@@ -645,24 +645,6 @@ async fn tcp_baseline(
     .await??;
     drop(server);
     Ok(figures)
-}
-
-/// CPU seconds (user + system) process `pid` has used, from `/proc/PID/stat`.
-fn proc_cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the parenthesised command: state is field 3, utime 14, stime 15.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// The rows as a table with the figures `kv` is for: latency at one in flight,

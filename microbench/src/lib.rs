@@ -4,7 +4,9 @@
 //! - [`server`]: the `ps.v1.Bench` service and the TCP baseline, served together.
 //! - [`peer`]: the server under test, remote or a local child process.
 //! - [`latency`], [`bandwidth`], [`throughput`]: the transport and model benchmarks;
-//!   [`kv`]: one key per size pushed and pulled by worker processes.
+//!   [`kv`]: one key per size pushed and pulled by worker processes;
+//!   [`rows`]: embedding rows by id, beside a hash-map key-value floor ([`rows_floor`]);
+//!   [`rows_cli`]: its command lines.
 //! - [`apply`]: the server's optimizer arithmetic against a memcpy.
 //! - [`payload`]: TF-gRPC-Bench payload schemes and the two encodings.
 //! - [`tcp`]: the raw TCP baseline protocol; [`plain`] and [`tcp_check`]: the
@@ -26,6 +28,9 @@ pub mod plain;
 pub mod plot;
 pub mod progress;
 pub mod report;
+pub mod rows;
+pub mod rows_cli;
+pub mod rows_floor;
 pub mod server;
 pub mod tcp;
 pub mod tcp_check;

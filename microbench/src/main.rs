@@ -27,6 +27,7 @@ use ps_microbench::latency::{self, LatencyPlan};
 use ps_microbench::payload::{CategorySizes, Encoding, Scheme};
 use ps_microbench::peer::{Peer, READY_PREFIX};
 use ps_microbench::report::{ResultRow, payload_label, print_json, print_table, write_csv};
+use ps_microbench::rows_cli::{RowsArgs, RowsWorkerArgs, run_rows, run_rows_worker};
 use ps_microbench::throughput::{self, ModelTensors, ThroughputPlan};
 use ps_microbench::tuning::Tuning;
 use ps_microbench::{plot, progress, server, tcp_check};
@@ -66,6 +67,12 @@ enum Command {
     /// One worker process of `kv` (started by it; prints one JSON report).
     #[command(hide = true)]
     KvWorker(KvWorkerArgs),
+    /// Embedding rows by id (Zipf ids, deduplicated) pulled and pushed by
+    /// worker processes against M ps-servers, beside a hash-map floor.
+    Rows(RowsArgs),
+    /// One worker process of `rows` (started by it; prints one JSON report).
+    #[command(hide = true)]
+    RowsWorker(RowsWorkerArgs),
     /// The server's optimizer apply over one key, against a memcpy of it.
     Apply(ApplyArgs),
     /// The TCP baseline against the plainest send-and-ack loop, in the same run.
@@ -661,6 +668,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::PsThroughput(args) => tokio::spawn(run_throughput(args)).await?,
         Command::Kv(args) => run_kv(args).await,
         Command::KvWorker(args) => tokio::spawn(run_kv_worker(args)).await?,
+        Command::Rows(args) => run_rows(args).await,
+        Command::RowsWorker(args) => tokio::spawn(run_rows_worker(args)).await?,
         Command::Apply(args) => run_apply(args).await,
         Command::TcpCheck(args) => run_tcp_check(args).await,
         Command::Health { server } => {
