@@ -16,7 +16,7 @@
 #                               [--width D] [--rows N] [--zipf A]
 #                               [--window K] [--seconds N]
 #       ps-lite's side of `ps-microbench rows` (bench/pslite/rows_bench.cc):
-#       the same Zipf batches of embedding rows pulled, then pushed; one JSON
+#       the same Zipf batches of embedding rows pushed, then pulled; one JSON
 #       line per operation.
 #
 # Getting ps-lite: nothing here downloads it. PSLITE_SRC (default
@@ -215,7 +215,7 @@ for path in glob.glob(logs + "/*.out"):
     for line in open(path):
         if line.startswith("PSLITE_RESULT "):
             rows.append(json.loads(line.split(" ", 1)[1]))
-for op in ("pull", "push"):
+for op in ("push", "pull"):
     mine = [r for r in rows if r["op"] == op]
     ws = [r for r in mine if r["role"] == "worker"]
     assert len(ws) == workers and len(mine) == 1 + servers + workers, mine

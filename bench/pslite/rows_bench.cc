@@ -11,7 +11,7 @@
 //! Servers keep rows in a hash map (key -> row, with Adagrad's sum of squares
 //! starting at 0.1, as candle-ps does): a push applies Adagrad (lr 0.01) to
 //! each row, making it on first touch; a pull copies the rows out (zeros for a
-//! row never pushed). For each operation (pull, then push, as `rows` runs
+//! row never pushed). For each operation (push, then pull, as `rows` runs
 //! them) every worker runs a latency phase (one batch in flight for
 //! --seconds) and a throughput phase (--window batches in flight); CPU is read
 //! with getrusage at the barriers around the throughput phase.
@@ -189,7 +189,7 @@ struct Window {
 
 /// One operation's two phases on a worker; prints its result line.
 static void RunWorker(KVWorker<float>* kv, const Args& a, bool push) {
-  uint64_t index = MyRank() + (push ? NumWorkers() : 0);
+  uint64_t index = MyRank() + (push ? 0 : NumWorkers());
   std::vector<SArray<Key>> batches = Batches(a, index);
   size_t largest = 0;
   for (auto& b : batches) largest = std::max(largest, b.size());
@@ -278,7 +278,7 @@ int main(int argc, char* argv[]) {
     RegisterExitCallback([server] { delete server; });
   }
   KVWorker<float>* kv = IsWorker() ? new KVWorker<float>(0, 0) : nullptr;
-  for (bool push : {false, true}) {
+  for (bool push : {true, false}) {
     if (kv) RunWorker(kv, a, push);
     else FollowPhase(push);
   }

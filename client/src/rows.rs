@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use ps_proto::ids::{Rank, Step, Version};
-use ps_proto::rows::{ID_BYTES, bucket_of, bucket_owner, decode_rows, encode_ids, encode_rows};
+use ps_proto::rows::{ID_BYTES, bucket_of, bucket_owner, copy_rows, encode_ids, extend_rows};
 use ps_proto::v1;
 
 use crate::error::{ClientError, Rpc};
@@ -88,19 +88,29 @@ fn blocks_by_server(
     ids: &[u64],
     every_bucket: bool,
 ) -> Vec<BTreeMap<u32, Block>> {
-    let mut by_server: Vec<BTreeMap<u32, Block>> = (0..servers).map(|_| BTreeMap::new()).collect();
-    if every_bucket {
-        for (bucket, &owner) in owners.iter().enumerate() {
-            by_server[owner].entry(bucket as u32).or_default();
-        }
+    // Each id's bucket once, then every bucket's block sized before it is filled.
+    let homes: Vec<u32> = ids.iter().map(|&id| bucket_of(id, buckets)).collect();
+    let mut counts = vec![0usize; buckets as usize];
+    for &home in &homes {
+        counts[home as usize] += 1;
     }
-    for (position, &id) in ids.iter().enumerate() {
-        let bucket = bucket_of(id, buckets);
-        let block = by_server[owners[bucket as usize]]
-            .entry(bucket)
-            .or_default();
+    let mut blocks: Vec<Block> = counts
+        .iter()
+        .map(|&n| Block {
+            ids: Vec::with_capacity(n),
+            positions: Vec::with_capacity(n),
+        })
+        .collect();
+    for (position, (&id, &home)) in ids.iter().zip(&homes).enumerate() {
+        let block = &mut blocks[home as usize];
         block.ids.push(id);
         block.positions.push(position);
+    }
+    let mut by_server: Vec<BTreeMap<u32, Block>> = (0..servers).map(|_| BTreeMap::new()).collect();
+    for (bucket, block) in blocks.into_iter().enumerate() {
+        if every_bucket || !block.ids.is_empty() {
+            by_server[owners[bucket]].insert(bucket as u32, block);
+        }
     }
     by_server
 }
@@ -194,10 +204,11 @@ impl Shards {
             }
         }
         let mut rows = vec![0.0f32; ids.len() * width];
+        let row_bytes = width * 4;
         for answered in all_or_first_error(calls).await? {
-            for (positions, values) in answered {
-                for (position, row) in positions.into_iter().zip(values.chunks_exact(width)) {
-                    rows[position * width..(position + 1) * width].copy_from_slice(row);
+            for (positions, bytes) in answered {
+                for (position, row) in positions.into_iter().zip(bytes.chunks_exact(row_bytes)) {
+                    copy_rows(row, &mut rows[position * width..(position + 1) * width]);
                 }
             }
         }
@@ -212,7 +223,7 @@ impl Shards {
         table: &v1::TableSpec,
         blocks: Vec<(u32, Block)>,
         min_version: Version,
-    ) -> Result<Vec<(Vec<usize>, Vec<f32>)>, ClientError> {
+    ) -> Result<Vec<(Vec<usize>, bytes::Bytes)>, ClientError> {
         let request = v1::PullRowsRequest {
             table: table.name.clone(),
             blocks: blocks
@@ -249,17 +260,16 @@ impl Shards {
             .into_iter()
             .zip(answer.blocks)
             .map(|((bucket, block), pulled)| {
-                let values = decode_rows(&pulled.rows).map_err(&malformed)?;
-                if pulled.bucket != bucket || values.len() != block.ids.len() * table.width as usize
-                {
+                let expected = block.ids.len() * table.width as usize * 4;
+                if pulled.bucket != bucket || pulled.rows.len() != expected {
                     return Err(malformed(format!(
-                        "bucket {} with {} elements for bucket {bucket}'s {} ids",
+                        "bucket {} with {} bytes of rows for bucket {bucket}'s {} ids",
                         pulled.bucket,
-                        values.len(),
+                        pulled.rows.len(),
                         block.ids.len()
                     )));
                 }
-                Ok((block.positions, values))
+                Ok((block.positions, pulled.rows))
             })
             .collect()
     }
@@ -290,14 +300,14 @@ impl Shards {
                 let blocks = request
                     .into_iter()
                     .map(|(bucket, block)| {
-                        let mut rows = Vec::with_capacity(block.ids.len() * width);
+                        let mut rows = Vec::with_capacity(block.ids.len() * width * 4);
                         for p in &block.positions {
-                            rows.extend_from_slice(&grads[p * width..(p + 1) * width]);
+                            extend_rows(&mut rows, &grads[p * width..(p + 1) * width]);
                         }
                         v1::RowBlock {
                             bucket,
                             ids: encode_ids(&block.ids),
-                            rows: encode_rows(&rows),
+                            rows: rows.into(),
                         }
                     })
                     .collect();

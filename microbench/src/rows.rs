@@ -2,8 +2,8 @@
 //! of `--rows` rows `--width` floats wide is spread over `--servers` real
 //! `ps-server` processes (ASP, Adagrad); `--workers` worker **processes**
 //! (`ps-microbench rows-worker`) each draw batches of `--batch` ids from a Zipf
-//! law (`--zipf`), deduplicate them as a training worker does, and pull or push
-//! the rows: p50/p99 with one batch in flight, then rows per second with
+//! law (`--zipf`), deduplicate them as a training worker does, and push, then
+//! pull, the rows: p50/p99 with one batch in flight, then rows per second with
 //! `--window` batches in flight. Every server's CPU is read from `/proc`, so a
 //! row's server cost is known, and its peak RSS.
 //!
@@ -74,6 +74,8 @@ pub struct RowsReport {
     pub batches: u64,
     /// Distinct rows those batches moved.
     pub rows: u64,
+    /// Distinct rows the latency phase moved.
+    pub latency_rows: u64,
     /// Seconds the throughput phase ran.
     pub seconds: f64,
     /// CPU seconds this process used in both phases.
@@ -156,10 +158,11 @@ pub async fn run_worker(run: WorkerRun) -> anyhow::Result<RowsReport> {
 
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let mut one = slot(first_rank);
+    let mut latency_rows = 0u64;
     let end = Instant::now() + phase;
     while Instant::now() < end {
         let began = Instant::now();
-        one.run(&batches, &grads).await?;
+        latency_rows += one.run(&batches, &grads).await? as u64;
         latency.record(began.elapsed().as_micros().max(1) as u64)?;
     }
 
@@ -188,6 +191,7 @@ pub async fn run_worker(run: WorkerRun) -> anyhow::Result<RowsReport> {
         p99_us: latency.value_at_quantile(0.99) as f64,
         batches: done,
         rows,
+        latency_rows,
         seconds: throughput_start.elapsed().as_secs_f64(),
         cpu_seconds: process_cpu_seconds() - cpu,
         wall_seconds: start.elapsed().as_secs_f64(),
@@ -235,7 +239,7 @@ impl Slot<'_> {
     }
 }
 
-/// Runs the plan: a pull row and a push row, each with its floor.
+/// Runs the plan: a push row, then a pull row, each with its floor.
 ///
 /// # Errors
 /// When a server or a worker process fails.
@@ -248,7 +252,9 @@ pub async fn run(plan: &RowsPlan) -> anyhow::Result<Vec<ResultRow>> {
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
     let pids: Vec<u32> = servers.iter().filter_map(ServerProcess::pid).collect();
     let mut rows = Vec::new();
-    for op in [Op::Pull, Op::Push] {
+    // Pushes first: the pulls then read rows that exist, as every step of a
+    // training run but its first does.
+    for op in [Op::Push, Op::Pull] {
         let floor = {
             let plan = plan.clone();
             tokio::task::spawn_blocking(move || measure_floor(&plan, op)).await??
@@ -288,9 +294,10 @@ fn row(
     let rows_per_sec = rows as f64 / seconds;
     let row_bytes = (plan.width * 4) as f64;
     // Server cores over the whole phase (latency and throughput), against the
-    // rows of both: the latency phase moves few, so this over-states slightly.
+    // rows of both.
     let wall: f64 = reports.iter().map(|r| r.wall_seconds).fold(0.0, f64::max);
-    let server_us_per_row = cores.iter().sum::<f64>() * wall / rows.max(1) as f64 * 1e6;
+    let all_rows: u64 = reports.iter().map(|r| r.rows + r.latency_rows).sum();
+    let server_us_per_row = cores.iter().sum::<f64>() * wall / all_rows.max(1) as f64 * 1e6;
     let mut p50: Vec<f64> = reports.iter().map(|r| r.p50_us).collect();
     let mut p99: Vec<f64> = reports.iter().map(|r| r.p99_us).collect();
     let figures = serde_json::json!({
@@ -330,11 +337,10 @@ fn row(
 /// Starts the worker processes of one phase and reads each one's report.
 fn spawn_workers(plan: &RowsPlan, addrs: &[String], op: Op) -> anyhow::Result<Vec<RowsReport>> {
     let exe = std::env::current_exe().context("the benchmark's own path")?;
-    // Push phases run after pull phases with the same ranks; steps start at 0
-    // again, so each phase's ranks are its own.
+    // Each phase's workers are indices of their own (their ranks and ids' seeds).
     let phase = match op {
-        Op::Pull => 0,
-        Op::Push => plan.workers,
+        Op::Push => 0,
+        Op::Pull => plan.workers,
     };
     let children = (0..plan.workers)
         .map(|index| {

@@ -56,6 +56,9 @@ pub fn bucket_owner<S: AsRef<str>>(table: &str, bucket: u32, servers: &[S]) -> O
 
 /// `ids` as the wire carries them.
 pub fn encode_ids(ids: &[u64]) -> Bytes {
+    if cfg!(target_endian = "little") {
+        return Bytes::copy_from_slice(bytemuck::cast_slice(ids));
+    }
     let mut out = Vec::with_capacity(ids.len() * ID_BYTES);
     for id in ids {
         out.extend_from_slice(&id.to_le_bytes());
@@ -74,19 +77,48 @@ pub fn decode_ids(bytes: &[u8]) -> Result<Vec<u64>, String> {
             bytes.len()
         ));
     }
+    if cfg!(target_endian = "little") {
+        let mut ids = vec![0u64; bytes.len() / ID_BYTES];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut ids).copy_from_slice(bytes);
+        return Ok(ids);
+    }
     Ok(bytes
         .chunks_exact(ID_BYTES)
         .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
         .collect())
 }
 
+/// Appends `rows` (f32 elements) to `out` as the wire carries them.
+pub fn extend_rows(out: &mut Vec<u8>, rows: &[f32]) {
+    if cfg!(target_endian = "little") {
+        out.extend_from_slice(bytemuck::cast_slice(rows));
+    } else {
+        for value in rows {
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+    }
+}
+
 /// `rows` (f32 elements) as the wire carries them.
 pub fn encode_rows(rows: &[f32]) -> Bytes {
     let mut out = Vec::with_capacity(rows.len() * 4);
-    for value in rows {
-        out.extend_from_slice(&value.to_le_bytes());
-    }
+    extend_rows(&mut out, rows);
     Bytes::from(out)
+}
+
+/// Writes the f32 elements of `bytes` into `out`, which holds exactly as many.
+///
+/// # Panics
+/// When the lengths differ.
+pub fn copy_rows(bytes: &[u8], out: &mut [f32]) {
+    assert_eq!(bytes.len(), out.len() * 4, "rows of another length");
+    if cfg!(target_endian = "little") {
+        bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(bytes);
+    } else {
+        for (value, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *value = f32::from_le_bytes(b.try_into().unwrap_or_default());
+        }
+    }
 }
 
 /// The f32 elements of `bytes`, which must be a whole number of elements.
@@ -100,10 +132,9 @@ pub fn decode_rows(bytes: &[u8]) -> Result<Vec<f32>, String> {
             bytes.len()
         ));
     }
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap_or_default()))
-        .collect())
+    let mut out = vec![0.0; bytes.len() / 4];
+    copy_rows(bytes, &mut out);
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! keys, a request is checked whole first, then its buckets are locked in
 //! bucket order and it changes all of them or none.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -240,6 +240,9 @@ impl Store {
         }
         let deadline = Instant::now() + timeout;
         for bucket in &buckets {
+            if *bucket.version.borrow() >= min_version {
+                continue;
+            }
             let reached = tokio::select! {
                 reached = self.reached(&bucket.version, min_version, deadline) => reached?,
                 () = self.map.moved_past(routed_by) => return Err(Error::StaleMap {
@@ -257,7 +260,7 @@ impl Store {
             .map(|(bucket, block)| {
                 let mut rows = Vec::with_capacity(block.ids.len() * table.spec.width * 4);
                 let state = bucket.lock();
-                state.read_into(&table.spec, &block.ids, &mut rows);
+                state.read_into(&block.ids, &mut rows);
                 PulledRows {
                     bucket: block.bucket,
                     rows: Bytes::from(rows),
@@ -407,40 +410,38 @@ impl Store {
                 what: "no row blocks",
             });
         }
-        let keys: Vec<ParamKey> = blocks
-            .iter()
-            .map(|b| ParamKey::new(&table.spec.name, b.bucket))
-            .collect();
-        super::check_unique(keys.iter())?;
+        let key = |bucket: u32| ParamKey::new(&table.spec.name, bucket);
+        let mut named: Vec<u32> = blocks.iter().map(|b| b.bucket).collect();
+        named.sort_unstable();
+        if let Some(twice) = named.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(Error::RepeatedKey { key: key(twice[0]) });
+        }
         let ids: usize = blocks.iter().map(|b| b.ids.len()).sum();
         if ids > MAX_IDS_PER_REQUEST {
             return Err(Error::BadRows {
-                key: keys[0].clone(),
+                key: key(blocks[0].bucket),
                 reason: format!(
                     "the request carries {ids} ids, over the limit of {MAX_IDS_PER_REQUEST}; split it"
                 ),
             });
         }
-        keys.into_iter()
-            .zip(blocks)
-            .map(|(key, block)| {
-                self.check_block(&table.spec, &key, block, kind)?;
-                table
-                    .bucket(block.bucket)
-                    .ok_or(Error::UnknownBucket { key })
+        let held = table.buckets.read().unwrap_or_else(|p| p.into_inner());
+        blocks
+            .iter()
+            .map(|block| {
+                self.check_block(&table.spec, block, kind)?;
+                held.get(&block.bucket)
+                    .cloned()
+                    .ok_or_else(|| Error::UnknownBucket {
+                        key: key(block.bucket),
+                    })
             })
             .collect()
     }
 
-    fn check_block(
-        &self,
-        spec: &TableSpec,
-        key: &ParamKey,
-        block: &RowBlock,
-        kind: Blocks,
-    ) -> Result<()> {
+    fn check_block(&self, spec: &TableSpec, block: &RowBlock, kind: Blocks) -> Result<()> {
         let bad = |reason: String| Error::BadRows {
-            key: key.clone(),
+            key: ParamKey::new(&spec.name, block.bucket),
             reason,
         };
         if block.bucket >= spec.buckets {
@@ -471,7 +472,8 @@ impl Store {
                 spec.width
             )));
         }
-        let mut seen = std::collections::HashSet::with_capacity(block.ids.len());
+        let mut seen: HashSet<u64, foldhash::fast::FixedState> =
+            HashSet::with_capacity_and_hasher(block.ids.len(), Default::default());
         if let Some(id) = block.ids.iter().find(|id| !seen.insert(**id)) {
             return Err(bad(format!(
                 "id {id} appears twice in one push; sum its gradient rows into one"

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::key::ParamKey;
+use ps_proto::rows::extend_rows;
 use tokio::sync::watch;
 
-use super::init::initial_row;
+use super::init::RowStarts;
 use super::row_optimizer::{RowSlices, initial_state, update_row};
 use super::spec::TableSpec;
 use crate::budget::Charge;
@@ -101,6 +102,7 @@ pub(crate) struct PushedRows<'a> {
 #[derive(Debug)]
 pub struct BucketState {
     width: usize,
+    starts: RowStarts,
     index: IdMap,
     ids: Vec<u64>,
     values: Vec<f32>,
@@ -119,6 +121,7 @@ impl BucketState {
     pub fn new(table: &TableSpec, charge: Charge) -> Self {
         Self {
             width: table.width,
+            starts: RowStarts::of(table),
             index: IdMap::default(),
             ids: Vec::new(),
             values: Vec::new(),
@@ -190,6 +193,7 @@ impl BucketState {
             .collect();
         Ok(Some(Self {
             width: table.width,
+            starts: RowStarts::of(table),
             index,
             ids: ids.clone(),
             values: saved.values.clone(),
@@ -395,7 +399,7 @@ impl BucketState {
         self.index.insert(id, slot as u32);
         let start = self.values.len();
         self.values.resize(start + self.width, 0.0);
-        initial_row(table, id, &mut self.values[start..]);
+        self.starts.fill(id, &mut self.values[start..]);
         let state = initial_state(&table.optimizer);
         let kept = table.optimizer.state_per_element();
         if kept >= 1 {
@@ -409,7 +413,7 @@ impl BucketState {
 
     /// Appends the rows of `ids` to `out` as little-endian `f32`s: stored rows
     /// as they are, the others as they start.
-    pub fn read_into(&self, table: &TableSpec, ids: &[u64], out: &mut Vec<u8>) {
+    pub fn read_into(&self, ids: &[u64], out: &mut Vec<u8>) {
         let mut fresh = vec![0.0f32; self.width];
         for id in ids {
             let row = match self.index.get(id) {
@@ -418,13 +422,11 @@ impl BucketState {
                     &self.values[start..start + self.width]
                 }
                 None => {
-                    initial_row(table, *id, &mut fresh);
+                    self.starts.fill(*id, &mut fresh);
                     &fresh
                 }
             };
-            for value in row {
-                out.extend_from_slice(&value.to_le_bytes());
-            }
+            extend_rows(out, row);
         }
     }
 

@@ -7,23 +7,56 @@ use ps_proto::rows::{mix, name_hash};
 
 use super::spec::{RowInit, TableSpec};
 
-/// Writes the initial values of row `id` of `table` into `out` (`width` elements).
-pub fn initial_row(table: &TableSpec, id: u64, out: &mut [f32]) {
-    let seed = mix(name_hash(table.name.as_bytes()) ^ mix(id)) ^ table.seed;
-    let mut rng = SplitMix64::new(seed);
-    match table.init {
-        RowInit::Zeros => out.fill(0.0),
-        RowInit::Uniform { low, high } => {
-            for value in out {
-                *value = (low + (high - low) * rng.next_f64()) as f32;
-            }
+/// How one table's rows start, with the table's part of every row's seed
+/// worked out once.
+#[derive(Debug, Clone, Copy)]
+pub struct RowStarts {
+    init: RowInit,
+    table_seed: u64,
+    seed: u64,
+}
+
+impl RowStarts {
+    /// The starts of `table`'s rows.
+    pub fn of(table: &TableSpec) -> Self {
+        Self {
+            init: table.init,
+            table_seed: name_hash(table.name.as_bytes()),
+            seed: table.seed,
         }
-        RowInit::Normal { std } => {
-            for value in out {
-                *value = (f64::from(rng.normal()) * std) as f32;
+    }
+
+    /// Writes the initial values of row `id` into `out` (one row).
+    pub fn fill(&self, id: u64, out: &mut [f32]) {
+        let mut rng = SplitMix64::new(mix(self.table_seed ^ mix(id)) ^ self.seed);
+        match self.init {
+            RowInit::Zeros => out.fill(0.0),
+            RowInit::Uniform { low, high } => {
+                // Two 24-bit uniforms per draw: a row of 64 costs 32 draws.
+                let (low, span) = (low as f32, (high - low) as f32);
+                let unit = |bits: u64| (bits & 0xff_ffff) as i32 as f32 * (1.0 / 16_777_216.0);
+                let mut pairs = out.chunks_exact_mut(2);
+                for pair in &mut pairs {
+                    let bits = rng.next_u64();
+                    pair[0] = low + span * unit(bits >> 40);
+                    pair[1] = low + span * unit(bits >> 8);
+                }
+                if let [last] = pairs.into_remainder() {
+                    *last = low + span * unit(rng.next_u64() >> 40);
+                }
+            }
+            RowInit::Normal { std } => {
+                for value in out {
+                    *value = (f64::from(rng.normal()) * std) as f32;
+                }
             }
         }
     }
+}
+
+/// Writes the initial values of row `id` of `table` into `out` (`width` elements).
+pub fn initial_row(table: &TableSpec, id: u64, out: &mut [f32]) {
+    RowStarts::of(table).fill(id, out);
 }
 
 #[cfg(test)]

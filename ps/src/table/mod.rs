@@ -35,12 +35,6 @@ impl Table {
         }
     }
 
-    /// The bucket `bucket`, when this server holds it.
-    pub(crate) fn bucket(&self, bucket: u32) -> Option<Arc<Bucket>> {
-        let buckets = self.buckets.read().unwrap_or_else(|p| p.into_inner());
-        buckets.get(&bucket).cloned()
-    }
-
     /// Every bucket this server holds, taken out from under the map's lock.
     pub(crate) fn all_buckets(&self) -> Vec<Arc<Bucket>> {
         let buckets = self.buckets.read().unwrap_or_else(|p| p.into_inner());

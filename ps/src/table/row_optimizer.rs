@@ -1,7 +1,10 @@
 //! The row optimizers' arithmetic: one row's values and state updated by one
-//! row gradient. Rows and state are stored in `f32`; each element's update is
-//! computed in `f64`, term by term as the dense optimizers
-//! (`crate::optimizer`) and PyTorch's `Adagrad` and `SparseAdam` do.
+//! row gradient. Rows and state are stored in `f32`, and each element's update
+//! runs in `f32` too, over whole rows at a time so that it vectorises; the
+//! per-row scalars (the step size, Adam's bias corrections) are computed once
+//! in `f64`. The terms follow the dense optimizers (`crate::optimizer`) and
+//! PyTorch's `Adagrad` and `SparseAdam`; the tests hold every optimizer to an
+//! `f64` reference over many steps.
 
 use super::spec::RowOptimizer;
 
@@ -19,21 +22,22 @@ pub struct RowSlices<'a> {
 /// Applies `grad * scale` to `row`; `t` is the 1-based count of updates the
 /// row's bucket has applied, for Adam's bias correction.
 pub fn update_row(optimizer: &RowOptimizer, row: RowSlices<'_>, grad: &[f32], scale: f32, t: u64) {
-    let scale = f64::from(scale);
+    let width = row.values.len();
+    let grad = &grad[..width];
     match *optimizer {
         RowOptimizer::Sgd { lr, weight_decay } => {
+            let (lr, decay) = (lr as f32, weight_decay as f32);
             for (w, g) in row.values.iter_mut().zip(grad) {
-                let w64 = f64::from(*w);
-                let g = f64::from(*g) * scale + weight_decay * w64;
-                *w = (w64 - lr * g) as f32;
+                *w -= lr * (g * scale + decay * *w);
             }
         }
         RowOptimizer::Adagrad { lr, eps, .. } => {
-            for ((w, s), g) in row.values.iter_mut().zip(row.first.iter_mut()).zip(grad) {
-                let g = f64::from(*g) * scale;
-                let sum = f64::from(*s) + g * g;
-                *s = sum as f32;
-                *w = (f64::from(*w) - lr * g / (sum.sqrt() + eps)) as f32;
+            let (lr, eps) = (lr as f32, eps as f32);
+            let sums = &mut row.first[..width];
+            for ((w, s), g) in row.values.iter_mut().zip(sums.iter_mut()).zip(grad) {
+                let g = g * scale;
+                *s += g * g;
+                *w -= lr * g / (s.sqrt() + eps);
             }
         }
         RowOptimizer::LazyAdam {
@@ -44,17 +48,18 @@ pub fn update_row(optimizer: &RowOptimizer, row: RowSlices<'_>, grad: &[f32], sc
             weight_decay,
         } => {
             let t = i32::try_from(t.max(1)).unwrap_or(i32::MAX);
-            let correct1 = 1.0 - beta1.powi(t);
-            let correct2 = 1.0 - beta2.powi(t);
-            let moments = row.first.iter_mut().zip(row.second.iter_mut());
+            let step = (lr / (1.0 - beta1.powi(t))) as f32;
+            let root_correct2 = (1.0 - beta2.powi(t)).sqrt() as f32;
+            let decay = (1.0 - lr * weight_decay) as f32;
+            let (b1, b2, eps) = (beta1 as f32, beta2 as f32, eps as f32);
+            let moments = row.first[..width]
+                .iter_mut()
+                .zip(row.second[..width].iter_mut());
             for ((w, (m, v)), g) in row.values.iter_mut().zip(moments).zip(grad) {
-                let g = f64::from(*g) * scale;
-                let w64 = f64::from(*w) * (1.0 - lr * weight_decay);
-                let m64 = beta1 * f64::from(*m) + (1.0 - beta1) * g;
-                let v64 = beta2 * f64::from(*v) + (1.0 - beta2) * g * g;
-                *m = m64 as f32;
-                *v = v64 as f32;
-                *w = (w64 - lr * (m64 / correct1) / ((v64 / correct2).sqrt() + eps)) as f32;
+                let g = g * scale;
+                *m = b1 * *m + (1.0 - b1) * g;
+                *v = b2 * *v + (1.0 - b2) * g * g;
+                *w = *w * decay - step * *m / (v.sqrt() / root_correct2 + eps);
             }
         }
     }
