@@ -5,6 +5,8 @@
 //! - [`train`]: the training loop of the `ps-worker` binary and `ps-local`.
 //! - [`cli`]: the training flags shared by `ps-worker` and `ps-local`.
 //! - [`model`]: an MLP built from candle-nn.
+//! - [`embedding`]: [`embedding::PsEmbedding`], an embedding table on the servers as a candle layer.
+//! - [`ctr`]: the click-through model: an embedding table and an MLP, on the click data set.
 //! - [`data`]: shipped, generated and file-based data sets.
 //! - [`host_copy`]: moving a step's tensors between the device and host buffers.
 //! - [`device`]: choosing the candle device from `cpu` or `cuda:N`.
@@ -16,8 +18,10 @@
 
 pub mod cli;
 pub mod compute_probe;
+pub mod ctr;
 pub mod data;
 pub mod device;
+pub mod embedding;
 pub mod host_copy;
 pub mod metrics;
 pub mod model;
@@ -27,5 +31,6 @@ pub mod step_time;
 pub mod train;
 pub mod trainer;
 
+pub use embedding::PsEmbedding;
 pub use ps_client::{adam, momentum, sgd};
 pub use trainer::PsTrainer;

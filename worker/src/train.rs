@@ -15,6 +15,7 @@ use candle_nn::{VarBuilder, VarMap};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
+use crate::ctr::EmbeddingConfig;
 use crate::data::rng::SplitMix64;
 use crate::data::{DataError, Dataset, Split, shard_range};
 use crate::metrics::WorkerMetrics;
@@ -88,6 +89,9 @@ pub struct TrainConfig {
     /// Write per-epoch loss and accuracy, per-step timings and their charts
     /// here (evaluating on the test split after every epoch).
     pub out: Option<PathBuf>,
+    /// Train the click-through model (`crate::ctr`) with this embedding
+    /// table instead of the MLP alone.
+    pub embedding: Option<EmbeddingConfig>,
 }
 
 impl Default for TrainConfig {
@@ -106,6 +110,7 @@ impl Default for TrainConfig {
             save: None,
             metrics: None,
             out: None,
+            embedding: None,
         }
     }
 }
@@ -172,6 +177,9 @@ pub async fn train(
     data: &Dataset,
     config: &TrainConfig,
 ) -> Result<TrainSummary, TrainError> {
+    if let Some(embedding) = &config.embedding {
+        return crate::ctr::train(client, group, data, config, embedding).await;
+    }
     let (rank, workers) = (group.rank.get() as usize, group.workers as usize);
     let per_epoch = steps_per_epoch(data.train.len(), workers, config.batch_size)?;
     let total_steps = per_epoch * config.epochs as u64;
@@ -368,7 +376,7 @@ fn save(varmap: &VarMap, path: &Path) -> Result<(), TrainError> {
     std::fs::rename(&partial, path).map_err(|e| failed(e.into()))
 }
 
-fn progress_bar(visible: bool, total: u64, rank: usize) -> ProgressBar {
+pub(crate) fn progress_bar(visible: bool, total: u64, rank: usize) -> ProgressBar {
     if !visible {
         return ProgressBar::hidden();
     }
@@ -384,7 +392,13 @@ fn progress_bar(visible: bool, total: u64, rank: usize) -> ProgressBar {
 }
 
 /// Batch `index` of `epoch`: the epoch's fixed shuffle of the slice, cut in batches.
-fn batch_of(shard: &Split, epoch: u64, index: usize, config: &TrainConfig, rank: usize) -> Split {
+pub(crate) fn batch_of(
+    shard: &Split,
+    epoch: u64,
+    index: usize,
+    config: &TrainConfig,
+    rank: usize,
+) -> Split {
     let mut order: Vec<usize> = (0..shard.len()).collect();
     SplitMix64::new(config.seed ^ (epoch << 20) ^ ((rank as u64) << 40)).shuffle(&mut order);
     shard.select(&order[index * config.batch_size..(index + 1) * config.batch_size])

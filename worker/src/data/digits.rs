@@ -58,11 +58,7 @@ fn parse(csv: &str) -> Result<Split, DataError> {
         features.extend(pixels.iter().map(|&p| p as f32 / 16.0));
         labels.push(*label);
     }
-    Ok(Split {
-        features,
-        labels,
-        width: PIXELS,
-    })
+    Ok(Split::dense(features, labels, PIXELS))
 }
 
 #[cfg(test)]

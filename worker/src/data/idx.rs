@@ -132,11 +132,11 @@ fn load_split(dir: &Path, prefix: &str) -> Result<Split, DataError> {
             format!("label {bad} is outside 0..=9"),
         ));
     }
-    Ok(Split {
-        features: images.data.iter().map(|&p| p as f32 / 255.0).collect(),
-        labels: labels.data.iter().map(|&l| l as u32).collect(),
-        width: rows * cols,
-    })
+    Ok(Split::dense(
+        images.data.iter().map(|&p| p as f32 / 255.0).collect(),
+        labels.data.iter().map(|&l| l as u32).collect(),
+        rows * cols,
+    ))
 }
 
 /// Loads an MNIST-layout data set (`train-*` and `t10k-*` files) from `dir`.

@@ -9,6 +9,7 @@
 pub mod digits;
 pub mod idx;
 pub use ps_common::rng;
+pub mod clicks;
 pub mod synthetic;
 
 use std::path::PathBuf;
@@ -51,9 +52,25 @@ pub struct Split {
     pub labels: Vec<u32>,
     /// Values per example.
     pub width: usize,
+    /// Categorical features: `fields` row ids per example, in example order
+    /// (empty for data sets of dense features only).
+    pub ids: Vec<u64>,
+    /// Row ids per example.
+    pub fields: usize,
 }
 
 impl Split {
+    /// A split of dense features only.
+    pub fn dense(features: Vec<f32>, labels: Vec<u32>, width: usize) -> Self {
+        Self {
+            features,
+            labels,
+            width,
+            ids: Vec::new(),
+            fields: 0,
+        }
+    }
+
     /// Number of examples.
     pub fn len(&self) -> usize {
         self.labels.len()
@@ -70,11 +87,17 @@ impl Split {
         for &i in indices {
             features.extend_from_slice(&self.features[i * self.width..(i + 1) * self.width]);
         }
+        let mut ids = Vec::with_capacity(indices.len() * self.fields);
+        for &i in indices {
+            ids.extend_from_slice(&self.ids[i * self.fields..(i + 1) * self.fields]);
+        }
         let labels = indices.iter().map(|&i| self.labels[i]).collect();
         Split {
             features,
             labels,
             width: self.width,
+            ids,
+            fields: self.fields,
         }
     }
 
@@ -151,22 +174,14 @@ mod tests {
 
     #[test]
     fn batches_drop_the_remainder() {
-        let split = Split {
-            features: (0..7).map(|i| i as f32).collect(),
-            labels: (0..7).collect(),
-            width: 1,
-        };
+        let split = Split::dense((0..7).map(|i| i as f32).collect(), (0..7).collect(), 1);
         let batches: Vec<Vec<u32>> = split.batches(3).map(|b| b.labels).collect();
         assert_eq!(batches, vec![vec![0, 1, 2], vec![3, 4, 5]]);
     }
 
     #[test]
     fn select_keeps_rows_together() {
-        let split = Split {
-            features: vec![0.0, 0.1, 1.0, 1.1, 2.0, 2.1],
-            labels: vec![0, 1, 2],
-            width: 2,
-        };
+        let split = Split::dense(vec![0.0, 0.1, 1.0, 1.1, 2.0, 2.1], vec![0, 1, 2], 2);
         let picked = split.select(&[2, 0]);
         assert_eq!(picked.features, vec![2.0, 2.1, 0.0, 0.1]);
         assert_eq!(picked.labels, vec![2, 0]);

@@ -91,11 +91,7 @@ fn sample(teacher: &Teacher, rng: &mut SplitMix64, n: usize) -> Split {
         .chunks_exact(width)
         .map(|x| teacher.label(x))
         .collect();
-    Split {
-        features,
-        labels,
-        width,
-    }
+    Split::dense(features, labels, width)
 }
 
 /// Generates the data set `spec` describes.

@@ -20,7 +20,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 use candle_nn::VarMap;
 use ps_proto::codec;
-use ps_proto::ids::{Step, Version};
+use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::v1;
 
 use ps_client::placement::ParamInfo;
@@ -47,6 +47,9 @@ pub enum TrainerError {
     /// A segmented backward pass was cut where it cannot be.
     #[error("segmented backward: {0}")]
     Segments(String),
+    /// The trainer or a layer was called out of order.
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// Data-parallel training of a `VarMap` on parameter servers.
@@ -175,6 +178,26 @@ impl PsTrainer {
     /// The client, for its placement and servers.
     pub fn client(&self) -> &PsClient {
         &self.client
+    }
+
+    /// The client, to declare embedding tables through.
+    pub fn client_mut(&mut self) -> &mut PsClient {
+        &mut self.client
+    }
+
+    /// This worker's rank and the step it pushes next: what a row push of
+    /// this step is tagged with.
+    pub fn at(&self) -> (Rank, Step) {
+        (self.group.rank, self.step)
+    }
+
+    /// The version the rows a step reads must have reached: what the
+    /// consistency model waits for after the previous step (0 for the first).
+    pub fn rows_version(&self) -> Version {
+        match self.step.get() {
+            0 => Version(0),
+            step => self.group.consistency.version_after(Step(step - 1)),
+        }
     }
 
     /// Runs backward on `loss`, pushes the gradients, pulls the new values and writes

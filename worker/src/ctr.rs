@@ -1,0 +1,197 @@
+//! The click-through model on the click data set (`data::clicks`): each
+//! example's ids looked up in a [`PsEmbedding`] (its rows on the servers,
+//! spread over them by row), the rows concatenated into an MLP whose
+//! parameters go through [`PsTrainer`]. A step pulls the batch's rows,
+//! computes, pushes the row gradients, then pushes the MLP's gradients and
+//! pulls its values, as `train::train` does for a dense model.
+
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+use candle_nn::{Module, VarBuilder, VarMap};
+use ps_client::GroupInfo;
+use ps_client::PsClient;
+use ps_client::table_spec::{RowOptimizerChoice, table, uniform_rows};
+use ps_proto::v1;
+
+use crate::data::{Dataset, Split};
+use crate::embedding::PsEmbedding;
+use crate::model::Mlp;
+use crate::train::{
+    TrainConfig, TrainError, TrainSummary, batch_of, progress_bar, steps_per_epoch,
+};
+use crate::trainer::PsTrainer;
+
+/// The table name the click model declares.
+pub const TABLE: &str = "clicks";
+
+/// How the click model's embedding table is held.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EmbeddingConfig {
+    /// Elements per row.
+    pub width: usize,
+    /// The server-side row optimizer.
+    pub optimizer: RowOptimizerChoice,
+    /// Its learning rate.
+    pub lr: f64,
+}
+
+impl Default for EmbeddingConfig {
+    fn default() -> Self {
+        Self {
+            width: 8,
+            optimizer: RowOptimizerChoice::Adagrad,
+            lr: 0.2,
+        }
+    }
+}
+
+impl EmbeddingConfig {
+    /// The table: rows start uniform in ±1/sqrt(width), as candle-nn's
+    /// embeddings are scaled, drawn with the run's seed.
+    pub fn table(&self, seed: u64) -> v1::TableSpec {
+        let bound = 1.0 / (self.width as f64).sqrt();
+        table(
+            TABLE,
+            self.width as u32,
+            uniform_rows(bound, seed),
+            self.optimizer.with_lr(self.lr),
+        )
+    }
+}
+
+/// The MLP over the concatenated rows of an example.
+fn head(
+    data: &Dataset,
+    embedding: &EmbeddingConfig,
+    config: &TrainConfig,
+) -> Result<(VarMap, Mlp), TrainError> {
+    let varmap = VarMap::new();
+    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &config.device);
+    let input = data.train.fields * embedding.width;
+    let model = Mlp::new(vb, input, &config.hidden, data.classes)?;
+    Ok((varmap, model))
+}
+
+/// An example batch's input: its rows, concatenated per example.
+async fn inputs(
+    embedding: &mut PsEmbedding,
+    client: &PsClient,
+    batch: &Split,
+    version: ps_proto::ids::Version,
+) -> Result<Tensor, TrainError> {
+    let rows = embedding
+        .lookup(client, &batch.ids, &[batch.len(), batch.fields], version)
+        .await?;
+    Ok(rows.reshape((batch.len(), batch.fields * embedding.width()))?)
+}
+
+/// Trains the click model on `data` as worker `group.rank`, then evaluates it.
+///
+/// # Errors
+/// [`TrainError`] from the servers, candle, or settings that do not fit the data.
+pub async fn train(
+    client: PsClient,
+    group: GroupInfo,
+    data: &Dataset,
+    config: &TrainConfig,
+    embedding: &EmbeddingConfig,
+) -> Result<TrainSummary, TrainError> {
+    if data.train.fields == 0 {
+        return Err(TrainError::Config(format!(
+            "the click model reads categorical ids, and data set {} has none; use --dataset clicks",
+            data.name
+        )));
+    }
+    let (rank, workers) = (group.rank.get() as usize, group.workers as usize);
+    let per_epoch = steps_per_epoch(data.train.len(), workers, config.batch_size)?;
+    let total_steps = per_epoch * config.epochs as u64;
+    let shard = data.train.shard(rank, workers);
+    let (varmap, model) = head(data, embedding, config)?;
+    let mut trainer =
+        PsTrainer::new(client, group, &varmap, config.optimizer.with_lr(config.lr)).await?;
+    let mut rows = PsEmbedding::declare(
+        trainer.client_mut(),
+        embedding.table(config.seed),
+        &config.device,
+    )
+    .await?;
+    tracing::info!(
+        rank,
+        workers,
+        examples = shard.len(),
+        steps = total_steps,
+        table = TABLE,
+        "training the click model"
+    );
+
+    let bar = progress_bar(config.progress, total_steps, rank);
+    let started = Instant::now();
+    let mut losses = Vec::new();
+    while trainer.step().get() < total_steps {
+        let (epoch, index) = (
+            trainer.step().get() / per_epoch,
+            trainer.step().get() % per_epoch,
+        );
+        if index == 0 {
+            losses.clear();
+        }
+        let batch = batch_of(&shard, epoch, index as usize, config, rank);
+        let y = Tensor::from_slice(&batch.labels, batch.len(), &config.device)?;
+        let forward = Instant::now();
+        let x = inputs(&mut rows, trainer.client(), &batch, trainer.rows_version()).await?;
+        let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
+        losses.push(f64::from(loss.to_scalar::<f32>()?));
+        let grads = loss.backward()?;
+        trainer.add_compute(forward.elapsed());
+        rows.push_gradients(trainer.client(), &grads, trainer.at())
+            .await?;
+        trainer.apply_gradients(&grads).await?;
+        bar.inc(1);
+        bar.set_message(format!("loss {:.4}", losses.last().unwrap_or(&0.0)));
+    }
+    bar.finish_and_clear();
+    let time_split = trainer.step_times().split(started.elapsed());
+    trainer.refresh().await?;
+    let test_accuracy = accuracy(&model, &rows, trainer.client(), &data.test).await?;
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let steps = trainer.step().get();
+    trainer.leave().await;
+    Ok(TrainSummary {
+        dataset: data.name.clone(),
+        rank,
+        workers,
+        test_accuracy,
+        train_loss: losses.iter().sum::<f64>() / losses.len().max(1) as f64,
+        steps,
+        batch_size: config.batch_size,
+        wall_seconds,
+        examples_per_second: steps as f64 * config.batch_size as f64 / wall_seconds.max(1e-9),
+        time_split,
+    })
+}
+
+/// Fraction of `split` the model classifies correctly, with the rows as the
+/// servers hold them now.
+async fn accuracy(
+    model: &Mlp,
+    rows: &PsEmbedding,
+    client: &PsClient,
+    split: &Split,
+) -> Result<f64, TrainError> {
+    let mut correct = 0usize;
+    for start in (0..split.len()).step_by(1024) {
+        let batch = split.select(&(start..(start + 1024).min(split.len())).collect::<Vec<_>>());
+        let looked_up = rows
+            .read(client, &batch.ids, &[batch.len(), batch.fields])
+            .await?;
+        let x = looked_up.reshape((batch.len(), batch.fields * rows.width()))?;
+        let predicted: Vec<u32> = model.forward(&x)?.argmax(1)?.to_vec1()?;
+        correct += predicted
+            .iter()
+            .zip(&batch.labels)
+            .filter(|(p, l)| p == l)
+            .count();
+    }
+    Ok(correct as f64 / split.len().max(1) as f64)
+}
