@@ -11,7 +11,8 @@
 //!
 //! Either way every key is then registered again with the worker's
 //! [`LocalCopy`], so a server that now owns a key it lacks restores it (from a
-//! checkpoint, or from the copy). A repair that itself fails for one of these
+//! checkpoint, or from the copy), and every embedding table is declared again
+//! (its buckets from checkpoints only). A repair that itself fails for one of these
 //! reasons (the map moved again meanwhile) is repaired in turn, within a
 //! [`RepairBudget`]. A repeated push keeps its `(worker, step)`: keys that took
 //! it do not apply it twice.
@@ -138,14 +139,16 @@ impl PsClient {
         self.offer(copy).await
     }
 
-    /// Registers every key again with `copy`.
+    /// Registers every key again with `copy`, and declares every embedding
+    /// table again at its version (a table has no worker copy: a bucket a
+    /// server lacks comes from its checkpoints, moved forward to the job).
     ///
     /// # Errors
     /// [`ClientError`] from any server.
     pub async fn offer(&self, copy: &LocalCopy) -> Result<(), ClientError> {
         self.register_copy(&copy.values, &copy.optimizer, copy.version)
-            .await
-            .map(|_| ())
+            .await?;
+        self.redeclare_tables(copy.version).await
     }
 
     /// Routes by the scheduler's newer shard map, if it announced one, and

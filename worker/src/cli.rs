@@ -95,6 +95,10 @@ pub struct TrainArgs {
     /// The ctr model: the row optimizer's learning rate.
     #[arg(long, default_value_t = EmbeddingConfig::default().lr, env = "PS_ROW_LR")]
     pub row_lr: f64,
+    /// The ctr model: hold the table as one dense parameter, pushed and
+    /// pulled whole every step with --optimizer (the baseline for rows).
+    #[arg(long)]
+    pub dense_embedding: bool,
     /// Examples per step on each worker.
     #[arg(long, default_value_t = TrainConfig::default().batch_size, env = "PS_BATCH_SIZE")]
     pub batch_size: usize,
@@ -242,6 +246,7 @@ impl TrainArgs {
             width: self.embedding_width,
             optimizer: self.row_optimizer,
             lr: self.row_lr,
+            dense: self.dense_embedding,
         });
         Ok(TrainConfig {
             hidden: self.hidden.clone(),

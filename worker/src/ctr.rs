@@ -7,11 +7,13 @@
 
 use std::time::Instant;
 
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor};
 use candle_nn::{Module, VarBuilder, VarMap};
 use ps_client::GroupInfo;
 use ps_client::PsClient;
 use ps_client::table_spec::{RowOptimizerChoice, table, uniform_rows};
+use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::v1;
 
 use crate::data::{Dataset, Split};
@@ -20,7 +22,10 @@ use crate::model::Mlp;
 use crate::train::{
     TrainConfig, TrainError, TrainSummary, batch_of, progress_bar, steps_per_epoch,
 };
-use crate::trainer::PsTrainer;
+use crate::trainer::{PsTrainer, TrainerError};
+
+/// Repairs of placement one step's row pull and push may make between them.
+const MAX_REPAIRS: usize = 5;
 
 /// The table name the click model declares.
 pub const TABLE: &str = "clicks";
@@ -34,6 +39,9 @@ pub struct EmbeddingConfig {
     pub optimizer: RowOptimizerChoice,
     /// Its learning rate.
     pub lr: f64,
+    /// Hold the table as one dense parameter of the MLP's instead (every
+    /// step pushes and pulls all of it): the baseline rows are measured against.
+    pub dense: bool,
 }
 
 impl Default for EmbeddingConfig {
@@ -42,6 +50,7 @@ impl Default for EmbeddingConfig {
             width: 8,
             optimizer: RowOptimizerChoice::Adagrad,
             lr: 0.2,
+            dense: false,
         }
     }
 }
@@ -60,17 +69,89 @@ impl EmbeddingConfig {
     }
 }
 
-/// The MLP over the concatenated rows of an example.
+/// The MLP over the concatenated rows of an example and, for a dense
+/// table, the table as one of its parameters.
 fn head(
     data: &Dataset,
     embedding: &EmbeddingConfig,
     config: &TrainConfig,
-) -> Result<(VarMap, Mlp), TrainError> {
+) -> Result<(VarMap, Mlp, Option<Tensor>), TrainError> {
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &config.device);
     let input = data.train.fields * embedding.width;
-    let model = Mlp::new(vb, input, &config.hidden, data.classes)?;
-    Ok((varmap, model))
+    let model = Mlp::new(vb.clone(), input, &config.hidden, data.classes)?;
+    let dense = match embedding.dense {
+        true => {
+            let ids = data.train.ids.iter().chain(&data.test.ids);
+            let rows = ids.max().map_or(1, |m| m + 1) as usize;
+            let bound = 1.0 / (embedding.width as f64).sqrt();
+            let init = candle_nn::Init::Uniform {
+                lo: -bound,
+                up: bound,
+            };
+            Some(vb.get_with_hints((rows, embedding.width), "embedding", init)?)
+        }
+        false => None,
+    };
+    Ok((varmap, model, dense))
+}
+
+/// Where the click model's rows come from: the servers' table, or a dense
+/// parameter of the model.
+enum Rows {
+    Table(PsEmbedding),
+    Dense(Tensor),
+}
+
+impl Rows {
+    /// An example batch's input: its rows, concatenated per example.
+    async fn inputs(
+        &mut self,
+        client: &PsClient,
+        batch: &Split,
+        version: Version,
+        width: usize,
+    ) -> Result<Tensor, TrainerError> {
+        match self {
+            Rows::Table(table) => inputs(table, client, batch, version).await,
+            Rows::Dense(rows) => {
+                let index: Vec<u32> = batch.ids.iter().map(|&id| id as u32).collect();
+                let index = Tensor::from_vec(index, batch.ids.len(), rows.device())?;
+                let looked_up = rows.index_select(&index, 0)?;
+                Ok(looked_up.reshape((batch.len(), batch.fields * width))?)
+            }
+        }
+    }
+
+    /// A batch's input with the rows as they are now, without waiting for a
+    /// version (evaluation).
+    async fn current(
+        &mut self,
+        client: &PsClient,
+        batch: &Split,
+        width: usize,
+    ) -> Result<Tensor, TrainerError> {
+        match self {
+            Rows::Table(table) => Ok(table
+                .read(client, &batch.ids, &[batch.len(), batch.fields])
+                .await?
+                .reshape((batch.len(), batch.fields * width))?),
+            Rows::Dense(_) => self.inputs(client, batch, Version(0), width).await,
+        }
+    }
+
+    /// Pushes a table's row gradients (a dense table goes with the MLP's).
+    async fn push(
+        &mut self,
+        client: &PsClient,
+        grads: &GradStore,
+        at: (Rank, Step),
+    ) -> Result<(), TrainerError> {
+        if let Rows::Table(table) = self {
+            table.push_gradients(client, grads, at).await?;
+        }
+        Ok(())
+    }
 }
 
 /// An example batch's input: its rows, concatenated per example.
@@ -78,8 +159,8 @@ async fn inputs(
     embedding: &mut PsEmbedding,
     client: &PsClient,
     batch: &Split,
-    version: ps_proto::ids::Version,
-) -> Result<Tensor, TrainError> {
+    version: Version,
+) -> Result<Tensor, TrainerError> {
     let rows = embedding
         .lookup(client, &batch.ids, &[batch.len(), batch.fields], version)
         .await?;
@@ -107,15 +188,16 @@ pub async fn train(
     let per_epoch = steps_per_epoch(data.train.len(), workers, config.batch_size)?;
     let total_steps = per_epoch * config.epochs as u64;
     let shard = data.train.shard(rank, workers);
-    let (varmap, model) = head(data, embedding, config)?;
+    let (varmap, model, dense) = head(data, embedding, config)?;
     let mut trainer =
         PsTrainer::new(client, group, &varmap, config.optimizer.with_lr(config.lr)).await?;
-    let mut rows = PsEmbedding::declare(
-        trainer.client_mut(),
-        embedding.table(config.seed),
-        &config.device,
-    )
-    .await?;
+    let mut rows = match dense {
+        Some(rows) => Rows::Dense(rows),
+        None => {
+            let table = embedding.table(config.seed);
+            Rows::Table(PsEmbedding::declare(trainer.client_mut(), table, &config.device).await?)
+        }
+    };
     tracing::info!(
         rank,
         workers,
@@ -139,13 +221,33 @@ pub async fn train(
         let batch = batch_of(&shard, epoch, index as usize, config, rank);
         let y = Tensor::from_slice(&batch.labels, batch.len(), &config.device)?;
         let forward = Instant::now();
-        let x = inputs(&mut rows, trainer.client(), &batch, trainer.rows_version()).await?;
+        let version = trainer.rows_version();
+        let mut repairs = 0;
+        let x = loop {
+            match rows
+                .inputs(trainer.client(), &batch, version, embedding.width)
+                .await
+            {
+                Err(TrainerError::Client(error)) if repairs < MAX_REPAIRS => {
+                    repairs += 1;
+                    trainer.repair(error).await?;
+                }
+                done => break done?,
+            }
+        };
         let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
         losses.push(f64::from(loss.to_scalar::<f32>()?));
         let grads = loss.backward()?;
         trainer.add_compute(forward.elapsed());
-        rows.push_gradients(trainer.client(), &grads, trainer.at())
-            .await?;
+        while let Err(error) = rows.push(trainer.client(), &grads, trainer.at()).await {
+            match error {
+                TrainerError::Client(error) if repairs < MAX_REPAIRS => {
+                    repairs += 1;
+                    trainer.repair(error).await?;
+                }
+                other => return Err(other.into()),
+            }
+        }
         trainer.apply_gradients(&grads).await?;
         bar.inc(1);
         bar.set_message(format!("loss {:.4}", losses.last().unwrap_or(&0.0)));
@@ -153,7 +255,8 @@ pub async fn train(
     bar.finish_and_clear();
     let time_split = trainer.step_times().split(started.elapsed());
     trainer.refresh().await?;
-    let test_accuracy = accuracy(&model, &rows, trainer.client(), &data.test).await?;
+    let test_accuracy =
+        accuracy(&model, &mut rows, &mut trainer, &data.test, embedding.width).await?;
     let wall_seconds = started.elapsed().as_secs_f64();
     let steps = trainer.step().get();
     trainer.leave().await;
@@ -172,20 +275,28 @@ pub async fn train(
 }
 
 /// Fraction of `split` the model classifies correctly, with the rows as the
-/// servers hold them now.
+/// servers hold them now (placement repaired on the way: the other workers
+/// leaving moves the shard map on).
 async fn accuracy(
     model: &Mlp,
-    rows: &PsEmbedding,
-    client: &PsClient,
+    rows: &mut Rows,
+    trainer: &mut PsTrainer,
     split: &Split,
+    width: usize,
 ) -> Result<f64, TrainError> {
     let mut correct = 0usize;
     for start in (0..split.len()).step_by(1024) {
         let batch = split.select(&(start..(start + 1024).min(split.len())).collect::<Vec<_>>());
-        let looked_up = rows
-            .read(client, &batch.ids, &[batch.len(), batch.fields])
-            .await?;
-        let x = looked_up.reshape((batch.len(), batch.fields * rows.width()))?;
+        let mut repairs = 0;
+        let x = loop {
+            match rows.current(trainer.client(), &batch, width).await {
+                Err(TrainerError::Client(error)) if repairs < MAX_REPAIRS => {
+                    repairs += 1;
+                    trainer.repair(error).await?;
+                }
+                done => break done?,
+            }
+        };
         let predicted: Vec<u32> = model.forward(&x)?.argmax(1)?.to_vec1()?;
         correct += predicted
             .iter()

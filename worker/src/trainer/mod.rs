@@ -180,6 +180,22 @@ impl PsTrainer {
         &self.client
     }
 
+    /// Repairs placement after `error` failed an operation outside the
+    /// trainer's own steps (an embedding layer's pull or push), as the
+    /// trainer repairs its own: `Ok` when the operation can be repeated.
+    ///
+    /// # Errors
+    /// `error` (or a later one) when no repair can help.
+    pub async fn repair(&mut self, error: ClientError) -> Result<(), TrainerError> {
+        let mut recovering = Recovering::operation(RepairBudget::default());
+        match self.recover(&mut recovering, error).await? {
+            None => Ok(()),
+            Some(step) => Err(TrainerError::Usage(format!(
+                "an operation's repair asked to rejoin at step {step}"
+            ))),
+        }
+    }
+
     /// The client, to declare embedding tables through.
     pub fn client_mut(&mut self) -> &mut PsClient {
         &mut self.client
