@@ -1,7 +1,7 @@
 """A client generated from proto/ps/v1 by another gRPC implementation (Python grpcio)
 drives a real ps-server process: optimizer arithmetic, exactly-once pushes, every
-bad input with its status and the state unchanged, chunked streams, and pushes
-and pulls on the session stream.
+bad input with its status and the state unchanged, chunked streams, pushes and
+pulls on the session stream, and embedding rows (declare, push, pull).
 
 Run: python interop/python/test_interop.py  (PS_SERVER_BIN names the binary;
 default target/debug/ps-server).
@@ -215,6 +215,46 @@ class InteropTest(unittest.TestCase):
         missing = list(self.stub.Session(iter([pb.SessionRequest(
             id=2, pull=pb.PullRequest(keys=[pb.KeyRef(name="nothing")]))])))[0]
         self.assertEqual(missing.refusal.code, grpc.StatusCode.NOT_FOUND.value[0])
+
+    def test_embedding_rows_adagrad_under_bsp_and_bad_rows_refused(self):
+        table = pb.TableSpec(name="py-emb", width=2, dtype=F32, max_rows=100, buckets=1,
+                             optimizer=pb.RowOptimizer(adagrad=pb.Adagrad(lr=0.1, initial_accumulator=0.1)))
+        declared = self.stub.DeclareTable(pb.DeclareTableRequest(table=table, buckets=[0]))
+        self.assertTrue(declared.buckets[0].created)
+        ids = lambda values: struct.pack(f"<{len(values)}Q", *values)
+        block = lambda keys, rows=b"": pb.RowBlock(bucket=0, ids=ids(keys), rows=rows)
+        push = lambda worker, keys, grads: pb.PushRowsRequest(
+            table="py-emb", worker_id=worker, step=0, blocks=[block(keys, f32(grads))])
+        self.assertTrue(self.stub.PushRows(push(0, [3, 7], [1.0, -2.0, 0.5, 0.5])).buckets[0].accepted)
+        self.assertFalse(self.stub.PushRows(push(0, [3, 7], [1.0, -2.0, 0.5, 0.5])).buckets[0].accepted)
+        self.stub.PushRows(push(1, [7], [1.5, -0.5]))
+        pull = pb.PullRowsRequest(table="py-emb", blocks=[block([3, 7, 50])], min_version=1, timeout_ms=5000)
+        pulled = self.stub.PullRows(pull).blocks[0]
+        self.assertEqual(pulled.version, 1)
+        # Each row's gradient is the workers' sum over the 2 workers (a worker
+        # that missed a row adds zero), then Adagrad from an accumulator of 0.1.
+        sums = {3: [1.0, -2.0], 7: [0.5 + 1.5, 0.5 - 0.5], 50: [0.0, 0.0]}
+        want = []
+        for key in (3, 7, 50):
+            for g in sums[key]:
+                g = g / 2
+                want.append(0.0 - 0.1 * g / ((0.1 + g * g) ** 0.5 + 1e-10) if key != 50 else 0.0)
+        for got, expected in zip(floats(pulled.rows), want):
+            self.assertLessEqual(abs(got - expected), 1e-6, (got, expected))
+        state = lambda: self.stub.PullRows(pb.PullRowsRequest(table="py-emb", blocks=[block([3, 7])])).blocks[0]
+        before = state()
+        bad = [(push(0, [9, 9], [1.0] * 4), grpc.StatusCode.INVALID_ARGUMENT, "appears twice"),
+               (push(0, [100], [1.0, 1.0]), grpc.StatusCode.INVALID_ARGUMENT, "out of range"),
+               (push(0, [3], [1.0]), grpc.StatusCode.INVALID_ARGUMENT, "gradient elements"),
+               (push(0, [3], [float("nan"), 1.0]), grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
+               (pb.PushRowsRequest(table="nope", blocks=[block([3], f32([1.0, 1.0]))]),
+                grpc.StatusCode.NOT_FOUND, "unknown table")]
+        for request, code, needle in bad:
+            with self.assertRaises(grpc.RpcError) as caught:
+                self.stub.PushRows(request)
+            self.assertEqual(caught.exception.code(), code, caught.exception.details())
+            self.assertIn(needle, caught.exception.details())
+        self.assertEqual(state(), before, "a refused row push changed the rows")
 
     def test_stats_count_what_was_served(self):
         stats = self.stub.Stats(pb.StatsRequest())

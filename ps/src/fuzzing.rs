@@ -76,6 +76,74 @@ pub fn request(data: &[u8]) -> bool {
     answered
 }
 
+/// The row requests [`rows`] sends, by its input's first byte.
+const ROW_KINDS: u8 = 3;
+
+/// A row request decoded from `data` (its first byte picks PushRows, PullRows
+/// or DeclareTable), answered by a fresh server holding table `emb` (width 4,
+/// 2 buckets, ids below 1,000). A refused request changes nothing: the memory
+/// held (the rows stored) is what it was. True when the request was answered OK.
+pub fn rows(data: &[u8]) -> bool {
+    let Some((&kind, message)) = data.split_first() else {
+        return false;
+    };
+    let (service, store) = one_key_service();
+    let declare = v1::DeclareTableRequest {
+        table: Some(emb_spec()),
+        buckets: vec![0, 1],
+        ..Default::default()
+    };
+    let runtime = runtime();
+    runtime
+        .block_on(service.declare_table(Request::new(declare)))
+        .expect("a fresh server takes emb");
+    let held_before = store.budget().held();
+    let answered = runtime.block_on(async {
+        match kind % ROW_KINDS {
+            0 => match v1::PushRowsRequest::decode(message) {
+                Ok(r) => service.push_rows(Request::new(r)).await.is_ok(),
+                Err(_) => false,
+            },
+            1 => match v1::PullRowsRequest::decode(message) {
+                Ok(mut r) => {
+                    r.timeout_ms = r.timeout_ms.clamp(1, 5);
+                    service.pull_rows(Request::new(r)).await.is_ok()
+                }
+                Err(_) => false,
+            },
+            _ => match v1::DeclareTableRequest::decode(message) {
+                Ok(r) => service.declare_table(Request::new(r)).await.is_ok(),
+                Err(_) => false,
+            },
+        }
+    });
+    let held = store.budget().held();
+    assert!(
+        answered || held == held_before,
+        "a refused request changed what the server holds"
+    );
+    assert!(held <= store.budget().limit(), "within the memory budget");
+    answered
+}
+
+/// The table [`rows`] declares: `emb`, width 4, 2 buckets, ids below 1,000, SGD.
+pub fn emb_spec() -> v1::TableSpec {
+    v1::TableSpec {
+        name: "emb".into(),
+        width: 4,
+        dtype: v1::DType::DtypeF32 as i32,
+        optimizer: Some(v1::RowOptimizer {
+            kind: Some(v1::row_optimizer::Kind::Sgd(v1::Sgd {
+                lr: 0.1,
+                weight_decay: 0.0,
+            })),
+        }),
+        max_rows: 1000,
+        buckets: 2,
+        ..Default::default()
+    }
+}
+
 /// A service over a store holding `w` (4 elements, SGD), as a fresh server has it.
 fn one_key_service() -> (ParameterService, Arc<Store>) {
     let config = ServerConfig {
@@ -121,6 +189,45 @@ fn runtime() -> tokio::runtime::Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn well_formed_row_requests_are_answered_and_garbage_is_refused() {
+        let ids = [0u64, 1, 2, 3, 4, 5];
+        let bucket = ps_proto::rows::bucket_of(ids[0], 2);
+        let mine: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|id| ps_proto::rows::bucket_of(*id, 2) == bucket)
+            .collect();
+        let push = v1::PushRowsRequest {
+            table: "emb".into(),
+            blocks: vec![v1::RowBlock {
+                bucket,
+                ids: ps_proto::rows::encode_ids(&mine),
+                rows: ps_proto::rows::encode_rows(&vec![0.5; mine.len() * 4]),
+            }],
+            ..Default::default()
+        };
+        assert!(rows(&with_kind(0, push)));
+        let pull = v1::PullRowsRequest {
+            table: "emb".into(),
+            blocks: vec![v1::RowBlock {
+                bucket,
+                ids: ps_proto::rows::encode_ids(&mine),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(rows(&with_kind(1, pull)));
+        let declare = v1::DeclareTableRequest {
+            table: Some(emb_spec()),
+            buckets: vec![1],
+            ..Default::default()
+        };
+        assert!(rows(&with_kind(2, declare)));
+        assert!(!rows(&[0, 0xff, 0xff]));
+        assert!(!rows(&[]));
+    }
 
     fn with_kind(kind: u8, message: impl Message) -> Vec<u8> {
         let mut data = vec![kind];

@@ -341,3 +341,76 @@ async fn bad_row_requests_are_refused_precisely_and_change_nothing() {
     assert_eq!(stats.pushes, 0);
     servers.shutdown().await.unwrap();
 }
+
+/// Rows of width 4 under SGD: 16 bytes of values and 24 of index each.
+const ROW_BYTES: u64 = 4 * 4 + 24;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_larger_than_one_servers_budget_trains_across_servers_each_within_its_own() {
+    // Room for 6,000 rows per server and a request in flight (8,000 ids and
+    // gradient rows take 192 KiB while applied); the job makes 8,000 rows.
+    let budget = 6_000 * ROW_BYTES as usize + (256 << 10);
+    let config = ServerConfig {
+        memory_budget: budget,
+        ..config(Consistency::Asp, 1)
+    };
+    let spec = {
+        let mut spec = table(
+            "emb",
+            WIDTH,
+            v1::RowInit::default(),
+            RowOptimizerChoice::Sgd.with_lr(0.1),
+        );
+        spec.buckets = 16;
+        spec
+    };
+    let ids: Vec<u64> = (0..8_000).collect();
+    let grads = vec![1.0f32; ids.len() * WIDTH as usize];
+
+    let one = LocalServers::start(1, config.clone()).await.unwrap();
+    let mut client = client_of(one.addrs()).await;
+    client.declare_table(spec.clone()).await.unwrap();
+    let refused = client
+        .push_rows("emb", (Rank(0), Step(0)), &ids, &grads)
+        .await;
+    let error = refused.expect_err("8,000 rows do not fit one server's budget");
+    assert!(error.to_string().contains("ResourceExhausted"), "{error}");
+    assert!(error.to_string().contains("--memory-budget"), "{error}");
+    one.shutdown().await.unwrap();
+
+    let two = LocalServers::start(2, config).await.unwrap();
+    let mut client = client_of(two.addrs()).await;
+    client.declare_table(spec).await.unwrap();
+    for step in 0..3 {
+        client
+            .push_rows("emb", (Rank(0), Step(step)), &ids, &grads)
+            .await
+            .unwrap();
+    }
+    let rows = client.pull_rows("emb", &ids, Version(0)).await.unwrap();
+    assert!(
+        rows.iter().all(|v| (*v + 0.3).abs() < 1e-6),
+        "three steps of SGD on every row"
+    );
+    let mut held_rows = 0;
+    for addr in two.addrs() {
+        let mut raw = ParameterServerClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let stats = raw.stats(v1::StatsRequest {}).await.unwrap().into_inner();
+        assert!(
+            stats.memory_held_bytes <= stats.memory_budget_bytes,
+            "{stats:?}"
+        );
+        held_rows += stats.memory_held_bytes / ROW_BYTES;
+        assert!(
+            stats.memory_held_bytes > 1_000 * ROW_BYTES,
+            "each server holds a share"
+        );
+    }
+    assert_eq!(
+        held_rows, 8_000,
+        "every row charged once, nothing else held"
+    );
+    two.shutdown().await.unwrap();
+}
