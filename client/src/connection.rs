@@ -483,8 +483,8 @@ impl PsClient {
         Ok(())
     }
 
-    /// Declares every table again, for a job at `version` (the next step's
-    /// pull version), after a server was lost or the shard map changed: each
+    /// Declares every table again, for a job at `version` (the version of the
+    /// worker's dense copy), after a server was lost or the shard map changed: each
     /// bucket's server takes it from the newest checkpoint it can read (or
     /// makes it empty), moved forward to `version`. A table too large to copy
     /// has no worker copy to offer; the updates since its checkpoint are lost.

@@ -11,7 +11,10 @@
 use std::collections::BTreeMap;
 
 use ps_proto::ids::{Rank, Step, Version};
-use ps_proto::rows::{ID_BYTES, bucket_of, bucket_owner, copy_rows, encode_ids, extend_rows};
+use ps_proto::rows::{
+    ID_BYTES, MAX_IDS_PER_REQUEST, bucket_of, bucket_owner, copy_rows, encode_ids, extend_rows,
+};
+use ps_proto::transport::message_overhead;
 use ps_proto::v1;
 
 use crate::error::{ClientError, Rpc};
@@ -115,33 +118,43 @@ fn blocks_by_server(
     by_server
 }
 
-/// `blocks` cut into requests of at most `limit` bytes, each bucket whole.
+/// `blocks` cut into requests of at most `limit` bytes of ids and rows (a
+/// message limit less `message_overhead`) and at most
+/// [`MAX_IDS_PER_REQUEST`] ids, each bucket whole.
 fn requests_within(
     blocks: BTreeMap<u32, Block>,
     row_bytes: usize,
     limit: usize,
 ) -> Result<Vec<Vec<(u32, Block)>>, ClientError> {
     let mut requests = Vec::new();
-    let (mut request, mut bytes) = (Vec::new(), 0);
+    let (mut request, mut bytes, mut ids) = (Vec::new(), 0, 0);
     for (bucket, block) in blocks {
         let size = block.ids.len() * (ID_BYTES + row_bytes) + BLOCK_OVERHEAD_BYTES;
-        if size > limit {
+        if size > limit || block.ids.len() > MAX_IDS_PER_REQUEST {
             return Err(ClientError::Usage(format!(
-                "bucket {bucket} alone carries {} rows ({size} bytes), over the {limit}-byte message limit; send fewer rows per request, give the table more buckets, or raise the message limit",
+                "bucket {bucket} alone carries {} rows ({size} bytes), over what one message takes ({limit} bytes, {MAX_IDS_PER_REQUEST} ids); send fewer rows per request, give the table more buckets, or raise the message limit",
                 block.ids.len()
             )));
         }
-        if bytes + size > limit && !request.is_empty() {
+        let full = bytes + size > limit || ids + block.ids.len() > MAX_IDS_PER_REQUEST;
+        if full && !request.is_empty() {
             requests.push(std::mem::take(&mut request));
-            bytes = 0;
+            (bytes, ids) = (0, 0);
         }
         bytes += size;
+        ids += block.ids.len();
         request.push((bucket, block));
     }
     if !request.is_empty() {
         requests.push(request);
     }
     Ok(requests)
+}
+
+/// The ids and rows one message to `server` may carry.
+fn payload_limit(server: &Server) -> usize {
+    let limit = server.message_limit();
+    limit.saturating_sub(message_overhead(limit))
 }
 
 impl Shards {
@@ -199,7 +212,7 @@ impl Shards {
         let by_server = blocks_by_server(&owners, self.servers.len(), table.buckets, ids, false);
         let mut calls = Vec::new();
         for (server, blocks) in self.servers.iter().zip(by_server) {
-            for request in requests_within(blocks, width * 4, server.message_limit())? {
+            for request in requests_within(blocks, width * 4, payload_limit(server))? {
                 calls.push(self.pull_from(server, table, request, min_version));
             }
         }
@@ -296,7 +309,7 @@ impl Shards {
         let by_server = blocks_by_server(&owners, self.servers.len(), table.buckets, ids, true);
         let mut calls = Vec::new();
         for (server, blocks) in self.servers.iter().zip(by_server) {
-            for request in requests_within(blocks, width * 4, server.message_limit())? {
+            for request in requests_within(blocks, width * 4, payload_limit(server))? {
                 let blocks = request
                     .into_iter()
                     .map(|(bucket, block)| {

@@ -57,6 +57,12 @@ impl Archive {
         &self.root
     }
 
+    /// Reads the folders again (a peer may have written since the last scan).
+    pub fn rescan(&self) {
+        let found = checkpoint::scan_shared(&self.root);
+        *self.scanned.lock().unwrap_or_else(|p| p.into_inner()) = found;
+    }
+
     /// The newest checkpointed state of `key`; `rescan` reads the folders again
     /// (a peer may have written since the last scan).
     pub fn lookup(&self, key: &ParamKey, rescan: bool) -> Option<(PathBuf, KeyCheckpoint)> {

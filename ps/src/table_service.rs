@@ -11,6 +11,10 @@ use crate::error::{Error, Result};
 use crate::service::ParameterService;
 use crate::table_wire;
 
+/// The highest `DeclareTable.restore_version` taken: far past any job's
+/// steps, and far enough below `u64::MAX` that steps after it cannot overflow.
+const MAX_RESTORE_VERSION: u64 = 1 << 62;
+
 impl ParameterService {
     /// A `DeclareTable`, admitted by map version and applied.
     pub(crate) async fn declare_table_rows(
@@ -21,6 +25,15 @@ impl ParameterService {
         // them, and the store charges each row as it makes it.
         let _admitted = Admitted::map(self.store(), request.map_version).await?;
         let spec = table_wire::table_spec(request.table.as_ref())?;
+        if request.restore_version > MAX_RESTORE_VERSION {
+            return Err(Error::InvalidField {
+                field: "restore_version",
+                reason: format!(
+                    "{} is past any step a job reaches (at most {MAX_RESTORE_VERSION})",
+                    request.restore_version
+                ),
+            });
+        }
         let restore = Version(request.restore_version);
         let declared = self
             .store()

@@ -142,7 +142,7 @@ impl Rows {
 
     /// Pushes a table's row gradients (a dense table goes with the MLP's).
     async fn push(
-        &mut self,
+        &self,
         client: &PsClient,
         grads: &GradStore,
         at: (Rank, Step),
@@ -239,16 +239,17 @@ pub async fn train(
         losses.push(f64::from(loss.to_scalar::<f32>()?));
         let grads = loss.backward()?;
         trainer.add_compute(forward.elapsed());
-        while let Err(error) = rows.push(trainer.client(), &grads, trainer.at()).await {
-            match error {
-                TrainerError::Client(error) if repairs < MAX_REPAIRS => {
-                    repairs += 1;
-                    trainer.repair(error).await?;
-                }
-                other => return Err(other.into()),
-            }
-        }
+        let at = trainer.at();
+        push_rows(&rows, &mut trainer, &grads, at).await?;
+        let repairs_before = trainer.repairs();
         trainer.apply_gradients(&grads).await?;
+        if trainer.repairs() > repairs_before {
+            // A server was lost or the map moved during the dense exchange:
+            // buckets restored since took this step's rows from a checkpoint
+            // behind it. Pushing them again completes the step there; buckets
+            // that had them acknowledge the repeat.
+            push_rows(&rows, &mut trainer, &grads, at).await?;
+        }
         bar.inc(1);
         bar.set_message(format!("loss {:.4}", losses.last().unwrap_or(&0.0)));
     }
@@ -272,6 +273,27 @@ pub async fn train(
         examples_per_second: steps as f64 * config.batch_size as f64 / wall_seconds.max(1e-9),
         time_split,
     })
+}
+
+/// Pushes this step's row gradients as `at`, repairing placement between
+/// attempts as the trainer does for its own steps.
+async fn push_rows(
+    rows: &Rows,
+    trainer: &mut PsTrainer,
+    grads: &GradStore,
+    at: (Rank, Step),
+) -> Result<(), TrainError> {
+    let mut repairs = 0;
+    while let Err(error) = rows.push(trainer.client(), grads, at).await {
+        match error {
+            TrainerError::Client(error) if repairs < MAX_REPAIRS => {
+                repairs += 1;
+                trainer.repair(error).await?;
+            }
+            other => return Err(other.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Fraction of `split` the model classifies correctly, with the rows as the

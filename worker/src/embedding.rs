@@ -89,20 +89,23 @@ impl PsEmbedding {
 
     /// Pushes the gradient of the last lookup's rows in `grads` as `(worker,
     /// step)`; every bucket of the table hears of the step, so BSP steps
-    /// complete. Returns how many buckets took it (none: a repeat).
+    /// complete. The rows stay gathered until the next lookup, so a push that
+    /// failed, or whose buckets were restored since, can be repeated (a
+    /// bucket that took it acknowledges the repeat). Returns how many buckets
+    /// took it.
     ///
     /// # Errors
-    /// [`TrainerError`] from the servers or candle; a [`TrainerError::Segments`]
-    /// when nothing was looked up since the last push.
+    /// [`TrainerError`] from the servers or candle; [`TrainerError::Usage`]
+    /// when nothing was looked up yet.
     pub async fn push_gradients(
-        &mut self,
+        &self,
         client: &PsClient,
         grads: &GradStore,
         at: (Rank, Step),
     ) -> Result<usize, TrainerError> {
-        let Some(gathered) = self.gathered.take() else {
+        let Some(gathered) = &self.gathered else {
             return Err(TrainerError::Usage(
-                "push_gradients without a lookup this step".into(),
+                "push_gradients before any lookup".into(),
             ));
         };
         let grad = match grads.get(gathered.rows.as_tensor()) {

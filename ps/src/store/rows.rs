@@ -67,6 +67,9 @@ pub struct PushedBucket {
     pub version: Version,
 }
 
+/// The most rows one bucket holds (its slots are `u32`).
+const MAX_BUCKET_ROWS: usize = u32::MAX as usize;
+
 /// Whether a request's blocks carry gradient rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Blocks {
@@ -115,11 +118,16 @@ impl Store {
                 existing: existing.spec.to_string(),
                 requested: spec.to_string(),
             })?;
+        if let Some(archive) = self.archive.as_ref().filter(|_| restore > Version(0)) {
+            // Once per declaration, before the table's buckets are locked: a
+            // peer may have written checkpoints since the last scan.
+            archive.rescan();
+        }
         let mut held = table.buckets.write().unwrap_or_else(|p| p.into_inner());
         let mut made = Vec::new();
         for key in &keys {
             if !held.contains_key(&key.part) {
-                made.push((key.part, self.new_bucket(&table.spec, key, restore)?));
+                made.push((key.part, self.new_bucket(&table.spec, key)?));
             }
         }
         let created: Vec<u32> = made.iter().map(|(bucket, _)| *bucket).collect();
@@ -146,20 +154,15 @@ impl Store {
         Ok(declared)
     }
 
-    /// A bucket this server lacks: from the newest checkpoint it can read
-    /// (read again when `restore` says a job is under way), else empty.
-    fn new_bucket(
-        &self,
-        table: &TableSpec,
-        key: &ParamKey,
-        restore: Version,
-    ) -> Result<Arc<Bucket>> {
+    /// A bucket this server lacks: from the newest checkpoint it can read,
+    /// else empty.
+    fn new_bucket(&self, table: &TableSpec, key: &ParamKey) -> Result<Arc<Bucket>> {
         let empty = || self.budget.charge(0, String::new);
         let saved_as = crate::checkpoint::bucket_key(&table.name, key.part);
         let saved = self
             .archive
             .as_ref()
-            .and_then(|archive| archive.lookup(&saved_as, restore > Version(0)));
+            .and_then(|archive| archive.lookup(&saved_as, false));
         if let Some((path, saved)) = saved {
             match BucketState::from_checkpoint(table, &saved, empty()?)? {
                 Some(state) => {
@@ -304,7 +307,18 @@ impl Store {
         let mut news = Vec::with_capacity(blocks.len());
         for ((_, state), (bucket, block)) in states.iter().zip(buckets.iter().zip(blocks)) {
             news.push(match state.admit(group.consistency, worker, step) {
-                Admission::Accept => Some(state.new_bytes(&table.spec, group, &block.ids)),
+                Admission::Accept => {
+                    let new = state.new_bytes(&table.spec, group, &block.ids);
+                    if state.rows_with_pending() + new.rows_made > MAX_BUCKET_ROWS {
+                        return Err(Error::BadRows {
+                            key: bucket.key.clone(),
+                            reason: format!(
+                                "the bucket would hold more than {MAX_BUCKET_ROWS} rows; declare the table with more buckets"
+                            ),
+                        });
+                    }
+                    Some(new)
+                }
                 Admission::Duplicate => None,
                 refused => return Err(refusal(refused, bucket, worker, step, state.version())),
             });

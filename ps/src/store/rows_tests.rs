@@ -301,3 +301,24 @@ async fn a_bucket_comes_back_from_its_checkpoint_and_moves_forward_to_the_job() 
     let want: Vec<f32> = floats(&saved[0].rows).iter().map(|v| v - 1.0).collect();
     assert_eq!(after, want);
 }
+
+#[test]
+fn a_bsp_step_dropped_by_a_fast_forward_gives_back_the_rows_it_reserved() {
+    let store = store(Consistency::Bsp, 2, 1 << 30);
+    let ids = ids_of(0, 3);
+    store
+        .push_rows("emb", Rank(0), Step(0), &[push_block(0, &ids, 1.0)])
+        .unwrap();
+    assert!(store.budget().held() >= 3 * table().row_bytes());
+    // Declared again by a job already at step 2: the half-pushed step 0 is
+    // dropped, no row is made, nothing stays charged.
+    let declared = store.declare_table(table(), &[0, 1], Version(2)).unwrap();
+    assert!(
+        declared
+            .iter()
+            .all(|d| d.version == Version(2) && d.rows == 0)
+    );
+    assert_eq!(store.budget().held(), 0);
+    let next = [push_block(0, &ids, 1.0)];
+    assert!(store.push_rows("emb", Rank(0), Step(2), &next).unwrap()[0].accepted);
+}

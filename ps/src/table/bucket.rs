@@ -72,9 +72,12 @@ struct PendingRows {
     ids: Vec<u64>,
     sums: Vec<f32>,
     started: Option<Instant>,
-    /// The accumulator's share of the memory budget (`sums`), and the rows it
-    /// will make.
+    /// The accumulator's share of the memory budget (`sums`).
     charge: Option<Charge>,
+    /// Bytes of the bucket's charge held for rows this step will make when it
+    /// completes (given back if it is dropped instead), and how many rows.
+    reserved: usize,
+    reserved_rows: usize,
 }
 
 /// Bytes a push would add to a bucket: rows it makes, and (under BSP) the
@@ -83,6 +86,8 @@ struct PendingRows {
 pub(crate) struct NewBytes {
     pub(crate) rows: usize,
     pub(crate) pending: usize,
+    /// Rows it makes (or reserves, under BSP).
+    pub(crate) rows_made: usize,
 }
 
 /// One worker's push to a bucket, admitted by [`BucketState::admit`]:
@@ -215,13 +220,15 @@ impl BucketState {
     /// is behind (it was restored from an older checkpoint, or made empty):
     /// the updates in between are lost, every step before `version` counts as
     /// pushed by each of the group's `ranks`, and a step in progress is
-    /// dropped. Returns whether it moved.
+    /// dropped (with the charge for the rows it would have made). Returns
+    /// whether it moved.
     pub fn fast_forward(&mut self, version: Version, ranks: u32) -> bool {
         if version <= self.version {
             return false;
         }
         self.version = version;
-        self.pending = PendingRows::default();
+        let dropped = std::mem::take(&mut self.pending);
+        drop(self.charge.split_off(dropped.reserved));
         if let Some(done) = version.last_step() {
             for rank in (0..ranks).map(Rank) {
                 let last = self.last_step.entry(rank).or_insert(done);
@@ -239,6 +246,11 @@ impl BucketState {
     /// Rows stored.
     pub fn rows(&self) -> usize {
         self.ids.len()
+    }
+
+    /// Rows stored and rows the step in progress will make.
+    pub(crate) fn rows_with_pending(&self) -> usize {
+        self.ids.len() + self.pending.reserved_rows
     }
 
     /// Bytes charged for the stored rows and the step in progress.
@@ -277,6 +289,7 @@ impl BucketState {
         NewBytes {
             rows: fresh * table.row_bytes(),
             pending,
+            rows_made: fresh,
         }
     }
 
@@ -303,6 +316,8 @@ impl BucketState {
         match group.consistency {
             Consistency::Bsp if group.workers > 1 => {
                 let pending = charge.split_off(new.pending);
+                self.pending.reserved += charge.bytes();
+                self.pending.reserved_rows += new.rows_made;
                 self.charge.merge(charge);
                 self.accumulate(worker, ids, grads, pending);
                 return self.complete(table, Consistency::Bsp, live);
