@@ -127,6 +127,30 @@ async fn each_parameter_server_method_takes_only_its_roles() {
                 server.pull_stream(pull()).await.map(drop),
             ),
             (
+                "DeclareTable",
+                May::Workers,
+                server
+                    .declare_table(v1::DeclareTableRequest::default())
+                    .await
+                    .map(drop),
+            ),
+            (
+                "PullRows",
+                May::Workers,
+                server
+                    .pull_rows(v1::PullRowsRequest::default())
+                    .await
+                    .map(drop),
+            ),
+            (
+                "PushRows",
+                May::Workers,
+                server
+                    .push_rows(v1::PushRowsRequest::default())
+                    .await
+                    .map(drop),
+            ),
+            (
                 "Session",
                 May::Workers,
                 server.session(futures::stream::empty()).await.map(drop),
