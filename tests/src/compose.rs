@@ -276,15 +276,38 @@ pub fn lowest_live_step(status: &str, workers: usize) -> Option<u64> {
 }
 
 /// `(name and exit code, still running)` of a container.
+///
+/// # Panics
+/// When docker cannot inspect it (compose keeps its containers until `down`).
 pub(crate) fn inspect(id: &str) -> (Exited, bool) {
-    let mut command = Command::new("docker");
-    command.args([
-        "inspect",
-        "--format",
-        "{{.Name}} {{.State.Running}} {{.State.ExitCode}}",
-        id,
-    ]);
-    let output = checked(command, "docker inspect");
+    try_inspect(id).unwrap_or_else(|| panic!("docker inspect {id}: no such container"))
+}
+
+/// `(name and exit code, still running)` of a container, or `None` when it
+/// no longer exists (swarm removes old task containers at any moment, so one
+/// listed a moment ago may be gone).
+///
+/// # Panics
+/// When docker fails for another reason.
+pub(crate) fn try_inspect(id: &str) -> Option<(Exited, bool)> {
+    let output = Command::new("docker")
+        .args([
+            "inspect",
+            "--format",
+            "{{.Name}} {{.State.Running}} {{.State.ExitCode}}",
+            id,
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("docker inspect: cannot run: {e}"));
+    if !output.status.success() {
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            err.contains("No such object") || err.contains("No such container"),
+            "docker inspect {id} failed ({}):\n{err}",
+            output.status
+        );
+        return None;
+    }
     let text = String::from_utf8_lossy(&output.stdout);
     let mut fields = text.split_whitespace();
     let name = fields
@@ -294,7 +317,7 @@ pub(crate) fn inspect(id: &str) -> (Exited, bool) {
         .to_string();
     let running = fields.next() == Some("true");
     let code = fields.next().and_then(|c| c.parse().ok()).unwrap_or(-1);
-    (Exited { name, code }, running)
+    Some((Exited { name, code }, running))
 }
 
 impl Drop for Compose {

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::compose::{Exited, checked, inspect, repo_root};
+use crate::compose::{Exited, checked, repo_root, try_inspect};
 
 /// True when a Docker engine answers (swarm mode ships with every engine).
 pub fn engine_available() -> bool {
@@ -153,7 +153,7 @@ impl Stack {
         loop {
             let live: Vec<&&str> = services.iter().filter(|s| self.has_live_tasks(s)).collect();
             let ids: Vec<String> = services.iter().flat_map(|s| self.containers(s)).collect();
-            let states: Vec<(Exited, bool)> = ids.iter().map(|id| inspect(id)).collect();
+            let states: Vec<(Exited, bool)> = ids.iter().filter_map(|id| try_inspect(id)).collect();
             if live.is_empty() && states.iter().all(|(_, running)| !running) {
                 return states.into_iter().map(|(e, _)| e).collect();
             }
@@ -177,7 +177,9 @@ impl Stack {
         };
         let mut text = String::new();
         for id in services.iter().flat_map(|s| self.containers(s)) {
-            let (container, _) = inspect(&id);
+            let Some((container, _)) = try_inspect(&id) else {
+                continue;
+            };
             let output = Command::new("docker").args(["logs", &id]).output();
             let (out, err) = output.map(|o| (o.stdout, o.stderr)).unwrap_or_default();
             text.push_str(&format!(
@@ -208,7 +210,7 @@ impl Stack {
         let id = self
             .containers(service)
             .into_iter()
-            .find(|id| inspect(id).1)?;
+            .find(|id| try_inspect(id).is_some_and(|(_, running)| running))?;
         let output = Command::new("docker")
             .arg("exec")
             .arg(&id)
@@ -226,12 +228,14 @@ impl Stack {
     /// # Panics
     /// When none runs or the kill fails.
     pub fn kill_one(&self, service: &str) -> String {
-        let id = self
+        let (id, victim) = self
             .containers(service)
             .into_iter()
-            .find(|id| inspect(id).1)
+            .find_map(|id| match try_inspect(&id) {
+                Some((container, true)) => Some((id, container)),
+                _ => None,
+            })
             .expect("a running container");
-        let (victim, _) = inspect(&id);
         Self::docker(&["kill", "--signal", "KILL", &id]);
         victim.name
     }
