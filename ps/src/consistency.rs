@@ -66,6 +66,32 @@ pub fn group_clock(last_step: &HashMap<Rank, Step>, live: &BTreeSet<Rank>) -> Ve
         .unwrap_or(Version(0))
 }
 
+/// The live workers a key (or bucket) still waits for: under BSP those not
+/// among `pushed` (the workers of the step in progress), under SSP those at
+/// the group's clock, given each worker's last admitted step; none under ASP.
+pub fn missing_workers(
+    consistency: Consistency,
+    pushed: &BTreeSet<Rank>,
+    last_step: &HashMap<Rank, Step>,
+    live: &BTreeSet<Rank>,
+) -> Vec<Rank> {
+    match consistency {
+        Consistency::Bsp => live
+            .iter()
+            .copied()
+            .filter(|w| !pushed.contains(w))
+            .collect(),
+        Consistency::Ssp { .. } => {
+            let clock = group_clock(last_step, live);
+            live.iter()
+                .copied()
+                .filter(|w| last_step.get(w).map_or(Version(0), |s| Version::after(*s)) == clock)
+                .collect()
+        }
+        Consistency::Asp => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

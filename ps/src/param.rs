@@ -359,26 +359,8 @@ impl KeyState {
 
     /// The workers of the group that have not yet pushed the step the key waits for.
     pub fn missing_workers(&self, group: Group, live: &BTreeSet<Rank>) -> Vec<Rank> {
-        match group.consistency {
-            Consistency::Bsp => live
-                .iter()
-                .copied()
-                .filter(|w| !self.pending.workers.contains(w))
-                .collect(),
-            Consistency::Ssp { .. } => {
-                let clock = self.group_clock(live);
-                live.iter()
-                    .copied()
-                    .filter(|w| {
-                        self.last_step
-                            .get(w)
-                            .map_or(Version(0), |s| Version::after(*s))
-                            == clock
-                    })
-                    .collect()
-            }
-            Consistency::Asp => Vec::new(),
-        }
+        let pushed = &self.pending.workers;
+        crate::consistency::missing_workers(group.consistency, pushed, &self.last_step, live)
     }
 }
 

@@ -606,20 +606,35 @@ impl Store {
 
     fn timeout_error(&self, entry: &Entry, wanted: Version, waited: Duration) -> Error {
         let state = entry.lock();
+        let missing = state.missing_workers(self.group(), &self.live_workers());
+        let key = entry.spec.header.key.clone();
+        self.pull_timeout(key, (wanted, state.version()), waited, &missing, "pushes")
+    }
+
+    /// A pull of `key` that waited `waited` for version `wanted` and found
+    /// `have`: the workers whose `pushes` (what they send) it still waits
+    /// for are named.
+    pub(crate) fn pull_timeout(
+        &self,
+        key: ParamKey,
+        (wanted, have): (Version, Version),
+        waited: Duration,
+        missing: &[Rank],
+        pushes: &str,
+    ) -> Error {
         let group = self.group();
-        let missing = state.missing_workers(group, &self.live_workers());
         let detail = if missing.is_empty() {
             String::new()
         } else {
             format!(
-                " ({} of {} workers; still waiting for pushes from workers {missing:?})",
+                " ({} of {} workers; still waiting for {pushes} from workers {missing:?})",
                 group.consistency, group.workers
             )
         };
         Error::PullTimeout {
-            key: entry.spec.header.key.clone(),
+            key,
             wanted,
-            have: state.version(),
+            have,
             waited,
             detail,
         }

@@ -28,6 +28,10 @@ struct Job {
     floor: f64,
     /// How far from the undisturbed accuracy it may end.
     tolerance: f64,
+    /// The steps a fault lands on, drawn at random: after the first
+    /// checkpoints, well before the run's last step.
+    /// (first, last + 1).
+    fault_steps: (u64, u64),
 }
 
 /// The MLP on digits, 40 epochs.
@@ -35,9 +39,10 @@ const DIGITS: Job = Job {
     args: &["--epochs", "40"],
     floor: 0.93,
     tolerance: 0.02,
+    fault_steps: (60, 400),
 };
 
-/// The click model: 625 steps per worker. A bucket restored from a checkpoint
+/// The click model: about 280 steps per worker. A bucket restored from a checkpoint
 /// loses the row updates since it (at most 25 steps), so it may end a little
 /// further from the undisturbed run (half the examples are clicks).
 const CLICKS: Job = Job {
@@ -47,14 +52,19 @@ const CLICKS: Job = Job {
         "--dataset",
         "clicks",
         "--click-train",
-        "16000",
+        "12000",
         "--epochs",
-        "5",
+        "3",
         "--batch-size",
         "64",
+        "--row-optimizer",
+        "lazy-adam",
+        "--row-lr",
+        "0.005",
     ],
     floor: 0.62,
     tolerance: 0.05,
+    fault_steps: (40, 200),
 };
 
 /// What goes wrong, and when.
@@ -314,12 +324,12 @@ async fn run(fault: Fault, job: Job) -> Outcome {
     }
 }
 
-/// A step between 60 and 400, different from run to run.
-fn random_step() -> u64 {
+/// A step among `steps` (first, last + 1), different from run to run.
+fn random_step((first, end): (u64, u64)) -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    60 + u64::from(nanos) % 340
+    first + u64::from(nanos) % (end - first)
 }
 
 /// Runs the digits job undisturbed, then with `fault` at a random step, and compares.
@@ -336,7 +346,7 @@ async fn job_survives(job: Job, fault: impl Fn(u64) -> Fault, repaired: &[&str])
         "nothing to repair: {:#?}",
         calm.repairs
     );
-    let fault = fault(random_step());
+    let fault = fault(random_step(job.fault_steps));
     let hit = run(fault, job).await;
     eprintln!(
         "undisturbed {:?} in {:?}; {fault:?}: {:?} in {:?}\n{}",

@@ -81,10 +81,10 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = SyntheticSpec::default().train)]
     pub synthetic_train: usize,
     /// Click data: training examples (a tenth as many test examples).
-    #[arg(long, default_value_t = ClickSpec::default().train)]
+    #[arg(long, default_value_t = ClickSpec::default().train, env = "PS_CLICK_TRAIN")]
     pub click_train: usize,
     /// Click data: ids of each of its 8 fields (the table holds all of them).
-    #[arg(long, default_value_t = ClickSpec::default().ids_per_field)]
+    #[arg(long, default_value_t = ClickSpec::default().ids_per_field, env = "PS_CLICK_IDS")]
     pub click_ids: u64,
     /// The ctr model: elements per embedding row.
     #[arg(long, default_value_t = EmbeddingConfig::default().width, env = "PS_EMBEDDING_WIDTH")]

@@ -111,27 +111,38 @@ impl Store {
             .map(|b| ParamKey::new(&spec.name, *b))
             .collect();
         super::check_unique(keys.iter())?;
-        let table = self
-            .tables
-            .declare(&spec)
-            .map_err(|existing| Error::TableConflict {
-                existing: existing.spec.to_string(),
-                requested: spec.to_string(),
-            })?;
         if let Some(archive) = self.archive.as_ref().filter(|_| restore > Version(0)) {
             // Once per declaration, before the table's buckets are locked: a
             // peer may have written checkpoints since the last scan.
             archive.rescan();
         }
-        let mut held = table.buckets.write().unwrap_or_else(|p| p.into_inner());
+        let conflict = |existing: Arc<Table>| Error::TableConflict {
+            existing: existing.spec.to_string(),
+            requested: spec.to_string(),
+        };
+        // The buckets this server lacks are made (restored, and charged)
+        // before anything is declared, so a refusal leaves no trace.
+        let declared_before = self.tables.get(&spec.name);
+        if let Some(existing) = declared_before.clone().filter(|t| t.spec != spec) {
+            return Err(conflict(existing));
+        }
         let mut made = Vec::new();
         for key in &keys {
-            if !held.contains_key(&key.part) {
-                made.push((key.part, self.new_bucket(&table.spec, key)?));
+            let held = declared_before.as_ref().is_some_and(|t| t.holds(key.part));
+            if !held {
+                made.push((key.part, self.new_bucket(&spec, key)?));
             }
         }
-        let created: Vec<u32> = made.iter().map(|(bucket, _)| *bucket).collect();
-        held.extend(made);
+        let table = self.tables.declare(&spec).map_err(conflict)?;
+        let mut held = table.buckets.write().unwrap_or_else(|p| p.into_inner());
+        let mut created = Vec::new();
+        for (bucket, made) in made {
+            // A declaration beside this one may have made it first: theirs stays.
+            if let std::collections::hash_map::Entry::Vacant(slot) = held.entry(bucket) {
+                slot.insert(made);
+                created.push(bucket);
+            }
+        }
         let ranks = self.group_ranks();
         let declared = keys
             .iter()
@@ -508,23 +519,15 @@ impl Store {
 
     fn bucket_timeout(&self, bucket: &Bucket, wanted: Version, waited: Duration) -> Error {
         let state = bucket.lock();
-        let group = self.group();
-        let missing = state.missing_workers(group, &self.live_workers());
-        let detail = if missing.is_empty() {
-            String::new()
-        } else {
-            format!(
-                " ({} of {} workers; still waiting for row pushes from workers {missing:?})",
-                group.consistency, group.workers
-            )
-        };
-        Error::PullTimeout {
-            key: bucket.key.clone(),
-            wanted,
-            have: state.version(),
+        let missing = state.missing_workers(self.group(), &self.live_workers());
+        let key = bucket.key.clone();
+        self.pull_timeout(
+            key,
+            (wanted, state.version()),
             waited,
-            detail,
-        }
+            &missing,
+            "row pushes",
+        )
     }
 }
 

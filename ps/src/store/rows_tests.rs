@@ -300,6 +300,20 @@ async fn a_bucket_comes_back_from_its_checkpoint_and_moves_forward_to_the_job() 
     let after = floats(&rows(&behind, &[pull_block(0, &ids)]).await[0].rows);
     let want: Vec<f32> = floats(&saved[0].rows).iter().map(|v| v - 1.0).collect();
     assert_eq!(after, want);
+
+    // A server whose budget cannot hold the checkpoint's rows refuses the
+    // declaration and declares nothing.
+    let small = StoreRules {
+        memory_budget: 2 * table().row_bytes(),
+        ..rules
+    };
+    let refused = Store::new(small, CancellationToken::new()).with_archive(root.path());
+    let error = refused
+        .declare_table(table(), &[0, 1], Version(4))
+        .unwrap_err();
+    assert!(matches!(error, Error::OverBudget { .. }), "{error}");
+    assert_eq!(refused.budget().held(), 0);
+    assert_eq!(refused.tables.len(), 0);
 }
 
 #[test]

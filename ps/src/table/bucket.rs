@@ -448,24 +448,8 @@ impl BucketState {
     /// The workers of the group that have not yet pushed the step the bucket
     /// waits for.
     pub fn missing_workers(&self, group: Group, live: &BTreeSet<Rank>) -> Vec<Rank> {
-        match group.consistency {
-            Consistency::Bsp => live
-                .iter()
-                .copied()
-                .filter(|w| !self.pending.workers.contains(w))
-                .collect(),
-            Consistency::Ssp { .. } => {
-                let clock = group_clock(&self.last_step, live);
-                live.iter()
-                    .copied()
-                    .filter(|w| {
-                        let pushed = self.last_step.get(w);
-                        pushed.map_or(Version(0), |s| Version::after(*s)) == clock
-                    })
-                    .collect()
-            }
-            Consistency::Asp => Vec::new(),
-        }
+        let pushed = &self.pending.workers;
+        crate::consistency::missing_workers(group.consistency, pushed, &self.last_step, live)
     }
 }
 

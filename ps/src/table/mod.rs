@@ -35,6 +35,12 @@ impl Table {
         }
     }
 
+    /// Whether this server holds `bucket`.
+    pub(crate) fn holds(&self, bucket: u32) -> bool {
+        let buckets = self.buckets.read().unwrap_or_else(|p| p.into_inner());
+        buckets.contains_key(&bucket)
+    }
+
     /// Every bucket this server holds, taken out from under the map's lock.
     pub(crate) fn all_buckets(&self) -> Vec<Arc<Bucket>> {
         let buckets = self.buckets.read().unwrap_or_else(|p| p.into_inner());
