@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
+use ps_proto::codec::{DType, first_non_finite};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::rows::{MAX_IDS_PER_REQUEST, bucket_of};
@@ -504,13 +505,14 @@ impl Store {
                 "id {id} appears twice in one push; sum its gradient rows into one"
             )));
         }
+        // The rows' exponent bits tested where they lie, vectorised.
+        let rows: &[u8] = bytemuck::cast_slice(&block.rows);
         if self.rules.reject_non_finite
-            && let Some(index) = block.rows.iter().position(|v| !v.is_finite())
+            && let Some((index, value)) = first_non_finite(DType::F32, rows)
         {
             return Err(bad(format!(
-                "the gradient row of id {} has a non-finite value {} at element {}; fix the model or loss scale, or start the server with --allow-non-finite",
+                "the gradient row of id {} has a non-finite value {value} at element {}; fix the model or loss scale, or start the server with --allow-non-finite",
                 block.ids[index / spec.width],
-                block.rows[index],
                 index % spec.width
             )));
         }
