@@ -83,29 +83,26 @@ pub(crate) async fn accept(
             tracing::warn!("too many shared-memory handshakes at once; closing a connection");
             continue;
         };
-        // The region is charged before it is made, and for the session's
-        // life; a worker refused here goes on over gRPC.
-        let region = offers.region_bytes() as usize;
-        let charged = service.budget().charge(region, || {
-            "a worker's shared-memory region (--shm-ring, twice)".to_string()
-        });
-        let charged = match charged {
-            Ok(charged) => charged,
-            Err(error) => {
-                tracing::warn!(%error, "no shared memory for a worker: over the memory budget; it uses gRPC");
-                continue;
-            }
-        };
         let (offers, service, stopped) = (Arc::clone(&offers), service.clone(), stopped.clone());
         let pool = pool.clone();
         tokio::spawn(async move {
-            let admitted = admit(&offers, socket).await;
+            // The region is charged once the peer passed the uid and nonce
+            // checks, before it is made, and for the session's life; a worker
+            // refused for the budget is told why and goes on over gRPC.
+            let budget = Arc::clone(service.budget());
+            let admitted = admit(&offers, socket, |bytes| {
+                budget
+                    .charge(bytes as usize, || {
+                        "a worker's shared-memory region (--shm-ring, twice)".to_string()
+                    })
+                    .map_err(|error| format!("{error}; this worker uses gRPC"))
+            })
+            .await;
             drop(handshake);
             match admitted {
-                Ok(end) => serve(end, service, pool, stopped).await,
+                Ok((end, _charged)) => serve(end, service, pool, stopped).await,
                 Err(error) => tracing::warn!(%error, "a shared-memory session was refused"),
             }
-            drop(charged);
         });
     }
 }

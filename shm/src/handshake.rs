@@ -330,12 +330,19 @@ async fn reach(socket: &str) -> io::Result<UnixStream> {
     UnixStream::from_std(stream)
 }
 
-/// Admits the connection `socket`: checks its user and nonce, then hands it
-/// a new region. A refused peer is told why before the socket closes.
+/// Admits the connection `socket`: checks its user and nonce, then charges
+/// the region's bytes with `charge` (only then: a process that cannot pass
+/// both checks holds nothing of the server's memory) and hands it a new
+/// region. A refused peer is told why before the socket closes.
 ///
 /// # Errors
-/// Why it was refused, or what failed.
-pub async fn admit(offers: &Offers, mut socket: UnixStream) -> Result<ServerEnd, HandshakeError> {
+/// Why it was refused (its user, its nonce, or `charge`'s reason), or what
+/// failed.
+pub async fn admit<C>(
+    offers: &Offers,
+    mut socket: UnixStream,
+    charge: impl FnOnce(u64) -> Result<C, String>,
+) -> Result<(ServerEnd, C), HandshakeError> {
     let peer = socket.peer_cred()?;
     if peer.uid() != offers.uid {
         // Closed before anything is read: another user holds nothing here.
@@ -346,15 +353,21 @@ pub async fn admit(offers: &Offers, mut socket: UnixStream) -> Result<ServerEnd,
         )));
     }
     let hello: v1::SharedMemoryHello = read_framed(&mut socket).await?;
-    if !offers.take(&hello.nonce) {
-        let refusal = "the nonce is not one this server offered, was used already, or expired; ask for a new offer".to_string();
-        let welcome = v1::SharedMemoryWelcome {
-            refusal: refusal.clone(),
-            ring_bytes: 0,
-        };
-        send_with_fds(&socket, &welcome, &[]).await?;
-        return Err(HandshakeError::Refused(refusal));
-    }
+    let charged = match offers.take(&hello.nonce) {
+        true => charge(offers.region_bytes()),
+        false => Err("the nonce is not one this server offered, was used already, or expired; ask for a new offer".to_string()),
+    };
+    let charged = match charged {
+        Ok(charged) => charged,
+        Err(refusal) => {
+            let welcome = v1::SharedMemoryWelcome {
+                refusal: refusal.clone(),
+                ring_bytes: 0,
+            };
+            send_with_fds(&socket, &welcome, &[]).await?;
+            return Err(HandshakeError::Refused(refusal));
+        }
+    };
     let region = Arc::new(Region::create(region_bytes(offers.ring_bytes) as usize)?);
     write_header(&region, offers.ring_bytes);
     let bells = Bells::create()?;
@@ -366,7 +379,7 @@ pub async fn admit(offers: &Offers, mut socket: UnixStream) -> Result<ServerEnd,
     send_with_fds(&socket, &welcome, &[region.file(), a, b, c, d]).await?;
     let capacity = (offers.ring_bytes / 8) as usize;
     let side = bells.server_side()?;
-    Ok(ServerEnd {
+    let end = ServerEnd {
         requests: RingReader::new(
             Arc::clone(&region),
             Direction::Requests,
@@ -376,7 +389,8 @@ pub async fn admit(offers: &Offers, mut socket: UnixStream) -> Result<ServerEnd,
         answers: RingWriter::new(region, Direction::Answers, capacity, side.answers),
         socket,
         peer_pid: peer.pid(),
-    })
+    };
+    Ok((end, charged))
 }
 
 /// Takes up `offer`: checks it was made on this host to this user, connects

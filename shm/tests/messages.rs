@@ -190,6 +190,7 @@ async fn payloads_past_the_limit_or_not_matching_the_tensors_are_refused() {
 }
 
 mod handshake {
+    use std::os::linux::net::SocketAddrExt;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -219,11 +220,11 @@ mod handshake {
             let offers = offers.clone();
             tokio::spawn(async move {
                 let (socket, _) = listener.accept().await.unwrap();
-                admit(&offers, socket).await
+                admit(&offers, socket, |_| Ok::<_, String>(())).await
             })
         };
         let worker = connect(&offer).await.unwrap();
-        let server = server.await.unwrap().unwrap();
+        let (server, ()) = server.await.unwrap().unwrap();
         // The server charges each request's payloads while they live, and
         // refuses a request past 1 MB.
         let held = Arc::new(AtomicU64::new(0));
@@ -289,15 +290,25 @@ mod handshake {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_nonce_not_offered_or_used_twice_gets_no_region() {
+    async fn a_nonce_not_offered_or_used_twice_gets_no_region_and_holds_no_charge() {
         let (offers, listener) = Offers::bind(1 << 16).unwrap();
+        let charges = Arc::new(AtomicU64::new(0));
         let accepting = {
-            let offers = offers.clone();
+            let (offers, charges) = (offers.clone(), Arc::clone(&charges));
             tokio::spawn(async move {
                 let mut admitted = Vec::new();
-                for _ in 0..3 {
+                for connection in 0..4 {
                     let (socket, _) = listener.accept().await.unwrap();
-                    admitted.push(admit(&offers, socket).await.is_ok());
+                    let charges = Arc::clone(&charges);
+                    // The fourth connection's charge is refused: over budget.
+                    let charge = move |bytes: u64| {
+                        charges.fetch_add(1, Ordering::SeqCst);
+                        match connection {
+                            3 => Err(format!("{bytes} bytes are past the test's budget")),
+                            _ => Ok(()),
+                        }
+                    };
+                    admitted.push(admit(&offers, socket, charge).await.is_ok());
                 }
                 admitted
             })
@@ -311,7 +322,54 @@ mod handshake {
         let _kept = connect(&offer).await.unwrap();
         let twice = connect(&offer).await.unwrap_err();
         assert!(matches!(twice, HandshakeError::Refused(_)), "{twice}");
-        assert_eq!(accepting.await.unwrap(), vec![false, true, false]);
+        let over_budget = connect(&offers.offer().unwrap()).await.unwrap_err();
+        assert!(
+            over_budget.to_string().contains("past the test's budget"),
+            "the worker is told why: {over_budget}"
+        );
+        assert_eq!(accepting.await.unwrap(), vec![false, true, false, false]);
+        assert_eq!(
+            charges.load(Ordering::SeqCst),
+            2,
+            "only the connections with a good nonce were charged"
+        );
+    }
+
+    /// A process of another user that reaches the socket (abstract sockets
+    /// have no permissions) is refused on its credentials, before it is read
+    /// or charged. Needs root, to connect from a thread running as `nobody`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_process_of_another_uid_gets_no_region_and_holds_no_charge() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("SKIPPED: not root, so no thread can connect as another user here");
+            return;
+        }
+        let (offers, listener) = Offers::bind(1 << 16).unwrap();
+        let name = offers.socket().trim_start_matches('@').to_string();
+        // Credentials are per thread in the kernel: only this thread becomes
+        // `nobody`, and the socket records them when it connects.
+        let connected = std::thread::spawn(move || {
+            rustix::thread::set_thread_uid(rustix::process::Uid::from_raw(65534)).unwrap();
+            let address =
+                std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+            std::os::unix::net::UnixStream::connect_addr(&address).unwrap()
+        });
+        let (socket, _) = listener.accept().await.unwrap();
+        let _client = connected.join().unwrap();
+        let charges = AtomicU64::new(0);
+        let admitted = admit(&offers, socket, |_| {
+            charges.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(())
+        })
+        .await;
+        let Err(refused) = admitted else {
+            panic!("another user is refused");
+        };
+        assert!(
+            refused.to_string().contains("uid 65534"),
+            "the refusal names the user: {refused}"
+        );
+        assert_eq!(charges.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]
