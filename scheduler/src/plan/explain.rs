@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use ps_common::size::{format_rate, format_size};
 
-use super::cost::{BACKWARD_SHARE, PIPELINE_GROUP_BYTES};
+use super::cost::{BACKWARD_SHARE, PIPELINE_GROUP_BYTES, Terms};
 use super::{Candidate, Placement, Plan, Setup};
 
 /// The setup in a few words: `2 servers beside workers, 4 MiB parts, f32,
@@ -37,6 +37,20 @@ fn ms(seconds: f64) -> String {
     format!("{:.1}", seconds * 1e3)
 }
 
+/// The step's terms, in the order the table and the explanation show them:
+/// the step, then what it sums.
+const TERM_NAMES: [&str; 7] = [
+    "step", "compute", "push", "pull", "apply", "requests", "overlap",
+];
+
+/// `terms` in milliseconds, in [`TERM_NAMES`]' order.
+fn term_ms(t: &Terms) -> [String; 7] {
+    [
+        t.step, t.compute, t.push, t.pull, t.apply, t.requests, t.overlap,
+    ]
+    .map(ms)
+}
+
 /// The table of the `top` fastest candidates (and the chosen one), each
 /// term in milliseconds.
 pub fn table(plan: &Plan, top: usize) -> String {
@@ -51,11 +65,14 @@ pub fn table(plan: &Plan, top: usize) -> String {
         format_rate(plan.cluster.worker_link),
         ms(plan.cluster.compute)
     );
-    let _ = writeln!(
-        out,
-        "{:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  setup",
-        "#", "step ms", "compute", "push", "pull", "apply", "requests", "overlap"
-    );
+    let header: String = TERM_NAMES
+        .iter()
+        .map(|name| match *name {
+            "step" => format!(" {:>8}", "step ms"),
+            name => format!(" {name:>8}"),
+        })
+        .collect();
+    let _ = writeln!(out, "{:>4}{header}  setup", "#");
     let shown = plan
         .candidates
         .iter()
@@ -87,15 +104,9 @@ fn row(rank: usize, candidate: &Candidate, chosen: &Setup) -> String {
         .as_ref()
         .map(|why| format!(" [ruled out: {why}]"))
         .unwrap_or_default();
+    let terms: String = term_ms(t).iter().map(|v| format!(" {v:>8}")).collect();
     format!(
-        "{mark}{rank:>3} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {}{ruled}",
-        ms(t.step),
-        ms(t.compute),
-        ms(t.push),
-        ms(t.pull),
-        ms(t.apply),
-        ms(t.requests),
-        ms(t.overlap),
+        "{mark}{rank:>3}{terms}  {}{ruled}",
         describe(&candidate.setup)
     )
 }
@@ -153,20 +164,21 @@ Constants:"
     );
     if let Some(chosen) = plan.candidates.iter().find(|c| c.setup == plan.chosen) {
         let t = &chosen.terms;
+        let values = term_ms(t);
+        let sum: Vec<String> = TERM_NAMES[1..]
+            .iter()
+            .zip(&values[1..])
+            .map(|(name, value)| format!("{name} {value}"))
+            .collect();
         let _ = writeln!(
             out,
-            "\nThe chosen setup, {}:\n  busiest link {} each way, imbalance {:.3}, server memory {}\n  step {} ms = compute {} + push {} + pull {} + apply {} + requests {} + overlap {}",
+            "\nThe chosen setup, {}:\n  busiest link {} each way, imbalance {:.3}, server memory {}\n  step {} ms = {}",
             describe(&chosen.setup),
             format_size(t.busiest_link_bytes as usize),
             t.imbalance,
             format_size(chosen.server_memory as usize),
-            ms(t.step),
-            ms(t.compute),
-            ms(t.push),
-            ms(t.pull),
-            ms(t.apply),
-            ms(t.requests),
-            ms(t.overlap)
+            values[0],
+            sum.join(" + ")
         );
     }
     out
