@@ -512,6 +512,19 @@ fn spawn_workers(
                 .context("starting a kv-worker process")
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    worker_reports(children, "kv-worker")
+}
+
+/// The report each of `children` (worker processes of the benchmark, named
+/// `what`) prints as its first line of stdout, once it has exited cleanly.
+///
+/// # Errors
+/// A worker that printed no report, exited with a failure, or printed a line
+/// that is not a report.
+pub(crate) fn worker_reports<R: serde::de::DeserializeOwned>(
+    children: Vec<std::process::Child>,
+    what: &str,
+) -> anyhow::Result<Vec<R>> {
     children
         .into_iter()
         .map(|mut child| {
@@ -519,10 +532,10 @@ fn spawn_workers(
             let line = std::io::BufReader::new(stdout)
                 .lines()
                 .next()
-                .context("a kv-worker exited without a report")??;
+                .with_context(|| format!("a {what} exited without a report"))??;
             let status = child.wait()?;
             if !status.success() {
-                bail!("a kv-worker failed ({status})");
+                bail!("a {what} failed ({status})");
             }
             Ok(serde_json::from_str(&line)?)
         })

@@ -14,7 +14,6 @@
 //! is underneath ZeroMQ: the rows per second that any such server reaches on
 //! these cores.
 
-use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -31,7 +30,7 @@ use ps_proto::v1;
 use serde::{Deserialize, Serialize};
 
 use crate::cpu::{proc_cpu_seconds, process_cpu_seconds};
-use crate::kv::Op;
+use crate::kv::{Op, worker_reports};
 use crate::report::ResultRow;
 use crate::rows_floor::{FloorFigures, measure_floor};
 
@@ -367,21 +366,7 @@ fn spawn_workers(plan: &RowsPlan, addrs: &[String], op: Op) -> anyhow::Result<Ve
                 .context("starting a rows-worker process")
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    children
-        .into_iter()
-        .map(|mut child| {
-            let stdout = child.stdout.take().context("the worker's stdout")?;
-            let line = std::io::BufReader::new(stdout)
-                .lines()
-                .next()
-                .context("a rows-worker exited without a report")??;
-            let status = child.wait()?;
-            if !status.success() {
-                bail!("a rows-worker failed ({status})");
-            }
-            Ok(serde_json::from_str(&line)?)
-        })
-        .collect()
+    worker_reports(children, "rows-worker")
 }
 
 /// The rows as a table: rows per second and latency beside the floor's, and

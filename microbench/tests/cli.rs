@@ -494,3 +494,43 @@ fn apply_measures_every_optimizer_against_a_memcpy_of_the_same_key() {
     let expected = adam["memory_bytes_per_sec"].as_f64().unwrap() / memcpy;
     assert!((ratio - expected).abs() < 1e-9, "{adam}");
 }
+
+/// `rows` pushes then pulls Zipf batches of rows from a worker process to two
+/// real servers, and reads each operation against its raw-TCP floor, with the
+/// servers' CPU per row and RSS.
+#[test]
+fn rows_measures_push_and_pull_of_embedding_rows_against_real_servers() {
+    let rows = microbench(&[
+        "rows",
+        "--servers",
+        "2",
+        "--batch",
+        "512",
+        "--width",
+        "16",
+        "--rows",
+        "100000",
+        "--seconds",
+        "0.3",
+        "--json",
+    ]);
+    let modes: Vec<&str> = rows.iter().filter_map(|r| r["mode"].as_str()).collect();
+    assert_eq!(modes, ["push", "pull"], "{rows:?}");
+    for row in &rows {
+        assert_eq!(row["bench"], "rows", "{row}");
+        let servers = &row["servers"];
+        for field in [
+            "rows_per_sec",
+            "rows_per_batch",
+            "server_cpu_us_per_row",
+            "floor_rows_per_sec",
+        ] {
+            let value = servers[field].as_f64().unwrap_or(0.0);
+            assert!(value > 0.0, "{field} = {value}: {row}");
+        }
+        // 512 Zipf draws over 100,000 ids repeat many: fewer distinct rows.
+        assert!(servers["rows_per_batch"].as_f64().unwrap() < 512.0, "{row}");
+        let rss = servers["server_peak_rss_bytes"].as_array().expect("RSS");
+        assert_eq!(rss.len(), 2, "one per server: {row}");
+    }
+}
