@@ -16,6 +16,8 @@ use ps_proto::rows::{
 };
 use ps_proto::transport::message_overhead;
 use ps_proto::v1;
+use ps_proto::v1::session_answer::Outcome;
+use ps_proto::v1::session_request::Op;
 
 use crate::error::{ClientError, Rpc};
 use crate::fan_out::all_or_first_error;
@@ -251,16 +253,27 @@ impl Shards {
             timeout_ms: self.pull_timeout_ms(),
             map_version: self.map_version.get(),
         };
-        let answer = server
-            .call(&self.pull_retry(), Rpc::PullRows, |mut c| {
-                let request = request.clone();
-                async move { c.pull_rows(request).await }
-            })
-            .await?;
         let malformed = |reason: String| ClientError::Protocol {
             what: Rpc::PullRows,
             addr: server.addr.clone(),
             reason,
+        };
+        let retry = self.pull_retry();
+        let op = || Op::PullRows(request.clone());
+        let answer = match self
+            .rows_in_session(server, &retry, Rpc::PullRows, op)
+            .await?
+        {
+            Some(Outcome::PullRows(answer)) => answer,
+            Some(_) => return Err(malformed("a row pull answered with another outcome".into())),
+            None => {
+                server
+                    .call(&retry, Rpc::PullRows, |mut c| {
+                        let request = request.clone();
+                        async move { c.pull_rows(request).await }
+                    })
+                    .await?
+            }
         };
         if answer.blocks.len() != blocks.len() {
             return Err(malformed(format!(
@@ -331,10 +344,7 @@ impl Shards {
                     blocks,
                     map_version: self.map_version.get(),
                 };
-                calls.push(server.call(&self.retry, Rpc::PushRows, move |mut c| {
-                    let request = request.clone();
-                    async move { c.push_rows(request).await }
-                }));
+                calls.push(self.push_rows_to(server, request));
             }
         }
         let answers = all_or_first_error(calls).await?;
@@ -343,6 +353,52 @@ impl Shards {
             .flat_map(|a| &a.buckets)
             .filter(|b| b.accepted)
             .count())
+    }
+
+    /// One `PushRows` to `server`: on its session stream when it has one.
+    async fn push_rows_to(
+        &self,
+        server: &Server,
+        request: v1::PushRowsRequest,
+    ) -> Result<v1::PushRowsResponse, ClientError> {
+        let op = || Op::PushRows(request.clone());
+        match self
+            .rows_in_session(server, &self.retry, Rpc::PushRows, op)
+            .await?
+        {
+            Some(Outcome::PushRows(answer)) => Ok(answer),
+            Some(_) => Err(ClientError::Protocol {
+                what: Rpc::PushRows,
+                addr: server.addr.clone(),
+                reason: "a row push answered with another outcome".to_string(),
+            }),
+            None => {
+                server
+                    .call(&self.retry, Rpc::PushRows, |mut c| {
+                        let request = request.clone();
+                        async move { c.push_rows(request).await }
+                    })
+                    .await
+            }
+        }
+    }
+
+    /// A row operation on `server`'s session stream (gRPC or shared memory),
+    /// as the dense pushes and pulls go; `None` when sessions are off or the
+    /// server offers none, and the caller makes a unary call. Row requests
+    /// are cut to fit one gRPC message, so any session carries them.
+    async fn rows_in_session(
+        &self,
+        server: &Server,
+        retry: &crate::retry::RetryPolicy,
+        what: Rpc,
+        op: impl Fn() -> Op,
+    ) -> Result<Option<Outcome>, ClientError> {
+        if !self.session {
+            return Ok(None);
+        }
+        let answered = server.in_session(retry, what, op, true).await?;
+        Ok(answered.map(|(outcome, _)| outcome))
     }
 
     fn pull_timeout_ms(&self) -> u64 {

@@ -73,7 +73,7 @@ pub(crate) struct Shards {
     pub(crate) placement: Placement,
     pub(crate) map_version: MapVersion,
     pub(crate) retry: RetryPolicy,
-    session: bool,
+    pub(crate) session: bool,
     pub(crate) pipeline: bool,
     pub(crate) pipeline_group_bytes: usize,
     chunk_bytes: usize,

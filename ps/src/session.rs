@@ -138,9 +138,14 @@ async fn operate(
             "PushPull",
             Box::pin(push_pull_answer(service, both, largest)),
         ),
+        Some(Op::PullRows(pull)) => (
+            "PullRows",
+            Box::pin(pull_rows_answer(service, pull, largest)),
+        ),
+        Some(Op::PushRows(push)) => ("PushRows", Box::pin(push_rows_answer(service, push))),
         None => {
             let status = Status::invalid_argument(format!(
-                "session request {} carries no operation; set push, pull or push_pull",
+                "session request {} carries no operation; set push, pull, push_pull, pull_rows or push_rows",
                 request.id
             ));
             return refused(request.id, &status);
@@ -189,6 +194,22 @@ async fn push_answer(service: &ParameterService, request: v1::PushRequest) -> Do
 async fn pull_answer(service: &ParameterService, request: v1::PullRequest, largest: usize) -> Done {
     let (response, waited) = service.refusal(service.pull_response(&request, largest).await)?;
     Ok((Outcome::Pull(response), waited))
+}
+
+/// A row pull's answer, as `PullRows` gives it.
+async fn pull_rows_answer(
+    service: &ParameterService,
+    request: v1::PullRowsRequest,
+    largest: usize,
+) -> Done {
+    let pulled = service.refusal(service.pull_table_rows(&request, largest).await)?;
+    Ok((Outcome::PullRows(pulled), Duration::ZERO))
+}
+
+/// A row push's answer, as `PushRows` gives it.
+async fn push_rows_answer(service: &ParameterService, request: v1::PushRowsRequest) -> Done {
+    let pushed = service.refusal(service.push_table_rows(&request).await)?;
+    Ok((Outcome::PushRows(pushed), Duration::ZERO))
 }
 
 /// A push and then a pull, answered together once the pull has its values.

@@ -81,7 +81,7 @@ fn request_tensors(request: &mut v1::SessionRequest) -> Vec<&mut v1::Tensor> {
             .as_mut()
             .map(|push| tensors_of_push(push).collect())
             .unwrap_or_default(),
-        Some(Op::Pull(_)) | None => Vec::new(),
+        Some(Op::Pull(_) | Op::PullRows(_) | Op::PushRows(_)) | None => Vec::new(),
     }
 }
 
@@ -118,7 +118,7 @@ impl Payloads for v1::SessionRequest {
         match &self.op {
             Some(Op::Push(push)) => push.grads.len(),
             Some(Op::PushPull(both)) => both.push.as_ref().map_or(0, |push| push.grads.len()),
-            Some(Op::Pull(_)) | None => 0,
+            Some(Op::Pull(_) | Op::PullRows(_) | Op::PushRows(_)) | None => 0,
         }
     }
     fn put_payloads(&mut self, payloads: Vec<Bytes>) {

@@ -1,5 +1,5 @@
 //! Embedding rows over real gRPC: exactly once through cut connections and
-//! repeats, BSP equivalence (two workers with batch b step as one with 2b),
+//! repeats (on session streams and as unary calls), BSP equivalence (two workers with batch b step as one with 2b),
 //! and bad requests refused with nothing changed.
 
 use std::collections::HashMap;
@@ -28,9 +28,16 @@ fn config(consistency: Consistency, workers: u32) -> ServerConfig {
 }
 
 async fn client_of(addrs: Vec<String>) -> PsClient {
+    client_with(addrs, true).await
+}
+
+/// A client whose row requests go on session streams (`session`) or as a
+/// unary call each.
+async fn client_with(addrs: Vec<String>, session: bool) -> PsClient {
     let config = ClientConfig {
         // The faults are the wire's: shared memory would go around the proxy.
         data_path: ps_shm::DataPathMode::Grpc,
+        session,
         ..ClientConfig::new(addrs)
     };
     PsClient::connect(config).await.expect("connect")
@@ -75,7 +82,9 @@ async fn every_row_gradient_is_applied_exactly_once_through_cuts_and_repeats() {
         .map(|rank| {
             let (addr, spec) = (proxy.addr.to_string(), spec.clone());
             tokio::spawn(async move {
-                let mut client = client_of(vec![addr]).await;
+                // Worker 0 makes a unary call per request, the others use
+                // their session streams: both survive the cuts exactly once.
+                let mut client = client_with(vec![addr], rank != 0).await;
                 client
                     .declare_table(spec)
                     .await
