@@ -27,6 +27,7 @@ use ps_common::rng::SplitMix64;
 use ps_common::zipf::Zipf;
 use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::v1;
+use ps_shm::DataPathMode;
 use serde::{Deserialize, Serialize};
 
 use crate::cpu::{proc_cpu_seconds, process_cpu_seconds};
@@ -60,6 +61,9 @@ pub struct RowsPlan {
     pub window: usize,
     /// Seconds each phase runs.
     pub seconds: f64,
+    /// How workers reach the servers: gRPC (as ps-lite's TCP), or shared
+    /// memory on this host (`auto`, `shm`).
+    pub data_path: DataPathMode,
 }
 
 /// What one worker process measured, printed as one JSON line.
@@ -136,7 +140,11 @@ pub struct WorkerRun {
 /// When a server cannot be reached or refuses an operation.
 pub async fn run_worker(run: WorkerRun) -> anyhow::Result<RowsReport> {
     let plan = &run.plan;
-    let mut client = PsClient::connect(ClientConfig::new(run.servers.clone())).await?;
+    let config = ClientConfig {
+        data_path: plan.data_path,
+        ..ClientConfig::new(run.servers.clone())
+    };
+    let mut client = PsClient::connect(config).await?;
     client
         .declare_table(table_spec(plan.width, plan.rows))
         .await?;
@@ -322,8 +330,15 @@ fn row(
         mode: Some(op.to_string()),
         encoding: "f32 adagrad".into(),
         payload: format!(
-            "B={} D={} zipf {} over {} rows, {}x{} W={}",
-            plan.batch, plan.width, plan.zipf, plan.rows, plan.servers, plan.workers, plan.window
+            "B={} D={} zipf {} over {} rows, {}x{} W={} {}",
+            plan.batch,
+            plan.width,
+            plan.zipf,
+            plan.rows,
+            plan.servers,
+            plan.workers,
+            plan.window,
+            plan.data_path
         ),
         size_bytes: (plan.width * 4) as u64,
         messages: batches,
@@ -359,6 +374,7 @@ fn spawn_workers(plan: &RowsPlan, addrs: &[String], op: Op) -> anyhow::Result<Ve
                 .args(["--zipf", &plan.zipf.to_string()])
                 .args(["--window", &plan.window.to_string()])
                 .args(["--seconds", &plan.seconds.to_string()])
+                .args(["--data-path", &plan.data_path.to_string()])
                 .args(["--index", &(phase + index).to_string()])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())

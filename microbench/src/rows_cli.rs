@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use ps_common::size::parse_size;
+use ps_shm::DataPathMode;
 
 use crate::kv::Op;
 use crate::report::{print_json, write_csv};
@@ -43,6 +44,10 @@ pub struct RowsArgs {
     /// Write the results (rows.csv) into this directory.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// How workers reach the servers: grpc (as ps-lite's TCP, the default
+    /// here), or auto/shm (shared memory on this host, as ps-local's workers do).
+    #[arg(long, default_value = "grpc")]
+    data_path: DataPathMode,
 }
 
 /// `ps-microbench rows-worker`: one worker process of `rows`.
@@ -75,6 +80,9 @@ pub struct RowsWorkerArgs {
     /// This worker's index.
     #[arg(long)]
     index: u32,
+    /// How to reach the servers.
+    #[arg(long)]
+    data_path: DataPathMode,
 }
 
 /// Runs `rows` and prints (or writes) its results.
@@ -102,6 +110,7 @@ pub async fn run_rows(args: RowsArgs) -> anyhow::Result<()> {
         zipf: args.zipf,
         window: args.window,
         seconds: args.seconds,
+        data_path: args.data_path,
     };
     let results = rows::run(&plan).await?;
     if args.json {
@@ -133,6 +142,7 @@ pub async fn run_rows_worker(args: RowsWorkerArgs) -> anyhow::Result<()> {
             zipf: args.zipf,
             window: args.window,
             seconds: args.seconds,
+            data_path: args.data_path,
         },
         index: args.index,
     };

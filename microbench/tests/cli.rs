@@ -496,8 +496,9 @@ fn apply_measures_every_optimizer_against_a_memcpy_of_the_same_key() {
 }
 
 /// `rows` pushes then pulls Zipf batches of rows from a worker process to two
-/// real servers, and reads each operation against its raw-TCP floor, with the
-/// servers' CPU per row and RSS.
+/// real servers (through shared memory: the row operations' session), and
+/// reads each operation against its raw-TCP floor, with the servers' CPU per
+/// row and RSS.
 #[test]
 fn rows_measures_push_and_pull_of_embedding_rows_against_real_servers() {
     let rows = microbench(&[
@@ -512,10 +513,17 @@ fn rows_measures_push_and_pull_of_embedding_rows_against_real_servers() {
         "100000",
         "--seconds",
         "0.3",
+        "--data-path",
+        "shm",
         "--json",
     ]);
     let modes: Vec<&str> = rows.iter().filter_map(|r| r["mode"].as_str()).collect();
     assert_eq!(modes, ["push", "pull"], "{rows:?}");
+    // Through the shared-memory session (a worker that cannot have it fails).
+    assert!(
+        rows[0]["payload"].as_str().unwrap().ends_with("shm"),
+        "{rows:?}"
+    );
     for row in &rows {
         assert_eq!(row["bench"], "rows", "{row}");
         let servers = &row["servers"];
