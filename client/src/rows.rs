@@ -153,9 +153,13 @@ fn requests_within(
     Ok(requests)
 }
 
-/// The ids and rows one message to `server` may carry.
+/// The ids and rows one message to `server` may carry: within its message
+/// limit, and within what a shared-memory session's message header holds (a
+/// row operation's ids and rows travel in the header there).
 fn payload_limit(server: &Server) -> usize {
-    let limit = server.message_limit();
+    let limit = server
+        .message_limit()
+        .min(ps_shm::message::HEADER_LIMIT as usize);
     limit.saturating_sub(message_overhead(limit))
 }
 
@@ -386,7 +390,8 @@ impl Shards {
     /// A row operation on `server`'s session stream (gRPC or shared memory),
     /// as the dense pushes and pulls go; `None` when sessions are off or the
     /// server offers none, and the caller makes a unary call. Row requests
-    /// are cut to fit one gRPC message, so any session carries them.
+    /// are cut to fit one message of either kind (`payload_limit`), so any
+    /// session carries them.
     async fn rows_in_session(
         &self,
         server: &Server,

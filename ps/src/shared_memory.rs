@@ -88,14 +88,15 @@ pub(crate) async fn accept(
         tokio::spawn(async move {
             // The region is charged once the peer passed the uid and nonce
             // checks, before it is made, and for the session's life; a worker
-            // refused for the budget is told why and goes on over gRPC.
+            // refused for the budget is told why (it goes on over gRPC with
+            // `auto`, and fails naming why with `shm`).
             let budget = Arc::clone(service.budget());
             let admitted = admit(&offers, socket, |bytes| {
                 budget
                     .charge(bytes as usize, || {
                         "a worker's shared-memory region (--shm-ring, twice)".to_string()
                     })
-                    .map_err(|error| format!("{error}; this worker uses gRPC"))
+                    .map_err(|error| error.to_string())
             })
             .await;
             drop(handshake);

@@ -22,8 +22,9 @@ use ps_proto::v1::session_request::Op;
 use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingError, RingReader, RingWriter};
 
-/// The most bytes a message's header may claim.
-const HEADER_LIMIT: u64 = 16 << 20;
+/// The most bytes a message's header may claim. Row operations carry their
+/// ids and rows in the header, so a client cuts them to fit it.
+pub const HEADER_LIMIT: u64 = 16 << 20;
 
 /// The most payloads one message may carry.
 const PAYLOAD_COUNT_LIMIT: u64 = 1 << 20;

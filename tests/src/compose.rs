@@ -300,9 +300,9 @@ pub(crate) fn try_inspect(id: &str) -> Option<(Exited, bool)> {
         .output()
         .unwrap_or_else(|e| panic!("docker inspect: cannot run: {e}"));
     if !output.status.success() {
-        let err = String::from_utf8_lossy(&output.stderr);
+        let err = String::from_utf8_lossy(&output.stderr).to_lowercase();
         assert!(
-            err.contains("No such object") || err.contains("No such container"),
+            err.contains("no such object") || err.contains("no such container"),
             "docker inspect {id} failed ({}):\n{err}",
             output.status
         );

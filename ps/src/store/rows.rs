@@ -122,7 +122,13 @@ impl Store {
             requested: spec.to_string(),
         };
         // The buckets this server lacks are made (restored, and charged)
-        // before anything is declared, so a refusal leaves no trace.
+        // before anything is declared, so a refusal leaves no trace; one
+        // declaration at a time, so each is made once.
+        let _one_at_a_time = self
+            .tables
+            .declaring
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let declared_before = self.tables.get(&spec.name);
         if let Some(existing) = declared_before.clone().filter(|t| t.spec != spec) {
             return Err(conflict(existing));
@@ -138,11 +144,8 @@ impl Store {
         let mut held = table.buckets.write().unwrap_or_else(|p| p.into_inner());
         let mut created = Vec::new();
         for (bucket, made) in made {
-            // A declaration beside this one may have made it first: theirs stays.
-            if let std::collections::hash_map::Entry::Vacant(slot) = held.entry(bucket) {
-                slot.insert(made);
-                created.push(bucket);
-            }
+            held.insert(bucket, made);
+            created.push(bucket);
         }
         let ranks = self.group_ranks();
         let declared = keys

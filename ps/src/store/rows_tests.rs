@@ -314,6 +314,29 @@ async fn a_bucket_comes_back_from_its_checkpoint_and_moves_forward_to_the_job() 
     assert!(matches!(error, Error::OverBudget { .. }), "{error}");
     assert_eq!(refused.budget().held(), 0);
     assert_eq!(refused.tables.len(), 0);
+
+    // Workers declaring at once, after a server loss, with a budget that
+    // holds the checkpoint's rows once: each bucket is restored once, and
+    // every declaration succeeds.
+    let exact = StoreRules {
+        memory_budget: 3 * table().row_bytes(),
+        ..rules
+    };
+    let shared = Arc::new(Store::new(exact, CancellationToken::new()).with_archive(root.path()));
+    let start = Arc::new(std::sync::Barrier::new(4));
+    let declarers: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, start) = (Arc::clone(&shared), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                store.declare_table(table(), &[0, 1], Version(4))
+            })
+        })
+        .collect();
+    for declarer in declarers {
+        declarer.join().unwrap().expect("every declaration fits");
+    }
+    assert_eq!(shared.budget().held(), 3 * table().row_bytes());
 }
 
 #[test]

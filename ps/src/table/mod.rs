@@ -52,6 +52,11 @@ impl Table {
 #[derive(Debug, Default)]
 pub(crate) struct Tables {
     tables: RwLock<HashMap<String, Arc<Table>>>,
+    /// Held by a declaration while it makes and inserts the buckets this
+    /// server lacks: workers declaring a table at once after a server was
+    /// lost restore (and charge) each bucket from its checkpoint once, not
+    /// once each.
+    pub(crate) declaring: std::sync::Mutex<()>,
 }
 
 impl Tables {
