@@ -264,7 +264,10 @@ async fn a_refusal_is_the_unary_calls_and_a_request_without_an_operation_is_refu
     let answer = session.answer().await;
     let (code, message) = refusal(&answer).expect("a refusal");
     assert_eq!((answer.id, code), (2, Code::InvalidArgument));
-    assert!(message.contains("set push, pull or push_pull"), "{message}");
+    assert!(
+        message.contains("set push, pull, push_pull, pull_rows or push_rows"),
+        "{message}"
+    );
 
     // A deadline shorter than the wait ends the pull with DEADLINE_EXCEEDED.
     let waiting = v1::SessionRequest {
