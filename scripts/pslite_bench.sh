@@ -79,6 +79,9 @@ build() {
 
 PIDS=()
 LOGS=""
+# With DMLC_LOCAL=1 ps-lite binds ipc:///tmp/PORT for each process and
+# leaves the socket files behind: cleanup removes them.
+IPC_FILES=()
 cleanup() {
   local pid
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -86,6 +89,8 @@ cleanup() {
   for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
   PIDS=()
+  if ((${#IPC_FILES[@]})); then rm -f "${IPC_FILES[@]}"; fi
+  IPC_FILES=()
   if [[ -n "$LOGS" && -z "${PSLITE_KEEP_LOGS:-}" ]]; then rm -rf "$LOGS"; fi
 }
 
@@ -105,6 +110,10 @@ import socket, sys
 socks = [socket.socket() for _ in range(int(sys.argv[1]))]
 for s in socks: s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))' $((1 + servers + workers)))
+  if [[ -n "${DMLC_LOCAL:-}" && "${DMLC_LOCAL}" != 0 ]]; then
+    local port
+    for port in "${ports[@]}"; do IPC_FILES+=("/tmp/$port"); done
+  fi
 
   # Two operations, two phases each, plus start-up: anything past this hangs.
   local limit

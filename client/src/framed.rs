@@ -33,13 +33,29 @@ use tonic::{Code, Status};
 /// The status the server answered before any message (a refusal), or a
 /// transport failure as tonic reports it, or an answer that is not gRPC.
 pub(crate) async fn start_framed(
-    mut channel: AuthChannel,
+    channel: AuthChannel,
     path: &'static str,
     metadata: MetadataMap,
     pieces: Vec<Bytes>,
     limit: usize,
 ) -> Result<FramedAnswer, Status> {
-    let mut request = Request::new(Body::new(Pieces::new(pieces)));
+    let body = Body::new(Pieces::new(pieces));
+    start_framed_body(channel, path, metadata, body, limit).await
+}
+
+/// [`start_framed`] with a request body that may still be written as the
+/// answer is read (a stream of messages, as a `Session`'s).
+///
+/// # Errors
+/// As [`start_framed`].
+pub(crate) async fn start_framed_body(
+    mut channel: AuthChannel,
+    path: &'static str,
+    metadata: MetadataMap,
+    body: Body,
+    limit: usize,
+) -> Result<FramedAnswer, Status> {
+    let mut request = Request::new(body);
     *request.method_mut() = Method::POST;
     *request.uri_mut() = Uri::from_static(path);
     *request.version_mut() = Version::HTTP_2;

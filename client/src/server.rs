@@ -160,7 +160,7 @@ impl Server {
             *state = SessionState::Open(Arc::clone(&link));
             return Ok(Some(link));
         }
-        match SessionLink::open(self.client.clone()).await? {
+        match SessionLink::open(self.channel.clone(), self.limit).await? {
             Some(link) => {
                 let link = Arc::new(link);
                 *state = SessionState::Open(Arc::clone(&link));

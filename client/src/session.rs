@@ -3,6 +3,10 @@
 //! with an id, and its answer is matched back by id, in whatever order the
 //! server finishes them.
 //!
+//! Requests are written, and answers read, as HTTP/2 frames
+//! ([`crate::framed`]): a row push's ids and rows go as the buffers they are,
+//! and a row pull's rows come out as slices of the frames they arrived in.
+//!
 //! One task reads the answers and hands each to the request waiting for it.
 //! When the stream breaks (the connection drops, the server restarts or ends
 //! an idle session), every request in flight fails with `UNAVAILABLE`, which
@@ -14,16 +18,24 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use http_body::Frame;
+use http_body_util::StreamBody;
+use prost::Message;
 use ps_proto::auth::AuthChannel;
+use ps_proto::grpc_frames::SESSION_PATH;
 use ps_proto::refusal::status_of;
+use ps_proto::session_frames::framed_session_request;
 use ps_proto::v1;
-use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
+use tonic::body::Body;
+use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
+
+use crate::framed::{FramedAnswer, start_framed_body};
 
 /// Requests the client may have queued ahead of the stream taking them.
 const REQUESTS_AHEAD: usize = 64;
@@ -52,16 +64,16 @@ impl SessionLink {
     ///
     /// # Errors
     /// The status the stream could not be opened with.
-    pub(crate) async fn open(
-        mut client: ParameterServerClient<AuthChannel>,
-    ) -> Result<Option<Self>, Status> {
+    pub(crate) async fn open(channel: AuthChannel, limit: usize) -> Result<Option<Self>, Status> {
         let (requests, queued) = mpsc::channel(REQUESTS_AHEAD);
-        let answers = match client.session(ReceiverStream::new(queued)).await {
-            Ok(answers) => answers.into_inner(),
+        let body = request_body(queued);
+        let metadata = MetadataMap::new();
+        let answer = match start_framed_body(channel, SESSION_PATH, metadata, body, limit).await {
+            Ok(answer) => answer,
             Err(status) if status.code() == Code::Unimplemented => return Ok(None),
             Err(status) => return Err(status),
         };
-        Ok(Some(Self::over(requests, answers, false)))
+        Ok(Some(Self::over(requests, answers_of(answer), false)))
     }
 
     /// A session through the shared-memory region `end` hands over.
@@ -132,6 +144,41 @@ impl SessionLink {
             ))),
         }
     }
+}
+
+/// The request body of a session: each request queued on `queued`, written
+/// as pieces (a row push's ids and rows as they are).
+fn request_body(queued: mpsc::Receiver<v1::SessionRequest>) -> Body {
+    let frames = futures::StreamExt::flat_map(ReceiverStream::new(queued), |request| {
+        let pieces = framed_session_request(request);
+        futures::stream::iter(
+            pieces
+                .into_iter()
+                .map(|piece| Ok::<_, Status>(Frame::data(piece))),
+        )
+    });
+    Body::new(StreamBody::new(frames))
+}
+
+/// The answers of a session, each decoded out of the frames it arrived in (a
+/// row pull's rows taken as slices of them); the stream ends after an error.
+fn answers_of(
+    answer: FramedAnswer,
+) -> impl Stream<Item = Result<v1::SessionAnswer, Status>> + Send + Unpin + 'static {
+    Box::pin(futures::stream::unfold(Some(answer), |answer| async move {
+        let mut answer = answer?;
+        match answer.next_message().await {
+            Ok(Some(message)) => match v1::SessionAnswer::decode(message) {
+                Ok(decoded) => Some((Ok(decoded), Some(answer))),
+                Err(e) => {
+                    let message = format!("a session answer does not decode: {e}");
+                    Some((Err(Status::internal(message)), None))
+                }
+            },
+            Ok(None) => None,
+            Err(status) => Some((Err(status), None)),
+        }
+    }))
 }
 
 fn lock(waiting: &Mutex<Waiting>) -> MutexGuard<'_, Waiting> {

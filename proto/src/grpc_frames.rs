@@ -36,6 +36,10 @@ pub const PULL_PATH: &str = "/ps.v1.ParameterServer/Pull";
 /// as frames.
 pub const PULL_STREAM_PATH: &str = "/ps.v1.ParameterServer/PullStream";
 
+/// The HTTP/2 path of `ps.v1.ParameterServer/Session`, served and called as
+/// frames.
+pub const SESSION_PATH: &str = "/ps.v1.ParameterServer/Session";
+
 /// Why the bytes of a stream are not a sequence of gRPC messages this server
 /// reads.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -16,9 +16,10 @@
 //! - [`auth`]: the cluster token and the roles its secrets grant.
 //! - [`tls`]: TLS settings, certificates and the preferred cipher suite.
 //! - [`fuzzing`]: entry points for the fuzzers of the wire decoders.
-//! - [`grpc_frames`], [`rope`], [`chunk_decode`], [`chunk_encode`]: the tensor data
-//!   path's messages read out of HTTP/2 frames and written into them without
-//!   copying their tensor bytes.
+//! - [`grpc_frames`], [`rope`], [`chunk_decode`], [`chunk_encode`],
+//!   [`session_frames`]: the tensor data path's and the session's messages read
+//!   out of HTTP/2 frames and written into them without copying their tensor
+//!   bytes or rows.
 
 pub mod auth;
 pub mod chunk;
@@ -37,6 +38,7 @@ pub mod placement;
 pub mod refusal;
 pub mod rope;
 pub mod rows;
+pub mod session_frames;
 pub mod tls;
 pub mod transport;
 

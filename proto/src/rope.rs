@@ -1,6 +1,9 @@
 //! [`Rope`]: bytes received in several [`Bytes`] pieces (HTTP/2 data frames),
 //! read and split without joining them, so a large field can be taken out of a
 //! message as the very buffers it arrived in.
+//!
+//! A rope is also a [`Buf`], so prost decodes a message straight out of it: a
+//! `bytes` field that lies within one piece comes out as a slice of that piece.
 
 use std::collections::VecDeque;
 
@@ -130,9 +133,37 @@ impl From<Bytes> for Rope {
     }
 }
 
+impl Buf for Rope {
+    fn remaining(&self) -> usize {
+        self.len
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.pieces.front().map_or(&[], |piece| &piece[..])
+    }
+
+    fn advance(&mut self, cnt: usize) {
+        assert!(
+            self.skip(cnt),
+            "advanced {cnt} bytes past a rope of {}",
+            self.len
+        );
+    }
+
+    /// The next `len` bytes: a slice of the front piece when they lie within
+    /// it, else the pieces they span joined.
+    fn copy_to_bytes(&mut self, len: usize) -> Bytes {
+        let taken = self
+            .split_to(len)
+            .unwrap_or_else(|| panic!("took {len} bytes out of a rope of {}", self.len));
+        taken.into_bytes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn rope_of(pieces: &[&'static [u8]]) -> Rope {
         let mut rope = Rope::new();
@@ -188,5 +219,47 @@ mod tests {
         assert_eq!(out, b"c");
         assert!(rope.is_empty());
         assert_eq!(rope.read_u8(), None);
+    }
+
+    #[test]
+    fn a_field_within_one_piece_is_taken_as_a_slice_of_it() {
+        let first = Bytes::from_static(b"abcdef");
+        let mut rope = Rope::from(first.clone());
+        rope.push(Bytes::from_static(b"gh"));
+        rope.advance(1);
+        assert_eq!(rope.chunk(), b"bcdef");
+        let field = rope.copy_to_bytes(3);
+        assert_eq!(field, &b"bcd"[..]);
+        assert_eq!(field.as_ptr(), first[1..].as_ptr(), "not copied");
+        assert_eq!(rope.copy_to_bytes(3), &b"efg"[..], "joined across pieces");
+        assert_eq!(rope.remaining(), 1);
+        assert_eq!(rope.chunk(), b"h");
+    }
+
+    proptest! {
+        #[test]
+        fn reads_as_the_joined_bytes_however_they_are_cut(
+            bytes in proptest::collection::vec(any::<u8>(), 0..200),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+            reads in proptest::collection::vec(0usize..40, 0..12),
+        ) {
+            let whole = Bytes::from(bytes);
+            let mut at: Vec<usize> = cuts.iter().map(|c| c % (whole.len() + 1)).collect();
+            at.extend([0, whole.len()]);
+            at.sort_unstable();
+            let mut rope = Rope::new();
+            for pair in at.windows(2) {
+                rope.push(whole.slice(pair[0]..pair[1]));
+            }
+            let mut read = Vec::new();
+            for n in reads {
+                let n = n.min(rope.remaining());
+                prop_assert!(rope.chunk().len() <= rope.remaining());
+                read.extend_from_slice(&rope.copy_to_bytes(n));
+            }
+            read.extend_from_slice(&rope.copy_to_bytes(rope.remaining()));
+            prop_assert_eq!(&read[..], &whole[..]);
+            prop_assert_eq!(rope.remaining(), 0);
+        }
     }
 }

@@ -1,13 +1,15 @@
-//! [`DataPath`]: the parameter-server service with its two tensor-carrying
-//! RPCs, `PushStream` and `PullStream`, served straight from and into HTTP/2
-//! data frames.
+//! [`DataPath`]: the parameter-server service with its tensor-carrying RPCs,
+//! `PushStream`, `PullStream` and `Session`, served straight from and into
+//! HTTP/2 data frames.
 //!
 //! tonic copies every received data frame into one message buffer (growing it
 //! as a large chunk arrives) and every sent message into another. Here a push
 //! chunk's tensor bytes stay in the frames they arrived in until the optimizer
 //! reads them, and a pull chunk's bytes are the stored values themselves, sent
-//! behind a few bytes of header. The wire format is unchanged: any gRPC client
-//! sees the same messages. Every other RPC goes to tonic's generated service.
+//! behind a few bytes of header; a session's requests are decoded out of the
+//! frames they arrived in and a row pull's rows are sent as they were read out
+//! of the table. The wire format is unchanged: any gRPC client sees the same
+//! messages. Every other RPC goes to tonic's generated service.
 
 use std::convert::Infallible;
 use std::task::{Context, Poll};
@@ -21,7 +23,10 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use prost::Message;
 use ps_proto::chunk_encode::{framed_message, framed_pull_chunk};
-use ps_proto::grpc_frames::{GRPC_CONTENT_TYPE, MessageReader, PULL_STREAM_PATH, PUSH_STREAM_PATH};
+use ps_proto::grpc_frames::{
+    GRPC_CONTENT_TYPE, MessageReader, PULL_STREAM_PATH, PUSH_STREAM_PATH, SESSION_PATH,
+};
+use ps_proto::session_frames::framed_session_answer;
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_server::ParameterServerServer;
 use tonic::body::Body;
@@ -68,6 +73,7 @@ impl Service<Request<Body>> for DataPath {
         match request.uri().path() {
             PUSH_STREAM_PATH => Box::pin(async move { Ok(push_stream(&service, request).await) }),
             PULL_STREAM_PATH => Box::pin(async move { Ok(pull_stream(&service, request).await) }),
+            SESSION_PATH => Box::pin(async move { Ok(session(&service, request)) }),
             _ => self.generated.call(request),
         }
     }
@@ -101,6 +107,76 @@ async fn pull_stream(service: &ParameterService, request: Request<Body>) -> Resp
         }
         Err(status) => status.into_http(),
     }
+}
+
+/// `Session`: its requests decoded out of the frames they arrive in, its
+/// answers sent as pieces (a row pull's rows as they are), the stream ended
+/// with the status that ended the session.
+fn session(service: &ParameterService, request: Request<Body>) -> Response<Body> {
+    let limit = service.max_message_bytes();
+    let requests = session_requests(request.into_body(), limit);
+    let answered = crate::session::open(service, requests);
+    let frames = stream::unfold(Some(answered), |answered| async move {
+        let mut answered = answered?;
+        let frames = match answered.recv().await {
+            Some(Ok(answer)) => {
+                let pieces = framed_session_answer(answer).into_iter().map(Frame::data);
+                return Some((pieces.collect(), Some(answered)));
+            }
+            Some(Err(status)) => vec![Frame::trailers(trailers_of(status))],
+            None => vec![Frame::trailers(trailers_of(Status::ok("")))],
+        };
+        Some((frames, None))
+    })
+    .flat_map(|frames: Vec<Frame<Bytes>>| stream::iter(frames.into_iter().map(Ok::<_, Status>)));
+    let mut response = Response::new(Body::new(StreamBody::new(frames)));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(GRPC_CONTENT_TYPE));
+    response
+}
+
+/// The session requests in `body`, each decoded out of the frames it arrived
+/// in; the stream ends after the first that is refused.
+fn session_requests(
+    body: Body,
+    limit: usize,
+) -> impl futures::Stream<Item = Result<v1::SessionRequest, Status>> + Send + Unpin + 'static {
+    let reading = Some((body, MessageReader::new(limit)));
+    Box::pin(stream::unfold(reading, |reading| async move {
+        let (mut body, mut reader) = reading?;
+        loop {
+            match reader.next_message() {
+                Ok(Some(message)) => {
+                    return match v1::SessionRequest::decode(message) {
+                        Ok(request) => Some((Ok(request), Some((body, reader)))),
+                        Err(e) => {
+                            let message = format!("a session request does not decode: {e}");
+                            Some((Err(Status::invalid_argument(message)), None))
+                        }
+                    };
+                }
+                Ok(None) => {}
+                Err(error) => return Some((Err(refused(error)), None)),
+            }
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        reader.push(data);
+                    }
+                }
+                Some(Err(status)) => return Some((Err(status), None)),
+                None => return reader.finish().err().map(|e| (Err(refused(e)), None)),
+            }
+        }
+    }))
+}
+
+/// The trailers ending a stream with `status`, its message and metadata kept.
+fn trailers_of(status: Status) -> HeaderMap {
+    let mut trailers = status.into_http::<()>().into_parts().0.headers;
+    trailers.remove(CONTENT_TYPE);
+    trailers
 }
 
 /// The pieces of every chunk, in order, holding the pull's charge until the
@@ -145,4 +221,72 @@ async fn read_unary<M: Message + Default>(mut body: Body, limit: usize) -> Resul
         .map_err(|_| Status::invalid_argument("the request carried more than its one message"))?;
     M::decode(message.into_bytes())
         .map_err(|e| Status::invalid_argument(format!("the request does not decode: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ps_proto::chunk_encode::framed_message;
+    use ps_proto::grpc_frames::message_prefix;
+
+    /// A request body of `frames`.
+    fn body_of(frames: Vec<Bytes>) -> Body {
+        let frames = stream::iter(frames.into_iter().map(|f| Ok::<_, Status>(Frame::data(f))));
+        Body::new(StreamBody::new(frames))
+    }
+
+    fn request(id: u64) -> v1::SessionRequest {
+        v1::SessionRequest {
+            id,
+            deadline_ms: 0,
+            op: Some(v1::session_request::Op::Pull(v1::PullRequest::default())),
+        }
+    }
+
+    #[tokio::test]
+    async fn session_requests_are_read_across_frames_and_end_at_one_that_does_not_decode() {
+        let whole = [framed_message(&request(1)), framed_message(&request(2))].concat();
+        let (first, second) = whole.split_at(3);
+        let garbage = [&message_prefix(2)[..], &[0xff, 0xff]].concat();
+        let frames = vec![
+            Bytes::copy_from_slice(first),
+            Bytes::copy_from_slice(second),
+            Bytes::from(garbage),
+            framed_message(&request(3)),
+        ];
+        let mut requests = session_requests(body_of(frames), 1 << 20);
+        assert_eq!(requests.next().await.unwrap().unwrap(), request(1));
+        assert_eq!(requests.next().await.unwrap().unwrap(), request(2));
+        let refused = requests.next().await.unwrap().unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains("does not decode"), "{refused:?}");
+        assert!(requests.next().await.is_none(), "nothing is read after it");
+    }
+
+    #[tokio::test]
+    async fn a_session_request_cut_short_or_over_the_limit_is_refused() {
+        let whole = framed_message(&request(1));
+        let cut = whole.slice(..whole.len() - 1);
+        let mut requests = session_requests(body_of(vec![cut]), 1 << 20);
+        let truncated = requests.next().await.unwrap().unwrap_err();
+        assert_eq!(truncated.code(), Code::InvalidArgument, "{truncated:?}");
+        assert!(requests.next().await.is_none());
+
+        let mut requests = session_requests(body_of(vec![whole]), 2);
+        let too_large = requests.next().await.unwrap().unwrap_err();
+        assert!(too_large.message().contains("too large"), "{too_large:?}");
+        assert!(requests.next().await.is_none());
+    }
+
+    #[test]
+    fn a_status_becomes_the_trailers_that_end_the_stream() {
+        let status = Status::cancelled("the session sent nothing");
+        let trailers = trailers_of(status);
+        let read_back = Status::from_header_map(&trailers).expect("a status");
+        assert_eq!(read_back.code(), Code::Cancelled);
+        assert_eq!(read_back.message(), "the session sent nothing");
+        assert!(trailers.get(CONTENT_TYPE).is_none());
+        let ok = Status::from_header_map(&trailers_of(Status::ok(""))).expect("a status");
+        assert_eq!(ok.code(), Code::Ok);
+    }
 }

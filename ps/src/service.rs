@@ -19,8 +19,6 @@ use ps_proto::key::ParamKey;
 use ps_proto::metadata;
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_server::{ParameterServer, ParameterServerServer};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admission::Admitted;
@@ -34,7 +32,6 @@ use crate::methods::METHODS;
 use crate::metrics::ServerMetrics;
 use crate::push_buffer::PushBuffer;
 use crate::push_source::FramedPushChunks;
-use crate::session;
 use crate::store::{Pulled, Pushed, Store};
 use crate::stream_reads::{declared_push_bytes, read_push_stream, read_register_stream};
 use crate::wire;
@@ -419,18 +416,15 @@ impl ParameterServer for ParameterService {
         self.answer(result)
     }
 
-    type SessionStream = ReceiverStream<std::result::Result<v1::SessionAnswer, Status>>;
+    type SessionStream = stream::Empty<std::result::Result<v1::SessionAnswer, Status>>;
 
+    /// Never reached: [`DataPath`] serves `Session` before tonic's server
+    /// sees it ([`ParameterService::open_session`]).
     async fn session(
         &self,
-        request: Request<Streaming<v1::SessionRequest>>,
+        _request: Request<Streaming<v1::SessionRequest>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        let (answers, answered) = mpsc::channel(session::ANSWERS_AHEAD);
-        let idle = self.config.transport.idle_connection_timeout;
-        let limit = self.max_message_bytes();
-        let serving = session::serve(self.clone(), request.into_inner(), answers, idle, limit);
-        tokio::spawn(serving);
-        Ok(Response::new(ReceiverStream::new(answered)))
+        Err(served_by_data_path("Session"))
     }
 
     async fn offer_shared_memory(

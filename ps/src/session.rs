@@ -37,12 +37,25 @@ use tonic::{Code, Status};
 use crate::service::ParameterService;
 
 /// Answers a stream's task may have written ahead of the client reading them.
-pub(crate) const ANSWERS_AHEAD: usize = 64;
+const ANSWERS_AHEAD: usize = 64;
 
 /// What a session stream's task sends back: answers, or the status that ends it.
 pub(crate) type AnswerSender = mpsc::Sender<Result<v1::SessionAnswer, Status>>;
 
 type Operation<'a> = Pin<Box<dyn Future<Output = v1::SessionAnswer> + Send + 'a>>;
+
+/// Serves a session whose requests are `requests` (a gRPC `Session` stream)
+/// on a task of its own: its answers, then the status that ended it, if one did.
+pub(crate) fn open(
+    service: &ParameterService,
+    requests: impl Stream<Item = Result<v1::SessionRequest, Status>> + Send + Unpin + 'static,
+) -> mpsc::Receiver<Result<v1::SessionAnswer, Status>> {
+    let (answers, answered) = mpsc::channel(ANSWERS_AHEAD);
+    let idle = service.config().transport.idle_connection_timeout;
+    let limit = service.max_message_bytes();
+    tokio::spawn(serve(service.clone(), requests, answers, idle, limit));
+    answered
+}
 
 /// Serves one session until it ends: reads `requests` (a gRPC `Session`
 /// stream, or a shared-memory session's), runs each operation on `service`,

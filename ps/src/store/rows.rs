@@ -140,13 +140,11 @@ impl Store {
                 made.push((key.part, self.new_bucket(&spec, key)?));
             }
         }
+        // Under the declaration lock the spec checked above still holds.
         let table = self.tables.declare(&spec).map_err(conflict)?;
+        let created: Vec<u32> = made.iter().map(|(bucket, _)| *bucket).collect();
         let mut held = table.buckets.write().unwrap_or_else(|p| p.into_inner());
-        let mut created = Vec::new();
-        for (bucket, made) in made {
-            held.insert(bucket, made);
-            created.push(bucket);
-        }
+        held.extend(made);
         let ranks = self.group_ranks();
         let declared = keys
             .iter()

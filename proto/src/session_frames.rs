@@ -1,0 +1,327 @@
+//! The `Session` stream's messages written as gRPC messages in pieces: the
+//! ids and rows of a row push, and the rows of a row pull's answer, are sent
+//! as the buffers they already are, behind a few bytes of header, where
+//! tonic's encoder would copy every message into one buffer first. Every other
+//! operation is small and is written whole.
+//!
+//! The large fields are written after the small ones of the same message:
+//! protobuf lets fields come in any order, so any decoder reads the message
+//! prost would have written. The read side is [`crate::rope::Rope`], which
+//! prost decodes from in place.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use prost::Message;
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+
+use crate::chunk_encode::framed_message;
+use crate::grpc_frames::{PREFIX_BYTES, message_prefix};
+use crate::v1;
+use crate::v1::session_answer::Outcome;
+use crate::v1::session_request::Op;
+
+/// A `bytes` field at least this long is sent as its own piece; a shorter one
+/// is copied into the header around it (a piece costs an HTTP/2 frame).
+const SHARED_FROM: usize = 4 << 10;
+
+/// `SessionRequest.push_rows`.
+const REQUEST_PUSH_ROWS: u32 = 7;
+/// `PushRowsRequest.blocks`.
+const PUSH_ROWS_BLOCKS: u32 = 4;
+/// `RowBlock.ids`.
+const ROW_BLOCK_IDS: u32 = 2;
+/// `RowBlock.rows`.
+const ROW_BLOCK_ROWS: u32 = 3;
+/// `SessionAnswer.pull_rows`.
+const ANSWER_PULL_ROWS: u32 = 7;
+/// `PullRowsResponse.blocks`.
+const PULL_ROWS_BLOCKS: u32 = 1;
+/// `PulledRows.rows`.
+const PULLED_ROWS_ROWS: u32 = 2;
+
+/// The gRPC message of `request`, in pieces: a row push's ids and rows shared.
+pub fn framed_session_request(mut request: v1::SessionRequest) -> Vec<Bytes> {
+    let mut push = match request.op.take() {
+        Some(Op::PushRows(push)) => push,
+        other => {
+            request.op = other;
+            return vec![framed_message(&request)];
+        }
+    };
+    let blocks: Vec<Split<v1::RowBlock>> = std::mem::take(&mut push.blocks)
+        .into_iter()
+        .map(|mut block| {
+            let ids = std::mem::take(&mut block.ids);
+            let rows = std::mem::take(&mut block.rows);
+            Split::new(block, vec![(ROW_BLOCK_IDS, ids), (ROW_BLOCK_ROWS, rows)])
+        })
+        .collect();
+    let op = Nested::new(Split::new(push, Vec::new()), PUSH_ROWS_BLOCKS, blocks);
+    framed_nested(&request, REQUEST_PUSH_ROWS, op)
+}
+
+/// The gRPC message of `answer`, in pieces: a row pull's rows shared.
+pub fn framed_session_answer(mut answer: v1::SessionAnswer) -> Vec<Bytes> {
+    let mut pulled = match answer.outcome.take() {
+        Some(Outcome::PullRows(pulled)) => pulled,
+        other => {
+            answer.outcome = other;
+            return vec![framed_message(&answer)];
+        }
+    };
+    let blocks: Vec<Split<v1::PulledRows>> = std::mem::take(&mut pulled.blocks)
+        .into_iter()
+        .map(|mut block| {
+            let rows = std::mem::take(&mut block.rows);
+            Split::new(block, vec![(PULLED_ROWS_ROWS, rows)])
+        })
+        .collect();
+    let outcome = Nested::new(Split::new(pulled, Vec::new()), PULL_ROWS_BLOCKS, blocks);
+    framed_nested(&answer, ANSWER_PULL_ROWS, outcome)
+}
+
+/// `outer` (its large field left out) with `inner` written last as field `tag`.
+fn framed_nested<M: Message, N: Message, B: Message>(
+    outer: &M,
+    tag: u32,
+    inner: Nested<N, B>,
+) -> Vec<Bytes> {
+    let inner_len = inner.len();
+    let message_len = outer.encoded_len() + delimited_len(tag, inner_len);
+    let mut out = Pieces::new(message_len);
+    out.head.put_slice(&message_prefix(message_len));
+    outer.encode(&mut out.head).expect("BytesMut grows");
+    out.put_delimiter(tag, inner_len);
+    inner.write(&mut out);
+    out.finish()
+}
+
+/// A message as its small fields (encoded by prost) and its large `bytes`
+/// fields, written after them.
+struct Split<M> {
+    small: M,
+    large: Vec<(u32, Bytes)>,
+}
+
+impl<M: Message> Split<M> {
+    fn new(small: M, large: Vec<(u32, Bytes)>) -> Self {
+        Self { small, large }
+    }
+
+    /// Encoded bytes of the whole message.
+    fn len(&self) -> usize {
+        let large: usize = self
+            .large
+            .iter()
+            .map(|(tag, bytes)| delimited_len(*tag, bytes.len()))
+            .sum();
+        self.small.encoded_len() + large
+    }
+
+    fn write(self, out: &mut Pieces) {
+        self.small.encode(&mut out.head).expect("BytesMut grows");
+        for (tag, bytes) in self.large {
+            out.put_bytes(tag, bytes);
+        }
+    }
+}
+
+/// A message whose repeated message field `tag` holds the `items` (written
+/// after its other fields).
+struct Nested<M, B> {
+    outer: Split<M>,
+    tag: u32,
+    items: Vec<Split<B>>,
+}
+
+impl<M: Message, B: Message> Nested<M, B> {
+    fn new(outer: Split<M>, tag: u32, items: Vec<Split<B>>) -> Self {
+        Self { outer, tag, items }
+    }
+
+    fn len(&self) -> usize {
+        let items: usize = self
+            .items
+            .iter()
+            .map(|item| delimited_len(self.tag, item.len()))
+            .sum();
+        self.outer.len() + items
+    }
+
+    fn write(self, out: &mut Pieces) {
+        self.outer.write(out);
+        for item in self.items {
+            out.put_delimiter(self.tag, item.len());
+            item.write(out);
+        }
+    }
+}
+
+/// A message being written: the header bytes since the last shared piece,
+/// and the pieces before them.
+struct Pieces {
+    head: BytesMut,
+    pieces: Vec<Bytes>,
+}
+
+impl Pieces {
+    fn new(message_len: usize) -> Self {
+        Self {
+            head: BytesMut::with_capacity((PREFIX_BYTES + message_len).min(SHARED_FROM)),
+            pieces: Vec::new(),
+        }
+    }
+
+    /// The key and length of a length-delimited field of `len` bytes.
+    fn put_delimiter(&mut self, tag: u32, len: usize) {
+        encode_key(tag, WireType::LengthDelimited, &mut self.head);
+        encode_varint(len as u64, &mut self.head);
+    }
+
+    /// `bytes` as field `tag`: shared as its own piece when it is large.
+    fn put_bytes(&mut self, tag: u32, bytes: Bytes) {
+        self.put_delimiter(tag, bytes.len());
+        if bytes.len() < SHARED_FROM {
+            self.head.put_slice(&bytes);
+            return;
+        }
+        let head = self.head.split().freeze();
+        self.pieces.extend([head, bytes]);
+    }
+
+    fn finish(mut self) -> Vec<Bytes> {
+        if !self.head.is_empty() {
+            self.pieces.push(self.head.freeze());
+        }
+        self.pieces
+    }
+}
+
+/// Bytes of a length-delimited field of `len` bytes.
+fn delimited_len(tag: u32, len: usize) -> usize {
+    key_len(tag) + encoded_len_varint(len as u64) + len
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grpc_frames::MessageReader;
+    use proptest::prelude::*;
+
+    /// `pieces` read back as one message, decoded from the frames in place.
+    fn read_back<M: Message + Default>(pieces: Vec<Bytes>) -> M {
+        let mut reader = MessageReader::new(usize::MAX);
+        for piece in pieces {
+            reader.push(piece);
+        }
+        let message = reader.next_message().unwrap().expect("one whole message");
+        assert_eq!(reader.finish(), Ok(()));
+        M::decode(message).expect("decodes")
+    }
+
+    fn bytes_of(len: usize, seed: u8) -> Bytes {
+        (0..len).map(|i| (i as u8).wrapping_add(seed)).collect()
+    }
+
+    proptest! {
+        #[test]
+        fn a_row_pull_answer_decodes_as_prost_writes_it(
+            id in any::<u64>(),
+            waited in any::<u64>(),
+            blocks in proptest::collection::vec((any::<u32>(), 0usize..10_000, any::<u64>()), 0..5),
+        ) {
+            let answer = v1::SessionAnswer {
+                id,
+                outcome: Some(Outcome::PullRows(v1::PullRowsResponse {
+                    blocks: blocks
+                        .iter()
+                        .map(|&(bucket, len, version)| v1::PulledRows {
+                            bucket,
+                            rows: bytes_of(len, bucket as u8),
+                            version,
+                        })
+                        .collect(),
+                })),
+                pull_waited_us: waited,
+            };
+            let pieces = framed_session_answer(answer.clone());
+            prop_assert_eq!(read_back::<v1::SessionAnswer>(pieces), answer);
+        }
+
+        #[test]
+        fn a_row_push_decodes_as_prost_writes_it(
+            id in any::<u64>(),
+            step in any::<u64>(),
+            table in "[a-z]{0,12}",
+            blocks in proptest::collection::vec((any::<u32>(), 0usize..6_000, 0usize..9_000), 0..5),
+        ) {
+            let request = v1::SessionRequest {
+                id,
+                deadline_ms: 3,
+                op: Some(Op::PushRows(v1::PushRowsRequest {
+                    table,
+                    worker_id: 2,
+                    step,
+                    blocks: blocks
+                        .iter()
+                        .map(|&(bucket, ids, rows)| v1::RowBlock {
+                            bucket,
+                            ids: bytes_of(ids, 1),
+                            rows: bytes_of(rows, 2),
+                        })
+                        .collect(),
+                    map_version: 9,
+                })),
+            };
+            let pieces = framed_session_request(request.clone());
+            prop_assert_eq!(read_back::<v1::SessionRequest>(pieces), request);
+        }
+    }
+
+    #[test]
+    fn large_rows_are_sent_as_they_are_and_come_out_as_they_arrived() {
+        let rows = bytes_of(64 << 10, 5);
+        let answer = v1::SessionAnswer {
+            id: 1,
+            outcome: Some(Outcome::PullRows(v1::PullRowsResponse {
+                blocks: vec![v1::PulledRows {
+                    bucket: 3,
+                    rows: rows.clone(),
+                    version: 4,
+                }],
+            })),
+            pull_waited_us: 0,
+        };
+        let pieces = framed_session_answer(answer);
+        assert_eq!(pieces.len(), 2, "a header, then the rows");
+        assert_eq!(pieces[1].as_ptr(), rows.as_ptr(), "the rows are not copied");
+        let decoded: v1::SessionAnswer = read_back(pieces);
+        let Some(Outcome::PullRows(pulled)) = decoded.outcome else {
+            panic!("a row pull's answer");
+        };
+        assert_eq!(
+            pulled.blocks[0].rows.as_ptr(),
+            rows.as_ptr(),
+            "decoded as a slice of the frame it arrived in"
+        );
+    }
+
+    #[test]
+    fn other_messages_are_framed_whole() {
+        let answer = v1::SessionAnswer {
+            id: 7,
+            outcome: Some(Outcome::PushRows(v1::PushRowsResponse::default())),
+            pull_waited_us: 0,
+        };
+        let pieces = framed_session_answer(answer.clone());
+        assert_eq!(pieces.len(), 1);
+        assert_eq!(read_back::<v1::SessionAnswer>(pieces), answer);
+        let request = v1::SessionRequest {
+            id: 8,
+            deadline_ms: 0,
+            op: Some(Op::Pull(v1::PullRequest::default())),
+        };
+        let pieces = framed_session_request(request.clone());
+        assert_eq!(pieces.len(), 1);
+        assert_eq!(read_back::<v1::SessionRequest>(pieces), request);
+    }
+}
