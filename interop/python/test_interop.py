@@ -256,6 +256,23 @@ class InteropTest(unittest.TestCase):
             self.assertIn(needle, caught.exception.details())
         self.assertEqual(state(), before, "a refused row push changed the rows")
 
+    def test_session_row_operations_answer_as_unary_calls_do(self):
+        # 40 rows of 64 floats: a pull's rows (10 KiB) are sent apart from
+        # the answer's header, which must decode as any protobuf message.
+        table = pb.TableSpec(name="py-session-emb", width=64, dtype=F32, max_rows=1000, buckets=1,
+                             init=pb.RowInit(uniform=pb.RowUniform(low=-1.0, high=1.0), seed=5),
+                             optimizer=pb.RowOptimizer(sgd=pb.Sgd(lr=1.0)))
+        self.stub.DeclareTable(pb.DeclareTableRequest(table=table, buckets=[0]))
+        keys = list(range(0, 400, 10))
+        block = pb.RowBlock(bucket=0, ids=struct.pack(f"<{len(keys)}Q", *keys))
+        pull = pb.PullRowsRequest(table="py-session-emb", blocks=[block])
+        unary = self.stub.PullRows(pull)
+        answers = list(self.stub.Session(iter([pb.SessionRequest(id=5, pull_rows=pull)])))
+        self.assertEqual([a.id for a in answers], [5])
+        self.assertEqual(answers[0].pull_rows, unary)
+        self.assertEqual(len(unary.blocks[0].rows), len(keys) * 64 * 4)
+        self.assertTrue(any(v != 0.0 for v in floats(unary.blocks[0].rows)), "initialised rows")
+
     def test_stats_count_what_was_served(self):
         stats = self.stub.Stats(pb.StatsRequest())
         self.assertEqual(stats.consistency, "bsp")

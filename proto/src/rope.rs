@@ -70,8 +70,23 @@ impl Rope {
     }
 
     /// Skips `n` bytes; `false` (and nothing skipped) when fewer are left.
-    pub fn skip(&mut self, n: usize) -> bool {
-        self.split_to(n).is_some()
+    pub fn skip(&mut self, mut n: usize) -> bool {
+        if n > self.len {
+            return false;
+        }
+        self.len -= n;
+        while n > 0 {
+            let Some(front) = self.pieces.front_mut() else {
+                break;
+            };
+            if front.len() > n {
+                front.advance(n);
+                break;
+            }
+            n -= front.len();
+            self.pieces.pop_front();
+        }
+        true
     }
 
     /// Appends the next `n` bytes to `out`; `false` (and nothing read) when
@@ -153,6 +168,14 @@ impl Buf for Rope {
     /// The next `len` bytes: a slice of the front piece when they lie within
     /// it, else the pieces they span joined.
     fn copy_to_bytes(&mut self, len: usize) -> Bytes {
+        if let Some(front) = self.pieces.front_mut().filter(|f| f.len() >= len) {
+            let taken = front.split_to(len);
+            if front.is_empty() {
+                self.pieces.pop_front();
+            }
+            self.len -= len;
+            return taken;
+        }
         let taken = self
             .split_to(len)
             .unwrap_or_else(|| panic!("took {len} bytes out of a rope of {}", self.len));

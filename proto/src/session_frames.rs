@@ -1,8 +1,8 @@
 //! The `Session` stream's messages written as gRPC messages in pieces: the
-//! ids and rows of a row push, and the rows of a row pull's answer, are sent
-//! as the buffers they already are, behind a few bytes of header, where
-//! tonic's encoder would copy every message into one buffer first. Every other
-//! operation is small and is written whole.
+//! large ids and rows of a row push, and the large rows of a row pull's
+//! answer, are sent as the buffers they already are, behind a few bytes of
+//! header, where tonic's encoder would copy every message into one buffer
+//! first. Smaller fields, and every other operation, are written whole.
 //!
 //! The large fields are written after the small ones of the same message:
 //! protobuf lets fields come in any order, so any decoder reads the message
@@ -20,8 +20,11 @@ use crate::v1::session_answer::Outcome;
 use crate::v1::session_request::Op;
 
 /// A `bytes` field at least this long is sent as its own piece; a shorter one
-/// is copied into the header around it (a piece costs an HTTP/2 frame).
-const SHARED_FROM: usize = 4 << 10;
+/// is copied into the header around it. Each piece is an HTTP/2 data frame,
+/// which costs both ends more than copying a few KiB: with a row pull's 32
+/// blocks of 8-16 KiB each sent apart, 2x2 pulls ran at 0.8x of all of them
+/// copied into one piece (docs/benchmarks.md, "Rows as frames").
+const SHARED_FROM: usize = 64 << 10;
 
 /// `SessionRequest.push_rows`.
 const REQUEST_PUSH_ROWS: u32 = 7;
@@ -227,7 +230,7 @@ mod tests {
         fn a_row_pull_answer_decodes_as_prost_writes_it(
             id in any::<u64>(),
             waited in any::<u64>(),
-            blocks in proptest::collection::vec((any::<u32>(), 0usize..10_000, any::<u64>()), 0..5),
+            blocks in proptest::collection::vec((any::<u32>(), 0usize..90_000, any::<u64>()), 0..4),
         ) {
             let answer = v1::SessionAnswer {
                 id,
@@ -252,7 +255,7 @@ mod tests {
             id in any::<u64>(),
             step in any::<u64>(),
             table in "[a-z]{0,12}",
-            blocks in proptest::collection::vec((any::<u32>(), 0usize..6_000, 0usize..9_000), 0..5),
+            blocks in proptest::collection::vec((any::<u32>(), 0usize..70_000, 0usize..90_000), 0..4),
         ) {
             let request = v1::SessionRequest {
                 id,
@@ -279,7 +282,7 @@ mod tests {
 
     #[test]
     fn large_rows_are_sent_as_they_are_and_come_out_as_they_arrived() {
-        let rows = bytes_of(64 << 10, 5);
+        let rows = bytes_of(256 << 10, 5);
         let answer = v1::SessionAnswer {
             id: 1,
             outcome: Some(Outcome::PullRows(v1::PullRowsResponse {

@@ -1,6 +1,6 @@
-//! The scheduler with real processes: a worker killed mid-run, a worker started
-//! before any server, a server of the first map not reachable yet, and
-//! `ps-scheduler status`.
+//! The scheduler with real processes: a worker killed mid-run (through shared
+//! memory), a worker started before any server, a server of the first map not
+//! reachable yet, and `ps-scheduler status`.
 
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,11 @@ async fn wait_for_step(scheduler: &str, workers: usize, step: u64) {
     }
 }
 
+/// Workers and servers share this host, so their pushes and pulls go through
+/// shared memory (`--data-path shm` on both, which fails rather than falling
+/// back to gRPC): a worker killed with `kill -9` mid-run, its session's ring
+/// possibly half written, is declared dead by its missed heartbeats and the
+/// BSP steps complete without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_worker_mid_run_lets_the_other_two_finish() {
     let scheduler = ServerProcess::start_scheduler(&[
@@ -58,11 +63,19 @@ async fn killing_a_worker_mid_run_lets_the_other_two_finish() {
         "2000",
     ])
     .await;
-    let servers = [
-        ServerProcess::start(&["--scheduler", &scheduler.addr, "--workers", "3"]).await,
-        ServerProcess::start(&["--scheduler", &scheduler.addr, "--workers", "3"]).await,
+    let server_args = [
+        "--scheduler",
+        &scheduler.addr,
+        "--workers",
+        "3",
+        "--data-path",
+        "shm",
     ];
-    let epochs = ["--epochs", "60"];
+    let servers = [
+        ServerProcess::start(&server_args).await,
+        ServerProcess::start(&server_args).await,
+    ];
+    let epochs = ["--epochs", "60", "--data-path", "shm"];
     let mut workers: Vec<Child> = (0..3).map(|_| worker(&scheduler.addr, &epochs)).collect();
     wait_for_step(&scheduler.addr, 3, 40).await;
 
