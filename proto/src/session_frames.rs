@@ -90,7 +90,7 @@ fn framed_nested<M: Message, N: Message, B: Message>(
 ) -> Vec<Bytes> {
     let inner_len = inner.len();
     let message_len = outer.encoded_len() + delimited_len(tag, inner_len);
-    let mut out = Pieces::new(message_len);
+    let mut out = Pieces::new(PREFIX_BYTES + message_len - inner.shared_len());
     out.head.put_slice(&message_prefix(message_len));
     outer.encode(&mut out.head).expect("BytesMut grows");
     out.put_delimiter(tag, inner_len);
@@ -118,6 +118,12 @@ impl<M: Message> Split<M> {
             .map(|(tag, bytes)| delimited_len(*tag, bytes.len()))
             .sum();
         self.small.encoded_len() + large
+    }
+
+    /// Bytes of its fields that are sent as pieces of their own.
+    fn shared_len(&self) -> usize {
+        let shared = self.large.iter().map(|(_, bytes)| bytes.len());
+        shared.filter(|len| *len >= SHARED_FROM).sum()
     }
 
     fn write(self, out: &mut Pieces) {
@@ -150,6 +156,11 @@ impl<M: Message, B: Message> Nested<M, B> {
         self.outer.len() + items
     }
 
+    /// Bytes of its fields that are sent as pieces of their own.
+    fn shared_len(&self) -> usize {
+        self.outer.shared_len() + self.items.iter().map(Split::shared_len).sum::<usize>()
+    }
+
     fn write(self, out: &mut Pieces) {
         self.outer.write(out);
         for item in self.items {
@@ -167,9 +178,11 @@ struct Pieces {
 }
 
 impl Pieces {
-    fn new(message_len: usize) -> Self {
+    /// A message whose bytes written in place (all but its shared pieces)
+    /// come to `copied`, allocated once.
+    fn new(copied: usize) -> Self {
         Self {
-            head: BytesMut::with_capacity((PREFIX_BYTES + message_len).min(SHARED_FROM)),
+            head: BytesMut::with_capacity(copied),
             pieces: Vec::new(),
         }
     }
@@ -296,6 +309,7 @@ mod tests {
         };
         let pieces = framed_session_answer(answer);
         assert_eq!(pieces.len(), 2, "a header, then the rows");
+        assert!(pieces[0].len() < 64, "the header alone is copied");
         assert_eq!(pieces[1].as_ptr(), rows.as_ptr(), "the rows are not copied");
         let decoded: v1::SessionAnswer = read_back(pieces);
         let Some(Outcome::PullRows(pulled)) = decoded.outcome else {
