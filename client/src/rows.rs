@@ -286,20 +286,29 @@ impl Shards {
                 blocks.len()
             )));
         }
+        let row_bytes = table.width as usize * 4;
+        let ids: usize = blocks.iter().map(|(_, block)| block.ids.len()).sum();
+        if answer.rows.len() != ids * row_bytes {
+            return Err(malformed(format!(
+                "{} bytes of rows for {ids} ids of {row_bytes} bytes",
+                answer.rows.len()
+            )));
+        }
+        let mut start = 0;
         blocks
             .into_iter()
             .zip(answer.blocks)
             .map(|((bucket, block), pulled)| {
-                let expected = block.ids.len() * table.width as usize * 4;
-                if pulled.bucket != bucket || pulled.rows.len() != expected {
+                if pulled.bucket != bucket {
                     return Err(malformed(format!(
-                        "bucket {} with {} bytes of rows for bucket {bucket}'s {} ids",
-                        pulled.bucket,
-                        pulled.rows.len(),
-                        block.ids.len()
+                        "bucket {} answered for bucket {bucket}",
+                        pulled.bucket
                     )));
                 }
-                Ok((block.positions, pulled.rows))
+                let end = start + block.ids.len() * row_bytes;
+                let rows = answer.rows.slice(start..end);
+                start = end;
+                Ok((block.positions, rows))
             })
             .collect()
     }

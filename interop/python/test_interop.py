@@ -229,8 +229,8 @@ class InteropTest(unittest.TestCase):
         self.assertFalse(self.stub.PushRows(push(0, [3, 7], [1.0, -2.0, 0.5, 0.5])).buckets[0].accepted)
         self.stub.PushRows(push(1, [7], [1.5, -0.5]))
         pull = pb.PullRowsRequest(table="py-emb", blocks=[block([3, 7, 50])], min_version=1, timeout_ms=5000)
-        pulled = self.stub.PullRows(pull).blocks[0]
-        self.assertEqual(pulled.version, 1)
+        pulled = self.stub.PullRows(pull)
+        self.assertEqual(pulled.blocks[0].version, 1)
         # Each row's gradient is the workers' sum over the 2 workers (a worker
         # that missed a row adds zero), then Adagrad from an accumulator of 0.1.
         sums = {3: [1.0, -2.0], 7: [0.5 + 1.5, 0.5 - 0.5], 50: [0.0, 0.0]}
@@ -241,7 +241,7 @@ class InteropTest(unittest.TestCase):
                 want.append(0.0 - 0.1 * g / ((0.1 + g * g) ** 0.5 + 1e-10) if key != 50 else 0.0)
         for got, expected in zip(floats(pulled.rows), want):
             self.assertLessEqual(abs(got - expected), 1e-6, (got, expected))
-        state = lambda: self.stub.PullRows(pb.PullRowsRequest(table="py-emb", blocks=[block([3, 7])])).blocks[0]
+        state = lambda: self.stub.PullRows(pb.PullRowsRequest(table="py-emb", blocks=[block([3, 7])]))
         before = state()
         bad = [(push(0, [9, 9], [1.0] * 4), grpc.StatusCode.INVALID_ARGUMENT, "appears twice"),
                (push(0, [100], [1.0, 1.0]), grpc.StatusCode.INVALID_ARGUMENT, "out of range"),
@@ -270,8 +270,8 @@ class InteropTest(unittest.TestCase):
         answers = list(self.stub.Session(iter([pb.SessionRequest(id=5, pull_rows=pull)])))
         self.assertEqual([a.id for a in answers], [5])
         self.assertEqual(answers[0].pull_rows, unary)
-        self.assertEqual(len(unary.blocks[0].rows), len(keys) * 64 * 4)
-        self.assertTrue(any(v != 0.0 for v in floats(unary.blocks[0].rows)), "initialised rows")
+        self.assertEqual(len(unary.rows), len(keys) * 64 * 4)
+        self.assertTrue(any(v != 0.0 for v in floats(unary.rows)), "initialised rows")
 
     def test_stats_count_what_was_served(self):
         stats = self.stub.Stats(pb.StatsRequest())

@@ -1,6 +1,6 @@
 //! The `Session` stream's messages written as gRPC messages in pieces: the
-//! large ids and rows of a row push, and the large rows of a row pull's
-//! answer, are sent as the buffers they already are, behind a few bytes of
+//! large ids and rows of a row push, and a row pull's answer's rows (one
+//! buffer for all its blocks), when large, are sent as the buffers they already are, behind a few bytes of
 //! header, where tonic's encoder would copy every message into one buffer
 //! first. Smaller fields, and every other operation, are written whole.
 //!
@@ -21,9 +21,10 @@ use crate::v1::session_request::Op;
 
 /// A `bytes` field at least this long is sent as its own piece; a shorter one
 /// is copied into the header around it. Each piece is an HTTP/2 data frame,
-/// which costs both ends more than copying a few KiB: with a row pull's 32
-/// blocks of 8-16 KiB each sent apart, 2x2 pulls ran at 0.8x of all of them
-/// copied into one piece (docs/benchmarks.md, "Rows as frames").
+/// which costs both ends more than copying a few KiB: when a row pull's
+/// answer carried each of its 32 blocks' 8-16 KiB of rows apart, 2x2 pulls
+/// ran at 0.8x of the same answer copied into one piece (docs/benchmarks.md,
+/// "Rows as frames"). A push's blocks still carry their own ids and rows.
 const SHARED_FROM: usize = 64 << 10;
 
 /// `SessionRequest.push_rows`.
@@ -36,10 +37,8 @@ const ROW_BLOCK_IDS: u32 = 2;
 const ROW_BLOCK_ROWS: u32 = 3;
 /// `SessionAnswer.pull_rows`.
 const ANSWER_PULL_ROWS: u32 = 7;
-/// `PullRowsResponse.blocks`.
-const PULL_ROWS_BLOCKS: u32 = 1;
-/// `PulledRows.rows`.
-const PULLED_ROWS_ROWS: u32 = 2;
+/// `PullRowsResponse.rows`.
+const PULL_ROWS_ROWS: u32 = 2;
 
 /// The gRPC message of `request`, in pieces: a row push's ids and rows shared.
 pub fn framed_session_request(mut request: v1::SessionRequest) -> Vec<Bytes> {
@@ -71,23 +70,13 @@ pub fn framed_session_answer(mut answer: v1::SessionAnswer) -> Vec<Bytes> {
             return vec![framed_message(&answer)];
         }
     };
-    let blocks: Vec<Split<v1::PulledRows>> = std::mem::take(&mut pulled.blocks)
-        .into_iter()
-        .map(|mut block| {
-            let rows = std::mem::take(&mut block.rows);
-            Split::new(block, vec![(PULLED_ROWS_ROWS, rows)])
-        })
-        .collect();
-    let outcome = Nested::new(Split::new(pulled, Vec::new()), PULL_ROWS_BLOCKS, blocks);
+    let rows = std::mem::take(&mut pulled.rows);
+    let outcome = Split::new(pulled, vec![(PULL_ROWS_ROWS, rows)]);
     framed_nested(&answer, ANSWER_PULL_ROWS, outcome)
 }
 
 /// `outer` (its large field left out) with `inner` written last as field `tag`.
-fn framed_nested<M: Message, N: Message, B: Message>(
-    outer: &M,
-    tag: u32,
-    inner: Nested<N, B>,
-) -> Vec<Bytes> {
+fn framed_nested(outer: &impl Message, tag: u32, inner: impl Written) -> Vec<Bytes> {
     let inner_len = inner.len();
     let message_len = outer.encoded_len() + delimited_len(tag, inner_len);
     let mut out = Pieces::new(PREFIX_BYTES + message_len - inner.shared_len());
@@ -96,6 +85,16 @@ fn framed_nested<M: Message, N: Message, B: Message>(
     out.put_delimiter(tag, inner_len);
     inner.write(&mut out);
     out.finish()
+}
+
+/// A message written partly in place and partly as pieces of its own.
+trait Written {
+    /// Encoded bytes of the whole message.
+    fn len(&self) -> usize;
+    /// Bytes of its fields that are sent as pieces of their own.
+    fn shared_len(&self) -> usize;
+    /// Writes it at the end of `out`.
+    fn write(self, out: &mut Pieces);
 }
 
 /// A message as its small fields (encoded by prost) and its large `bytes`
@@ -109,8 +108,9 @@ impl<M: Message> Split<M> {
     fn new(small: M, large: Vec<(u32, Bytes)>) -> Self {
         Self { small, large }
     }
+}
 
-    /// Encoded bytes of the whole message.
+impl<M: Message> Written for Split<M> {
     fn len(&self) -> usize {
         let large: usize = self
             .large
@@ -120,7 +120,6 @@ impl<M: Message> Split<M> {
         self.small.encoded_len() + large
     }
 
-    /// Bytes of its fields that are sent as pieces of their own.
     fn shared_len(&self) -> usize {
         let shared = self.large.iter().map(|(_, bytes)| bytes.len());
         shared.filter(|len| *len >= SHARED_FROM).sum()
@@ -146,7 +145,9 @@ impl<M: Message, B: Message> Nested<M, B> {
     fn new(outer: Split<M>, tag: u32, items: Vec<Split<B>>) -> Self {
         Self { outer, tag, items }
     }
+}
 
+impl<M: Message, B: Message> Written for Nested<M, B> {
     fn len(&self) -> usize {
         let items: usize = self
             .items
@@ -156,7 +157,6 @@ impl<M: Message, B: Message> Nested<M, B> {
         self.outer.len() + items
     }
 
-    /// Bytes of its fields that are sent as pieces of their own.
     fn shared_len(&self) -> usize {
         self.outer.shared_len() + self.items.iter().map(Split::shared_len).sum::<usize>()
     }
@@ -243,19 +243,17 @@ mod tests {
         fn a_row_pull_answer_decodes_as_prost_writes_it(
             id in any::<u64>(),
             waited in any::<u64>(),
-            blocks in proptest::collection::vec((any::<u32>(), 0usize..90_000, any::<u64>()), 0..4),
+            blocks in proptest::collection::vec((any::<u32>(), any::<u64>()), 0..40),
+            rows in 0usize..150_000,
         ) {
             let answer = v1::SessionAnswer {
                 id,
                 outcome: Some(Outcome::PullRows(v1::PullRowsResponse {
                     blocks: blocks
                         .iter()
-                        .map(|&(bucket, len, version)| v1::PulledRows {
-                            bucket,
-                            rows: bytes_of(len, bucket as u8),
-                            version,
-                        })
+                        .map(|&(bucket, version)| v1::PulledRows { bucket, version })
                         .collect(),
+                    rows: bytes_of(rows, 3),
                 })),
                 pull_waited_us: waited,
             };
@@ -301,9 +299,9 @@ mod tests {
             outcome: Some(Outcome::PullRows(v1::PullRowsResponse {
                 blocks: vec![v1::PulledRows {
                     bucket: 3,
-                    rows: rows.clone(),
                     version: 4,
                 }],
+                rows: rows.clone(),
             })),
             pull_waited_us: 0,
         };
@@ -316,7 +314,7 @@ mod tests {
             panic!("a row pull's answer");
         };
         assert_eq!(
-            pulled.blocks[0].rows.as_ptr(),
+            pulled.rows.as_ptr(),
             rows.as_ptr(),
             "decoded as a slice of the frame it arrived in"
         );

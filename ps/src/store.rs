@@ -29,7 +29,7 @@ use crate::step_waits::StepWaits;
 use crate::table::Tables;
 
 mod rows;
-pub use rows::{DeclaredBucket, PulledRows, PushedBucket, RowBlock};
+pub use rows::{DeclaredBucket, PulledRows, PulledTable, PushedBucket, RowBlock};
 
 /// The outcome of registering one key.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use ps_proto::rows::{decode_ids, decode_rows};
 use ps_proto::v1;
 
 use crate::error::{Error, Result};
-use crate::store::{DeclaredBucket, PulledRows, PushedBucket, RowBlock};
+use crate::store::{DeclaredBucket, PulledTable, PushedBucket, RowBlock};
 use crate::table::TableSpec;
 
 /// Validates a table from the wire.
@@ -67,16 +67,19 @@ pub fn declare_response(declared: Vec<DeclaredBucket>) -> v1::DeclareTableRespon
 }
 
 /// The answer to a `PullRows`.
-pub fn pull_rows_response(pulled: Vec<PulledRows>) -> v1::PullRowsResponse {
+pub fn pull_rows_response(pulled: PulledTable) -> v1::PullRowsResponse {
     let blocks = pulled
+        .blocks
         .into_iter()
         .map(|p| v1::PulledRows {
             bucket: p.bucket,
-            rows: p.rows,
             version: p.version.get(),
         })
         .collect();
-    v1::PullRowsResponse { blocks }
+    v1::PullRowsResponse {
+        blocks,
+        rows: pulled.rows,
+    }
 }
 
 /// The answer to a `PushRows`.

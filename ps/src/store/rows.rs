@@ -51,10 +51,20 @@ pub struct DeclaredBucket {
 pub struct PulledRows {
     /// The bucket.
     pub bucket: u32,
-    /// One row per requested id, little-endian `f32`s.
+    /// One row per requested id, little-endian `f32`s: a slice of
+    /// [`PulledTable::rows`].
     pub rows: Bytes,
     /// The bucket's version the rows are at.
     pub version: Version,
+}
+
+/// What a pull read: each block's rows, read into one buffer in block order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PulledTable {
+    /// Per block, in request order.
+    pub blocks: Vec<PulledRows>,
+    /// Every block's rows, in block order.
+    pub rows: Bytes,
 }
 
 /// The outcome of a row push for one bucket.
@@ -239,7 +249,7 @@ impl Store {
         min_version: Version,
         timeout: Duration,
         routed_by: MapVersion,
-    ) -> Result<Vec<PulledRows>> {
+    ) -> Result<PulledTable> {
         self.check_serving()?;
         let table = self.table(table)?;
         let buckets = self.checked_buckets(&table, blocks, Blocks::Pull)?;
@@ -270,22 +280,30 @@ impl Store {
                 return Err(self.bucket_timeout(bucket, min_version, timeout));
             }
         }
-        let pulled = buckets
-            .iter()
-            .zip(blocks)
-            .map(|(bucket, block)| {
-                let mut rows = Vec::with_capacity(block.ids.len() * table.spec.width * 4);
-                let state = bucket.lock();
-                state.read_into(&block.ids, &mut rows);
-                PulledRows {
-                    bucket: block.bucket,
-                    rows: Bytes::from(rows),
-                    version: state.version(),
-                }
+        let ids: usize = blocks.iter().map(|block| block.ids.len()).sum();
+        let mut rows = Vec::with_capacity(ids * table.spec.width * 4);
+        let mut ends = Vec::with_capacity(blocks.len());
+        for (bucket, block) in buckets.iter().zip(blocks) {
+            let state = bucket.lock();
+            state.read_into(&block.ids, &mut rows);
+            ends.push((block.bucket, state.version(), rows.len()));
+        }
+        let rows = Bytes::from(rows);
+        let mut start = 0;
+        let blocks = ends
+            .into_iter()
+            .map(|(bucket, version, end)| {
+                let block = PulledRows {
+                    bucket,
+                    rows: rows.slice(start..end),
+                    version,
+                };
+                start = end;
+                block
             })
             .collect();
         self.counters.pulls.fetch_add(1, Ordering::Relaxed);
-        Ok(pulled)
+        Ok(PulledTable { blocks, rows })
     }
 
     /// Pushes `worker`'s row gradients of `step` to `table`. All or nothing; a

@@ -81,6 +81,7 @@ async fn rows(store: &Store, blocks: &[RowBlock]) -> Vec<PulledRows> {
         .pull_rows("emb", blocks, Version(0), timeout, MapVersion(0))
         .await
         .unwrap()
+        .blocks
 }
 
 fn floats(bytes: &[u8]) -> Vec<f32> {
@@ -108,6 +109,35 @@ async fn bsp_applies_each_row_once_averaged_over_the_group() {
             assert!((before[i] - after[i] - want).abs() < 1e-6, "row {row}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_pull_of_several_blocks_reads_their_rows_into_one_buffer_in_block_order() {
+    let store = store(Consistency::Asp, 1, 1 << 30);
+    let (first, second) = (ids_of(1, 3), ids_of(0, 2));
+    let blocks = [pull_block(1, &first), pull_block(0, &second)];
+    let pulled = store
+        .pull_rows(
+            "emb",
+            &blocks,
+            Version(0),
+            Duration::from_secs(5),
+            MapVersion(0),
+        )
+        .await
+        .unwrap();
+    let alone = [
+        rows(&store, &[pull_block(1, &first)]).await.remove(0),
+        rows(&store, &[pull_block(0, &second)]).await.remove(0),
+    ];
+    assert_eq!(pulled.blocks, alone, "each block as pulled alone, in order");
+    let joined = [&alone[0].rows[..], &alone[1].rows[..]].concat();
+    assert_eq!(&pulled.rows[..], &joined[..]);
+    assert_eq!(
+        pulled.blocks[1].rows.as_ptr(),
+        pulled.rows[(3 * WIDTH * 4)..].as_ptr(),
+        "a block's rows are a slice of the one buffer"
+    );
 }
 
 #[tokio::test]
@@ -208,7 +238,7 @@ async fn a_row_never_pushed_reads_as_it_starts_and_pulls_wait_for_the_step() {
     store
         .push_rows("emb", Rank(0), Step(0), &[push_block(0, &ids, 0.5)])
         .unwrap();
-    let pulled = waiting.await.unwrap().unwrap();
+    let pulled = waiting.await.unwrap().unwrap().blocks;
     assert_eq!(pulled[0].version, Version(1));
     let want: Vec<f32> = start.iter().map(|v| v - 0.5).collect();
     assert_eq!(floats(&pulled[0].rows), want);
