@@ -257,13 +257,14 @@ class InteropTest(unittest.TestCase):
         self.assertEqual(state(), before, "a refused row push changed the rows")
 
     def test_session_row_operations_answer_as_unary_calls_do(self):
-        # 40 rows of 64 floats: a pull's rows (10 KiB) are sent apart from
-        # the answer's header, which must decode as any protobuf message.
+        # 334 rows of 64 floats: the answer's rows (85 KiB) are sent as a
+        # piece of their own, after the answer's other fields, and the
+        # message must decode as any protobuf message does.
         table = pb.TableSpec(name="py-session-emb", width=64, dtype=F32, max_rows=1000, buckets=1,
                              init=pb.RowInit(uniform=pb.RowUniform(low=-1.0, high=1.0), seed=5),
                              optimizer=pb.RowOptimizer(sgd=pb.Sgd(lr=1.0)))
         self.stub.DeclareTable(pb.DeclareTableRequest(table=table, buckets=[0]))
-        keys = list(range(0, 400, 10))
+        keys = list(range(0, 1000, 3))
         block = pb.RowBlock(bucket=0, ids=struct.pack(f"<{len(keys)}Q", *keys))
         pull = pb.PullRowsRequest(table="py-session-emb", blocks=[block])
         unary = self.stub.PullRows(pull)

@@ -20,8 +20,9 @@ use crate::v1::session_answer::Outcome;
 use crate::v1::session_request::Op;
 
 /// A `bytes` field at least this long is sent as its own piece; a shorter one
-/// is copied into the header around it. Each piece is an HTTP/2 data frame,
-/// which costs both ends more than copying a few KiB: when a row pull's
+/// is copied into the header around it. Each piece is sent as at least one
+/// HTTP/2 data frame of its own (h2 cuts one longer than the largest frame),
+/// and a frame costs both ends more than copying a few KiB: when a row pull's
 /// answer carried each of its 32 blocks' 8-16 KiB of rows apart, 2x2 pulls
 /// ran at 0.8x of the same answer copied into one piece (docs/benchmarks.md,
 /// "Rows as frames"). A push's blocks still carry their own ids and rows.

@@ -122,6 +122,8 @@ const MIN_WINDOW_BYTES: u32 = 65_535;
 const MAX_WINDOW_BYTES: u32 = (1 << 31) - 1;
 /// The smallest message limit that carries a request.
 const MIN_MESSAGE_BYTES: usize = 4 << 10;
+/// The largest message limit: a gRPC message's length prefix is 32 bits.
+const MAX_MESSAGE_BYTES: usize = u32::MAX as usize;
 
 /// A transport setting out of its range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -144,8 +146,11 @@ pub enum TransportError {
     /// No connection would be taken.
     #[error("--max-connections must be at least 1")]
     NoConnections,
-    /// A message limit too small for any request.
-    #[error("max message size {0} bytes is too small to carry a request (at least 4KiB)")]
+    /// A message limit too small for any request, or past what gRPC's
+    /// length prefix can say.
+    #[error(
+        "max message size {0} bytes is outside 4KiB..=4GiB-1: a smaller one carries no request, a larger one does not fit gRPC's 32-bit length"
+    )]
     MessageLimit(usize),
 }
 
@@ -169,7 +174,7 @@ impl TransportConfig {
         if self.max_connections == 0 {
             return Err(TransportError::NoConnections);
         }
-        if self.max_message_bytes < MIN_MESSAGE_BYTES {
+        if !(MIN_MESSAGE_BYTES..=MAX_MESSAGE_BYTES).contains(&self.max_message_bytes) {
             return Err(TransportError::MessageLimit(self.max_message_bytes));
         }
         Ok(())
@@ -313,6 +318,23 @@ mod tests {
     #[test]
     fn defaults_are_valid() {
         assert_eq!(TransportConfig::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_message_limit_past_a_grpc_length_or_under_a_request_is_refused() {
+        for max_message_bytes in [1 << 10, 1 << 32] {
+            let config = TransportConfig {
+                max_message_bytes,
+                ..TransportConfig::default()
+            };
+            let refused = config.validate().unwrap_err().to_string();
+            assert!(refused.contains("4KiB..=4GiB-1"), "{refused}");
+        }
+        let largest = TransportConfig {
+            max_message_bytes: u32::MAX as usize,
+            ..TransportConfig::default()
+        };
+        assert_eq!(largest.validate(), Ok(()));
     }
 
     #[test]

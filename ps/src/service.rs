@@ -419,7 +419,7 @@ impl ParameterServer for ParameterService {
     type SessionStream = stream::Empty<std::result::Result<v1::SessionAnswer, Status>>;
 
     /// Never reached: [`DataPath`] serves `Session` before tonic's server
-    /// sees it ([`ParameterService::open_session`]).
+    /// sees it (`crate::session::open`).
     async fn session(
         &self,
         _request: Request<Streaming<v1::SessionRequest>>,

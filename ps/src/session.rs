@@ -3,7 +3,8 @@
 //!
 //! A unary call pays for a whole HTTP/2 request per operation (HEADERS with
 //! HPACK, a stream opened and closed, a service dispatch, trailers); on a
-//! session an operation is one DATA frame each way. Each operation goes
+//! session an operation is one message each way, in as few DATA frames as
+//! its size allows (`ps_proto::session_frames`). Each operation goes
 //! through the same steps as its unary method ([`ParameterService::push_grads`],
 //! [`ParameterService::pull_response`]; a `PushPull` is the one and then the
 //! other, answered together): the map version and memory budget are
