@@ -311,7 +311,7 @@ mod tests {
             tiny.validate()
                 .unwrap_err()
                 .to_string()
-                .contains("at least 4KiB")
+                .contains("4KiB..=4GiB-1")
         );
     }
 
