@@ -1,5 +1,6 @@
 //! gRPC messages cut out of arbitrarily cut HTTP/2 frames, each decoded as a
-//! push and a pull chunk with its data left in the frames, checked against prost.
+//! push and a pull chunk with its data left in the frames and as a session
+//! request and answer straight out of the frames, checked against prost.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {

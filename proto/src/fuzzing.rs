@@ -65,9 +65,10 @@ pub fn chunk_stream(data: &[u8]) -> bool {
 
 /// gRPC messages cut out of `data` (its first byte sets where the HTTP/2
 /// frames are cut) and each decoded as a `PushChunk` and a `PullChunk` with
-/// the data left in the frames: each decodes exactly as prost decodes the
-/// joined bytes, or is refused where prost refuses them. The number of
-/// messages read.
+/// the data left in the frames, and as a `SessionRequest` and a
+/// `SessionAnswer` straight out of the frames (as a session reads them): each
+/// decodes exactly as prost decodes the joined bytes, or is refused where
+/// prost refuses them. The number of messages read.
 pub fn framed_chunks(data: &[u8]) -> usize {
     let Some((&cut, wire)) = data.split_first() else {
         return 0;
@@ -81,6 +82,8 @@ pub fn framed_chunks(data: &[u8]) -> usize {
         loop {
             match reader.next_message() {
                 Ok(Some(message)) => {
+                    decodes_in_place_as_joined::<v1::SessionRequest>(&message);
+                    decodes_in_place_as_joined::<v1::SessionAnswer>(&message);
                     agrees_with_prost(message.clone(), decode_push_chunk, |m, data| {
                         if let Some(chunk) = m.chunk.as_mut() {
                             chunk.data = data;
@@ -99,6 +102,18 @@ pub fn framed_chunks(data: &[u8]) -> usize {
         }
     }
     messages
+}
+
+/// Checks prost decoding `M` out of `message`'s pieces (`Rope` as a `Buf`)
+/// against prost on its joined bytes.
+fn decodes_in_place_as_joined<M: Message + Default + PartialEq + std::fmt::Debug>(message: &Rope) {
+    let joined = message.clone().into_pieces().concat();
+    match (M::decode(message.clone()), M::decode(joined.as_slice())) {
+        (Ok(ours), Ok(theirs)) => assert_eq!(ours, theirs, "decoded in place, it differs"),
+        (Err(_), Err(_)) => {}
+        (Ok(_), Err(_)) => panic!("decoded in place, it took bytes prost refuses"),
+        (Err(_), Ok(_)) => panic!("decoded in place, it refused bytes prost takes"),
+    }
 }
 
 /// Checks `decode` on `message` against prost on its joined bytes, putting
@@ -191,6 +206,26 @@ mod tests {
                 input.extend(framed_push_chunk(message.clone()).concat());
             }
             prop_assert_eq!(framed_chunks(&input), count);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn framed_session_answers_are_read_back_whatever_the_cut(
+            cut in any::<u8>(),
+            rows in 0usize..70_000,
+        ) {
+            let answer = v1::SessionAnswer {
+                id: 9,
+                outcome: Some(v1::session_answer::Outcome::PullRows(v1::PullRowsResponse {
+                    blocks: vec![v1::PulledRows { bucket: 2, version: 5 }],
+                    rows: Bytes::from(vec![7; rows]),
+                })),
+                pull_waited_us: 1,
+            };
+            let mut input = vec![cut];
+            input.extend(crate::session_frames::framed_session_answer(answer).concat());
+            prop_assert_eq!(framed_chunks(&input), 1);
         }
     }
 

@@ -145,7 +145,7 @@ pub fn emb_spec() -> v1::TableSpec {
 }
 
 /// A service over a store holding `w` (4 elements, SGD), as a fresh server has it.
-fn one_key_service() -> (ParameterService, Arc<Store>) {
+pub(crate) fn one_key_service() -> (ParameterService, Arc<Store>) {
     let config = ServerConfig {
         memory_budget: 64 << 20,
         ..ServerConfig::default()

@@ -19,7 +19,9 @@
 //! One task serves a stream: it reads requests and drives the operations in
 //! flight side by side, so a pull waiting for its version holds up nothing
 //! behind it. The stream ends when the client ends it, at the first message
-//! that does not decode, or after the idle timeout with nothing in flight.
+//! that does not decode, or after the idle timeout with nothing in flight; when
+//! nobody reads its answers any more (the client went away), it stops at once,
+//! dropping the operations in flight.
 
 use std::collections::HashSet;
 use std::pin::Pin;
@@ -100,6 +102,7 @@ pub(crate) async fn serve(
                     return;
                 }
             }
+            () = answers.closed() => return,
             () = sleep_until(idle_end), if reading && in_flight.is_empty() && idle_end.is_some() => {
                 let message = format!(
                     "the session sent nothing for {:?} with nothing in flight; open a new one",
@@ -260,5 +263,40 @@ fn code_of(answer: &v1::SessionAnswer) -> Code {
     match &answer.outcome {
         Some(Outcome::Refusal(refusal)) => Code::from_i32(refusal.code),
         _ => Code::Ok,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session whose answers nobody reads any more (its client went away)
+    /// stops at once, instead of holding its pull until the pull's timeout.
+    #[tokio::test]
+    async fn a_session_nobody_reads_stops_with_its_pull_in_flight() {
+        let (service, _store) = crate::fuzzing::one_key_service();
+        let pull = v1::PullRequest {
+            keys: vec![v1::KeyRef {
+                name: "w".into(),
+                part: 0,
+            }],
+            min_version: 1,
+            timeout_ms: 600_000,
+            ..v1::PullRequest::default()
+        };
+        let request = v1::SessionRequest {
+            id: 1,
+            deadline_ms: 0,
+            op: Some(Op::Pull(pull)),
+        };
+        let requests = futures::stream::iter([Ok(request)]).chain(futures::stream::pending());
+        let (answers, answered) = mpsc::channel(1);
+        let serving = tokio::spawn(serve(service, Box::pin(requests), answers, None, 1 << 20));
+        tokio::task::yield_now().await;
+        drop(answered);
+        tokio::time::timeout(Duration::from_secs(30), serving)
+            .await
+            .expect("the session stopped once its answers had no reader")
+            .expect("the session task ended cleanly");
     }
 }
