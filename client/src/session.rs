@@ -24,7 +24,7 @@ use prost::Message;
 use ps_proto::auth::AuthChannel;
 use ps_proto::grpc_frames::SESSION_PATH;
 use ps_proto::refusal::status_of;
-use ps_proto::session_frames::framed_session_request;
+use ps_proto::session_frames::SessionFrames;
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
@@ -147,15 +147,17 @@ impl SessionLink {
 }
 
 /// The request body of a session: each request queued on `queued`, written
-/// as pieces (a row push's ids and rows as they are).
+/// as pieces (a row push's ids and rows as they are), the small pieces of the
+/// requests queued at once joined into one frame, as tonic's encoder does.
 fn request_body(queued: mpsc::Receiver<v1::SessionRequest>) -> Body {
-    let frames = futures::StreamExt::flat_map(ReceiverStream::new(queued), |request| {
-        let pieces = framed_session_request(request);
-        futures::stream::iter(
-            pieces
-                .into_iter()
-                .map(|piece| Ok::<_, Status>(Frame::data(piece))),
-        )
+    let batches = futures::StreamExt::ready_chunks(ReceiverStream::new(queued), REQUESTS_AHEAD);
+    let frames = futures::StreamExt::flat_map(batches, |requests| {
+        let mut written = SessionFrames::default();
+        for request in requests {
+            written.put_request(request);
+        }
+        let frames = written.finish().into_iter().map(Frame::data);
+        futures::stream::iter(frames.map(Ok::<_, Status>))
     });
     Body::new(StreamBody::new(frames))
 }

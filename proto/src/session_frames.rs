@@ -13,7 +13,6 @@ use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
 
-use crate::chunk_encode::framed_message;
 use crate::grpc_frames::{PREFIX_BYTES, message_prefix};
 use crate::v1;
 use crate::v1::session_answer::Outcome;
@@ -41,51 +40,124 @@ const ANSWER_PULL_ROWS: u32 = 7;
 /// `PullRowsResponse.rows`.
 const PULL_ROWS_ROWS: u32 = 2;
 
-/// The gRPC message of `request`, in pieces: a row push's ids and rows shared.
-pub fn framed_session_request(mut request: v1::SessionRequest) -> Vec<Bytes> {
-    let mut push = match request.op.take() {
-        Some(Op::PushRows(push)) => push,
-        other => {
-            request.op = other;
-            return vec![framed_message(&request)];
-        }
-    };
-    let blocks: Vec<Split<v1::RowBlock>> = std::mem::take(&mut push.blocks)
-        .into_iter()
-        .map(|mut block| {
-            let ids = std::mem::take(&mut block.ids);
-            let rows = std::mem::take(&mut block.rows);
-            Split::new(block, vec![(ROW_BLOCK_IDS, ids), (ROW_BLOCK_ROWS, rows)])
-        })
-        .collect();
-    let op = Nested::new(Split::new(push, Vec::new()), PUSH_ROWS_BLOCKS, blocks);
-    framed_nested(&request, REQUEST_PUSH_ROWS, op)
-}
-
-/// The gRPC message of `answer`, in pieces: a row pull's rows shared.
-pub fn framed_session_answer(mut answer: v1::SessionAnswer) -> Vec<Bytes> {
-    let mut pulled = match answer.outcome.take() {
-        Some(Outcome::PullRows(pulled)) => pulled,
-        other => {
-            answer.outcome = other;
-            return vec![framed_message(&answer)];
-        }
-    };
-    let rows = std::mem::take(&mut pulled.rows);
-    let outcome = Split::new(pulled, vec![(PULL_ROWS_ROWS, rows)]);
-    framed_nested(&answer, ANSWER_PULL_ROWS, outcome)
-}
-
-/// `outer` (its large field left out) with `inner` written last as field `tag`.
-fn framed_nested(outer: &impl Message, tag: u32, inner: impl Written) -> Vec<Bytes> {
-    let inner_len = inner.len();
-    let message_len = outer.encoded_len() + delimited_len(tag, inner_len);
-    let mut out = Pieces::new(PREFIX_BYTES + message_len - inner.shared_len());
-    out.head.put_slice(&message_prefix(message_len));
-    outer.encode(&mut out.head).expect("BytesMut grows");
-    out.put_delimiter(tag, inner_len);
-    inner.write(&mut out);
+/// The gRPC message of `request`, in pieces: a row push's large ids and rows
+/// shared.
+pub fn framed_session_request(request: v1::SessionRequest) -> Vec<Bytes> {
+    let mut out = SessionFrames::default();
+    out.put_request(request);
     out.finish()
+}
+
+/// The gRPC message of `answer`, in pieces: a row pull's rows shared when
+/// they are large.
+pub fn framed_session_answer(answer: v1::SessionAnswer) -> Vec<Bytes> {
+    let mut out = SessionFrames::default();
+    out.put_answer(answer);
+    out.finish()
+}
+
+/// The most bytes of messages written one after another into one piece.
+const JOINED_AT_MOST: usize = 256 << 10;
+
+/// Session messages written one after another as the pieces of a stream: the
+/// small parts of consecutive messages go into one buffer (so the messages
+/// ready at once go out in as few HTTP/2 frames as tonic's encoder would send
+/// them in), and large `bytes` fields are pieces of their own.
+#[derive(Debug, Default)]
+pub struct SessionFrames {
+    head: BytesMut,
+    pieces: Vec<Bytes>,
+}
+
+impl SessionFrames {
+    /// Writes `request`: a row push's large ids and rows shared.
+    pub fn put_request(&mut self, mut request: v1::SessionRequest) {
+        let mut push = match request.op.take() {
+            Some(Op::PushRows(push)) => push,
+            other => {
+                request.op = other;
+                return self.put_whole(&request);
+            }
+        };
+        let blocks: Vec<Split<v1::RowBlock>> = std::mem::take(&mut push.blocks)
+            .into_iter()
+            .map(|mut block| {
+                let ids = std::mem::take(&mut block.ids);
+                let rows = std::mem::take(&mut block.rows);
+                Split::new(block, vec![(ROW_BLOCK_IDS, ids), (ROW_BLOCK_ROWS, rows)])
+            })
+            .collect();
+        let op = Nested::new(Split::new(push, Vec::new()), PUSH_ROWS_BLOCKS, blocks);
+        self.put_nested(&request, REQUEST_PUSH_ROWS, op);
+    }
+
+    /// Writes `answer`: a row pull's rows shared when they are large.
+    pub fn put_answer(&mut self, mut answer: v1::SessionAnswer) {
+        let mut pulled = match answer.outcome.take() {
+            Some(Outcome::PullRows(pulled)) => pulled,
+            other => {
+                answer.outcome = other;
+                return self.put_whole(&answer);
+            }
+        };
+        let rows = std::mem::take(&mut pulled.rows);
+        let outcome = Split::new(pulled, vec![(PULL_ROWS_ROWS, rows)]);
+        self.put_nested(&answer, ANSWER_PULL_ROWS, outcome);
+    }
+
+    /// The pieces written, in order.
+    pub fn finish(mut self) -> Vec<Bytes> {
+        if !self.head.is_empty() {
+            self.pieces.push(self.head.freeze());
+        }
+        self.pieces
+    }
+
+    /// `message`, whole.
+    fn put_whole(&mut self, message: &impl Message) {
+        let len = message.encoded_len();
+        self.make_room(PREFIX_BYTES + len);
+        self.head.put_slice(&message_prefix(len));
+        message.encode(&mut self.head).expect("room was made");
+    }
+
+    /// `outer` (its large field left out) with `inner` written last as field
+    /// `tag`.
+    fn put_nested(&mut self, outer: &impl Message, tag: u32, inner: impl Written) {
+        let inner_len = inner.len();
+        let message_len = outer.encoded_len() + delimited_len(tag, inner_len);
+        self.make_room(PREFIX_BYTES + message_len - inner.shared_len());
+        self.head.put_slice(&message_prefix(message_len));
+        outer.encode(&mut self.head).expect("room was made");
+        self.put_delimiter(tag, inner_len);
+        inner.write(self);
+    }
+
+    /// Room for `copied` more bytes in the head, which is sent as a piece
+    /// first when it would pass [`JOINED_AT_MOST`].
+    fn make_room(&mut self, copied: usize) {
+        if !self.head.is_empty() && self.head.len() + copied > JOINED_AT_MOST {
+            self.pieces.push(self.head.split().freeze());
+        }
+        self.head.reserve(copied);
+    }
+
+    /// The key and length of a length-delimited field of `len` bytes.
+    fn put_delimiter(&mut self, tag: u32, len: usize) {
+        encode_key(tag, WireType::LengthDelimited, &mut self.head);
+        encode_varint(len as u64, &mut self.head);
+    }
+
+    /// `bytes` as field `tag`: shared as its own piece when it is large.
+    fn put_bytes(&mut self, tag: u32, bytes: Bytes) {
+        self.put_delimiter(tag, bytes.len());
+        if bytes.len() < SHARED_FROM {
+            self.head.put_slice(&bytes);
+            return;
+        }
+        let head = self.head.split().freeze();
+        self.pieces.extend([head, bytes]);
+    }
 }
 
 /// A message written partly in place and partly as pieces of its own.
@@ -95,7 +167,7 @@ trait Written {
     /// Bytes of its fields that are sent as pieces of their own.
     fn shared_len(&self) -> usize;
     /// Writes it at the end of `out`.
-    fn write(self, out: &mut Pieces);
+    fn write(self, out: &mut SessionFrames);
 }
 
 /// A message as its small fields (encoded by prost) and its large `bytes`
@@ -126,7 +198,7 @@ impl<M: Message> Written for Split<M> {
         shared.filter(|len| *len >= SHARED_FROM).sum()
     }
 
-    fn write(self, out: &mut Pieces) {
+    fn write(self, out: &mut SessionFrames) {
         self.small.encode(&mut out.head).expect("BytesMut grows");
         for (tag, bytes) in self.large {
             out.put_bytes(tag, bytes);
@@ -162,54 +234,12 @@ impl<M: Message, B: Message> Written for Nested<M, B> {
         self.outer.shared_len() + self.items.iter().map(Split::shared_len).sum::<usize>()
     }
 
-    fn write(self, out: &mut Pieces) {
+    fn write(self, out: &mut SessionFrames) {
         self.outer.write(out);
         for item in self.items {
             out.put_delimiter(self.tag, item.len());
             item.write(out);
         }
-    }
-}
-
-/// A message being written: the header bytes since the last shared piece,
-/// and the pieces before them.
-struct Pieces {
-    head: BytesMut,
-    pieces: Vec<Bytes>,
-}
-
-impl Pieces {
-    /// A message whose bytes written in place (all but its shared pieces)
-    /// come to `copied`, allocated once.
-    fn new(copied: usize) -> Self {
-        Self {
-            head: BytesMut::with_capacity(copied),
-            pieces: Vec::new(),
-        }
-    }
-
-    /// The key and length of a length-delimited field of `len` bytes.
-    fn put_delimiter(&mut self, tag: u32, len: usize) {
-        encode_key(tag, WireType::LengthDelimited, &mut self.head);
-        encode_varint(len as u64, &mut self.head);
-    }
-
-    /// `bytes` as field `tag`: shared as its own piece when it is large.
-    fn put_bytes(&mut self, tag: u32, bytes: Bytes) {
-        self.put_delimiter(tag, bytes.len());
-        if bytes.len() < SHARED_FROM {
-            self.head.put_slice(&bytes);
-            return;
-        }
-        let head = self.head.split().freeze();
-        self.pieces.extend([head, bytes]);
-    }
-
-    fn finish(mut self) -> Vec<Bytes> {
-        if !self.head.is_empty() {
-            self.pieces.push(self.head.freeze());
-        }
-        self.pieces
     }
 }
 
@@ -319,6 +349,67 @@ mod tests {
             rows.as_ptr(),
             "decoded as a slice of the frame it arrived in"
         );
+    }
+
+    #[test]
+    fn messages_written_together_share_a_piece_and_large_rows_keep_theirs() {
+        let small = |id| v1::SessionAnswer {
+            id,
+            outcome: Some(Outcome::PushRows(v1::PushRowsResponse::default())),
+            pull_waited_us: 0,
+        };
+        let rows = bytes_of(SHARED_FROM, 2);
+        let large = v1::SessionAnswer {
+            id: 3,
+            outcome: Some(Outcome::PullRows(v1::PullRowsResponse {
+                blocks: Vec::new(),
+                rows: rows.clone(),
+            })),
+            pull_waited_us: 0,
+        };
+        let mut out = SessionFrames::default();
+        for answer in [small(1), small(2), large.clone(), small(4)] {
+            out.put_answer(answer);
+        }
+        let pieces = out.finish();
+        assert_eq!(
+            pieces.len(),
+            3,
+            "two small answers and a header, the rows, the last answer"
+        );
+        assert_eq!(
+            pieces[1].as_ptr(),
+            rows.as_ptr(),
+            "the large rows are not copied"
+        );
+        let mut reader = MessageReader::new(usize::MAX);
+        for piece in pieces {
+            reader.push(piece);
+        }
+        let mut ids = Vec::new();
+        while let Some(message) = reader.next_message().unwrap() {
+            ids.push(v1::SessionAnswer::decode(message).unwrap().id);
+        }
+        assert_eq!(ids, [1, 2, 3, 4]);
+
+        let mut out = SessionFrames::default();
+        for _ in 0..8 {
+            out.put_answer(v1::SessionAnswer {
+                id: 5,
+                outcome: Some(Outcome::PullRows(v1::PullRowsResponse {
+                    blocks: Vec::new(),
+                    rows: bytes_of(40 << 10, 1),
+                })),
+                pull_waited_us: 0,
+            });
+        }
+        let pieces = out.finish();
+        assert_eq!(
+            pieces.len(),
+            2,
+            "a piece stays within {JOINED_AT_MOST} bytes"
+        );
+        assert!(pieces.iter().all(|p| p.len() <= JOINED_AT_MOST));
     }
 
     #[test]
