@@ -102,7 +102,7 @@ pub(crate) async fn serve(
                     return;
                 }
             }
-            () = answers.closed() => return,
+            () = answers.closed(), if reading || !in_flight.is_empty() => return,
             () = sleep_until(idle_end), if reading && in_flight.is_empty() && idle_end.is_some() => {
                 let message = format!(
                     "the session sent nothing for {:?} with nothing in flight; open a new one",
@@ -269,6 +269,43 @@ fn code_of(answer: &v1::SessionAnswer) -> Code {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A session whose client has sent its last request ends once that
+    /// request is answered (the stream's trailers follow).
+    #[tokio::test]
+    async fn a_session_ends_once_its_last_request_is_answered() {
+        let (service, _store) = crate::fuzzing::one_key_service();
+        let pull = v1::PullRequest {
+            keys: vec![v1::KeyRef {
+                name: "w".into(),
+                part: 0,
+            }],
+            ..v1::PullRequest::default()
+        };
+        let request = v1::SessionRequest {
+            id: 7,
+            deadline_ms: 0,
+            op: Some(Op::Pull(pull)),
+        };
+        let (answers, mut answered) = mpsc::channel(1);
+        let requests = Box::pin(futures::stream::iter([Ok(request)]));
+        let serving = tokio::spawn(serve(service, requests, answers, None, 1 << 20));
+        let answer = answered
+            .recv()
+            .await
+            .expect("an answer")
+            .expect("not an error");
+        assert_eq!(answer.id, 7);
+        assert!(
+            matches!(answer.outcome, Some(Outcome::Pull(_))),
+            "{answer:?}"
+        );
+        tokio::time::timeout(Duration::from_secs(30), serving)
+            .await
+            .expect("the session ended after its last answer")
+            .expect("the session task ended cleanly");
+        assert!(answered.recv().await.is_none(), "nothing follows");
+    }
 
     /// A session whose answers nobody reads any more (its client went away)
     /// stops at once, instead of holding its pull until the pull's timeout.
