@@ -270,23 +270,31 @@ fn code_of(answer: &v1::SessionAnswer) -> Code {
 mod tests {
     use super::*;
 
-    /// A session whose client has sent its last request ends once that
-    /// request is answered (the stream's trailers follow).
-    #[tokio::test]
-    async fn a_session_ends_once_its_last_request_is_answered() {
-        let (service, _store) = crate::fuzzing::one_key_service();
+    /// Session request `id`: a pull of `w` at `min_version`, waiting up to
+    /// `timeout_ms`.
+    fn pull_of_w(id: u64, min_version: u64, timeout_ms: u64) -> v1::SessionRequest {
         let pull = v1::PullRequest {
             keys: vec![v1::KeyRef {
                 name: "w".into(),
                 part: 0,
             }],
+            min_version,
+            timeout_ms,
             ..v1::PullRequest::default()
         };
-        let request = v1::SessionRequest {
-            id: 7,
+        v1::SessionRequest {
+            id,
             deadline_ms: 0,
             op: Some(Op::Pull(pull)),
-        };
+        }
+    }
+
+    /// A session whose client has sent its last request ends once that
+    /// request is answered (the stream's trailers follow).
+    #[tokio::test]
+    async fn a_session_ends_once_its_last_request_is_answered() {
+        let (service, _store) = crate::fuzzing::one_key_service();
+        let request = pull_of_w(7, 0, 0);
         let (answers, mut answered) = mpsc::channel(1);
         let requests = Box::pin(futures::stream::iter([Ok(request)]));
         let serving = tokio::spawn(serve(service, requests, answers, None, 1 << 20));
@@ -312,20 +320,7 @@ mod tests {
     #[tokio::test]
     async fn a_session_nobody_reads_stops_with_its_pull_in_flight() {
         let (service, _store) = crate::fuzzing::one_key_service();
-        let pull = v1::PullRequest {
-            keys: vec![v1::KeyRef {
-                name: "w".into(),
-                part: 0,
-            }],
-            min_version: 1,
-            timeout_ms: 600_000,
-            ..v1::PullRequest::default()
-        };
-        let request = v1::SessionRequest {
-            id: 1,
-            deadline_ms: 0,
-            op: Some(Op::Pull(pull)),
-        };
+        let request = pull_of_w(1, 1, 600_000);
         let requests = futures::stream::iter([Ok(request)]).chain(futures::stream::pending());
         let (answers, answered) = mpsc::channel(1);
         let serving = tokio::spawn(serve(service, Box::pin(requests), answers, None, 1 << 20));
