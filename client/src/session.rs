@@ -18,18 +18,15 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use http_body::Frame;
-use http_body_util::StreamBody;
 use prost::Message;
 use ps_proto::auth::AuthChannel;
 use ps_proto::grpc_frames::SESSION_PATH;
 use ps_proto::refusal::status_of;
-use ps_proto::session_frames::SessionFrames;
+use ps_proto::session_body::{Ending, SessionBody};
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::body::Body;
 use tonic::metadata::MetadataMap;
@@ -66,7 +63,7 @@ impl SessionLink {
     /// The status the stream could not be opened with.
     pub(crate) async fn open(channel: AuthChannel, limit: usize) -> Result<Option<Self>, Status> {
         let (requests, queued) = mpsc::channel(REQUESTS_AHEAD);
-        let body = request_body(queued);
+        let body = Body::new(SessionBody::new(queued, Ending::Plain));
         let metadata = MetadataMap::new();
         let answer = match start_framed_body(channel, SESSION_PATH, metadata, body, limit).await {
             Ok(answer) => answer,
@@ -144,22 +141,6 @@ impl SessionLink {
             ))),
         }
     }
-}
-
-/// The request body of a session: each request queued on `queued`, written
-/// as pieces (a row push's ids and rows as they are), the small pieces of the
-/// requests queued at once joined into one frame, as tonic's encoder does.
-fn request_body(queued: mpsc::Receiver<v1::SessionRequest>) -> Body {
-    let batches = futures::StreamExt::ready_chunks(ReceiverStream::new(queued), REQUESTS_AHEAD);
-    let frames = futures::StreamExt::flat_map(batches, |requests| {
-        let mut written = SessionFrames::default();
-        for request in requests {
-            written.put_request(request);
-        }
-        let frames = written.finish().into_iter().map(Frame::data);
-        futures::stream::iter(frames.map(Ok::<_, Status>))
-    });
-    Body::new(StreamBody::new(frames))
 }
 
 /// The answers of a session, each decoded out of the frames it arrived in (a

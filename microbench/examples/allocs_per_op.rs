@@ -2,7 +2,8 @@
 //! `ps-server` (ASP, SGD) and a `PsClient` run in this one process on loopback,
 //! under dhat's allocator, which counts every allocation, and each phase pushes or
 //! pulls one f32 key of `--size` bytes `--ops` times, one operation in flight,
-//! on the session stream and as unary calls. It prints allocations and
+//! on the session stream over gRPC, on the session through shared memory (what
+//! a worker on the server's host gets by default), and as unary calls. It prints allocations and
 //! allocated bytes per operation, both sides together (from dhat, which also
 //! writes where each allocation was made to `--profile`).
 //!
@@ -19,6 +20,7 @@ use ps_client::{ClientConfig, ParamBytes, PsClient, PulledParam, sgd};
 use ps_proto::codec::{DType, encode_f32};
 use ps_proto::ids::{Rank, Step, Version};
 use ps_server::{Consistency, ServerConfig};
+use ps_shm::DataPathMode;
 use tokio::net::TcpListener;
 
 /// dhat's allocator: it counts every allocation, and records where it came from.
@@ -37,10 +39,34 @@ struct Args {
     /// dhat's viewer, dh_view.html).
     #[arg(long, default_value = "dhat-heap.json")]
     profile: std::path::PathBuf,
-    /// Only the session stream (for a profile of it alone).
+    /// Only the gRPC session stream (for a profile of it alone).
     #[arg(long)]
     session_only: bool,
 }
+
+/// One way a worker reaches its server.
+#[derive(Clone, Copy)]
+struct Path {
+    name: &'static str,
+    session: bool,
+    data_path: DataPathMode,
+}
+
+const GRPC_SESSION: Path = Path {
+    name: "session",
+    session: true,
+    data_path: DataPathMode::Grpc,
+};
+const SHM_SESSION: Path = Path {
+    name: "shm",
+    session: true,
+    data_path: DataPathMode::Shm,
+};
+const UNARY: Path = Path {
+    name: "unary",
+    session: false,
+    data_path: DataPathMode::Grpc,
+};
 
 /// Allocations and bytes counted so far.
 fn counted() -> (u64, u64) {
@@ -74,14 +100,15 @@ async fn main() -> anyhow::Result<()> {
         "{:<8} {:<5} {:>12} {:>14}",
         "path", "op", "allocs/op", "bytes/op"
     );
-    let paths: &[bool] = if args.session_only {
-        &[true]
+    let paths: &[Path] = if args.session_only {
+        &[GRPC_SESSION]
     } else {
-        &[true, false]
+        &[GRPC_SESSION, SHM_SESSION, UNARY]
     };
-    for &session in paths {
+    for (index, &path) in paths.iter().enumerate() {
         let mut config = ClientConfig::new(vec![addr.clone()]);
-        config.session = session;
+        config.session = path.session;
+        config.data_path = path.data_path;
         let mut client = PsClient::connect(config).await?;
         let info = ParamInfo {
             name: name.clone(),
@@ -94,8 +121,7 @@ async fn main() -> anyhow::Result<()> {
             encode_f32(DType::F32, &vec![0.5; elements]),
         )];
         client.register(&initial, &sgd(0.01)).await?;
-        let path = if session { "session" } else { "unary" };
-        let rank = Rank(u32::from(!session));
+        let (path, rank) = (path.name, Rank(index as u32));
         let mut step = Step(0);
         let mut pulled = BTreeMap::<String, PulledParam>::new();
         for op in ["push", "pull"] {

@@ -38,6 +38,7 @@ pub mod placement;
 pub mod refusal;
 pub mod rope;
 pub mod rows;
+pub mod session_body;
 pub mod session_frames;
 pub mod tls;
 pub mod transport;

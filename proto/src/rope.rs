@@ -12,7 +12,7 @@ use bytes::{Buf, Bytes};
 /// A sequence of byte pieces read front to back as one byte string.
 #[derive(Debug, Default, Clone)]
 pub struct Rope {
-    pieces: VecDeque<Bytes>,
+    pieces: Pieces,
     len: usize,
 }
 
@@ -47,7 +47,7 @@ impl Rope {
         }
         let mut out = [0u8; N];
         let mut filled = 0;
-        for piece in &self.pieces {
+        for piece in self.pieces.iter() {
             let n = piece.len().min(N - filled);
             out[filled..filled + n].copy_from_slice(&piece[..n]);
             filled += n;
@@ -95,7 +95,7 @@ impl Rope {
         let Some(taken) = self.split_to(n) else {
             return false;
         };
-        for piece in &taken.pieces {
+        for piece in taken.pieces.iter() {
             out.extend_from_slice(piece);
         }
         true
@@ -127,7 +127,7 @@ impl Rope {
 
     /// The pieces, in order.
     pub fn into_pieces(self) -> Vec<Bytes> {
-        self.pieces.into()
+        self.pieces.into_vec()
     }
 
     /// The whole byte string as one buffer: the piece itself when there is
@@ -137,6 +137,56 @@ impl Rope {
             1 => self.pieces.pop_front().unwrap_or_default(),
             _ => Bytes::from(self.into_pieces().concat()),
         }
+    }
+}
+
+/// A rope's pieces, the first held apart: a rope of one piece (a message
+/// that came in one frame) is made without allocating.
+#[derive(Debug, Default, Clone)]
+struct Pieces {
+    /// `None` only when there are no pieces at all.
+    first: Option<Bytes>,
+    rest: VecDeque<Bytes>,
+}
+
+impl Pieces {
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    fn front(&self) -> Option<&Bytes> {
+        self.first.as_ref()
+    }
+
+    fn front_mut(&mut self) -> Option<&mut Bytes> {
+        self.first.as_mut()
+    }
+
+    fn pop_front(&mut self) -> Option<Bytes> {
+        let front = self.first.take();
+        self.first = self.rest.pop_front();
+        front
+    }
+
+    fn push_front(&mut self, piece: Bytes) {
+        if let Some(front) = self.first.replace(piece) {
+            self.rest.push_front(front);
+        }
+    }
+
+    fn push_back(&mut self, piece: Bytes) {
+        match self.first {
+            None => self.first = Some(piece),
+            Some(_) => self.rest.push_back(piece),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Bytes> {
+        self.first.iter().chain(&self.rest)
+    }
+
+    fn into_vec(self) -> Vec<Bytes> {
+        self.first.into_iter().chain(self.rest).collect()
     }
 }
 

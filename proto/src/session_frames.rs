@@ -9,6 +9,8 @@
 //! prost would have written. The read side is [`crate::rope::Rope`], which
 //! prost decodes from in place.
 
+use std::collections::VecDeque;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
@@ -63,10 +65,14 @@ const JOINED_AT_MOST: usize = 256 << 10;
 /// small parts of consecutive messages go into one buffer (so the messages
 /// ready at once go out in as few HTTP/2 frames as tonic's encoder would send
 /// them in), and large `bytes` fields are pieces of their own.
+///
+/// One is kept for a stream's life: the buffer the small parts are written
+/// into is taken back once the pieces cut from it have been sent and dropped,
+/// so a stream of small messages writes them without allocating.
 #[derive(Debug, Default)]
 pub struct SessionFrames {
     head: BytesMut,
-    pieces: Vec<Bytes>,
+    pieces: VecDeque<Bytes>,
 }
 
 impl SessionFrames {
@@ -107,10 +113,21 @@ impl SessionFrames {
 
     /// The pieces written, in order.
     pub fn finish(mut self) -> Vec<Bytes> {
+        self.flush();
+        self.pieces.into()
+    }
+
+    /// Ends the piece being written: what has been written since the last
+    /// flush is all in [`SessionFrames::next_piece`]'s pieces.
+    pub fn flush(&mut self) {
         if !self.head.is_empty() {
-            self.pieces.push(self.head.freeze());
+            self.pieces.push_back(self.head.split().freeze());
         }
-        self.pieces
+    }
+
+    /// The first piece flushed and not yet taken.
+    pub fn next_piece(&mut self) -> Option<Bytes> {
+        self.pieces.pop_front()
     }
 
     /// `message`, whole.
@@ -136,8 +153,8 @@ impl SessionFrames {
     /// Room for `copied` more bytes in the head, which is sent as a piece
     /// first when it would pass [`JOINED_AT_MOST`].
     fn make_room(&mut self, copied: usize) {
-        if !self.head.is_empty() && self.head.len() + copied > JOINED_AT_MOST {
-            self.pieces.push(self.head.split().freeze());
+        if self.head.len() + copied > JOINED_AT_MOST {
+            self.flush();
         }
         self.head.reserve(copied);
     }
@@ -155,8 +172,8 @@ impl SessionFrames {
             self.head.put_slice(&bytes);
             return;
         }
-        let head = self.head.split().freeze();
-        self.pieces.extend([head, bytes]);
+        self.flush();
+        self.pieces.push_back(bytes);
     }
 }
 

@@ -26,7 +26,7 @@ use ps_proto::chunk_encode::{framed_message, framed_pull_chunk};
 use ps_proto::grpc_frames::{
     GRPC_CONTENT_TYPE, MessageReader, PULL_STREAM_PATH, PUSH_STREAM_PATH, SESSION_PATH,
 };
-use ps_proto::session_frames::SessionFrames;
+use ps_proto::session_body::{Ending, SessionBody};
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_server::ParameterServerServer;
 use tonic::body::Body;
@@ -109,48 +109,20 @@ async fn pull_stream(service: &ParameterService, request: Request<Body>) -> Resp
     }
 }
 
-/// Answers of a session written together when they are ready at once.
-const ANSWERS_JOINED: usize = 64;
-
 /// `Session`: its requests decoded out of the frames they arrive in, its
-/// answers sent as pieces (a row pull's rows as they are; the small pieces of
-/// the answers ready at once joined into one frame, as tonic's encoder does),
-/// the stream ended with the status that ended the session.
+/// answers written by a [`SessionBody`] (a row pull's rows as they are; the
+/// small pieces of the answers ready at once joined into one frame, as
+/// tonic's encoder does, in a buffer kept for the stream), the stream ended
+/// with the status that ended the session.
 fn session(service: &ParameterService, request: Request<Body>) -> Response<Body> {
     let limit = service.max_message_bytes();
     let requests = session_requests(request.into_body(), limit);
     let answered = crate::session::open(service, requests);
-    let batches =
-        tokio_stream::wrappers::ReceiverStream::new(answered).ready_chunks(ANSWERS_JOINED);
-    let frames = stream::unfold(Some(batches), |batches| async move {
-        let mut batches = batches?;
-        let Some(batch) = batches.next().await else {
-            return Some((vec![Frame::trailers(trailers_of(Status::ok("")))], None));
-        };
-        let mut written = SessionFrames::default();
-        for answer in batch {
-            match answer {
-                Ok(answer) => written.put_answer(answer),
-                Err(status) => {
-                    let mut frames = data_frames(written);
-                    frames.push(Frame::trailers(trailers_of(status)));
-                    return Some((frames, None));
-                }
-            }
-        }
-        Some((data_frames(written), Some(batches)))
-    })
-    .flat_map(|frames: Vec<Frame<Bytes>>| stream::iter(frames.into_iter().map(Ok::<_, Status>)));
-    let mut response = Response::new(Body::new(StreamBody::new(frames)));
+    let mut response = Response::new(Body::new(SessionBody::new(answered, Ending::Trailers)));
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(GRPC_CONTENT_TYPE));
     response
-}
-
-/// The data frames of the answers `written` together.
-fn data_frames(written: SessionFrames) -> Vec<Frame<Bytes>> {
-    written.finish().into_iter().map(Frame::data).collect()
 }
 
 /// The session requests in `body`, each decoded out of the frames it arrived
@@ -187,13 +159,6 @@ fn session_requests(
             }
         }
     }))
-}
-
-/// The trailers ending a stream with `status`, its message and metadata kept.
-fn trailers_of(status: Status) -> HeaderMap {
-    let mut trailers = status.into_http::<()>().into_parts().0.headers;
-    trailers.remove(CONTENT_TYPE);
-    trailers
 }
 
 /// The pieces of every chunk, in order, holding the pull's charge until the
@@ -293,17 +258,5 @@ mod tests {
         let too_large = requests.next().await.unwrap().unwrap_err();
         assert!(too_large.message().contains("too large"), "{too_large:?}");
         assert!(requests.next().await.is_none());
-    }
-
-    #[test]
-    fn a_status_becomes_the_trailers_that_end_the_stream() {
-        let status = Status::cancelled("the session sent nothing");
-        let trailers = trailers_of(status);
-        let read_back = Status::from_header_map(&trailers).expect("a status");
-        assert_eq!(read_back.code(), Code::Cancelled);
-        assert_eq!(read_back.message(), "the session sent nothing");
-        assert!(trailers.get(CONTENT_TYPE).is_none());
-        let ok = Status::from_header_map(&trailers_of(Status::ok(""))).expect("a status");
-        assert_eq!(ok.code(), Code::Ok);
     }
 }

@@ -110,7 +110,7 @@ struct Counters {
 pub struct Store {
     rules: StoreRules,
     keys: RwLock<HashMap<ParamKey, Arc<Entry>>>,
-    live: RwLock<BTreeSet<Rank>>,
+    live: RwLock<Arc<BTreeSet<Rank>>>,
     workers: AtomicU32,
     map: AppliedMap,
     archive: Option<Archive>,
@@ -127,7 +127,7 @@ impl Store {
         Self {
             rules,
             keys: RwLock::new(HashMap::new()),
-            live: RwLock::new((0..rules.group.workers).map(Rank).collect()),
+            live: RwLock::new(Arc::new((0..rules.group.workers).map(Rank).collect())),
             workers: AtomicU32::new(rules.group.workers),
             map: AppliedMap::default(),
             archive: None,
@@ -145,8 +145,8 @@ impl Store {
     }
 
     /// The workers a BSP step waits for (all of the group until told otherwise).
-    pub fn live_workers(&self) -> BTreeSet<Rank> {
-        self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
+    pub fn live_workers(&self) -> Arc<BTreeSet<Rank>> {
+        Arc::clone(&self.live.read().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Loads the checkpoints under `root` now, and reads them again when a key
@@ -208,7 +208,7 @@ impl Store {
     /// Sets the workers a BSP step waits for and completes every step that was waiting
     /// only for workers no longer live. Returns how many keys advanced.
     pub fn set_live_workers(&self, live: BTreeSet<Rank>) -> usize {
-        *self.live.write().unwrap_or_else(|p| p.into_inner()) = live.clone();
+        *self.live.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(live.clone());
         let entries = self.all_entries();
         let mut advanced = 0;
         for entry in entries {
@@ -710,15 +710,27 @@ fn check_dtype_and_shape(spec: &ParamSpec, dtype: DType, shape: &[usize]) -> Res
     Ok(())
 }
 
-pub(crate) fn check_unique<'a>(keys: impl Iterator<Item = &'a ParamKey>) -> Result<()> {
-    let mut seen = HashSet::new();
-    for key in keys {
-        if !seen.insert(key) {
-            return Err(Error::RepeatedKey { key: key.clone() });
-        }
+pub(crate) fn check_unique<'a>(keys: impl Iterator<Item = &'a ParamKey> + Clone) -> Result<()> {
+    let repeated = if keys.clone().nth(COMPARED_UP_TO).is_none() {
+        // Few keys (a small operation's one or two): each against those
+        // before it, with no set made.
+        keys.clone()
+            .enumerate()
+            .find(|&(i, key)| keys.clone().take(i).any(|before| before == key))
+            .map(|(_, key)| key)
+    } else {
+        let mut seen = HashSet::new();
+        keys.into_iter().find(|&key| !seen.insert(key))
+    };
+    match repeated {
+        Some(key) => Err(Error::RepeatedKey { key: key.clone() }),
+        None => Ok(()),
     }
-    Ok(())
 }
+
+/// Up to this many keys, [`check_unique`] compares each with those before
+/// it (at most 120 comparisons) rather than building a set.
+const COMPARED_UP_TO: usize = 16;
 
 fn insert_or_refresh(
     keys: &mut HashMap<ParamKey, Arc<Entry>>,

@@ -245,3 +245,17 @@ async fn a_pull_ends_when_the_store_shuts_down() {
     shutdown.cancel();
     assert!(matches!(pull.await, Err(Error::ShuttingDown)));
 }
+
+#[test]
+fn a_key_given_twice_is_named_among_few_keys_and_among_many() {
+    for count in [1, 2, super::COMPARED_UP_TO, super::COMPARED_UP_TO + 1, 100] {
+        let keys: Vec<ParamKey> = (0..count).map(|i| key(&format!("k{i}"))).collect();
+        assert!(check_unique(keys.iter()).is_ok(), "{count} distinct keys");
+        let mut repeated = keys.clone();
+        repeated.push(keys[count / 2].clone());
+        match check_unique(repeated.iter()) {
+            Err(Error::RepeatedKey { key }) => assert_eq!(key, keys[count / 2]),
+            other => panic!("{count} keys and one again: {other:?}"),
+        }
+    }
+}
