@@ -11,6 +11,7 @@ use ps_proto::codec::TensorData;
 use ps_proto::header::TensorHeader;
 use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::key::ParamKey;
+use smallvec::SmallVec;
 use tokio::sync::watch;
 
 use crate::budget::Charge;
@@ -73,6 +74,10 @@ pub struct Pulled {
     pub version: Version,
 }
 
+/// Keys one push holds at once without allocating for them (a small
+/// operation's one or two).
+const KEYS_INLINE: usize = 4;
+
 /// Locks every entry in key order, checks every admission, then applies: all or nothing.
 pub(crate) fn apply_all(
     entries: &[Arc<Entry>],
@@ -83,15 +88,16 @@ pub(crate) fn apply_all(
     step: Step,
     waits: &StepWaits,
 ) -> Result<Vec<Pushed>> {
-    let mut order: Vec<usize> = (0..entries.len()).collect();
+    let mut order: SmallVec<[usize; KEYS_INLINE]> = (0..entries.len()).collect();
     order.sort_by(|&a, &b| grads[a].0.cmp(&grads[b].0));
-    let mut guards: Vec<Option<MutexGuard<'_, KeyState>>> =
+    let mut guards: SmallVec<[Option<MutexGuard<'_, KeyState>>; KEYS_INLINE]> =
         (0..entries.len()).map(|_| None).collect();
     for &i in &order {
         guards[i] = Some(entries[i].lock());
     }
-    let mut guards: Vec<MutexGuard<'_, KeyState>> = guards.into_iter().flatten().collect();
-    let mut admissions = Vec::with_capacity(entries.len());
+    let mut guards: SmallVec<[MutexGuard<'_, KeyState>; KEYS_INLINE]> =
+        guards.into_iter().flatten().collect();
+    let mut admissions: SmallVec<[Admission; KEYS_INLINE]> = SmallVec::new();
     for (state, (key, _)) in guards.iter().zip(grads) {
         let admission = state.admit(group, worker, step);
         let version = state.version();
