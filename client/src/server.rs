@@ -25,7 +25,7 @@ use tonic::{Code, Status};
 use crate::error::{ClientError, Rpc};
 use crate::framed::{FramedAnswer, start_framed};
 use crate::retry::RetryPolicy;
-use crate::session::SessionLink;
+use crate::session::{CallError, SessionLink};
 
 /// One parameter server.
 #[derive(Clone)]
@@ -250,19 +250,39 @@ impl Server {
         fits_grpc: bool,
     ) -> Result<Option<(Outcome, u64)>, ClientError> {
         retry
-            .run(what.name(), || async {
-                // A message only shared memory carries is not sent on a gRPC
-                // session (shared memory lost since it was cut): `None`, and
-                // the caller streams it instead.
-                match self.session().await? {
-                    Some(link) if fits_grpc || link.is_shared_memory() => {
-                        link.call(op()).await.map(Some)
-                    }
-                    _ => Ok(None),
-                }
-            })
+            .run(what.name(), || self.sent_on_session(&op, fits_grpc))
             .await
             .map_err(|status| self.failed(what, status))
+    }
+
+    /// One attempt of [`Server::in_session`]. A session can end between
+    /// being found open and taking the request (the server closed it when it
+    /// had been idle, or the connection went): the request, which never went
+    /// out, is then sent on a new session, whatever its retry policy (a pull
+    /// is never retried otherwise).
+    async fn sent_on_session(
+        &self,
+        op: &impl Fn() -> Op,
+        fits_grpc: bool,
+    ) -> Result<Option<(Outcome, u64)>, Status> {
+        let mut sent_again = false;
+        loop {
+            // A message only shared memory carries is not sent on a gRPC
+            // session (shared memory lost since it was cut): `None`, and the
+            // caller streams it instead.
+            let link = match self.session().await? {
+                Some(link) if fits_grpc || link.is_shared_memory() => link,
+                _ => return Ok(None),
+            };
+            match link.call(op()).await {
+                Ok(answer) => return Ok(Some(answer)),
+                Err(CallError::NotSent(status)) if !sent_again => {
+                    tracing::debug!(server = %self.addr, %status, "the session ended before the request went out; sending it on a new one");
+                    sent_again = true;
+                }
+                Err(error) => return Err(error.into_status()),
+            }
+        }
     }
 
     pub(crate) fn failed(&self, what: Rpc, status: Status) -> ClientError {
@@ -288,5 +308,66 @@ impl Server {
             .run(what.name(), || call(self.client.clone()))
             .await
             .map_err(|status| self.failed(what, status))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ps_proto::v1;
+    use tokio::net::TcpListener;
+    use tonic::Code;
+
+    use super::*;
+
+    /// A `Server` for a ps-server started in this process.
+    async fn started() -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let config = ps_server::ServerConfig::default();
+        tokio::spawn(ps_server::run(listener, config, std::future::pending()));
+        let transport = TransportConfig::default();
+        Server::connect(
+            &transport,
+            &addr,
+            Duration::from_secs(10),
+            DataPathMode::Grpc,
+        )
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_pull_meeting_a_session_that_ended_unnoticed_goes_out_on_a_new_one() {
+        let server = started().await;
+        let ended = Arc::new(SessionLink::ended_unnoticed());
+        *server.session.lock().await = SessionState::Open(Arc::clone(&ended));
+        // A pull is never retried; a key the server does not hold is refused
+        // with NOT_FOUND, which only a session that reached it can bring.
+        let pull = || {
+            Op::Pull(v1::PullRequest {
+                keys: vec![v1::KeyRef {
+                    name: "never.registered".to_string(),
+                    part: 0,
+                }],
+                ..Default::default()
+            })
+        };
+        let once = RetryPolicy {
+            attempts: 1,
+            ..RetryPolicy::default()
+        };
+        let refused = server.in_session(&once, Rpc::Pull, pull, true).await;
+        match refused {
+            Err(ClientError::Rpc { status, .. }) => {
+                assert_eq!(status.code(), Code::NotFound, "{status:?}");
+            }
+            other => panic!("the pull did not reach the server: {other:?}"),
+        }
+        assert!(ended.has_ended());
+        let state = server.session.lock().await;
+        assert!(
+            matches!(&*state, SessionState::Open(link) if !Arc::ptr_eq(link, &ended)),
+            "a new session is open"
+        );
     }
 }

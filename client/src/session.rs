@@ -79,6 +79,15 @@ impl SessionLink {
         Self::over(link.requests, link.answers, true)
     }
 
+    /// A session whose stream has ended without its reader having seen it
+    /// yet: the moment a request can meet when the server closes an idle
+    /// session.
+    #[cfg(test)]
+    pub(crate) fn ended_unnoticed() -> Self {
+        let (requests, _) = mpsc::channel(1);
+        Self::over(requests, futures::stream::pending(), false)
+    }
+
     /// A session sending requests to `requests` and matching the answers read
     /// from `answers`.
     fn over(
@@ -109,15 +118,17 @@ impl SessionLink {
     /// Sends `op` and waits for what came of it.
     ///
     /// # Errors
-    /// The refusal, as the status the unary call would have ended with; or
-    /// `UNAVAILABLE` when the stream ended before the answer came.
-    pub(crate) async fn call(&self, op: Op) -> Result<(Outcome, u64), Status> {
+    /// [`CallError::NotSent`] when the stream had ended before the request
+    /// could go out (the link then counts as ended); otherwise the refusal, as
+    /// the status the unary call would have ended with, or `UNAVAILABLE` when
+    /// the stream ended before the answer came.
+    pub(crate) async fn call(&self, op: Op) -> Result<(Outcome, u64), CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (slot, answer) = oneshot::channel();
         {
             let mut waiting = lock(&self.waiting);
             if let Some(ended) = &waiting.ended {
-                return Err(ended.clone());
+                return Err(CallError::NotSent(ended.clone()));
             }
             waiting.answers.insert(id, slot);
         }
@@ -127,18 +138,41 @@ impl SessionLink {
             op: Some(op),
         };
         if self.requests.send(request).await.is_err() {
-            lock(&self.waiting).answers.remove(&id);
-            return Err(Status::unavailable("the session stream has ended"));
+            let mut waiting = lock(&self.waiting);
+            waiting.answers.remove(&id);
+            let ended = Status::unavailable("the session stream has ended");
+            let ended = waiting.ended.get_or_insert(ended);
+            return Err(CallError::NotSent(ended.clone()));
         }
         let answer = answer
             .await
-            .map_err(|_| Status::unavailable("the session stream ended before the answer"))??;
+            .map_err(|_| Status::unavailable("the session stream ended before the answer"))
+            .and_then(|answer| answer)
+            .map_err(CallError::Failed)?;
         match answer.outcome {
-            Some(Outcome::Refusal(refusal)) => Err(status_of(refusal)),
+            Some(Outcome::Refusal(refusal)) => Err(CallError::Failed(status_of(refusal))),
             Some(outcome) => Ok((outcome, answer.pull_waited_us)),
-            None => Err(Status::internal(format!(
+            None => Err(CallError::Failed(Status::internal(format!(
                 "the answer to session request {id} carries no outcome"
-            ))),
+            )))),
+        }
+    }
+}
+
+/// Why a request on a session came to nothing.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// The stream had ended before the request went out: the server never
+    /// saw it, so it may be sent again on a new stream, whatever it is.
+    NotSent(Status),
+    /// Sent, and refused, or the stream ended before its answer.
+    Failed(Status),
+}
+
+impl CallError {
+    pub(crate) fn into_status(self) -> Status {
+        match self {
+            CallError::NotSent(status) | CallError::Failed(status) => status,
         }
     }
 }
@@ -198,4 +232,41 @@ async fn read_answers(
         let _ = slot.send(Err(ended.clone()));
     }
     waiting.ended = Some(ended);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_request_the_ended_stream_never_took_is_not_sent_and_the_link_counts_as_ended() {
+        let link = SessionLink::ended_unnoticed();
+        assert!(!link.has_ended(), "its reader has not seen the end");
+        let pull = Op::Pull(v1::PullRequest::default());
+        match link.call(pull.clone()).await {
+            Err(CallError::NotSent(status)) => assert_eq!(status.code(), Code::Unavailable),
+            other => panic!("sent on an ended stream: {other:?}"),
+        }
+        assert!(link.has_ended(), "a new session replaces it");
+        assert!(matches!(link.call(pull).await, Err(CallError::NotSent(_))));
+    }
+
+    #[tokio::test]
+    async fn a_request_whose_stream_ends_before_the_answer_has_failed() {
+        let (requests, mut queued) = mpsc::channel(1);
+        let (answers, answered) = mpsc::channel(1);
+        let link = SessionLink::over(
+            requests,
+            tokio_stream::wrappers::ReceiverStream::new(answered),
+            false,
+        );
+        let call =
+            tokio::spawn(async move { link.call(Op::Pull(v1::PullRequest::default())).await });
+        assert!(queued.recv().await.is_some(), "the request went out");
+        drop(answers);
+        match call.await.unwrap() {
+            Err(CallError::Failed(status)) => assert_eq!(status.code(), Code::Unavailable),
+            other => panic!("{other:?}"),
+        }
+    }
 }
