@@ -181,3 +181,101 @@ fn bad_input_is_a_clear_error() {
     assert!(!no_workers.status.success());
     assert!(String::from_utf8_lossy(&no_workers.stderr).contains("at least one worker"));
 }
+
+/// A `ps-microbench serve` on free loopback ports, and its gRPC address.
+fn bench_server() -> (std::process::Child, String) {
+    use std::io::{BufRead, BufReader};
+    let mut server = Command::new(ps_common::processes::binary("ps-microbench"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--tcp-listen",
+            "127.0.0.1:0",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("ps-microbench serve starts");
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("grpc="))
+        .expect("serve names its address")
+        .to_string();
+    (server, addr)
+}
+
+#[test]
+fn a_measured_link_and_compute_go_into_the_plan_file_with_where_they_came_from() {
+    // The programs the measurements run, beside ps-scheduler.
+    ps_common::processes::binary("ps-worker");
+    let (mut server, addr) = bench_server();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plan.json");
+    let file_arg = file.to_str().unwrap();
+    let args = [
+        "--model",
+        "mlp:64,32,10",
+        "--measure-link",
+        &addr,
+        "--measure-compute",
+        "--batch-size",
+        "16",
+        "--out",
+        file_arg,
+    ];
+    let planned = plan(&args);
+    server.kill().unwrap();
+    server.wait().unwrap();
+    check_invariants(&planned);
+    let cluster = &planned.cluster;
+    assert!(cluster.rtt > 0.0 && cluster.rtt < 0.1, "{cluster:?}");
+    assert!(cluster.worker_link > 1e6, "loopback moves more than 1 MB/s");
+    assert_eq!(cluster.server_link, cluster.worker_link);
+    assert!(
+        cluster.compute > 0.0 && cluster.compute < 10.0,
+        "{cluster:?}"
+    );
+    let constants = &planned.constants;
+    assert!(constants.request_seconds > 0.0 && constants.worker_bytes_per_sec > 0.0);
+    assert!(constants.apply_bytes_per_sec > 0.0);
+    assert!(constants.link_efficiency > 0.0 && constants.link_efficiency <= 1.0);
+    for i in [0, 1, 3] {
+        assert!(
+            constants.sources[i].contains(&addr),
+            "{:?}",
+            constants.sources
+        );
+    }
+    assert!(constants.sources[2].contains("--measure-compute"));
+    assert_eq!(planned.measured.len(), 2, "{:?}", planned.measured);
+    assert!(planned.measured[0].contains(&addr) && planned.measured[1].contains("mlp:64,32,10"));
+    assert_eq!(
+        read_plan(&file).unwrap(),
+        planned,
+        "the file holds what was printed"
+    );
+}
+
+#[test]
+fn measuring_a_model_the_worker_cannot_run_or_a_given_link_is_refused() {
+    let refused = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_ps-scheduler"))
+            .arg("plan")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} was taken");
+        String::from_utf8_lossy(&output.stderr).to_string()
+    };
+    let stderr = refused(&["--model", "resnet50", "--measure-compute"]);
+    assert!(stderr.contains("--compute"), "{stderr}");
+    let stderr = refused(&["--measure-link", "127.0.0.1:1", "--link", "1gbit"]);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    let stderr = refused(&["--measure-compute", "--compute", "5ms"]);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}

@@ -19,7 +19,7 @@ use ps_common::security_args::SecurityArgs;
 use ps_proto::auth::Role;
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::Rank;
-use ps_worker::cli::TrainArgs;
+use ps_worker::cli::{ModelChoice, TrainArgs};
 use ps_worker::metrics::WorkerMetrics;
 use ps_worker::train::{TrainSummary, train};
 use ps_worker::trainer::client_token;
@@ -87,6 +87,12 @@ struct Cli {
     /// fail naming why not), or grpc.
     #[arg(long, env = "PS_DATA_PATH", default_value = "auto")]
     data_path: ps_shm::DataPathMode,
+    /// Time one step's compute (forward, loss and backward of the MLP on a
+    /// --batch-size batch of --dataset) on this host, print it as one JSON
+    /// line and exit, reaching no server: what `ps-scheduler plan
+    /// --measure-compute` runs.
+    #[arg(long)]
+    probe_compute: bool,
     #[command(flatten)]
     train: TrainArgs,
     #[command(flatten)]
@@ -136,6 +142,24 @@ fn print_summary(summary: &TrainSummary, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--probe-compute`: one step's compute, timed, as JSON on stdout.
+fn probe_compute(train: &TrainArgs, data: &ps_worker::data::Dataset) -> anyhow::Result<()> {
+    if train.model != ModelChoice::Mlp {
+        anyhow::bail!("--probe-compute times the MLP (--model mlp); it cannot time --model ctr");
+    }
+    let seconds = ps_worker::compute_probe::step_seconds(data, &train.hidden, train.batch_size)
+        .context("timing a step")?;
+    let probe = serde_json::json!({
+        "step_seconds": seconds,
+        "features": data.width(),
+        "hidden": train.hidden,
+        "classes": data.classes,
+        "batch_size": train.batch_size,
+    });
+    println!("{probe}");
+    Ok(())
+}
+
 /// jemalloc keeps freed buffers for reuse: with the system allocator each
 /// message-sized buffer went back to the kernel and came again page by page,
 /// which cost 1 MiB pushes a third of their throughput (docs/benchmarks.md).
@@ -152,6 +176,9 @@ async fn main() -> anyhow::Result<()> {
     }
     ps_common::process::init_tracing();
     let data = cli.train.dataset().context("loading the data set")?;
+    if cli.probe_compute {
+        return probe_compute(&cli.train, &data);
+    }
     let mut config = cli
         .train
         .train_config(std::io::stderr().is_terminal())

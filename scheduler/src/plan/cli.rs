@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use ps_common::rate::LinkRate;
 
-use super::{Choices, Cluster, Constants, ModelShapes, Plan, explain, plan};
+use super::{Choices, Cluster, Constants, ModelShapes, Plan, calibrate, explain, plan};
 
 /// `ps-scheduler plan`'s flags.
 #[derive(Debug, clap::Args)]
@@ -33,6 +33,19 @@ pub struct PlanArgs {
     /// A worker's compute per step (forward and backward), for example 40ms.
     #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
     pub compute: Duration,
+    /// Measure the link instead of taking --link, --rtt and the request,
+    /// per-byte and link-efficiency constants: runs ps-microbench against
+    /// the `ps-microbench serve` at this address (start it on a server host).
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["link", "rtt"])]
+    pub measure_link: Option<String>,
+    /// Measure the compute per step instead of taking --compute (the MLP of
+    /// --model mlp:..., a --batch-size batch on this host, by ps-worker),
+    /// and the optimizer's apply rate on one core (by ps-microbench).
+    #[arg(long, conflicts_with = "compute")]
+    pub measure_compute: bool,
+    /// Examples per worker step, for --measure-compute.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batch_size: u64,
     /// The most servers to consider.
     #[arg(long, default_value_t = 4)]
     pub max_servers: u32,
@@ -78,12 +91,15 @@ impl PlanArgs {
     /// or no setup that fits.
     pub fn run(&self) -> anyhow::Result<()> {
         let model = ModelShapes::from_spec(&self.model).map_err(anyhow::Error::msg)?;
-        let constants = match &self.constants {
+        let mut constants = match &self.constants {
             Some(path) => read_constants(path)?,
             None => Constants::default(),
         };
-        let mut plan = plan(&model, &self.cluster(), &self.choices(), &constants)?;
+        let mut cluster = self.cluster();
+        let measured = self.measure(&mut cluster, &mut constants)?;
+        let mut plan = plan(&model, &cluster, &self.choices(), &constants)?;
         plan.made = made_note();
+        plan.measured = measured;
         if self.json {
             println!("{}", serde_json::to_string_pretty(&plan)?);
         } else {
@@ -96,6 +112,73 @@ impl PlanArgs {
             write_plan(&plan, out)?;
         }
         Ok(())
+    }
+
+    /// Runs the measurements asked for, putting what they found into
+    /// `cluster` and `constants`; a line on each, for the plan file.
+    fn measure(
+        &self,
+        cluster: &mut Cluster,
+        constants: &mut Constants,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut measured = Vec::new();
+        let made = made_note();
+        if let Some(addr) = &self.measure_link {
+            eprintln!("measuring the link to {addr} (ps-microbench latency and bandwidth)...");
+            let link = calibrate::measure_link(addr)?;
+            cluster.rtt = link.rtt;
+            cluster.worker_link = link.link_bytes_per_sec;
+            cluster.server_link = self
+                .server_link
+                .map_or(link.link_bytes_per_sec, LinkRate::bytes_per_sec);
+            constants.request_seconds = link.request_seconds;
+            constants.worker_bytes_per_sec = link.worker_bytes_per_sec;
+            constants.link_efficiency = link.link_efficiency;
+            let source = format!("--measure-link {addr}");
+            set_source(
+                constants,
+                0,
+                format!("a 64 B gRPC round trip less the raw TCP one ({source})"),
+            );
+            set_source(
+                constants,
+                1,
+                format!("the sender's CPU per byte of a 4 MiB gRPC stream ({source})"),
+            );
+            set_source(
+                constants,
+                3,
+                format!("a 4 MiB gRPC stream's rate over raw TCP's ({source})"),
+            );
+            measured.push(format!(
+                "link: raw TCP {:.2} GB/s each way and a {:.0} us round trip, against {addr} ({made})",
+                link.link_bytes_per_sec / 1e9,
+                link.rtt * 1e6
+            ));
+        }
+        if self.measure_compute {
+            let widths = calibrate::mlp_widths(&self.model)?;
+            eprintln!(
+                "measuring a step's compute (ps-worker --probe-compute) and the apply rate (ps-microbench apply)..."
+            );
+            cluster.compute = calibrate::measure_compute(&widths, self.batch_size as usize)?;
+            constants.apply_bytes_per_sec = calibrate::measure_apply(&self.optimizer)?;
+            set_source(
+                constants,
+                2,
+                format!(
+                    "a memcpy then {} over 16 MiB, one core (--measure-compute)",
+                    self.optimizer
+                ),
+            );
+            measured.push(format!(
+                "compute: {:.3} ms a step of {} with batches of {}, on this host ({made})",
+                cluster.compute * 1e3,
+                self.model,
+                self.batch_size
+            ));
+        }
+        Ok(measured)
     }
 
     fn cluster(&self) -> Cluster {
@@ -122,6 +205,14 @@ impl PlanArgs {
             },
         }
     }
+}
+
+/// Sets the source of constant `index` (in [`Constants`]'s order).
+fn set_source(constants: &mut Constants, index: usize, source: String) {
+    if constants.sources.len() <= index {
+        constants.sources.resize(index + 1, "given".to_string());
+    }
+    constants.sources[index] = source;
 }
 
 /// The constants of a plan file (or a file holding only them).

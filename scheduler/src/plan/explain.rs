@@ -162,6 +162,9 @@ Constants:"
         format_rate(cl.worker_link),
         format_rate(cl.server_link)
     );
+    for line in &plan.measured {
+        let _ = writeln!(out, "  measured: {line}");
+    }
     if let Some(chosen) = plan.candidates.iter().find(|c| c.setup == plan.chosen) {
         let t = &chosen.terms;
         let values = term_ms(t);

@@ -5,6 +5,7 @@
 //! - [`cost`]: the cost model, a step's time as named terms.
 //! - [`explain`]: the table, the formulas and the constants, as text.
 //! - [`cli`]: the command's flags, and the plan file.
+//! - [`calibrate`]: the link, compute and apply rate measured by the tool.
 //!
 //! [`plan`] predicts every candidate setup (servers and where they run,
 //! partition size, wire dtype, pipelining, backward segments), sets aside
@@ -13,6 +14,7 @@
 //! [`Plan`], a JSON file a person can read and edit, and that `ps-local
 //! --plan FILE` runs.
 
+pub mod calibrate;
 pub mod cli;
 pub mod cost;
 pub mod explain;
@@ -84,6 +86,9 @@ pub struct Plan {
     pub consistency: String,
     /// When and where the plan was made.
     pub made: String,
+    /// What `--measure-link` and `--measure-compute` measured, and where.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured: Vec<String>,
 }
 
 /// Why a plan cannot be made.
@@ -153,6 +158,7 @@ pub fn plan(
             n => format!("ssp:{n}"),
         },
         made: String::new(),
+        measured: Vec::new(),
     })
 }
 
