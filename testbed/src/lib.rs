@@ -17,6 +17,7 @@
 //! - [`report`]: what a run prints;
 //! - [`plan_check`]: `ps-scheduler plan`'s predictions against runs.
 
+pub mod calibrate;
 pub mod ceiling;
 pub mod hosts;
 pub mod job;

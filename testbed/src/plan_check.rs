@@ -73,6 +73,8 @@ pub struct Grid {
     pub out: PathBuf,
     /// Namespace prefix.
     pub prefix: String,
+    /// The constants the predictions use.
+    pub constants: Constants,
 }
 
 /// One setup of the grid, run and predicted.
@@ -118,8 +120,15 @@ pub async fn run(grid: &Grid) -> anyhow::Result<Vec<Row>> {
                 for pipeline in [false, true] {
                     let label = format!("{}-{link}-{servers}-{pipeline}", model.label);
                     let measured = run_one(grid, model, link, servers, pipeline, &label).await?;
-                    let predicted =
-                        predict(&shapes, link, servers, pipeline, compute, grid.workers);
+                    let predicted = predict(
+                        &shapes,
+                        link,
+                        servers,
+                        pipeline,
+                        compute,
+                        grid.workers,
+                        &grid.constants,
+                    );
                     let row = Row {
                         model: model.label.to_string(),
                         link: link.to_string(),
@@ -141,7 +150,7 @@ pub async fn run(grid: &Grid) -> anyhow::Result<Vec<Row>> {
 
 /// The step time the cost model predicts for `shapes` with `servers`
 /// dedicated servers and `workers` workers on links of `link`, given
-/// `compute` seconds of compute per step; seconds.
+/// `compute` seconds of compute per step, with `constants`; seconds.
 pub fn predict(
     shapes: &ModelShapes,
     link: LinkRate,
@@ -149,6 +158,7 @@ pub fn predict(
     pipeline: bool,
     compute: f64,
     workers: usize,
+    constants: &Constants,
 ) -> f64 {
     let setup = Setup {
         servers: servers as u32,
@@ -165,21 +175,19 @@ pub fn predict(
         rtt: 100e-6,
         compute,
     };
-    cost::predict(
-        &setup,
-        &shapes.tensor_bytes(),
-        &cluster,
-        &Constants::default(),
-    )
-    .step
+    cost::predict(&setup, &shapes.tensor_bytes(), &cluster, constants).step
 }
 
-/// Predicts `rows` again with this build's cost model (the measurements
-/// stay), for the tables of an earlier run.
+/// Predicts `rows` again with this build's cost model and `constants` (the
+/// measurements stay), for the tables of an earlier run.
 ///
 /// # Errors
 /// A row's model is not one of the grid's.
-pub fn predict_again(rows: &mut [Row], workers: usize) -> anyhow::Result<()> {
+pub fn predict_again(
+    rows: &mut [Row],
+    workers: usize,
+    constants: &Constants,
+) -> anyhow::Result<()> {
     let models = default_models();
     for row in rows {
         let model = models
@@ -195,6 +203,7 @@ pub fn predict_again(rows: &mut [Row], workers: usize) -> anyhow::Result<()> {
             row.pipeline,
             row.compute_ms / 1e3,
             workers,
+            constants,
         );
         row.predicted_ms = predicted * 1e3;
         row.error = row.predicted_ms / row.measured_ms - 1.0;

@@ -7,7 +7,7 @@ use std::process::Command;
 use ps_tests::binary;
 
 /// Each program and the subcommands a user runs.
-const COMMANDS: [&[&str]; 15] = [
+const COMMANDS: [&[&str]; 16] = [
     &["ps-server"],
     &["ps-server", "export"],
     &["ps-scheduler"],
@@ -23,6 +23,7 @@ const COMMANDS: [&[&str]; 15] = [
     &["ps-testbed", "run"],
     &["ps-testbed", "plan-check"],
     &["ps-testbed", "clean"],
+    &["ps-testbed", "calibrate"],
 ];
 
 fn stdout(program: &str, args: &[&str]) -> String {

@@ -309,3 +309,75 @@ fn plan_check_runs_a_grid_and_compares_each_setup_with_its_prediction() {
         "{table}"
     );
 }
+
+/// `ps-testbed calibrate`'s own prefix.
+const CALIBRATE_PREFIX: &str = "pscical";
+
+/// `ps-testbed calibrate` across 200 Mbit/s links: `ps-scheduler plan
+/// --measure-link` on the worker host finds the shaped rate, not loopback's;
+/// the plan file it writes carries the measured constants, which `plan-check
+/// --constants` then predicts an earlier grid with; nothing is left behind.
+#[test]
+#[ignore = "needs root, ip and tc; .ci/run runs it"]
+fn calibrate_measures_the_shaped_link_from_a_worker_host() {
+    if !root_or_skip() {
+        return;
+    }
+    let testbed = testbed();
+    binary("ps-microbench");
+    let out = tempfile::tempdir().expect("a folder for the plan");
+    let plan_file = out.path().join("plan.json");
+    let run = Command::new(&testbed)
+        .args([
+            "calibrate",
+            "--prefix",
+            CALIBRATE_PREFIX,
+            "--link",
+            "200mbit",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .args(["--", "--model", "mlp:64,32,10", "--json", "--out"])
+        .arg(&plan_file)
+        .output()
+        .expect("run ps-testbed calibrate");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "calibrate failed:\n{stderr}");
+    assert!(
+        namespaces(CALIBRATE_PREFIX).is_empty(),
+        "namespaces left behind"
+    );
+    let plan: Value = serde_json::from_slice(&std::fs::read(&plan_file).unwrap()).unwrap();
+    let shaped = 200e6 / 8.0;
+    let link = plan["cluster"]["worker_link"].as_f64().unwrap();
+    assert!(
+        link > 0.8 * shaped && link < 1.05 * shaped,
+        "measured {link} B/s across a {shaped} B/s link"
+    );
+    let sources = plan["constants"]["sources"].to_string();
+    assert!(sources.contains("--measure-link 10.77.0."), "{sources}");
+    assert_eq!(plan["measured"].as_array().unwrap().len(), 1, "{plan}");
+
+    let grid = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/bench/plan-check.json");
+    let table = |constants: Option<&Path>| {
+        let mut command = Command::new(&testbed);
+        command.args(["plan-check", "--table"]).arg(&grid);
+        if let Some(file) = constants {
+            command.arg("--constants").arg(file);
+        }
+        let run = command.output().expect("run ps-testbed plan-check --table");
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        String::from_utf8(run.stdout).unwrap()
+    };
+    let measured = table(Some(&plan_file));
+    assert!(measured.contains("Within ±20 %"), "{measured}");
+    assert_ne!(
+        measured,
+        table(None),
+        "the measured constants predict otherwise"
+    );
+}

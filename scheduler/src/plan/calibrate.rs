@@ -35,6 +35,10 @@ pub struct LinkMeasured {
     pub link_efficiency: f64,
 }
 
+/// The key `--measure-compute` applies: larger than the caches, as a
+/// model's values are.
+const APPLY_BYTES: &str = "64MiB";
+
 /// Round trips timed for the RTT and the request cost.
 const ROUND_TRIPS: &str = "500";
 
@@ -56,7 +60,7 @@ pub fn measure_link(addr: &str) -> anyhow::Result<LinkMeasured> {
             "--warmup",
             "100",
             "--reps",
-            "1",
+            "3",
             "--json",
         ],
     )?;
@@ -75,7 +79,7 @@ pub fn measure_link(addr: &str) -> anyhow::Result<LinkMeasured> {
             "--warmup-seconds",
             "0.25",
             "--reps",
-            "1",
+            "3",
             "--json",
         ],
     )?;
@@ -136,7 +140,7 @@ pub fn measure_compute(widths: &[usize], batch: usize) -> anyhow::Result<f64> {
 
 /// Bytes of gradient per second `optimizer` (sgd, momentum, adam) takes in
 /// on one core of this host: a received gradient is copied out of the
-/// socket's buffers, then applied, so the rate is that of a memcpy and the
+/// socket's buffers, then applied (over a key larger than the caches), so the rate is that of a memcpy and the
 /// optimizer's pass one after the other (what `ps-microbench kv --sgd-floor`
 /// measures end to end).
 ///
@@ -148,9 +152,9 @@ pub fn measure_apply(optimizer: &str) -> anyhow::Result<f64> {
         &[
             "apply",
             "--size",
-            "16MiB",
+            APPLY_BYTES,
             "--reps",
-            "5",
+            "3",
             "--runtime-threads",
             "1",
             "--json",

@@ -151,8 +151,8 @@ impl PlanArgs {
                 format!("a 4 MiB gRPC stream's rate over raw TCP's ({source})"),
             );
             measured.push(format!(
-                "link: raw TCP {:.2} GB/s each way and a {:.0} us round trip, against {addr} ({made})",
-                link.link_bytes_per_sec / 1e9,
+                "link: raw TCP {} each way and a {:.0} us round trip, against {addr} ({made})",
+                ps_common::size::format_rate(link.link_bytes_per_sec),
                 link.rtt * 1e6
             ));
         }
@@ -167,7 +167,7 @@ impl PlanArgs {
                 constants,
                 2,
                 format!(
-                    "a memcpy then {} over 16 MiB, one core (--measure-compute)",
+                    "a memcpy then {} over 64 MiB, one core (--measure-compute)",
                     self.optimizer
                 ),
             );
@@ -216,7 +216,10 @@ fn set_source(constants: &mut Constants, index: usize, source: String) {
 }
 
 /// The constants of a plan file (or a file holding only them).
-fn read_constants(path: &PathBuf) -> anyhow::Result<Constants> {
+///
+/// # Errors
+/// The file cannot be read, or holds no constants.
+pub fn read_constants(path: &std::path::Path) -> anyhow::Result<Constants> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading --constants {}", path.display()))?;
     let value: serde_json::Value = serde_json::from_str(&text)

@@ -6,6 +6,7 @@
 //! sudo ps-testbed run --link 1gbit -- --dataset synthetic --synthetic-features 1024 \
 //!     --hidden 2048,2048 --batch-size 32 --optimizer sgd --epochs 1
 //! sudo ps-testbed plan-check  # the cost model of `ps-scheduler plan` against runs
+//! sudo ps-testbed calibrate --link 1gbit -- --model mlp:1024,2048,2048,4 --out plan.json
 //! sudo ps-testbed clean      # namespaces left by a run that was killed
 //! ```
 
@@ -19,7 +20,7 @@ use ps_testbed::job::{self, JobSpec};
 use ps_testbed::netns::{self, Network};
 use ps_testbed::rate::LinkRate;
 use ps_testbed::report::Report;
-use ps_testbed::{ceiling, plan_check};
+use ps_testbed::{calibrate, ceiling, plan_check};
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +39,10 @@ enum Action {
     /// Run a grid of setups and compare each one's step time with what
     /// `ps-scheduler plan`'s cost model predicts (docs/plan.md).
     PlanCheck(PlanCheckArgs),
+    /// Run `ps-scheduler plan --measure-link` from a worker host against a
+    /// server host across links of --link: the plan's link constants as the
+    /// emulated cluster gives them.
+    Calibrate(CalibrateArgs),
     /// Remove namespaces that runs under --prefix left when they were killed.
     Clean {
         /// The namespace prefix of the runs to clean up after.
@@ -126,6 +131,28 @@ struct PlanCheckArgs {
     /// predicted again with this build's cost model and choice rule.
     #[arg(long)]
     table: Option<PathBuf>,
+    /// Predict with these constants (a plan file's, as `ps-scheduler plan
+    /// --measure-link ADDR --measure-compute --out FILE` writes them)
+    /// instead of the built-in ones.
+    #[arg(long)]
+    constants: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct CalibrateArgs {
+    /// Both hosts' link rate, each way.
+    #[arg(long, default_value = "1gbit")]
+    link: LinkRate,
+    /// Namespace prefix.
+    #[arg(long, default_value = "pscal")]
+    prefix: String,
+    /// Folder for the serving side's log.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// `ps-scheduler plan`'s other arguments, after `--` (for example
+    /// --model mlp:1024,2048,2048,4 --measure-compute --out plan.json).
+    #[arg(last = true)]
+    plan_args: Vec<String>,
 }
 
 #[tokio::main]
@@ -134,6 +161,7 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Action::Run(args) => run(args).await,
         Action::PlanCheck(args) => plan_check(args).await,
+        Action::Calibrate(args) => calibrate(args).await,
         Action::Clean { prefix } => {
             netns::preflight()?;
             let removed = netns::sweep(&prefix)?;
@@ -153,12 +181,16 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn plan_check(args: PlanCheckArgs) -> anyhow::Result<()> {
+    let constants = match &args.constants {
+        Some(path) => ps_scheduler::plan::cli::read_constants(path)?,
+        None => ps_scheduler::plan::Constants::default(),
+    };
     if let Some(path) = &args.table {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut rows: Vec<plan_check::Row> = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a plan-check.json", path.display()))?;
-        plan_check::predict_again(&mut rows, args.workers)?;
+        plan_check::predict_again(&mut rows, args.workers, &constants)?;
         print!("{}", plan_check::table(&rows, args.workers));
         return Ok(());
     }
@@ -188,6 +220,7 @@ async fn plan_check(args: PlanCheckArgs) -> anyhow::Result<()> {
         bin_dir,
         out: out.clone(),
         prefix: args.prefix,
+        constants,
     };
     let rows = tokio::select! {
         rows = plan_check::run(&grid) => rows?,
@@ -206,6 +239,39 @@ async fn plan_check(args: PlanCheckArgs) -> anyhow::Result<()> {
         "\nlogs, plan-check.json and plan-check.md: {}",
         out.display()
     );
+    Ok(())
+}
+
+async fn calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
+    netns::preflight()?;
+    let swept = netns::sweep(&args.prefix)?;
+    if !swept.is_empty() {
+        tracing::info!(namespaces = ?swept, "removed what a killed run left");
+    }
+    let bin_dir = binaries()?;
+    anyhow::ensure!(
+        bin_dir.join("ps-microbench").is_file(),
+        "ps-microbench is not next to ps-testbed in {}; build the workspace (cargo build --release)",
+        bin_dir.display()
+    );
+    let out = args.out.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("ps-calibrate-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&out).with_context(|| format!("making {}", out.display()))?;
+    let spec = calibrate::CalibrationSpec {
+        prefix: args.prefix,
+        link: args.link,
+        bin_dir,
+        out,
+        plan_args: args.plan_args,
+    };
+    let printed = tokio::select! {
+        printed = calibrate::run(&spec) => printed?,
+        () = ps_common::process::shutdown_signal() => {
+            anyhow::bail!("interrupted: every process was killed and every namespace removed");
+        }
+    };
+    print!("{printed}");
     Ok(())
 }
 
