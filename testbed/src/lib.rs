@@ -22,6 +22,7 @@ pub mod ceiling;
 pub mod hosts;
 pub mod job;
 pub mod netns;
+pub mod plan_chart;
 pub mod plan_check;
 pub mod process;
 pub use ps_common::rate;

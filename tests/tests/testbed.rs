@@ -308,6 +308,12 @@ fn plan_check_runs_a_grid_and_compares_each_setup_with_its_prediction() {
         table.contains("Within ±20 %") && table.contains("plan's pick"),
         "{table}"
     );
+    let chart = std::fs::read_to_string(out.path().join("plan-check.svg")).unwrap();
+    assert_eq!(
+        chart.matches("<circle").count(),
+        2 + 1,
+        "a point per setup, a mark per model"
+    );
 }
 
 /// `ps-testbed calibrate`'s own prefix.

@@ -20,7 +20,7 @@ use ps_testbed::job::{self, JobSpec};
 use ps_testbed::netns::{self, Network};
 use ps_testbed::rate::LinkRate;
 use ps_testbed::report::Report;
-use ps_testbed::{calibrate, ceiling, plan_check};
+use ps_testbed::{calibrate, ceiling, plan_chart, plan_check};
 
 #[derive(Parser)]
 #[command(
@@ -124,7 +124,9 @@ struct PlanCheckArgs {
     /// Namespace prefix.
     #[arg(long, default_value = "psplan")]
     prefix: String,
-    /// Folder for the runs' logs and the results (plan-check.json, plan-check.md).
+    /// Folder for the runs' logs and the results (plan-check.json,
+    /// plan-check.md, and the chart of predicted against measured,
+    /// plan-check.svg).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Run nothing: print the tables of an earlier run's plan-check.json,
@@ -136,6 +138,10 @@ struct PlanCheckArgs {
     /// instead of the built-in ones.
     #[arg(long)]
     constants: Option<PathBuf>,
+    /// With --table: also draw the predicted against measured chart into this
+    /// SVG file.
+    #[arg(long, requires = "table")]
+    chart: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -192,6 +198,9 @@ async fn plan_check(args: PlanCheckArgs) -> anyhow::Result<()> {
             .with_context(|| format!("{} is not a plan-check.json", path.display()))?;
         plan_check::predict_again(&mut rows, args.workers, &constants)?;
         print!("{}", plan_check::table(&rows, args.workers));
+        if let Some(chart) = &args.chart {
+            plan_chart::chart(&rows, chart)?;
+        }
         return Ok(());
     }
     netns::preflight()?;
@@ -234,9 +243,10 @@ async fn plan_check(args: PlanCheckArgs) -> anyhow::Result<()> {
         serde_json::to_string_pretty(&rows)?,
     )?;
     std::fs::write(out.join("plan-check.md"), &table)?;
+    plan_chart::chart(&rows, &out.join("plan-check.svg"))?;
     print!("{table}");
     println!(
-        "\nlogs, plan-check.json and plan-check.md: {}",
+        "\nlogs, plan-check.json, plan-check.md and plan-check.svg: {}",
         out.display()
     );
     Ok(())
