@@ -50,6 +50,8 @@ pub struct PlannedRun {
     pub backward_segments: usize,
     /// The consistency, as `ps-local --consistency` takes it.
     pub consistency: String,
+    /// The values' dtype on the wire: bf16 when the plan halves the bytes.
+    pub wire: ps_proto::codec::DType,
     /// The setup in words, and its predicted step.
     pub summary: String,
 }
@@ -104,24 +106,26 @@ fn default_server_memory() -> u64 {
     ps_server::budget::default_budget() as u64
 }
 
-/// What `plan` sets for a run whose model has `layers` layers; a bf16 plan
-/// runs in f32 (the workers cannot put bf16 on the wire yet), with a warning.
-/// Over shared memory (`ps-local`'s default) a step whose shares fit is one
+/// What `plan` sets for a run whose model has `layers` layers; a plan of
+/// 2-byte wire values runs with bf16 on the wire. Over shared memory (`ps-local`'s default) a step whose shares fit is one
 /// push-and-pull per server whatever `pipeline` says.
 ///
 /// # Errors
-/// The plan (a file a person may have edited) names no servers.
+/// The plan (a file a person may have edited) names no servers, or wire
+/// values of another size than 4 or 2 bytes.
 pub fn apply(plan: &Plan, layers: usize) -> anyhow::Result<PlannedRun> {
     let chosen = &plan.chosen;
     anyhow::ensure!(
         chosen.servers > 0,
         "the plan's chosen setup has no servers; give it at least one"
     );
-    if chosen.wire_bytes != 4 {
-        tracing::warn!(
-            "the plan puts bf16 on the wire, which the workers cannot do yet: f32 instead"
-        );
-    }
+    let wire = match chosen.wire_bytes {
+        4 => ps_proto::codec::DType::F32,
+        2 => ps_proto::codec::DType::BF16,
+        other => anyhow::bail!(
+            "the plan's chosen setup puts {other}-byte values on the wire; give 4 (f32) or 2 (bf16)"
+        ),
+    };
     let backward_segments = (chosen.backward_segments as usize).clamp(1, layers.max(1));
     let predicted = plan
         .candidates
@@ -135,6 +139,7 @@ pub fn apply(plan: &Plan, layers: usize) -> anyhow::Result<PlannedRun> {
         pipeline: chosen.pipeline,
         backward_segments,
         consistency: plan.consistency.clone(),
+        wire,
         summary: format!("{}{predicted}", describe(chosen)),
     })
 }
@@ -156,6 +161,16 @@ mod tests {
         assert!(run.summary.contains("predicted step"), "{}", run.summary);
         assert_eq!("auto".parse(), Ok(PlanSource::Auto));
         assert_eq!("p.json".parse(), Ok(PlanSource::File("p.json".into())));
+        assert_eq!(run.wire, ps_proto::codec::DType::F32);
+        let mut halved = plan.clone();
+        halved.chosen.wire_bytes = 2;
+        assert_eq!(
+            apply(&halved, 2).unwrap().wire,
+            ps_proto::codec::DType::BF16
+        );
+        halved.chosen.wire_bytes = 3;
+        let odd = apply(&halved, 2).unwrap_err().to_string();
+        assert!(odd.contains("3-byte"), "{odd}");
         let mut none = plan.clone();
         none.chosen.servers = 0;
         assert!(

@@ -239,6 +239,7 @@ fn a_plan_chooses_the_setup_auto_or_from_a_file() {
     let mut plan = ps_scheduler::plan::plan(&model, &cluster, &choices, &constants).unwrap();
     plan.chosen.servers = 3;
     plan.chosen.pipeline = false;
+    plan.chosen.wire_bytes = 2;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("plan.json");
     ps_scheduler::plan::cli::write_plan(&plan, &file).unwrap();

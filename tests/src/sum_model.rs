@@ -13,12 +13,26 @@ use ps_worker::trainer::PsTrainer;
 /// # Panics
 /// When the servers refuse the trainer.
 pub async fn trainer(client: PsClient, group: GroupInfo) -> (PsTrainer, VarMap) {
+    trainer_on_wire(client, group, 1.0, ps_proto::codec::DType::F32).await
+}
+
+/// [`trainer`], with `w` starting at `initial` and its values sent and
+/// received as `wire`.
+///
+/// # Panics
+/// When the servers refuse the trainer.
+pub async fn trainer_on_wire(
+    client: PsClient,
+    group: GroupInfo,
+    initial: f64,
+    wire: ps_proto::codec::DType,
+) -> (PsTrainer, VarMap) {
     let varmap = VarMap::new();
     varmap
-        .get(4, "w", Init::Const(1.0), DType::F32, &Device::Cpu)
+        .get(4, "w", Init::Const(initial), DType::F32, &Device::Cpu)
         .expect("a variable");
     let sgd = OptimizerChoice::Sgd.with_lr(0.5);
-    let trainer = PsTrainer::new(client, group, &varmap, sgd)
+    let trainer = PsTrainer::new_on_wire(client, group, &varmap, sgd, wire)
         .await
         .expect("a trainer");
     (trainer, varmap)

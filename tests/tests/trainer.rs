@@ -8,6 +8,7 @@ use std::time::Duration;
 use candle_nn::VarMap;
 use ps_client::retry::RetryPolicy;
 use ps_client::{ClientConfig, GroupInfo, PsClient};
+use ps_proto::codec::DType;
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::{Rank, Step};
 use ps_server::config::ServerConfig;
@@ -17,6 +18,11 @@ use ps_worker::trainer::PsTrainer;
 
 /// One worker under BSP training the sum model.
 async fn trainer(server: &Loopback) -> (PsTrainer, VarMap) {
+    trainer_on_wire(server, 1.0, DType::F32).await
+}
+
+/// [`trainer`], `w` starting at `initial`, its values on the wire as `wire`.
+async fn trainer_on_wire(server: &Loopback, initial: f64, wire: DType) -> (PsTrainer, VarMap) {
     let mut config = ClientConfig::new(vec!["loopback:1".into()]);
     config.retry = RetryPolicy {
         attempts: 3,
@@ -30,7 +36,7 @@ async fn trainer(server: &Loopback) -> (PsTrainer, VarMap) {
         workers: 1,
         consistency: Consistency::Bsp,
     };
-    sum_model::trainer(client, group).await
+    sum_model::trainer_on_wire(client, group, initial, wire).await
 }
 
 fn bsp() -> ServerConfig {
@@ -54,6 +60,32 @@ async fn each_step_loads_the_values_sgd_gives() {
         assert_eq!(values(&varmap), vec![expected; 4]);
     }
     assert_eq!(trainer.step(), Step(3));
+    server.stop();
+}
+
+#[tokio::test]
+async fn values_on_a_bf16_wire_go_and_come_back_as_bf16() {
+    let server = Loopback::start(bsp());
+    // 1 + 2^-10 is not a bf16 (8 bits of precision): it goes out as 1.0.
+    let (mut trainer, varmap) = trainer_on_wire(&server, 1.0 + 1.0 / 1024.0, DType::BF16).await;
+    assert_eq!(
+        values(&varmap),
+        vec![1.0; 4],
+        "the values came back as bf16"
+    );
+    for expected in [0.5, 0.0, -0.5] {
+        step(&mut trainer, &varmap).await;
+        assert_eq!(values(&varmap), vec![expected; 4]);
+    }
+    server.stop();
+
+    let server = Loopback::start(bsp());
+    let (_, varmap) = trainer_on_wire(&server, 1.0 + 1.0 / 1024.0, DType::F32).await;
+    assert_eq!(
+        values(&varmap),
+        vec![1.0 + 1.0 / 1024.0; 4],
+        "f32 keeps them"
+    );
     server.stop();
 }
 

@@ -29,6 +29,28 @@ pub enum DatasetChoice {
     Clicks,
 }
 
+/// The values' dtype on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WireChoice {
+    /// Full precision.
+    F32,
+    /// bfloat16: half the bytes, f32's range, 8 bits of mantissa.
+    Bf16,
+    /// IEEE half precision: half the bytes, a narrower range.
+    F16,
+}
+
+impl WireChoice {
+    /// The codec's dtype.
+    pub fn dtype(self) -> ps_proto::codec::DType {
+        match self {
+            Self::F32 => ps_proto::codec::DType::F32,
+            Self::Bf16 => ps_proto::codec::DType::BF16,
+            Self::F16 => ps_proto::codec::DType::F16,
+        }
+    }
+}
+
 /// Built-in models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ModelChoice {
@@ -129,6 +151,11 @@ pub struct TrainArgs {
     /// (docs/overlap.md). 1 is one whole backward pass, then the push.
     #[arg(long, default_value_t = TrainConfig::default().backward_segments, env = "PS_BACKWARD_SEGMENTS")]
     pub backward_segments: usize,
+    /// The values' dtype on the wire: f32, or bf16/f16 to push gradients and
+    /// pull values in half the bytes (rounded; the servers keep and update
+    /// f32). Every worker of a job must give the same.
+    #[arg(long, value_enum, default_value = "f32", env = "PS_WIRE_DTYPE")]
+    pub wire_dtype: WireChoice,
 }
 
 impl TrainArgs {
@@ -263,6 +290,7 @@ impl TrainArgs {
             metrics: None,
             out: None,
             embedding,
+            wire: self.wire_dtype.dtype(),
         })
     }
 }

@@ -189,8 +189,14 @@ pub async fn train(
     let total_steps = per_epoch * config.epochs as u64;
     let shard = data.train.shard(rank, workers);
     let (varmap, model, dense) = head(data, embedding, config)?;
-    let mut trainer =
-        PsTrainer::new(client, group, &varmap, config.optimizer.with_lr(config.lr)).await?;
+    let mut trainer = PsTrainer::new_on_wire(
+        client,
+        group,
+        &varmap,
+        config.optimizer.with_lr(config.lr),
+        config.wire,
+    )
+    .await?;
     let mut rows = match dense {
         Some(rows) => Rows::Dense(rows),
         None => {

@@ -73,6 +73,25 @@ impl CopyPlan {
     }
 }
 
+/// `bytes` (little-endian `f32`, as [`CopyPlan::to_host`] gives them) as
+/// `wire` puts them on the wire: as they are for `f32`, each value rounded
+/// to `wire` otherwise (bf16 or f16: half the bytes to send).
+pub fn to_wire(bytes: Vec<Bytes>, wire: codec::DType) -> Vec<Bytes> {
+    if wire == codec::DType::F32 {
+        return bytes;
+    }
+    bytes
+        .into_iter()
+        .map(|f32_bytes| {
+            let values: Vec<f32> = f32_bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            codec::encode_f32(wire, &values)
+        })
+        .collect()
+}
+
 /// The host buffers a step's tensors are copied into, one per slot (per
 /// tensor, or one for a joined copy), each reused from one step to the next
 /// once nothing holds the last step's bytes (a push is over before the next

@@ -92,6 +92,8 @@ pub struct TrainConfig {
     /// Train the click-through model (`crate::ctr`) with this embedding
     /// table instead of the MLP alone.
     pub embedding: Option<EmbeddingConfig>,
+    /// The dense values' dtype on the wire ([`PsTrainer::new_on_wire`]).
+    pub wire: ps_proto::codec::DType,
 }
 
 impl Default for TrainConfig {
@@ -111,6 +113,7 @@ impl Default for TrainConfig {
             metrics: None,
             out: None,
             embedding: None,
+            wire: ps_proto::codec::DType::F32,
         }
     }
 }
@@ -185,8 +188,9 @@ pub async fn train(
     let total_steps = per_epoch * config.epochs as u64;
     let shard = data.train.shard(rank, workers);
     let (varmap, model) = model_and_vars(data, config)?;
+    let optimizer = config.optimizer.with_lr(config.lr);
     let mut trainer =
-        PsTrainer::new(client, group, &varmap, config.optimizer.with_lr(config.lr)).await?;
+        PsTrainer::new_on_wire(client, group, &varmap, optimizer, config.wire).await?;
     tracing::info!(rank, workers, examples = shard.len(), steps = total_steps, dataset = %data.name, "training");
 
     let bar = progress_bar(config.progress, total_steps, rank);

@@ -131,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
         spec.pipeline = run.pipeline;
         spec.consistency = run.consistency.parse().map_err(anyhow::Error::msg)?;
         config.backward_segments = run.backward_segments;
+        config.wire = run.wire;
     }
     let summary = tokio::select! {
         summary = run_local(&spec, data, &config) => summary?,

@@ -29,7 +29,7 @@ use ps_client::{
     PulledParam, Recovering, RepairBudget,
 };
 
-use crate::host_copy::{CopyPlan, HostBuffers};
+use crate::host_copy::{CopyPlan, HostBuffers, to_wire};
 use crate::step_time::StepTimes;
 
 mod segment_feed;
@@ -78,6 +78,9 @@ pub struct PsTrainer {
     gradient_buffer: HostBuffers,
     /// The same for each segment of a segmented backward pass, by segment.
     segment_buffers: Vec<HostBuffers>,
+    /// The values' dtype on the wire: f32, or bf16/f16 for half the bytes
+    /// (rounded values; the servers keep and update f32).
+    wire: codec::DType,
 }
 
 impl PsTrainer {
@@ -103,10 +106,28 @@ impl PsTrainer {
     /// # Errors
     /// As [`PsTrainer::connect`].
     pub async fn new(
+        client: PsClient,
+        group: GroupInfo,
+        varmap: &VarMap,
+        optimizer: v1::Optimizer,
+    ) -> Result<Self, TrainerError> {
+        Self::new_on_wire(client, group, varmap, optimizer, codec::DType::F32).await
+    }
+
+    /// [`PsTrainer::new`], with the values sent and received as `wire`: each
+    /// gradient pushed and each value pulled is rounded to it (bf16 or f16
+    /// halve the bytes on the wire), while the servers keep and update f32.
+    /// Every worker of a job must use the same.
+    ///
+    /// # Errors
+    /// As [`PsTrainer::connect`]; a server holding the variables in another
+    /// dtype refuses them.
+    pub async fn new_on_wire(
         mut client: PsClient,
         group: GroupInfo,
         varmap: &VarMap,
         optimizer: v1::Optimizer,
+        wire: codec::DType,
     ) -> Result<Self, TrainerError> {
         let vars = vars_by_name(varmap);
         let infos: Vec<ParamInfo> = vars
@@ -114,7 +135,7 @@ impl PsTrainer {
             .map(|(name, var)| ParamInfo {
                 name: name.clone(),
                 shape: var.dims().to_vec(),
-                dtype: codec::DType::F32,
+                dtype: wire,
             })
             .collect();
         client.place(&infos).await?;
@@ -134,6 +155,7 @@ impl PsTrainer {
             staging: Vec::new(),
             gradient_buffer: HostBuffers::default(),
             segment_buffers: Vec::new(),
+            wire,
         };
         trainer.created = trainer.register_initial().await?;
         let version = trainer.load(Version(0)).await?;
@@ -304,12 +326,12 @@ impl PsTrainer {
         self.named(bytes)
     }
 
-    /// `bytes[i]` named after variable `i`.
+    /// `bytes[i]` (`f32`) named after variable `i`, as the wire takes them.
     fn named(&self, bytes: Vec<Bytes>) -> Result<Vec<ParamBytes>, TrainerError> {
         Ok(self
             .vars
             .iter()
-            .zip(bytes)
+            .zip(to_wire(bytes, self.wire))
             .map(|((name, _), data)| ParamBytes::new(name, data))
             .collect())
     }

@@ -11,7 +11,7 @@ use candle_core::{Tensor, Var};
 use ps_client::ParamBytes;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::host_copy::{CopyPlan, HostBuffers};
+use crate::host_copy::{CopyPlan, HostBuffers, to_wire};
 use crate::segmented::SegmentGrads;
 use crate::trainer::TrainerError;
 
@@ -22,6 +22,8 @@ pub(crate) struct SegmentFeed {
     pub(crate) vars: Vec<(String, Var)>,
     pub(crate) copy_plan: CopyPlan,
     pub(crate) buffers: Vec<HostBuffers>,
+    /// The values' dtype on the wire.
+    pub(crate) wire: ps_proto::codec::DType,
 }
 
 /// What the feed sends the exchange.
@@ -120,6 +122,7 @@ impl SegmentFeed {
             self.buffers.resize_with(buffer + 1, HostBuffers::default);
         }
         let bytes = self.copy_plan.to_host(&values, &mut self.buffers[buffer])?;
+        let bytes = to_wire(bytes, self.wire);
         Ok(tensors
             .iter()
             .zip(bytes)
@@ -158,6 +161,7 @@ mod tests {
                 .collect(),
             copy_plan: CopyPlan::PerTensor,
             buffers: Vec::new(),
+            wire: ps_proto::codec::DType::F32,
         }
     }
 

@@ -47,6 +47,7 @@ impl PsTrainer {
             vars: self.vars.clone(),
             copy_plan: self.copy_plan,
             buffers: std::mem::take(&mut self.segment_buffers),
+            wire: self.wire,
         };
         let grads = cuts.backward(loss);
         let backward = tokio::task::spawn_blocking(move || feed.run(grads, &sender));
