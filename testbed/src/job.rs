@@ -29,6 +29,8 @@ pub struct JobSpec {
     pub worker_args: Vec<String>,
     /// Arguments every server gets after `--listen` and `--scheduler`.
     pub server_args: Vec<String>,
+    /// Arguments the scheduler gets after its own (`--consistency`).
+    pub scheduler_args: Vec<String>,
     /// How long the workers may take.
     pub timeout: Duration,
 }
@@ -102,7 +104,7 @@ pub async fn run(network: &Network, spec: &JobSpec) -> Result<JobOutcome, JobErr
     };
     let cpu = CpuWatch::default();
 
-    let scheduler_args = vec![
+    let mut scheduler_args = vec![
         "--listen".into(),
         scheduler_addr.clone(),
         "--workers".into(),
@@ -111,6 +113,7 @@ pub async fn run(network: &Network, spec: &JobSpec) -> Result<JobOutcome, JobErr
         count(Role::Server).to_string(),
         "--exit-when-done".into(),
     ];
+    scheduler_args.extend(spec.scheduler_args.iter().cloned());
     let mut scheduler = start(
         scheduler_host,
         "ps-scheduler",

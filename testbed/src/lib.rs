@@ -24,6 +24,7 @@ pub mod job;
 pub mod netns;
 pub mod plan_chart;
 pub mod plan_check;
+pub mod planned;
 pub mod process;
 pub use ps_common::rate;
 pub mod report;

@@ -239,6 +239,7 @@ async fn run_one(
         out: grid.out.join(label),
         worker_args,
         server_args: Vec::new(),
+        scheduler_args: Vec::new(),
         timeout: Duration::from_secs(300),
     };
     std::fs::create_dir_all(&spec.out)?;

@@ -387,3 +387,83 @@ fn calibrate_measures_the_shaped_link_from_a_worker_host() {
         "the measured constants predict otherwise"
     );
 }
+
+/// `ps-testbed run --plan`'s own prefix.
+const PLANNED_PREFIX: &str = "pscirun";
+
+/// `ps-testbed run --plan FILE` runs the setup the plan chose: its server
+/// hosts instead of `--hosts`', and bf16 on the wire, which halves the bytes
+/// each worker's link carries per step against the same job in f32.
+#[test]
+#[ignore = "needs root, ip and tc; .ci/run runs it"]
+fn run_with_a_plan_takes_its_servers_and_puts_bf16_on_the_wire() {
+    if !root_or_skip() {
+        return;
+    }
+    let testbed = testbed();
+    let model = ps_scheduler::plan::ModelShapes::from_spec("mlp:64,64,10").unwrap();
+    let cluster = ps_scheduler::plan::Cluster {
+        workers: 2,
+        worker_link: 125e6,
+        server_link: 125e6,
+        rtt: 100e-6,
+        compute: 1e-3,
+    };
+    let choices = ps_scheduler::plan::Choices {
+        max_servers: 3,
+        server_hosts: 3,
+        allow_bf16: true,
+        staleness: 0,
+        server_memory: 1 << 30,
+        optimizer_state: 0,
+    };
+    let constants = ps_scheduler::plan::Constants::default();
+    let mut plan = ps_scheduler::plan::plan(&model, &cluster, &choices, &constants).unwrap();
+    plan.chosen.servers = 1;
+    plan.chosen.placement = ps_scheduler::plan::Placement::Dedicated;
+    let dir = tempfile::tempdir().unwrap();
+    let mut per_step_sent = |wire_bytes: u32| {
+        plan.chosen.wire_bytes = wire_bytes;
+        let file = dir.path().join(format!("plan-{wire_bytes}.json"));
+        ps_scheduler::plan::cli::write_plan(&plan, &file).unwrap();
+        let run = Command::new(&testbed)
+            .args([
+                "run",
+                "--prefix",
+                PLANNED_PREFIX,
+                "--json",
+                "--link",
+                "1gbit",
+            ])
+            .args(["--hosts", "scheduler=1,server=2,worker=2", "--plan"])
+            .arg(&file)
+            .args(["--", "--epochs", "2", "--hidden", "512"])
+            .output()
+            .expect("run ps-testbed --plan");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert!(run.status.success(), "ps-testbed --plan failed:\n{stderr}");
+        assert!(
+            namespaces(PLANNED_PREFIX).is_empty(),
+            "namespaces left behind"
+        );
+        let report = last_json_line(&run.stdout, "ps-testbed's report");
+        let links = report["links"].as_array().unwrap();
+        let servers = links.iter().filter(|l| l["role"] == "server").count();
+        assert_eq!(
+            servers, 1,
+            "the plan's one server, not --hosts' two: {report}"
+        );
+        for accuracy in accuracies(report["workers"].as_array().unwrap()) {
+            assert!(accuracy > 0.8, "{report}");
+        }
+        let worker = links.iter().find(|l| l["role"] == "worker").unwrap();
+        worker["sent_per_step"].as_f64().unwrap()
+    };
+    let f32_sent = per_step_sent(4);
+    let bf16_sent = per_step_sent(2);
+    let ratio = bf16_sent / f32_sent;
+    assert!(
+        (0.45..0.65).contains(&ratio),
+        "a worker sent {bf16_sent} B a step in bf16 against {f32_sent} in f32"
+    );
+}

@@ -20,7 +20,7 @@ use ps_testbed::job::{self, JobSpec};
 use ps_testbed::netns::{self, Network};
 use ps_testbed::rate::LinkRate;
 use ps_testbed::report::Report;
-use ps_testbed::{calibrate, ceiling, plan_chart, plan_check};
+use ps_testbed::{calibrate, ceiling, plan_chart, plan_check, planned};
 
 #[derive(Parser)]
 #[command(
@@ -102,6 +102,11 @@ struct RunArgs {
     /// Print the report as one JSON object instead of tables.
     #[arg(long)]
     json: bool,
+    /// Run the setup this plan file (`ps-scheduler plan --out`) chose: its
+    /// server hosts (instead of --hosts' servers), and its pipelining,
+    /// backward segments, wire dtype and consistency.
+    #[arg(long)]
+    plan: Option<PathBuf>,
     /// Arguments for every ps-worker, after `--` (default: digits, as ps-local trains).
     #[arg(last = true)]
     worker_args: Vec<String>,
@@ -301,8 +306,20 @@ fn binaries() -> anyhow::Result<PathBuf> {
     Ok(bin_dir)
 }
 
-async fn run(args: RunArgs) -> anyhow::Result<()> {
+async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     netns::preflight()?;
+    let mut scheduler_args = Vec::new();
+    if let Some(file) = &args.plan {
+        let chosen = ps_scheduler::plan::cli::read_plan(file)?;
+        let job = planned::job(&chosen, &args.worker_args)?;
+        for difference in &job.differences {
+            tracing::warn!("{difference}");
+        }
+        tracing::info!(servers = job.servers, worker_args = ?job.worker_args, scheduler_args = ?job.scheduler_args, "running the plan's setup");
+        args.hosts.servers = job.servers;
+        args.worker_args.extend(job.worker_args);
+        scheduler_args = job.scheduler_args;
+    }
     let hosts = plan(args.hosts, args.link, &args.link_for).map_err(anyhow::Error::msg)?;
     let swept = netns::sweep(&args.prefix)?;
     if !swept.is_empty() {
@@ -319,6 +336,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         out: out.clone(),
         worker_args: args.worker_args.clone(),
         server_args: args.server_args.clone(),
+        scheduler_args,
         timeout: args.timeout,
     };
     let network = Network::build(&args.prefix, &hosts)?;

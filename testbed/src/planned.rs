@@ -1,0 +1,175 @@
+//! `ps-testbed run --plan FILE`: the job a plan file (`ps-scheduler plan
+//! --out`) describes, in the emulated cluster: its servers each on a host of
+//! their own, and its workers told to pipeline or not, how many backward
+//! segments to cut, and which dtype to put on the wire; the scheduler told
+//! the consistency.
+
+use ps_scheduler::plan::{Placement, Plan};
+
+/// What a run takes from a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedJob {
+    /// Server hosts.
+    pub servers: usize,
+    /// Arguments every worker gets, after the user's.
+    pub worker_args: Vec<String>,
+    /// Arguments the scheduler gets.
+    pub scheduler_args: Vec<String>,
+    /// What the testbed runs differently from the plan, in words.
+    pub differences: Vec<String>,
+}
+
+/// The job `plan` describes for workers given `user_args` (whose
+/// `--hidden` says how many layers there are to cut into segments).
+///
+/// # Errors
+/// The plan (a file a person may have edited) names no servers, or wire
+/// values of another size than 4 or 2 bytes.
+pub fn job(plan: &Plan, user_args: &[String]) -> anyhow::Result<PlannedJob> {
+    let chosen = &plan.chosen;
+    anyhow::ensure!(
+        chosen.servers > 0,
+        "the plan's chosen setup has no servers; give it at least one"
+    );
+    let mut worker_args = Vec::new();
+    let mut differences = Vec::new();
+    if chosen.placement == Placement::Colocated {
+        differences.push(
+            "the plan puts its servers beside the workers; the testbed gives each a host of its own"
+                .to_string(),
+        );
+    }
+    if !chosen.pipeline {
+        worker_args.push("--no-pipeline".to_string());
+    }
+    let layers = layers(user_args);
+    let segments = (chosen.backward_segments as usize).clamp(1, layers);
+    if segments < chosen.backward_segments as usize {
+        differences.push(format!(
+            "the plan cuts the backward pass in {}; the model has {layers} layers, so {segments}",
+            chosen.backward_segments
+        ));
+    }
+    if segments > 1 {
+        worker_args.extend(["--backward-segments".to_string(), segments.to_string()]);
+    }
+    match chosen.wire_bytes {
+        4 => {}
+        2 => worker_args.extend(["--wire-dtype".to_string(), "bf16".to_string()]),
+        other => anyhow::bail!(
+            "the plan's chosen setup puts {other}-byte values on the wire; give 4 (f32) or 2 (bf16)"
+        ),
+    }
+    let scheduler_args = match plan.consistency.as_str() {
+        "bsp" => Vec::new(),
+        other => vec!["--consistency".to_string(), other.to_string()],
+    };
+    Ok(PlannedJob {
+        servers: chosen.servers as usize,
+        worker_args,
+        scheduler_args,
+        differences,
+    })
+}
+
+/// The MLP's layers as `args` give them: one more than its `--hidden`
+/// widths (the worker's default is one hidden layer).
+fn layers(args: &[String]) -> usize {
+    let hidden = args
+        .iter()
+        .position(|a| a == "--hidden")
+        .and_then(|i| args.get(i + 1))
+        .map(|widths| widths.split(',').count())
+        .or_else(|| {
+            args.iter()
+                .find_map(|a| a.strip_prefix("--hidden="))
+                .map(|widths| widths.split(',').count())
+        })
+        .unwrap_or(1);
+    hidden + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use ps_scheduler::plan::{Choices, Cluster, Constants, ModelShapes, plan};
+
+    use super::*;
+
+    fn a_plan() -> Plan {
+        let model = ModelShapes::from_spec("mlp:64,64,64,10").unwrap();
+        let cluster = Cluster {
+            workers: 2,
+            worker_link: 125e6,
+            server_link: 125e6,
+            rtt: 100e-6,
+            compute: 0.01,
+        };
+        let choices = Choices {
+            max_servers: 3,
+            server_hosts: 3,
+            allow_bf16: true,
+            staleness: 0,
+            server_memory: 1 << 30,
+            optimizer_state: 0,
+        };
+        plan(&model, &cluster, &choices, &Constants::default()).unwrap()
+    }
+
+    fn args(text: &str) -> Vec<String> {
+        text.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn a_plan_becomes_servers_and_worker_flags() {
+        let mut plan = a_plan();
+        plan.chosen.servers = 3;
+        plan.chosen.placement = Placement::Dedicated;
+        plan.chosen.pipeline = false;
+        plan.chosen.backward_segments = 4;
+        plan.chosen.wire_bytes = 2;
+        plan.consistency = "ssp:2".into();
+        let job = job(&plan, &args("--hidden 64,64 --epochs 1")).unwrap();
+        assert_eq!(job.servers, 3);
+        assert_eq!(
+            job.worker_args,
+            args("--no-pipeline --backward-segments 3 --wire-dtype bf16")
+        );
+        assert_eq!(job.scheduler_args, args("--consistency ssp:2"));
+        assert_eq!(job.differences.len(), 1, "{:?}", job.differences);
+        assert!(job.differences[0].contains("3 layers"));
+    }
+
+    #[test]
+    fn the_defaults_add_nothing_and_servers_beside_workers_are_named() {
+        let mut plan = a_plan();
+        plan.chosen.placement = Placement::Colocated;
+        plan.chosen.pipeline = true;
+        plan.chosen.backward_segments = 1;
+        plan.chosen.wire_bytes = 4;
+        plan.consistency = "bsp".into();
+        let job = job(&plan, &args("--epochs 1")).unwrap();
+        assert!(job.worker_args.is_empty() && job.scheduler_args.is_empty());
+        assert!(job.differences[0].contains("beside the workers"));
+    }
+
+    #[test]
+    fn a_plan_without_servers_or_with_odd_wire_values_is_refused() {
+        let mut plan = a_plan();
+        plan.chosen.wire_bytes = 3;
+        assert!(job(&plan, &[]).unwrap_err().to_string().contains("3-byte"));
+        plan.chosen.servers = 0;
+        assert!(
+            job(&plan, &[])
+                .unwrap_err()
+                .to_string()
+                .contains("no servers")
+        );
+    }
+
+    #[test]
+    fn the_layers_come_from_hidden_in_either_spelling() {
+        assert_eq!(layers(&args("--hidden 8,8,8")), 4);
+        assert_eq!(layers(&args("--hidden=8,8")), 3);
+        assert_eq!(layers(&args("--epochs 2")), 2);
+    }
+}
