@@ -252,6 +252,12 @@ fn a_plan_chooses_the_setup_auto_or_from_a_file() {
         "5",
     ]);
     assert_eq!(planned["servers"].as_u64(), Some(3), "{planned}");
+    for worker in planned["per_worker"].as_array().unwrap() {
+        assert_eq!(
+            worker["wire_dtype"], "bf16",
+            "the plan's 2-byte values: {planned}"
+        );
+    }
     assert!(
         planned["test_accuracy"].as_f64().unwrap() > 0.8,
         "{planned}"

@@ -182,8 +182,18 @@ fn bad_input_is_a_clear_error() {
     assert!(String::from_utf8_lossy(&no_workers.stderr).contains("at least one worker"));
 }
 
+/// A child process killed when dropped (so a failed assertion leaves none).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A `ps-microbench serve` on free loopback ports, and its gRPC address.
-fn bench_server() -> (std::process::Child, String) {
+fn bench_server() -> (Killed, String) {
     use std::io::{BufRead, BufReader};
     let mut server = Command::new(ps_common::processes::binary("ps-microbench"))
         .args([
@@ -206,14 +216,14 @@ fn bench_server() -> (std::process::Child, String) {
         .find_map(|w| w.strip_prefix("grpc="))
         .expect("serve names its address")
         .to_string();
-    (server, addr)
+    (Killed(server), addr)
 }
 
 #[test]
 fn a_measured_link_and_compute_go_into_the_plan_file_with_where_they_came_from() {
     // The programs the measurements run, beside ps-scheduler.
     ps_common::processes::binary("ps-worker");
-    let (mut server, addr) = bench_server();
+    let (server, addr) = bench_server();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("plan.json");
     let file_arg = file.to_str().unwrap();
@@ -229,8 +239,7 @@ fn a_measured_link_and_compute_go_into_the_plan_file_with_where_they_came_from()
         file_arg,
     ];
     let planned = plan(&args);
-    server.kill().unwrap();
-    server.wait().unwrap();
+    drop(server);
     check_invariants(&planned);
     let cluster = &planned.cluster;
     assert!(cluster.rtt > 0.0 && cluster.rtt < 0.1, "{cluster:?}");

@@ -15,7 +15,10 @@
 //! - [`process`]: a binary started inside a host's namespace;
 //! - [`job`]: scheduler, servers and workers, run to the workers' end;
 //! - [`report`]: what a run prints;
-//! - [`plan_check`]: `ps-scheduler plan`'s predictions against runs.
+//! - [`plan_check`]: `ps-scheduler plan`'s predictions against runs, and
+//!   [`plan_chart`], its chart of predicted against measured;
+//! - [`planned`]: `run --plan FILE`, the job a plan file describes;
+//! - [`calibrate`]: `ps-scheduler plan --measure-link` across a shaped link.
 
 pub mod calibrate;
 pub mod ceiling;

@@ -66,8 +66,12 @@ pub fn chart(rows: &[Row], path: &Path) -> anyhow::Result<()> {
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], band));
         }
     }
-    let mut models: Vec<&str> = rows.iter().map(|r| r.model.as_str()).collect();
-    models.dedup();
+    let mut models: Vec<&str> = Vec::new();
+    for row in rows {
+        if !models.contains(&row.model.as_str()) {
+            models.push(&row.model);
+        }
+    }
     for (i, model) in models.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let points = rows

@@ -6,6 +6,9 @@
 
 use ps_scheduler::plan::{Placement, Plan};
 
+/// The worker flags a plan sets.
+const PLANNED_FLAGS: [&str; 3] = ["--no-pipeline", "--backward-segments", "--wire-dtype"];
+
 /// What a run takes from a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedJob {
@@ -24,8 +27,18 @@ pub struct PlannedJob {
 ///
 /// # Errors
 /// The plan (a file a person may have edited) names no servers, or wire
-/// values of another size than 4 or 2 bytes.
+/// values of another size than 4 or 2 bytes; `user_args` give a flag the
+/// plan sets.
 pub fn job(plan: &Plan, user_args: &[String]) -> anyhow::Result<PlannedJob> {
+    for flag in PLANNED_FLAGS {
+        let given = user_args
+            .iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+        anyhow::ensure!(
+            !given,
+            "--plan sets {flag} from the plan file; leave it out of the worker arguments (or edit the plan)"
+        );
+    }
     let chosen = &plan.chosen;
     anyhow::ensure!(
         chosen.servers > 0,
@@ -164,6 +177,15 @@ mod tests {
                 .to_string()
                 .contains("no servers")
         );
+    }
+
+    #[test]
+    fn a_flag_the_plan_sets_is_refused_in_the_worker_arguments() {
+        let plan = a_plan();
+        for given in ["--wire-dtype f32", "--backward-segments=2", "--no-pipeline"] {
+            let error = job(&plan, &args(given)).unwrap_err().to_string();
+            assert!(error.contains("--plan sets"), "{given}: {error}");
+        }
     }
 
     #[test]

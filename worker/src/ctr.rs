@@ -278,6 +278,7 @@ pub async fn train(
         wall_seconds,
         examples_per_second: steps as f64 * config.batch_size as f64 / wall_seconds.max(1e-9),
         time_split,
+        wire_dtype: config.wire.to_string(),
     })
 }
 

@@ -143,6 +143,13 @@ pub struct TrainSummary {
     /// Where the training loop's time went (evaluation not included):
     /// compute, push, wait, pull, apply, other.
     pub time_split: TimeSplit,
+    /// The dense values' dtype on the wire: f32, bf16 or f16.
+    #[serde(default = "f32_name")]
+    pub wire_dtype: String,
+}
+
+fn f32_name() -> String {
+    ps_proto::codec::DType::F32.to_string()
 }
 
 /// Batches per epoch that every worker can run: the smallest slice, in whole batches.
@@ -361,6 +368,7 @@ impl Finished<'_> {
             wall_seconds,
             examples_per_second: steps as f64 * config.batch_size as f64 / wall_seconds.max(1e-9),
             time_split,
+            wire_dtype: config.wire.to_string(),
         })
     }
 }

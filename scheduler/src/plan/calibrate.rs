@@ -115,8 +115,13 @@ pub fn measure_compute(widths: &[usize], batch: usize) -> anyhow::Result<f64> {
     let [features, hidden @ .., classes] = widths else {
         bail!("--measure-compute needs an MLP with an input and an output width");
     };
+    if hidden.is_empty() {
+        bail!(
+            "--measure-compute times the worker's MLP, which has at least one hidden layer; for mlp:{features},{classes} give --compute"
+        );
+    }
     let hidden: Vec<String> = hidden.iter().map(usize::to_string).collect();
-    let mut args = vec![
+    let args = vec![
         "--probe-compute".to_string(),
         "--dataset".into(),
         "synthetic".into(),
@@ -129,10 +134,9 @@ pub fn measure_compute(widths: &[usize], batch: usize) -> anyhow::Result<f64> {
         (batch * 8).to_string(),
         "--batch-size".into(),
         batch.to_string(),
+        "--hidden".into(),
+        hidden.join(","),
     ];
-    if !hidden.is_empty() {
-        args.extend(["--hidden".into(), hidden.join(",")]);
-    }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let rows = run_json("ps-worker", &args)?;
     number(row(&rows, "probe")?, "step_seconds")

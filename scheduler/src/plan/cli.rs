@@ -44,7 +44,7 @@ pub struct PlanArgs {
     #[arg(long, conflicts_with = "compute")]
     pub measure_compute: bool,
     /// Examples per worker step, for --measure-compute.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..), requires = "measure_compute")]
     pub batch_size: u64,
     /// The most servers to consider.
     #[arg(long, default_value_t = 4)]

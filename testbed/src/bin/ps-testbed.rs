@@ -283,7 +283,7 @@ async fn calibrate(args: CalibrateArgs) -> anyhow::Result<()> {
     let printed = tokio::select! {
         printed = calibrate::run(&spec) => printed?,
         () = ps_common::process::shutdown_signal() => {
-            anyhow::bail!("interrupted: every process was killed and every namespace removed");
+            anyhow::bail!("interrupted: ps-microbench serve and ps-scheduler were stopped and both hosts removed");
         }
     };
     print!("{printed}");

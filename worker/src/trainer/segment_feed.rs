@@ -209,6 +209,28 @@ mod tests {
     }
 
     #[test]
+    fn segments_on_a_bf16_wire_are_sent_and_returned_as_bf16() {
+        let (a, b) = (var(&[1.0, 2.0]), var(&[3.0, 4.0]));
+        let mut cuts = Cuts::default();
+        let h = cuts.cut(&(a.as_tensor() * 2.0).unwrap()).unwrap();
+        let loss = (h * b.as_tensor()).unwrap().sum_all().unwrap();
+        let (sender, mut sent) = tokio::sync::mpsc::unbounded_channel();
+        let mut bf16 = feed(&[("a", &a), ("b", &b)]);
+        bf16.wire = ps_proto::codec::DType::BF16;
+        let fed = bf16.run(cuts.backward(&loss), &sender).unwrap();
+        let bf16_values = |p: &ParamBytes| {
+            let dtype = ps_proto::codec::DType::BF16;
+            ps_proto::codec::TensorData::new(dtype, vec![p.data.len() / 2], p.data.clone())
+                .expect("two bytes a value")
+                .to_f32_vec()
+        };
+        let top = segment(&mut sent);
+        assert_eq!(bf16_values(&top[0]), [2.0, 4.0], "d/db = 2a, as bf16");
+        let got: Vec<Vec<f32>> = fed.grads.iter().map(bf16_values).collect();
+        assert_eq!(got, [vec![6.0, 8.0], vec![2.0, 4.0]], "two bytes a value");
+    }
+
+    #[test]
     fn a_parameter_on_both_sides_of_a_cut_is_refused_by_name() {
         let tied = var(&[1.0, 2.0]);
         let mut cuts = Cuts::default();
