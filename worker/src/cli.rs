@@ -154,7 +154,13 @@ pub struct TrainArgs {
     /// The values' dtype on the wire: f32, or bf16/f16 to push gradients and
     /// pull values in half the bytes (rounded; the servers keep and update
     /// f32). Every worker of a job must give the same.
-    #[arg(long, value_enum, default_value = "f32", env = "PS_WIRE_DTYPE")]
+    #[arg(
+        long,
+        value_enum,
+        hide_possible_values = true,
+        default_value = "f32",
+        env = "PS_WIRE_DTYPE"
+    )]
     pub wire_dtype: WireChoice,
 }
 
