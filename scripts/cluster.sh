@@ -5,6 +5,9 @@
 #   scripts/cluster.sh up [ARGS...]   build, then `compose up` a new job (ARGS go to compose, e.g. --scale worker=4)
 #                                     and follow its logs until it is done; Prometheus stays up with its metrics.
 #                                     PS_JOB_ID=ID resumes job ID when it has not finished
+#   scripts/cluster.sh up --plan FILE [ARGS...]
+#                                     the same, with the setup a plan file chose (`ps-scheduler plan --out`):
+#                                     its servers, consistency, pipelining, backward segments and wire dtype
 #   scripts/cluster.sh down           stop and remove containers, network and volumes
 #   scripts/cluster.sh compose ARGS   any other compose command on this project
 #
@@ -122,6 +125,18 @@ choose_job() {
     export PS_JOB_ID
 }
 
+# Exports the variables of the setup plan file $1 chose (PS_SERVERS,
+# PS_CONSISTENCY, PS_NO_PIPELINE, PS_BACKWARD_SEGMENTS, PS_WIRE_DTYPE), as
+# `ps-scheduler plan-env` prints them; the compose file passes them on.
+apply_plan() {
+    local env name value
+    env=$("$STAGE/bin/ps-scheduler" plan-env "$1") || exit
+    echo "==> the plan's setup ($1): ${env//$'\n'/ }"
+    while IFS='=' read -r name value; do
+        export "$name=$value"
+    done <<<"$env"
+}
+
 # The job's services; Prometheus (and the bench profile) stay up after them.
 JOB_SERVICES=(certs scheduler server worker)
 
@@ -166,8 +181,18 @@ case "${1:-up}" in
     build) build ;;
     up)
         shift || true
+        plan=""
+        if [ "${1:-}" = --plan ]; then
+            plan=${2:?cluster.sh: --plan needs a plan file}
+            [ -f "$plan" ] || { echo "cluster.sh: no plan file at $plan" >&2; exit 2; }
+            shift 2
+        fi
         choose_job
         build
+        if [ -n "$plan" ]; then
+            apply_plan "$plan"
+            set -- --scale "server=$PS_SERVERS" "$@"
+        fi
         echo "==> starting job $PS_JOB_ID (Ctrl-C stops it; \`scripts/cluster.sh down\` removes it)"
         compose up -d "$@" || exit
         echo "==> Prometheus: http://$(compose port prometheus 9090 2>/dev/null || echo 127.0.0.1:9090)"

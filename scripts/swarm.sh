@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # candle-ps as a Docker swarm stack (deploy/swarm/stack.yml), with no image registry.
 #
-#   scripts/swarm.sh up [--no-build]  images (as scripts/cluster.sh build), the certificates
-#                                     and tokens (once), then `docker stack deploy`
+#   scripts/swarm.sh up [--no-build] [--plan FILE]
+#                                     images (as scripts/cluster.sh build), the certificates
+#                                     and tokens (once), then `docker stack deploy`; with
+#                                     --plan, the setup a plan file chose (`ps-scheduler plan
+#                                     --out`): its servers, consistency, pipelining, backward
+#                                     segments and wire dtype
 #   scripts/swarm.sh status           the stack's tasks, and the job as the scheduler sees it
 #   scripts/swarm.sh down             `docker stack rm`, then the stack's volumes
 #
@@ -52,8 +56,25 @@ up() {
         echo "swarm.sh: stack $STACK is deployed already; \`scripts/swarm.sh down\` removes it (or set PS_STACK)" >&2
         exit 1
     fi
-    if [ "${1:-}" != --no-build ]; then
+    local build=1 plan="" env name value
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --no-build) build=0 && shift ;;
+            --plan) plan=${2:?swarm.sh: --plan needs a plan file} && shift 2 ;;
+            *) echo "swarm.sh: up takes --no-build and --plan FILE, not $1" >&2 && exit 2 ;;
+        esac
+    done
+    if [ "$build" = 1 ]; then
         scripts/cluster.sh build
+    fi
+    if [ -n "$plan" ]; then
+        # The variables of the plan's setup, as `ps-scheduler plan-env` prints
+        # them; the stack file reads them.
+        env=$(target/docker/bin/ps-scheduler plan-env "$plan") || exit
+        echo "==> the plan's setup ($plan): ${env//$'\n'/ }"
+        while IFS='=' read -r name value; do
+            export "$name=$value"
+        done <<<"$env"
     fi
     write_secrets
     echo "==> deploying stack $STACK (\`scripts/swarm.sh status\` follows it, \`scripts/swarm.sh down\` removes it)"

@@ -9,6 +9,7 @@ use std::str::FromStr;
 
 use anyhow::Context;
 use ps_common::rate::LinkRate;
+use ps_scheduler::plan::apply::applied;
 use ps_scheduler::plan::cli::read_plan;
 use ps_scheduler::plan::explain::describe;
 use ps_scheduler::plan::{Choices, Cluster, Constants, ModelShapes, Plan, plan};
@@ -106,41 +107,30 @@ fn default_server_memory() -> u64 {
     ps_server::budget::default_budget() as u64
 }
 
-/// What `plan` sets for a run whose model has `layers` layers; a plan of
-/// 2-byte wire values runs with bf16 on the wire. Over shared memory (`ps-local`'s default) a step whose shares fit is one
+/// What `plan` sets for a run whose model has `layers` layers
+/// ([`applied`]); a plan of 2-byte wire values runs with bf16 on the wire.
+/// Over shared memory (`ps-local`'s default) a step whose shares fit is one
 /// push-and-pull per server whatever `pipeline` says.
 ///
 /// # Errors
 /// The plan (a file a person may have edited) names no servers, or wire
 /// values of another size than 4 or 2 bytes.
 pub fn apply(plan: &Plan, layers: usize) -> anyhow::Result<PlannedRun> {
-    let chosen = &plan.chosen;
-    anyhow::ensure!(
-        chosen.servers > 0,
-        "the plan's chosen setup has no servers; give it at least one"
-    );
-    let wire = match chosen.wire_bytes {
-        4 => ps_proto::codec::DType::F32,
-        2 => ps_proto::codec::DType::BF16,
-        other => anyhow::bail!(
-            "the plan's chosen setup puts {other}-byte values on the wire; give 4 (f32) or 2 (bf16)"
-        ),
-    };
-    let backward_segments = (chosen.backward_segments as usize).clamp(1, layers.max(1));
+    let applied = applied(plan, layers)?;
     let predicted = plan
         .candidates
         .iter()
-        .find(|c| &c.setup == chosen)
+        .find(|c| c.setup == plan.chosen)
         .map_or(String::new(), |c| {
             format!(" (predicted step {:.2} ms)", c.terms.step * 1e3)
         });
     Ok(PlannedRun {
-        servers: chosen.servers as usize,
-        pipeline: chosen.pipeline,
-        backward_segments,
-        consistency: plan.consistency.clone(),
-        wire,
-        summary: format!("{}{predicted}", describe(chosen)),
+        servers: applied.servers,
+        pipeline: applied.pipeline,
+        backward_segments: applied.backward_segments,
+        consistency: applied.consistency,
+        wire: applied.wire,
+        summary: format!("{}{predicted}", describe(&plan.chosen)),
     })
 }
 

@@ -99,6 +99,11 @@ enum Command {
     /// step time and its terms, the fastest that fits chosen
     /// (docs/plan.md).
     Plan(ps_scheduler::plan::cli::PlanArgs),
+    /// Print a plan file's chosen setup as the variables the compose and
+    /// swarm settings read (PS_SERVERS, PS_CONSISTENCY, PS_NO_PIPELINE,
+    /// PS_BACKWARD_SEGMENTS, PS_WIRE_DTYPE), one NAME=value a line:
+    /// `scripts/cluster.sh up --plan FILE` runs it.
+    PlanEnv(ps_scheduler::plan::apply::PlanEnvArgs),
     /// Exit 0 when the scheduler at --server serves (a container health check).
     Health {
         /// The scheduler's address.
@@ -252,6 +257,7 @@ async fn main() -> anyhow::Result<()> {
             watch,
         }) => return status(scheduler, &transport, *connect_timeout, *watch).await,
         Some(Command::Plan(args)) => return args.run(),
+        Some(Command::PlanEnv(args)) => return args.run(),
         Some(Command::Health { server }) => {
             std::process::exit(ps_common::health::report(server, &transport).await);
         }

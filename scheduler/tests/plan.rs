@@ -288,3 +288,58 @@ fn measuring_a_model_the_worker_cannot_run_or_a_given_link_is_refused() {
     let stderr = refused(&["--measure-compute", "--compute", "5ms"]);
     assert!(stderr.contains("cannot be used with"), "{stderr}");
 }
+
+#[test]
+fn plan_env_prints_the_chosen_setup_as_the_variables_compose_and_swarm_pass_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plan.json");
+    let mut planned = plan(&[
+        "--model",
+        "mlp:64,2048,2048,10",
+        "--workers",
+        "2",
+        "--link",
+        "500mbit",
+        "--allow-bf16",
+    ]);
+    planned.chosen.servers = 3;
+    planned.chosen.pipeline = false;
+    planned.chosen.backward_segments = 4;
+    planned.chosen.wire_bytes = 2;
+    ps_scheduler::plan::cli::write_plan(&planned, &file).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_ps-scheduler"))
+        .arg("plan-env")
+        .arg(&file)
+        .args(["--hidden", "2048,2048"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(
+        printed,
+        "PS_SERVERS=3\nPS_CONSISTENCY=bsp\nPS_NO_PIPELINE=true\nPS_BACKWARD_SEGMENTS=3\nPS_WIRE_DTYPE=bf16\n",
+        "three layers cap the plan's four segments"
+    );
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for settings in ["docker-compose.yml", "deploy/swarm/stack.yml"] {
+        let text = std::fs::read_to_string(root.join(settings)).unwrap();
+        for line in printed.lines() {
+            let name = line.split('=').next().unwrap();
+            assert!(
+                text.contains(&format!("{name}:")),
+                "{settings} does not pass {name} on"
+            );
+        }
+    }
+
+    let missing = Command::new(env!("CARGO_BIN_EXE_ps-scheduler"))
+        .args(["plan-env", "/nonexistent/plan.json"])
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("reading the plan"));
+}

@@ -4,7 +4,8 @@
 //! segments to cut, and which dtype to put on the wire; the scheduler told
 //! the consistency.
 
-use ps_scheduler::plan::{Placement, Plan};
+use ps_scheduler::plan::Plan;
+use ps_scheduler::plan::apply::{DType, applied, mlp_layers};
 
 /// The worker flags a plan sets.
 const PLANNED_FLAGS: [&str; 3] = ["--no-pipeline", "--backward-segments", "--wire-dtype"];
@@ -39,46 +40,39 @@ pub fn job(plan: &Plan, user_args: &[String]) -> anyhow::Result<PlannedJob> {
             "--plan sets {flag} from the plan file; leave it out of the worker arguments (or edit the plan)"
         );
     }
-    let chosen = &plan.chosen;
-    anyhow::ensure!(
-        chosen.servers > 0,
-        "the plan's chosen setup has no servers; give it at least one"
-    );
+    let applied = applied(plan, layers(user_args))?;
     let mut worker_args = Vec::new();
     let mut differences = Vec::new();
-    if chosen.placement == Placement::Colocated {
+    if applied.colocated {
         differences.push(
             "the plan puts its servers beside the workers; the testbed gives each a host of its own"
                 .to_string(),
         );
     }
-    if !chosen.pipeline {
-        worker_args.push("--no-pipeline".to_string());
-    }
-    let layers = layers(user_args);
-    let segments = (chosen.backward_segments as usize).clamp(1, layers);
-    if segments < chosen.backward_segments as usize {
+    if let Some(asked) = applied.segments_asked {
         differences.push(format!(
-            "the plan cuts the backward pass in {}; the model has {layers} layers, so {segments}",
-            chosen.backward_segments
+            "the plan cuts the backward pass in {asked}; the model has fewer layers, so {}",
+            applied.backward_segments
         ));
     }
-    if segments > 1 {
-        worker_args.extend(["--backward-segments".to_string(), segments.to_string()]);
+    if !applied.pipeline {
+        worker_args.push("--no-pipeline".to_string());
     }
-    match chosen.wire_bytes {
-        4 => {}
-        2 => worker_args.extend(["--wire-dtype".to_string(), "bf16".to_string()]),
-        other => anyhow::bail!(
-            "the plan's chosen setup puts {other}-byte values on the wire; give 4 (f32) or 2 (bf16)"
-        ),
+    if applied.backward_segments > 1 {
+        worker_args.extend([
+            "--backward-segments".to_string(),
+            applied.backward_segments.to_string(),
+        ]);
     }
-    let scheduler_args = match plan.consistency.as_str() {
+    if applied.wire != DType::F32 {
+        worker_args.extend(["--wire-dtype".to_string(), applied.wire.to_string()]);
+    }
+    let scheduler_args = match applied.consistency.as_str() {
         "bsp" => Vec::new(),
         other => vec!["--consistency".to_string(), other.to_string()],
     };
     Ok(PlannedJob {
-        servers: chosen.servers as usize,
+        servers: applied.servers,
         worker_args,
         scheduler_args,
         differences,
@@ -92,19 +86,15 @@ fn layers(args: &[String]) -> usize {
         .iter()
         .position(|a| a == "--hidden")
         .and_then(|i| args.get(i + 1))
-        .map(|widths| widths.split(',').count())
-        .or_else(|| {
-            args.iter()
-                .find_map(|a| a.strip_prefix("--hidden="))
-                .map(|widths| widths.split(',').count())
-        })
-        .unwrap_or(1);
-    hidden + 1
+        .map(String::as_str)
+        .or_else(|| args.iter().find_map(|a| a.strip_prefix("--hidden=")))
+        .unwrap_or("64");
+    mlp_layers(hidden)
 }
 
 #[cfg(test)]
 mod tests {
-    use ps_scheduler::plan::{Choices, Cluster, Constants, ModelShapes, plan};
+    use ps_scheduler::plan::{Choices, Cluster, Constants, ModelShapes, Placement, plan};
 
     use super::*;
 
@@ -149,7 +139,7 @@ mod tests {
         );
         assert_eq!(job.scheduler_args, args("--consistency ssp:2"));
         assert_eq!(job.differences.len(), 1, "{:?}", job.differences);
-        assert!(job.differences[0].contains("3 layers"));
+        assert!(job.differences[0].contains("in 4"), "{:?}", job.differences);
     }
 
     #[test]

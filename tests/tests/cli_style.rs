@@ -7,12 +7,13 @@ use std::process::Command;
 use ps_tests::binary;
 
 /// Each program and the subcommands a user runs.
-const COMMANDS: [&[&str]; 16] = [
+const COMMANDS: [&[&str]; 17] = [
     &["ps-server"],
     &["ps-server", "export"],
     &["ps-scheduler"],
     &["ps-scheduler", "status"],
     &["ps-scheduler", "plan"],
+    &["ps-scheduler", "plan-env"],
     &["ps-worker"],
     &["ps-local"],
     &["ps-microbench", "latency"],

@@ -6,6 +6,8 @@
 //! - [`explain`]: the table, the formulas and the constants, as text.
 //! - [`cli`]: the command's flags, and the plan file.
 //! - [`calibrate`]: the link, compute and apply rate measured by the tool.
+//! - [`apply`]: a plan file's chosen setup as a run takes it, and
+//!   `ps-scheduler plan-env`.
 //!
 //! [`plan`] predicts every candidate setup (servers and where they run,
 //! partition size, wire dtype, pipelining, backward segments), sets aside
@@ -14,6 +16,7 @@
 //! [`Plan`], a JSON file a person can read and edit, and that `ps-local
 //! --plan FILE` runs.
 
+pub mod apply;
 pub mod calibrate;
 pub mod cli;
 pub mod cost;
