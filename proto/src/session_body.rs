@@ -1,7 +1,7 @@
 //! A `Session` stream's body, as either end sends it: the messages queued on
 //! a channel written as HTTP/2 data frames by one [`SessionFrames`] kept for
 //! the stream's life. The messages queued at once go out together (up to
-//! [`JOINED_AT_MOST`] of them), and the buffer they are written into is
+//! [`MESSAGES_JOINED`] of them), and the buffer they are written into is
 //! reused once its frames are sent, so a stream of small operations writes
 //! its messages without allocating. A server's answers end with trailers
 //! carrying the status that ended the session.
@@ -18,8 +18,9 @@ use tonic::Status;
 use crate::session_frames::SessionFrames;
 use crate::v1;
 
-/// The most messages taken off the channel before their frames are sent.
-pub const JOINED_AT_MOST: usize = 64;
+/// The most messages taken off the channel before their frames are sent
+/// (`SessionFrames` also cuts a piece at 256 KiB of joined bytes).
+pub const MESSAGES_JOINED: usize = 64;
 
 /// One item queued for a session body.
 pub trait Queued {
@@ -78,11 +79,11 @@ impl<T: Queued> SessionBody<T> {
         }
     }
 
-    /// Writes what is queued now, up to [`JOINED_AT_MOST`] items; `Pending`
+    /// Writes what is queued now, up to [`MESSAGES_JOINED`] items; `Pending`
     /// when nothing is (the task is woken when something is).
     fn take_queued(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let mut taken = 0;
-        while taken < JOINED_AT_MOST {
+        while taken < MESSAGES_JOINED {
             match self.queued.poll_recv(cx) {
                 Poll::Ready(Some(item)) => {
                     taken += 1;
