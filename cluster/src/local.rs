@@ -56,6 +56,8 @@ pub struct LocalSpec {
     /// Whether each step's push and pull are pipelined per key group (the
     /// default).
     pub pipeline: bool,
+    /// The largest part a parameter is cut into across the servers.
+    pub partition_bytes: usize,
 }
 
 impl LocalSpec {
@@ -83,6 +85,7 @@ impl LocalScheduler {
             workers: spec.workers.into(),
             min_servers: spec.servers,
             consistency: spec.consistency,
+            partition_bytes: spec.partition_bytes,
             transport: spec.transport(),
             ..SchedulerConfig::default()
         };
@@ -252,6 +255,7 @@ async fn join(
         let config = ClientConfig {
             data_path: spec.data_path,
             pipeline: spec.pipeline,
+            partition_bytes: spec.partition_bytes,
             ..ClientConfig::new(Vec::new())
         };
         return Ok((servers.client_with(config).await?, group));

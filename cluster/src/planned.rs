@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use anyhow::Context;
 use ps_common::rate::LinkRate;
-use ps_scheduler::plan::apply::applied;
+use ps_scheduler::plan::apply::{Applied, applied};
 use ps_scheduler::plan::cli::read_plan;
 use ps_scheduler::plan::explain::describe;
 use ps_scheduler::plan::{Choices, Cluster, Constants, ModelShapes, Plan, plan};
@@ -40,19 +40,14 @@ impl FromStr for PlanSource {
 /// 4-6 GB/s here (`ps-microbench kv`'s TCP column, docs/benchmarks.md).
 const LOOPBACK: &str = "40gbit";
 
-/// What a local run takes from a plan.
+/// What a local run takes from a plan: its setup as any runner applies it
+/// (every process of a local run is on one host, so colocation changes
+/// nothing), and that setup in words.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannedRun {
-    /// Parameter servers.
-    pub servers: usize,
-    /// Whether push and pull are pipelined.
-    pub pipeline: bool,
-    /// Backward segments (at most the model's layers).
-    pub backward_segments: usize,
-    /// The consistency, as `ps-local --consistency` takes it.
-    pub consistency: String,
-    /// The values' dtype on the wire: bf16 when the plan halves the bytes.
-    pub wire: ps_proto::codec::DType,
+    /// Servers, pipelining, backward segments, wire dtype, partition size
+    /// and consistency.
+    pub setup: Applied,
     /// The setup in words, and its predicted step.
     pub summary: String,
 }
@@ -125,11 +120,7 @@ pub fn apply(plan: &Plan, layers: usize) -> anyhow::Result<PlannedRun> {
             format!(" (predicted step {:.2} ms)", c.terms.step * 1e3)
         });
     Ok(PlannedRun {
-        servers: applied.servers,
-        pipeline: applied.pipeline,
-        backward_segments: applied.backward_segments,
-        consistency: applied.consistency,
-        wire: applied.wire,
+        setup: applied,
         summary: format!("{}{predicted}", describe(&plan.chosen)),
     })
 }
@@ -145,17 +136,21 @@ mod tests {
         assert_eq!(plan.model, "mlp:64,64,10");
         assert!(plan.cluster.compute > 0.0);
         let run = apply(&plan, 2).unwrap();
-        assert!((1..=4).contains(&run.servers));
-        assert!((1..=2).contains(&run.backward_segments));
-        assert_eq!(run.consistency, "bsp");
+        assert!((1..=4).contains(&run.setup.servers));
+        assert!((1..=2).contains(&run.setup.backward_segments));
+        assert_eq!(run.setup.consistency, "bsp");
         assert!(run.summary.contains("predicted step"), "{}", run.summary);
         assert_eq!("auto".parse(), Ok(PlanSource::Auto));
         assert_eq!("p.json".parse(), Ok(PlanSource::File("p.json".into())));
-        assert_eq!(run.wire, ps_proto::codec::DType::F32);
+        assert_eq!(run.setup.wire, ps_proto::codec::DType::F32);
+        assert_eq!(
+            run.setup.partition_bytes as u64,
+            plan.chosen.partition_bytes
+        );
         let mut halved = plan.clone();
         halved.chosen.wire_bytes = 2;
         assert_eq!(
-            apply(&halved, 2).unwrap().wire,
+            apply(&halved, 2).unwrap().setup.wire,
             ps_proto::codec::DType::BF16
         );
         halved.chosen.wire_bytes = 3;

@@ -64,6 +64,23 @@ pub const MAX_PART_BYTES: usize = 4 << 20;
 pub const DEFAULT_PART_BYTES: usize = 1 << 20;
 /// Smallest split threshold: tensors this small are never split.
 pub const MIN_PART_BYTES: usize = 64 << 10;
+
+/// `bytes` as a largest part a user asks for (`--partition-bytes`): from
+/// [`MIN_PART_BYTES`] to [`MAX_PART_BYTES`].
+///
+/// # Errors
+/// A message naming the range, for a size outside it.
+pub fn check_partition_bytes(bytes: usize) -> Result<usize, String> {
+    if (MIN_PART_BYTES..=MAX_PART_BYTES).contains(&bytes) {
+        Ok(bytes)
+    } else {
+        Err(format!(
+            "a partition of {bytes} bytes is outside {}..={} bytes (64KiB to 4MiB): smaller parts \
+             would each be a request of their own, larger ones an oversized message",
+            MIN_PART_BYTES, MAX_PART_BYTES
+        ))
+    }
+}
 /// The threshold is at most mean load / this.
 const PIECES_PER_SERVER: usize = 40;
 

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use ps_proto::consistency::Consistency;
+use ps_proto::placement::{DEFAULT_PART_BYTES, check_partition_bytes};
 use ps_proto::transport::TransportConfig;
 
 use crate::group::GroupSize;
@@ -19,6 +20,8 @@ pub struct SchedulerConfig {
     pub min_servers: usize,
     /// Consistency model announced to workers.
     pub consistency: Consistency,
+    /// The largest part a shard map cuts a parameter into.
+    pub partition_bytes: usize,
     /// How often nodes heartbeat.
     pub heartbeat_interval: Duration,
     /// Silence after which a node is declared dead.
@@ -43,6 +46,7 @@ impl Default for SchedulerConfig {
             join_window: Duration::from_secs(2),
             min_servers: 1,
             consistency: Consistency::Bsp,
+            partition_bytes: DEFAULT_PART_BYTES,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_timeout: Duration::from_secs(3),
             default_wait: Duration::from_secs(60),
@@ -66,6 +70,7 @@ impl SchedulerConfig {
         if self.workers.min > self.workers.max {
             return Err(ConfigError::Workers(self.workers.to_string()));
         }
+        check_partition_bytes(self.partition_bytes).map_err(ConfigError::Partition)?;
         if self.heartbeat_timeout < self.heartbeat_interval * 2 {
             return Err(ConfigError::Heartbeat {
                 timeout: self.heartbeat_timeout,
@@ -85,6 +90,9 @@ pub enum ConfigError {
     /// A worker range whose minimum is above its maximum.
     #[error("--workers {0}: the minimum is above the maximum")]
     Workers(String),
+    /// A partition size outside what the planner cuts.
+    #[error("--partition-bytes: {0}")]
+    Partition(String),
     /// A heartbeat timeout that would declare live nodes dead.
     #[error(
         "the heartbeat timeout {timeout:?} must be at least twice the interval {interval:?}, or live nodes would be declared dead"
@@ -115,5 +123,16 @@ mod tests {
                 .to_string()
                 .contains("twice the interval")
         );
+        for bytes in [1024, 8 << 20] {
+            let odd = SchedulerConfig {
+                partition_bytes: bytes,
+                ..SchedulerConfig::default()
+            };
+            let error = odd.validate().unwrap_err().to_string();
+            assert!(
+                error.contains("--partition-bytes") && error.contains("64KiB to 4MiB"),
+                "{error}"
+            );
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! bound.
 
 use ps_proto::codec::DType;
-use ps_proto::placement::{DEFAULT_PART_BYTES, MAX_PART_BYTES, Param, part_counts};
+use ps_proto::placement::{MAX_PART_BYTES, Param, part_counts};
 use ps_proto::transport::DEFAULT_MAX_MESSAGE_BYTES;
 use ps_proto::v1;
 use tonic::Status;
@@ -79,12 +79,13 @@ pub fn map_parts_bytes(params: &[Param], servers: usize) -> usize {
     parts_bytes_with_cap(params, servers, MAX_PART_BYTES)
 }
 
-/// The largest part of a map of `params` cut for `cut_for` servers:
-/// [`DEFAULT_PART_BYTES`], or [`MAX_PART_BYTES`] when parts that small would
-/// make a map past [`MAX_MAP_PARTS_BYTES`].
-pub fn part_cap(params: &[Param], cut_for: usize) -> usize {
-    if parts_bytes_with_cap(params, cut_for, DEFAULT_PART_BYTES) <= MAX_MAP_PARTS_BYTES {
-        DEFAULT_PART_BYTES
+/// The largest part of a map of `params` cut for `cut_for` servers: the
+/// `wanted` size (`--partition-bytes`, [`ps_proto::placement::DEFAULT_PART_BYTES`] by default), or
+/// [`MAX_PART_BYTES`] when parts that small would make a map past
+/// [`MAX_MAP_PARTS_BYTES`].
+pub fn part_cap(params: &[Param], cut_for: usize, wanted: usize) -> usize {
+    if parts_bytes_with_cap(params, cut_for, wanted) <= MAX_MAP_PARTS_BYTES {
+        wanted
     } else {
         MAX_PART_BYTES
     }
@@ -138,6 +139,7 @@ fn check_map_size(params: &[Param], servers: usize) -> Result<(), Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ps_proto::placement::DEFAULT_PART_BYTES;
 
     fn param(name: &str, elements: u64) -> v1::DeclaredParam {
         v1::DeclaredParam {
@@ -168,11 +170,12 @@ mod tests {
     #[test]
     fn parts_are_small_unless_that_makes_the_map_too_large() {
         let small = declared_params(vec![param("w", 1 << 22)], 2).unwrap();
-        assert_eq!(part_cap(&small, 2), DEFAULT_PART_BYTES);
+        assert_eq!(part_cap(&small, 2, DEFAULT_PART_BYTES), DEFAULT_PART_BYTES);
+        assert_eq!(part_cap(&small, 2, 256 << 10), 256 << 10);
         // 64 GiB under a 100-byte name: 65,536 parts of 1 MiB would make an
         // 8.7 MB map; 16,384 parts of 4 MiB (2.2 MB) fit.
         let large = declared_params(vec![param(&"n".repeat(100), 1 << 34)], 2).unwrap();
-        assert_eq!(part_cap(&large, 2), MAX_PART_BYTES);
+        assert_eq!(part_cap(&large, 2, DEFAULT_PART_BYTES), MAX_PART_BYTES);
     }
 
     #[test]

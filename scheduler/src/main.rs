@@ -16,8 +16,10 @@ use ps_common::certs::{self, ClusterCerts};
 use ps_common::flag::env_flag;
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_common::security_args::SecurityArgs;
+use ps_common::size::parse_size;
 use ps_proto::auth::Role;
 use ps_proto::consistency::Consistency;
+use ps_proto::placement::check_partition_bytes;
 use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
 use ps_proto::v1::scheduler_client::SchedulerClient;
@@ -51,6 +53,12 @@ struct Cli {
     /// Consistency model announced to workers: bsp, asp or ssp:K.
     #[arg(long, env = "PS_CONSISTENCY", default_value = "bsp")]
     consistency: Consistency,
+    /// The largest part a parameter is cut into across servers (64KiB to
+    /// 4MiB): smaller parts let a pipelined step's pulls start sooner, larger
+    /// ones make fewer requests.
+    #[arg(long, env = "PS_PARTITION_BYTES", default_value = "1MiB",
+          value_parser = |t: &str| parse_size(t).and_then(check_partition_bytes))]
+    partition_bytes: usize,
     /// Milliseconds between heartbeats.
     #[arg(long, env = "PS_HEARTBEAT_MS", default_value_t = 500)]
     heartbeat_ms: u64,
@@ -287,6 +295,7 @@ async fn main() -> anyhow::Result<()> {
         state_file: cli.state_file.clone(),
         min_servers: cli.servers,
         consistency: cli.consistency,
+        partition_bytes: cli.partition_bytes,
         heartbeat_interval: Duration::from_millis(cli.heartbeat_ms),
         heartbeat_timeout: Duration::from_millis(cli.heartbeat_timeout_ms),
         transport,

@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use ps_proto::ids::{MapVersion, Rank, ServerId, Step};
-use ps_proto::placement::Param;
+use ps_proto::placement::{DEFAULT_PART_BYTES, Param};
 
 use crate::group::GroupSize;
 pub use crate::roster::{Event, MemberView, Node};
@@ -79,6 +79,7 @@ pub struct Membership {
     /// The group's size once it has formed (at once for a fixed size).
     formed: Option<u32>,
     join_window: Duration,
+    partition_bytes: usize,
     last_join: Option<Instant>,
     min_servers: usize,
     servers: Roster<ServerId>,
@@ -102,6 +103,7 @@ impl Membership {
             group,
             formed: group.is_fixed().then_some(group.max),
             join_window: Duration::from_secs(2),
+            partition_bytes: DEFAULT_PART_BYTES,
             last_join: None,
             min_servers: min_servers.max(1),
             servers: Roster::default(),
@@ -115,6 +117,12 @@ impl Membership {
     /// Sets how long registrations must stay quiet before an elastic group forms.
     pub fn with_join_window(mut self, window: Duration) -> Self {
         self.join_window = window;
+        self
+    }
+
+    /// Sets the largest part a map cuts a parameter into (`--partition-bytes`).
+    pub fn with_partition_bytes(mut self, bytes: usize) -> Self {
+        self.partition_bytes = bytes;
         self
     }
 
@@ -302,7 +310,13 @@ impl Membership {
             size: group_size,
             expected: workers,
         };
-        if let Some(next) = next_map(self.map.as_ref(), servers, &params, group) {
+        if let Some(next) = next_map(
+            self.map.as_ref(),
+            servers,
+            &params,
+            group,
+            self.partition_bytes,
+        ) {
             self.version = next.version;
             self.map = Some(next);
         }
@@ -408,6 +422,7 @@ impl Membership {
             },
             formed: saved.formed,
             join_window: Duration::from_secs(2),
+            partition_bytes: DEFAULT_PART_BYTES,
             last_join: None,
             min_servers: min_servers.max(1),
             servers: Roster::from_saved(saved.servers, now),

@@ -49,7 +49,9 @@ pub struct WorkerGroup {
 }
 
 /// The map that follows `previous` for these live `servers`, `params` and
-/// `group`, or `None` when it would say the same as `previous`. The parts stay
+/// `group`, with parts of at most `partition_bytes` (unless parts that small
+/// would outgrow one message), or `None` when it would say the same as
+/// `previous`. The parts stay
 /// where they are while the live servers do not change; any change of servers
 /// places the parameters afresh.
 pub fn next_map(
@@ -57,6 +59,7 @@ pub fn next_map(
     servers: Vec<(ServerId, String)>,
     params: &[Param],
     group: WorkerGroup,
+    partition_bytes: usize,
 ) -> Option<ShardMap> {
     let assignments = match previous {
         Some(map) if map.servers == servers && map.params == params => map.assignments.clone(),
@@ -69,7 +72,17 @@ pub fn next_map(
                     "the model cut as finely as every server calls for would make a shard map past one message; its parts are cut as for fewer servers"
                 );
             }
-            plan_cut_for(params, servers.len(), cut_for, part_cap(params, cut_for))
+            let cap = part_cap(params, cut_for, partition_bytes);
+            let placed = plan_cut_for(params, servers.len(), cut_for, cap);
+            let largest = placed.iter().map(|a| a.len * params[a.param].elem_size);
+            tracing::info!(
+                servers = servers.len(),
+                parts = placed.len(),
+                largest_part_bytes = largest.max().unwrap_or(0),
+                partition_bytes = cap,
+                "placed the parameters"
+            );
+            placed
         }
     };
     let next = ShardMap {
@@ -92,6 +105,7 @@ pub fn next_map(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ps_proto::placement::DEFAULT_PART_BYTES;
 
     fn params() -> Vec<Param> {
         ["w", "b"]
@@ -118,8 +132,32 @@ mod tests {
     }
 
     #[test]
+    fn parts_are_at_most_the_partition_bytes_asked_for() {
+        let params = vec![Param {
+            name: "w".into(),
+            elements: 1 << 20,
+            elem_size: 4,
+        }];
+        let parts = |partition: usize| {
+            let map = next_map(None, servers(2), &params, group(&[0, 1]), partition).unwrap();
+            let largest = map.assignments.iter().map(|a| a.len * 4).max().unwrap();
+            assert!(largest <= partition, "{largest} > {partition}");
+            map.assignments.len()
+        };
+        assert_eq!(parts(DEFAULT_PART_BYTES), 4, "4 MiB in parts of 1 MiB");
+        assert_eq!(parts(256 << 10), 16, "4 MiB in parts of 256 KiB");
+    }
+
+    #[test]
     fn the_first_map_is_version_1() {
-        let map = next_map(None, servers(2), &params(), group(&[0, 1])).expect("a map");
+        let map = next_map(
+            None,
+            servers(2),
+            &params(),
+            group(&[0, 1]),
+            DEFAULT_PART_BYTES,
+        )
+        .expect("a map");
         assert_eq!((map.version, map.servers.len()), (MapVersion(1), 2));
         let (first, second) = (map.owned_by(0).1, map.owned_by(1).1);
         assert_eq!(first + second, 800_000, "every byte placed once");
@@ -128,17 +166,44 @@ mod tests {
 
     #[test]
     fn nothing_new_publishes_nothing() {
-        let first = next_map(None, servers(2), &params(), group(&[0, 1])).unwrap();
+        let first = next_map(
+            None,
+            servers(2),
+            &params(),
+            group(&[0, 1]),
+            DEFAULT_PART_BYTES,
+        )
+        .unwrap();
         assert_eq!(
-            next_map(Some(&first), servers(2), &params(), group(&[0, 1])),
+            next_map(
+                Some(&first),
+                servers(2),
+                &params(),
+                group(&[0, 1]),
+                DEFAULT_PART_BYTES
+            ),
             None
         );
     }
 
     #[test]
     fn a_dead_worker_keeps_the_parts_where_they_are() {
-        let first = next_map(None, servers(2), &params(), group(&[0, 1])).unwrap();
-        let next = next_map(Some(&first), servers(2), &params(), group(&[1])).unwrap();
+        let first = next_map(
+            None,
+            servers(2),
+            &params(),
+            group(&[0, 1]),
+            DEFAULT_PART_BYTES,
+        )
+        .unwrap();
+        let next = next_map(
+            Some(&first),
+            servers(2),
+            &params(),
+            group(&[1]),
+            DEFAULT_PART_BYTES,
+        )
+        .unwrap();
         assert_eq!(
             (next.version, next.workers.clone()),
             (MapVersion(2), vec![Rank(1)])
@@ -148,8 +213,22 @@ mod tests {
 
     #[test]
     fn a_lost_server_moves_its_parts_to_the_live_ones() {
-        let first = next_map(None, servers(2), &params(), group(&[0, 1])).unwrap();
-        let next = next_map(Some(&first), servers(1), &params(), group(&[0, 1])).unwrap();
+        let first = next_map(
+            None,
+            servers(2),
+            &params(),
+            group(&[0, 1]),
+            DEFAULT_PART_BYTES,
+        )
+        .unwrap();
+        let next = next_map(
+            Some(&first),
+            servers(1),
+            &params(),
+            group(&[0, 1]),
+            DEFAULT_PART_BYTES,
+        )
+        .unwrap();
         assert_eq!(next.version, MapVersion(2));
         assert!(next.assignments.iter().all(|a| a.server == 0));
         assert_eq!(next.owned_by(0), (2, 800_000));
@@ -178,7 +257,14 @@ mod tests {
             "two servers cut as usual"
         );
         assert!(map_parts_bytes(&params, 1024) > MAX_MAP_PARTS_BYTES);
-        let map = next_map(None, servers(1024), &params, group(&[0, 1])).expect("a map");
+        let map = next_map(
+            None,
+            servers(1024),
+            &params,
+            group(&[0, 1]),
+            DEFAULT_PART_BYTES,
+        )
+        .expect("a map");
         let weight: usize = map
             .assignments
             .iter()

@@ -58,7 +58,8 @@ impl SchedulerState {
             }
             None => Membership::new(config.heartbeat_timeout, config.workers, config.min_servers),
         }
-        .with_join_window(config.join_window);
+        .with_join_window(config.join_window)
+        .with_partition_bytes(config.partition_bytes);
         if let (true, Some(path)) = (membership.job_done(), &config.state_file) {
             return Err(StateError::Finished {
                 path: path.display().to_string(),

@@ -54,6 +54,7 @@ pub async fn run(spec: &CalibrationSpec) -> anyhow::Result<String> {
     let counts = HostCounts {
         servers: 1,
         workers: 1,
+        colocated: false,
     };
     let hosts = hosts::plan(counts, spec.link, &[]).map_err(anyhow::Error::msg)?;
     let network = Network::build(&spec.prefix, &hosts)?;

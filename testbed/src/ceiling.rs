@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use serde::Serialize;
 
 use crate::hosts::{Host, Role};
@@ -82,21 +83,27 @@ pub struct Ceiling {
     pub down_bytes_per_sec: f64,
 }
 
-/// Measures [`Ceiling`] between the first worker and the first server of
-/// `network` for `seconds`, with `testbed` (this binary) at both ends.
+/// Measures [`Ceiling`] between the first host with a server and the first
+/// worker host other than it, for `seconds`, with `testbed` (this binary)
+/// at both ends.
 ///
 /// # Errors
-/// When an end cannot be started or fails.
+/// When there is no such pair (one worker with its server beside it), or an
+/// end cannot be started or fails.
 pub fn measure(network: &Network, testbed: &Path, seconds: f64) -> anyhow::Result<Ceiling> {
-    let first = |role| {
-        network
-            .hosts()
-            .iter()
-            .find(|h: &&Host| h.role == role)
-            .cloned()
-            .expect("a plan has workers and servers")
-    };
-    let (worker, server) = (first(Role::Worker), first(Role::Server));
+    let hosts = network.hosts();
+    let server = hosts
+        .iter()
+        .find(|h| h.serves)
+        .cloned()
+        .context("the cluster has no server to measure a link to")?;
+    let worker = hosts
+        .iter()
+        .find(|h| h.role == Role::Worker && h.name != server.name)
+        .cloned()
+        .context(
+            "--ceiling: the only worker runs beside the only server, so no link is between them",
+        )?;
     let in_ns = |host: &Host, args: &[String]| {
         Command::new("ip")
             .args(["netns", "exec", &network.namespace(host)])

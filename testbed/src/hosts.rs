@@ -1,6 +1,8 @@
 //! The emulated hosts: how many of each role (`--hosts scheduler=1,server=2,
-//! worker=2`), the link rate each one gets (`--link`, and `--link-for ROLE=RATE`
-//! or `--link-for HOST=RATE`), and the private address each one has.
+//! worker=2`), whether the servers have hosts of their own or run beside the
+//! workers (`--colocate`), the link rate each one gets (`--link`, and
+//! `--link-for ROLE=RATE` or `--link-for HOST=RATE`), and the private address
+//! each one has.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -41,10 +43,13 @@ impl fmt::Display for Role {
 /// How many hosts of each role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostCounts {
-    /// Server hosts, one `ps-server` each.
+    /// `ps-server`s: one on each server host, or, when `colocated`, one
+    /// beside the worker on each of the first this many worker hosts.
     pub servers: usize,
     /// Worker hosts, one `ps-worker` each.
     pub workers: usize,
+    /// The servers run on worker hosts instead of hosts of their own.
+    pub colocated: bool,
 }
 
 /// Most hosts of one role: each is a namespace, a veth pair and processes on
@@ -83,6 +88,7 @@ impl FromStr for HostCounts {
         let counts = Self {
             servers: servers.ok_or("--hosts needs server=N")?,
             workers: workers.ok_or("--hosts needs worker=N")?,
+            colocated: false,
         };
         for (role, count) in [("server", counts.servers), ("worker", counts.workers)] {
             if !(1..=MAX_PER_ROLE).contains(&count) {
@@ -130,23 +136,47 @@ pub struct Host {
     pub addr: Ipv4Addr,
     /// Its link's rate, each direction.
     pub rate: LinkRate,
+    /// Whether a `ps-server` runs on it: every server host, and a worker
+    /// host its server was placed beside.
+    pub serves: bool,
+}
+
+impl Host {
+    /// The name of the `ps-server` on this host (its log is `NAME.log`): the
+    /// host's own on a server host, `worker1-server` beside a worker.
+    pub fn server_name(&self) -> String {
+        match self.role {
+            Role::Server => self.name.clone(),
+            _ => format!("{}-server", self.name),
+        }
+    }
 }
 
 /// Every host: the scheduler, then the servers, then the workers, numbered
 /// from 1 in `10.77.0.0/24` (which exists only inside the namespaces). Each
 /// gets `rate` unless an override names its role or, taking precedence, it.
+/// With `counts.colocated` there are no server hosts: the first
+/// `counts.servers` worker hosts each run a server too.
 ///
 /// # Errors
-/// When an override names neither a role nor a host.
+/// When an override names neither a role nor a host, or more servers are to
+/// run beside workers than there are worker hosts.
 pub fn plan(
     counts: HostCounts,
     rate: LinkRate,
     overrides: &[LinkOverride],
 ) -> Result<Vec<Host>, String> {
+    if counts.colocated && counts.servers > counts.workers {
+        return Err(format!(
+            "--colocate: {} servers beside {} workers; give at most one server per worker host",
+            counts.servers, counts.workers
+        ));
+    }
+    let server_hosts = if counts.colocated { 0 } else { counts.servers };
     let mut hosts = Vec::new();
     let roles = [
         (Role::Scheduler, 1),
-        (Role::Server, counts.servers),
+        (Role::Server, server_hosts),
         (Role::Worker, counts.workers),
     ];
     for (role, count) in roles {
@@ -156,11 +186,17 @@ pub fn plan(
                 _ => format!("{role}{number}"),
             };
             let host_number = u8::try_from(hosts.len() + 1).map_err(|_| "too many hosts")?;
+            let serves = match role {
+                Role::Scheduler => false,
+                Role::Server => true,
+                Role::Worker => counts.colocated && number <= counts.servers,
+            };
             hosts.push(Host {
                 role,
                 name,
                 addr: Ipv4Addr::new(10, 77, 0, host_number),
                 rate,
+                serves,
             });
         }
     }
@@ -227,6 +263,36 @@ mod tests {
             rates,
             [one, four, two, one, one, one],
             "the host's own rate wins"
+        );
+    }
+
+    #[test]
+    fn colocated_servers_run_on_the_first_worker_hosts() {
+        let mut counts: HostCounts = "server=2,worker=3".parse().unwrap();
+        counts.colocated = true;
+        let hosts = plan(counts, gbit("1"), &[]).unwrap();
+        let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["scheduler", "worker1", "worker2", "worker3"]);
+        let serving: Vec<String> = hosts
+            .iter()
+            .filter(|h| h.serves)
+            .map(Host::server_name)
+            .collect();
+        assert_eq!(serving, ["worker1-server", "worker2-server"]);
+        counts.colocated = false;
+        let own = plan(counts, gbit("1"), &[]).unwrap();
+        let serving: Vec<String> = own
+            .iter()
+            .filter(|h| h.serves)
+            .map(Host::server_name)
+            .collect();
+        assert_eq!(serving, ["server1", "server2"]);
+        counts.colocated = true;
+        counts.servers = 4;
+        let error = plan(counts, gbit("1"), &[]).unwrap_err();
+        assert!(
+            error.contains("at most one server per worker host"),
+            "{error}"
         );
     }
 

@@ -1,5 +1,6 @@
 //! One job in the emulated cluster: the scheduler, then every server, then
-//! every worker, each on its own host; the job ends when the workers do.
+//! every worker, each on its own host (or a server beside a worker, on the
+//! worker's host); the job ends when the workers do.
 //! Around it the link counters are read (once before the workers start, once
 //! after they end) and every process's CPU time is sampled.
 
@@ -90,18 +91,20 @@ pub async fn run(network: &Network, spec: &JobSpec) -> Result<JobOutcome, JobErr
         .expect("a plan has a scheduler");
     let count = |role| hosts.iter().filter(|h| h.role == role).count();
     let scheduler_addr = listen(scheduler_host);
-    let start = |host: &Host, binary: &str, args: Vec<String>, ready: Option<&str>| {
-        let ns = network.namespace(host);
-        HostProcess::start(
-            (&host.name, &ns),
-            &spec.bin_dir.join(binary),
-            &args,
-            &spec.out,
-            ready,
-            // Only a worker's stdout is read: its summary.
-            host.role == Role::Worker,
-        )
-    };
+    // A process is named after its host, or `worker1-server` beside a worker.
+    let start =
+        |(host, name): (&Host, &str), binary: &str, args: Vec<String>, ready: Option<&str>| {
+            let ns = network.namespace(host);
+            HostProcess::start(
+                (name, &ns),
+                &spec.bin_dir.join(binary),
+                &args,
+                &spec.out,
+                ready,
+                // Only a worker's stdout is read: its summary.
+                binary == "ps-worker",
+            )
+        };
     let cpu = CpuWatch::default();
 
     let mut scheduler_args = vec![
@@ -110,12 +113,12 @@ pub async fn run(network: &Network, spec: &JobSpec) -> Result<JobOutcome, JobErr
         "--workers".into(),
         count(Role::Worker).to_string(),
         "--servers".into(),
-        count(Role::Server).to_string(),
+        hosts.iter().filter(|h| h.serves).count().to_string(),
         "--exit-when-done".into(),
     ];
     scheduler_args.extend(spec.scheduler_args.iter().cloned());
     let mut scheduler = start(
-        scheduler_host,
+        (scheduler_host, &scheduler_host.name),
         "ps-scheduler",
         scheduler_args,
         Some("ps-scheduler listening"),
@@ -124,7 +127,7 @@ pub async fn run(network: &Network, spec: &JobSpec) -> Result<JobOutcome, JobErr
     scheduler.ready().await?;
 
     let mut servers = Vec::new();
-    for host in hosts.iter().filter(|h| h.role == Role::Server) {
+    for host in hosts.iter().filter(|h| h.serves) {
         let mut args = vec![
             "--listen".into(),
             listen(host),
@@ -132,7 +135,13 @@ pub async fn run(network: &Network, spec: &JobSpec) -> Result<JobOutcome, JobErr
             scheduler_addr.clone(),
         ];
         args.extend(spec.server_args.iter().cloned());
-        let server = start(host, "ps-server", args, Some("ps-server listening"))?;
+        let name = host.server_name();
+        let server = start(
+            (host, &name),
+            "ps-server",
+            args,
+            Some("ps-server listening"),
+        )?;
         cpu.watch(&server);
         servers.push(server);
     }
@@ -150,7 +159,7 @@ pub async fn run(network: &Network, spec: &JobSpec) -> Result<JobOutcome, JobErr
             "--json".into(),
         ];
         args.extend(spec.worker_args.iter().cloned());
-        let worker = start(host, "ps-worker", args, None)?;
+        let worker = start((host, &host.name), "ps-worker", args, None)?;
         cpu.watch(&worker);
         workers.push(worker);
     }

@@ -228,6 +228,7 @@ async fn run_one(
     let counts = HostCounts {
         servers,
         workers: grid.workers,
+        colocated: false,
     };
     let hosts = plan(counts, link, &[]).map_err(anyhow::Error::msg)?;
     let mut worker_args = model.worker_args.clone();

@@ -1,11 +1,12 @@
 //! `ps-testbed run --plan FILE`: the job a plan file (`ps-scheduler plan
-//! --out`) describes, in the emulated cluster: its servers each on a host of
-//! their own, and its workers told to pipeline or not, how many backward
-//! segments to cut, and which dtype to put on the wire; the scheduler told
-//! the consistency.
+//! --out`) describes, in the emulated cluster: its servers on hosts of their
+//! own or beside the workers, as the plan places them; its workers told to
+//! pipeline or not, how many backward segments to cut, and which dtype to
+//! put on the wire; the scheduler told the consistency and the partition
+//! size.
 
 use ps_scheduler::plan::Plan;
-use ps_scheduler::plan::apply::{DType, applied, mlp_layers};
+use ps_scheduler::plan::apply::{DEFAULT_PART_BYTES, DType, applied, mlp_layers};
 
 /// The worker flags a plan sets.
 const PLANNED_FLAGS: [&str; 3] = ["--no-pipeline", "--backward-segments", "--wire-dtype"];
@@ -13,8 +14,10 @@ const PLANNED_FLAGS: [&str; 3] = ["--no-pipeline", "--backward-segments", "--wir
 /// What a run takes from a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedJob {
-    /// Server hosts.
+    /// Servers.
     pub servers: usize,
+    /// Whether they run beside the workers, on the first worker hosts.
+    pub colocated: bool,
     /// Arguments every worker gets, after the user's.
     pub worker_args: Vec<String>,
     /// Arguments the scheduler gets.
@@ -43,12 +46,6 @@ pub fn job(plan: &Plan, user_args: &[String]) -> anyhow::Result<PlannedJob> {
     let applied = applied(plan, layers(user_args))?;
     let mut worker_args = Vec::new();
     let mut differences = Vec::new();
-    if applied.colocated {
-        differences.push(
-            "the plan puts its servers beside the workers; the testbed gives each a host of its own"
-                .to_string(),
-        );
-    }
     if let Some(asked) = applied.segments_asked {
         differences.push(format!(
             "the plan cuts the backward pass in {asked}; the model has fewer layers, so {}",
@@ -67,12 +64,19 @@ pub fn job(plan: &Plan, user_args: &[String]) -> anyhow::Result<PlannedJob> {
     if applied.wire != DType::F32 {
         worker_args.extend(["--wire-dtype".to_string(), applied.wire.to_string()]);
     }
-    let scheduler_args = match applied.consistency.as_str() {
+    let mut scheduler_args = match applied.consistency.as_str() {
         "bsp" => Vec::new(),
         other => vec!["--consistency".to_string(), other.to_string()],
     };
+    if applied.partition_bytes != DEFAULT_PART_BYTES {
+        scheduler_args.extend([
+            "--partition-bytes".to_string(),
+            applied.partition_bytes.to_string(),
+        ]);
+    }
     Ok(PlannedJob {
         servers: applied.servers,
+        colocated: applied.colocated,
         worker_args,
         scheduler_args,
         differences,
@@ -130,29 +134,34 @@ mod tests {
         plan.chosen.pipeline = false;
         plan.chosen.backward_segments = 4;
         plan.chosen.wire_bytes = 2;
+        plan.chosen.partition_bytes = 4 << 20;
         plan.consistency = "ssp:2".into();
         let job = job(&plan, &args("--hidden 64,64 --epochs 1")).unwrap();
-        assert_eq!(job.servers, 3);
+        assert_eq!((job.servers, job.colocated), (3, false));
         assert_eq!(
             job.worker_args,
             args("--no-pipeline --backward-segments 3 --wire-dtype bf16")
         );
-        assert_eq!(job.scheduler_args, args("--consistency ssp:2"));
+        assert_eq!(
+            job.scheduler_args,
+            args("--consistency ssp:2 --partition-bytes 4194304")
+        );
         assert_eq!(job.differences.len(), 1, "{:?}", job.differences);
         assert!(job.differences[0].contains("in 4"), "{:?}", job.differences);
     }
 
     #[test]
-    fn the_defaults_add_nothing_and_servers_beside_workers_are_named() {
+    fn the_defaults_add_nothing_and_servers_beside_workers_stay_there() {
         let mut plan = a_plan();
         plan.chosen.placement = Placement::Colocated;
         plan.chosen.pipeline = true;
         plan.chosen.backward_segments = 1;
         plan.chosen.wire_bytes = 4;
+        plan.chosen.partition_bytes = DEFAULT_PART_BYTES as u64;
         plan.consistency = "bsp".into();
         let job = job(&plan, &args("--epochs 1")).unwrap();
         assert!(job.worker_args.is_empty() && job.scheduler_args.is_empty());
-        assert!(job.differences[0].contains("beside the workers"));
+        assert!(job.colocated && job.differences.is_empty());
     }
 
     #[test]

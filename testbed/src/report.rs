@@ -43,6 +43,8 @@ pub struct LinkLine {
     pub host: String,
     /// What runs there.
     pub role: Role,
+    /// A server runs there beside the worker.
+    pub server_beside: bool,
     /// Its rate each way, as given.
     pub rate: String,
     /// Bytes the host sent.
@@ -123,6 +125,7 @@ impl Report {
                 LinkLine {
                     host: host.name.clone(),
                     role: host.role,
+                    server_beside: host.serves && host.role != Role::Server,
                     rate: host.rate.to_string(),
                     sent_bytes: bytes.sent,
                     received_bytes: bytes.received,
@@ -180,15 +183,18 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "\n{:<10} {:<9} {:>8} {:>12} {:>12} {:>8} {:>8}",
+            "\n{:<10} {:<13} {:>8} {:>12} {:>12} {:>8} {:>8}",
             "link", "role", "rate", "sent/step", "recv/step", "up use", "down use"
         );
         for l in &self.links {
             let _ = writeln!(
                 out,
-                "{:<10} {:<9} {:>8} {:>12} {:>12} {:>8.2} {:>8.2}",
+                "{:<10} {:<13} {:>8} {:>12} {:>12} {:>8.2} {:>8.2}",
                 l.host,
-                l.role.to_string(),
+                match l.server_beside {
+                    true => format!("{}+server", l.role),
+                    false => l.role.to_string(),
+                },
                 l.rate,
                 ps_common::size::format_size(l.sent_per_step as usize),
                 ps_common::size::format_size(l.received_per_step as usize),
@@ -204,9 +210,9 @@ impl Report {
                 c.down_bytes_per_sec / 1e6
             );
         }
-        let _ = writeln!(out, "\n{:<10} {:>10} {:>8}", "process", "cpu s", "cores");
+        let _ = writeln!(out, "\n{:<14} {:>10} {:>8}", "process", "cpu s", "cores");
         for c in &self.cpu {
-            let _ = writeln!(out, "{:<10} {:>10.2} {:>8.2}", c.host, c.seconds, c.cores);
+            let _ = writeln!(out, "{:<14} {:>10.2} {:>8.2}", c.host, c.seconds, c.cores);
         }
         out
     }

@@ -467,3 +467,100 @@ fn run_with_a_plan_takes_its_servers_and_puts_bf16_on_the_wire() {
         "a worker sent {bf16_sent} B a step in bf16 against {f32_sent} in f32"
     );
 }
+
+/// Prefix of the colocated `run --plan` test's namespaces.
+const COLOCATED_PREFIX: &str = "pscicolo";
+
+/// `ps-testbed run --plan` of a plan that puts its two servers beside the
+/// workers, with 256 KiB partitions: no server host is built, each worker
+/// host runs a server too (and its worker reaches that one through shared
+/// memory), and the scheduler cuts the model's 4 MiB layer into 16 parts of
+/// 256 KiB instead of the default's 4 of 1 MiB.
+#[test]
+#[ignore = "needs root, ip and tc; .ci/run runs it"]
+fn run_with_a_colocated_plan_puts_servers_beside_workers_with_its_partitions() {
+    if !root_or_skip() {
+        return;
+    }
+    let model = ps_scheduler::plan::ModelShapes::from_spec("mlp:64,1024,1024,10").unwrap();
+    let cluster = ps_scheduler::plan::Cluster {
+        workers: 2,
+        worker_link: 125e6,
+        server_link: 125e6,
+        rtt: 100e-6,
+        compute: 1e-3,
+    };
+    let choices = ps_scheduler::plan::Choices {
+        max_servers: 2,
+        server_hosts: 0,
+        allow_bf16: false,
+        staleness: 0,
+        server_memory: 1 << 30,
+        optimizer_state: 0,
+    };
+    let constants = ps_scheduler::plan::Constants::default();
+    let mut plan = ps_scheduler::plan::plan(&model, &cluster, &choices, &constants).unwrap();
+    plan.chosen.servers = 2;
+    plan.chosen.placement = ps_scheduler::plan::Placement::Colocated;
+    plan.chosen.partition_bytes = 256 << 10;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plan.json");
+    ps_scheduler::plan::cli::write_plan(&plan, &file).unwrap();
+    let out = dir.path().join("out");
+    let run = Command::new(testbed())
+        .args([
+            "run",
+            "--prefix",
+            COLOCATED_PREFIX,
+            "--json",
+            "--link",
+            "1gbit",
+        ])
+        .args(["--hosts", "scheduler=1,server=1,worker=2", "--plan"])
+        .arg(&file)
+        .arg("--out")
+        .arg(&out)
+        .args(["--", "--epochs", "1", "--hidden", "1024,1024"])
+        .output()
+        .expect("run ps-testbed --plan");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "ps-testbed --plan failed:\n{stderr}");
+    assert!(
+        namespaces(COLOCATED_PREFIX).is_empty(),
+        "namespaces left behind"
+    );
+    let report = last_json_line(&run.stdout, "ps-testbed's report");
+    let links = report["links"].as_array().unwrap();
+    assert!(
+        links.iter().all(|l| l["role"] != "server"),
+        "no server host: {report}"
+    );
+    let beside = links.iter().filter(|l| l["server_beside"] == true).count();
+    assert_eq!(beside, 2, "a server beside each worker: {report}");
+    let processes: Vec<&str> = report["cpu"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["host"].as_str().unwrap())
+        .collect();
+    for name in ["worker1-server", "worker2-server"] {
+        assert!(processes.contains(&name), "{name} in {processes:?}");
+    }
+    for accuracy in accuracies(report["workers"].as_array().unwrap()) {
+        assert!(accuracy > 0.8, "{report}");
+    }
+    let worker_log = std::fs::read_to_string(out.join("worker1.log")).unwrap();
+    assert!(
+        worker_log.contains("pushes and pulls go through shared memory"),
+        "worker1 reaches the server on its host through shared memory:\n{worker_log}"
+    );
+    let scheduler_log = std::fs::read_to_string(out.join("scheduler.log")).unwrap();
+    let placed = scheduler_log
+        .lines()
+        .find(|l| l.contains("placed the parameters"))
+        .unwrap_or_else(|| panic!("no placement in the scheduler's log:\n{scheduler_log}"));
+    assert!(
+        placed.contains("largest_part_bytes=262144") && placed.contains("partition_bytes=262144"),
+        "{placed}"
+    );
+}

@@ -16,9 +16,11 @@ use ps_client::Expected;
 use ps_client::{ClientConfig, PsClient};
 use ps_common::flag::env_flag;
 use ps_common::security_args::SecurityArgs;
+use ps_common::size::parse_size;
 use ps_proto::auth::Role;
 use ps_proto::consistency::Consistency;
 use ps_proto::ids::Rank;
+use ps_proto::placement::check_partition_bytes;
 use ps_worker::cli::{ModelChoice, TrainArgs};
 use ps_worker::metrics::WorkerMetrics;
 use ps_worker::train::{TrainSummary, train};
@@ -87,6 +89,11 @@ struct Cli {
     /// fail naming why not), or grpc.
     #[arg(long, env = "PS_DATA_PATH", default_value = "auto")]
     data_path: ps_shm::DataPathMode,
+    /// The largest part a parameter is cut into across --server's servers
+    /// (64KiB to 4MiB). With --scheduler, its --partition-bytes decides.
+    #[arg(long, default_value = "1MiB", conflicts_with = "scheduler",
+          value_parser = |t: &str| parse_size(t).and_then(check_partition_bytes))]
+    partition_bytes: usize,
     /// Time one step's compute (forward, loss and backward of the MLP on a
     /// --batch-size batch of --dataset) on this host, print it as one JSON
     /// line and exit, reaching no server: what `ps-scheduler plan
@@ -202,6 +209,7 @@ async fn main() -> anyhow::Result<()> {
     client_config.session = !cli.unary;
     client_config.pipeline = !cli.no_pipeline;
     client_config.data_path = cli.data_path;
+    client_config.partition_bytes = cli.partition_bytes;
     cli.security
         .apply(Role::Worker, &mut client_config.transport)?;
     let mut client = PsClient::connect(client_config).await?;

@@ -17,7 +17,9 @@ use ps_cluster::local::{LocalSpec, LocalSummary, run_local};
 use ps_cluster::planned;
 use ps_common::certs::ClusterCerts;
 use ps_common::flag::env_flag;
+use ps_common::size::parse_size;
 use ps_proto::consistency::Consistency;
+use ps_proto::placement::check_partition_bytes;
 use ps_worker::cli::TrainArgs;
 
 /// An in-process candle-ps cluster: a scheduler, parameter servers and candle
@@ -58,10 +60,16 @@ struct Cli {
     /// this process's host), shm (the same, failing without it), or grpc.
     #[arg(long, env = "PS_DATA_PATH", default_value = "auto")]
     data_path: ps_shm::DataPathMode,
+    /// The largest part a parameter is cut into across the servers (64KiB
+    /// to 4MiB).
+    #[arg(long, default_value = "1MiB", env = "PS_PARTITION_BYTES",
+          value_parser = |t: &str| parse_size(t).and_then(check_partition_bytes))]
+    partition_bytes: usize,
     /// Run the setup a plan chooses: auto (planned now for this run, its
     /// compute timed here) or a file from `ps-scheduler plan --out`. It sets
-    /// the servers, the consistency, pipelining and backward segments, over
-    /// --servers and --consistency.
+    /// the servers, the consistency, pipelining, backward segments, the wire
+    /// dtype and the partition size, over --servers, --consistency and
+    /// --partition-bytes.
     #[arg(long, env = "PS_PLAN")]
     plan: Option<ps_cluster::planned::PlanSource>,
     #[command(flatten)]
@@ -117,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
         metrics_listen: cli.metrics_listen,
         data_path: cli.data_path,
         pipeline: true,
+        partition_bytes: cli.partition_bytes,
         tls: match cli.tls {
             true => Some(ClusterCerts::generate(&[], 1)?.tls_config(true)),
             false => None,
@@ -126,12 +135,14 @@ async fn main() -> anyhow::Result<()> {
         let hidden = &cli.train.hidden;
         let plan = planned::load(source, &data, hidden, config.batch_size, cli.workers)?;
         let run = planned::apply(&plan, hidden.len() + 1)?;
-        tracing::info!(setup = %run.summary, consistency = %run.consistency, "running the plan's setup");
-        spec.servers = run.servers;
-        spec.pipeline = run.pipeline;
-        spec.consistency = run.consistency.parse().map_err(anyhow::Error::msg)?;
-        config.backward_segments = run.backward_segments;
-        config.wire = run.wire;
+        let setup = run.setup;
+        tracing::info!(setup = %run.summary, consistency = %setup.consistency, "running the plan's setup");
+        spec.servers = setup.servers;
+        spec.pipeline = setup.pipeline;
+        spec.partition_bytes = setup.partition_bytes;
+        spec.consistency = setup.consistency.parse().map_err(anyhow::Error::msg)?;
+        config.backward_segments = setup.backward_segments;
+        config.wire = setup.wire;
     }
     let summary = tokio::select! {
         summary = run_local(&spec, data, &config) => summary?,

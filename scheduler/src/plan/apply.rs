@@ -8,6 +8,8 @@ use std::path::PathBuf;
 
 pub use ps_proto::codec::DType;
 use ps_proto::consistency::Consistency;
+pub use ps_proto::placement::DEFAULT_PART_BYTES;
+use ps_proto::placement::check_partition_bytes;
 
 use super::Plan;
 use super::cost::Placement;
@@ -28,6 +30,8 @@ pub struct Applied {
     pub segments_asked: Option<usize>,
     /// The values' dtype on the wire.
     pub wire: DType,
+    /// The largest part a parameter is cut into.
+    pub partition_bytes: usize,
     /// The consistency: `bsp`, `asp` or `ssp:N`, as the binaries take it.
     pub consistency: String,
 }
@@ -54,6 +58,10 @@ pub fn applied(plan: &Plan, layers: usize) -> anyhow::Result<Applied> {
             "the plan's chosen setup puts {other}-byte values on the wire; give 4 (f32) or 2 (bf16)"
         ),
     };
+    let partition_bytes = usize::try_from(chosen.partition_bytes)
+        .map_err(|e| e.to_string())
+        .and_then(check_partition_bytes)
+        .map_err(|e| anyhow::anyhow!("the plan's chosen setup's partition_bytes: {e}"))?;
     let asked = chosen.backward_segments as usize;
     let backward_segments = asked.clamp(1, layers.max(1));
     Ok(Applied {
@@ -63,6 +71,7 @@ pub fn applied(plan: &Plan, layers: usize) -> anyhow::Result<Applied> {
         backward_segments,
         segments_asked: (asked > backward_segments).then_some(asked),
         wire,
+        partition_bytes,
         consistency: consistency.to_string(),
     })
 }
@@ -111,6 +120,7 @@ pub fn environment(applied: &Applied) -> String {
     let _ = writeln!(out, "PS_NO_PIPELINE={}", !applied.pipeline);
     let _ = writeln!(out, "PS_BACKWARD_SEGMENTS={}", applied.backward_segments);
     let _ = writeln!(out, "PS_WIRE_DTYPE={}", applied.wire);
+    let _ = writeln!(out, "PS_PARTITION_BYTES={}", applied.partition_bytes);
     out
 }
 
@@ -147,6 +157,7 @@ mod tests {
         plan.chosen.pipeline = false;
         plan.chosen.backward_segments = 4;
         plan.chosen.wire_bytes = 2;
+        plan.chosen.partition_bytes = 4 << 20;
         plan.consistency = "ssp:2".into();
         let applied = applied(&plan, 3).unwrap();
         assert_eq!(
@@ -158,21 +169,29 @@ mod tests {
                 backward_segments: 3,
                 segments_asked: Some(4),
                 wire: DType::BF16,
+                partition_bytes: 4 << 20,
                 consistency: "ssp:2".into(),
             }
         );
         assert_eq!(
             environment(&applied),
-            "PS_SERVERS=3\nPS_CONSISTENCY=ssp:2\nPS_NO_PIPELINE=true\nPS_BACKWARD_SEGMENTS=3\nPS_WIRE_DTYPE=bf16\n"
+            "PS_SERVERS=3\nPS_CONSISTENCY=ssp:2\nPS_NO_PIPELINE=true\nPS_BACKWARD_SEGMENTS=3\nPS_WIRE_DTYPE=bf16\nPS_PARTITION_BYTES=4194304\n"
         );
     }
 
     #[test]
-    fn a_plan_without_servers_or_with_odd_wire_values_is_refused() {
+    fn a_plan_without_servers_or_with_odd_wire_values_or_partitions_is_refused() {
         let mut plan = a_plan();
         plan.chosen.wire_bytes = 3;
         let odd = applied(&plan, 2).unwrap_err().to_string();
         assert!(odd.contains("3-byte"), "{odd}");
+        plan.chosen.wire_bytes = 4;
+        plan.chosen.partition_bytes = 8 << 20;
+        let large = applied(&plan, 2).unwrap_err().to_string();
+        assert!(
+            large.contains("partition_bytes") && large.contains("4MiB"),
+            "{large}"
+        );
         plan.chosen.servers = 0;
         let none = applied(&plan, 2).unwrap_err().to_string();
         assert!(none.contains("no servers"), "{none}");

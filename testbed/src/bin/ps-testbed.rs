@@ -73,6 +73,11 @@ struct RunArgs {
     /// Hosts per role; the scheduler always has one of its own.
     #[arg(long, default_value = "scheduler=1,server=2,worker=2")]
     hosts: HostCounts,
+    /// Run the servers beside the workers instead of on hosts of their own:
+    /// server=N puts one on each of the first N worker hosts (at most one
+    /// per worker host), where its worker reaches it without the link.
+    #[arg(long)]
+    colocate: bool,
     /// Every link's rate, each direction (kbit, mbit, gbit).
     #[arg(long, default_value = "1gbit")]
     link: LinkRate,
@@ -103,8 +108,9 @@ struct RunArgs {
     #[arg(long)]
     json: bool,
     /// Run the setup this plan file (`ps-scheduler plan --out`) chose: its
-    /// server hosts (instead of --hosts' servers), and its pipelining,
-    /// backward segments, wire dtype and consistency.
+    /// servers and where they run (instead of --hosts' servers and
+    /// --colocate), and its pipelining, backward segments, wire dtype,
+    /// partition size and consistency.
     #[arg(long)]
     plan: Option<PathBuf>,
     /// Arguments for every ps-worker, after `--` (default: digits, as ps-local trains).
@@ -317,9 +323,11 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         }
         tracing::info!(servers = job.servers, worker_args = ?job.worker_args, scheduler_args = ?job.scheduler_args, "running the plan's setup");
         args.hosts.servers = job.servers;
+        args.colocate = job.colocated;
         args.worker_args.extend(job.worker_args);
         scheduler_args = job.scheduler_args;
     }
+    args.hosts.colocated = args.colocate;
     let hosts = plan(args.hosts, args.link, &args.link_for).map_err(anyhow::Error::msg)?;
     let swept = netns::sweep(&args.prefix)?;
     if !swept.is_empty() {
