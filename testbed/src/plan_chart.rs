@@ -104,6 +104,7 @@ mod tests {
             model: model.to_string(),
             link: "1gbit".to_string(),
             servers: 1,
+            colocated: false,
             pipeline: false,
             compute_ms: 10.0,
             predicted_ms,

@@ -1,5 +1,5 @@
 //! Checking `ps-scheduler plan`'s cost model against measurement: a grid of
-//! setups (link rate, server count, pipelining, model) each run in the
+//! setups (link rate, server count and placement, pipelining, model) each run in the
 //! emulated cluster, each one's step time predicted by the model, and the
 //! two compared (`ps-testbed plan-check`, `docs/plan.md`).
 //!
@@ -63,8 +63,11 @@ pub struct Grid {
     pub models: Vec<GridModel>,
     /// Link rates, every host's.
     pub links: Vec<LinkRate>,
-    /// Server host counts.
+    /// Server counts.
     pub servers: Vec<usize>,
+    /// Where the servers run: hosts of their own, beside the workers (server
+    /// counts above the workers' are skipped there), or both.
+    pub placements: Vec<Placement>,
     /// Worker hosts.
     pub workers: usize,
     /// Where the binaries are.
@@ -84,8 +87,11 @@ pub struct Row {
     pub model: String,
     /// The link rate.
     pub link: String,
-    /// Server hosts.
+    /// Servers.
     pub servers: usize,
+    /// Whether they ran beside the workers (on the first worker hosts).
+    #[serde(default)]
+    pub colocated: bool,
     /// Whether push and pull were pipelined.
     pub pipeline: bool,
     /// The compute per step given to the model, ms.
@@ -108,22 +114,32 @@ pub async fn run(grid: &Grid) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for model in &grid.models {
         let shapes = ModelShapes::from_spec(&model.shapes).map_err(anyhow::Error::msg)?;
-        let calibration = run_one(grid, model, fastest, 1, false, "calibration").await?;
+        let calibration = run_one(grid, model, fastest, (1, false), false, "calibration").await?;
         let compute = calibration.compute_seconds;
         tracing::info!(
             model = model.label,
             compute_ms = compute * 1e3,
             "compute calibrated"
         );
+        let setups = grid.placements.iter().flat_map(|&placement| {
+            let colocated = placement == Placement::Colocated;
+            grid.servers
+                .iter()
+                .filter(move |&&servers| !colocated || servers <= grid.workers)
+                .map(move |&servers| (servers, colocated))
+        });
+        let setups: Vec<(usize, bool)> = setups.collect();
         for &link in &grid.links {
-            for &servers in &grid.servers {
+            for &(servers, colocated) in &setups {
                 for pipeline in [false, true] {
-                    let label = format!("{}-{link}-{servers}-{pipeline}", model.label);
-                    let measured = run_one(grid, model, link, servers, pipeline, &label).await?;
+                    let beside = if colocated { "-beside" } else { "" };
+                    let label = format!("{}-{link}-{servers}{beside}-{pipeline}", model.label);
+                    let placed = (servers, colocated);
+                    let measured = run_one(grid, model, link, placed, pipeline, &label).await?;
                     let predicted = predict(
                         &shapes,
                         link,
-                        servers,
+                        placed,
                         pipeline,
                         compute,
                         grid.workers,
@@ -133,6 +149,7 @@ pub async fn run(grid: &Grid) -> anyhow::Result<Vec<Row>> {
                         model: model.label.to_string(),
                         link: link.to_string(),
                         servers,
+                        colocated,
                         pipeline,
                         compute_ms: compute * 1e3,
                         predicted_ms: predicted * 1e3,
@@ -149,12 +166,13 @@ pub async fn run(grid: &Grid) -> anyhow::Result<Vec<Row>> {
 }
 
 /// The step time the cost model predicts for `shapes` with `servers`
-/// dedicated servers and `workers` workers on links of `link`, given
-/// `compute` seconds of compute per step, with `constants`; seconds.
+/// servers (beside the workers when `colocated`, on hosts of their own
+/// otherwise) and `workers` workers on links of `link`, given `compute`
+/// seconds of compute per step, with `constants`; seconds.
 pub fn predict(
     shapes: &ModelShapes,
     link: LinkRate,
-    servers: usize,
+    (servers, colocated): (usize, bool),
     pipeline: bool,
     compute: f64,
     workers: usize,
@@ -162,7 +180,10 @@ pub fn predict(
 ) -> f64 {
     let setup = Setup {
         servers: servers as u32,
-        placement: Placement::Dedicated,
+        placement: match colocated {
+            true => Placement::Colocated,
+            false => Placement::Dedicated,
+        },
         partition_bytes: ps_scheduler::plan::PARTITIONS[0],
         wire_bytes: 4,
         pipeline,
@@ -199,7 +220,7 @@ pub fn predict_again(
         let predicted = predict(
             &shapes,
             link,
-            row.servers,
+            (row.servers, row.colocated),
             row.pipeline,
             row.compute_ms / 1e3,
             workers,
@@ -209,6 +230,14 @@ pub fn predict_again(
         row.error = row.predicted_ms / row.measured_ms - 1.0;
     }
     Ok(())
+}
+
+/// A row's servers for a person: `2`, or `2 beside` the workers.
+fn servers(row: &Row) -> String {
+    match row.colocated {
+        true => format!("{} beside", row.servers),
+        false => row.servers.to_string(),
+    }
 }
 
 /// A run's mean step and the compute share of it.
@@ -221,14 +250,14 @@ async fn run_one(
     grid: &Grid,
     model: &GridModel,
     link: LinkRate,
-    servers: usize,
+    (servers, colocated): (usize, bool),
     pipeline: bool,
     label: &str,
 ) -> anyhow::Result<Measured> {
     let counts = HostCounts {
         servers,
         workers: grid.workers,
-        colocated: false,
+        colocated,
     };
     let hosts = plan(counts, link, &[]).map_err(anyhow::Error::msg)?;
     let mut worker_args = model.worker_args.clone();
@@ -271,7 +300,8 @@ async fn run_one(
 /// the largest error, and per model and link the plan's pick (as
 /// `ps-scheduler plan` picks: its link rule, then `ps_scheduler::plan::pick`)
 /// against the fastest measured and against the default (one server per
-/// worker, pipelined).
+/// worker, pipelined: beside the workers when the grid ran that, as the
+/// compose cluster's settings are, on hosts of their own otherwise).
 pub fn table(rows: &[Row], workers: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -284,7 +314,7 @@ pub fn table(rows: &[Row], workers: usize) -> String {
             "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:+.0} % |",
             r.model,
             r.link,
-            r.servers,
+            servers(r),
             if r.pipeline { "yes" } else { "no" },
             r.compute_ms,
             r.predicted_ms,
@@ -320,7 +350,7 @@ pub fn table(rows: &[Row], workers: usize) -> String {
         let allowed: Vec<&Row> = group
             .iter()
             .copied()
-            .filter(|r| r.servers >= workers)
+            .filter(|r| r.colocated || r.servers >= workers)
             .collect();
         let candidates = if allowed.is_empty() { &group } else { &allowed };
         let at = ps_scheduler::plan::pick(candidates, |r| (r.predicted_ms, r.servers as u32));
@@ -329,17 +359,26 @@ pub fn table(rows: &[Row], workers: usize) -> String {
             .iter()
             .map(|r| r.measured_ms)
             .fold(f64::INFINITY, f64::min);
-        let default = group.iter().find(|r| r.servers == workers && r.pipeline);
+        let default = |colocated: bool| {
+            group
+                .iter()
+                .find(|r| r.servers == workers && r.pipeline && r.colocated == colocated)
+        };
+        let default = default(true).or_else(|| default(false));
         let (default_ms, gain) = default.map_or(("-".to_string(), "-".to_string()), |d| {
             (
-                format!("{:.0}", d.measured_ms),
+                format!(
+                    "{:.0}{}",
+                    d.measured_ms,
+                    if d.colocated { " (beside)" } else { "" }
+                ),
                 format!("{:.2}", d.measured_ms / pick.measured_ms),
             )
         });
         let _ = writeln!(
             out,
             "| {model} | {link} | {} server(s), {} | {:.0} | {fastest:.0} | {:.2} | {default_ms} | {gain} |",
-            pick.servers,
+            servers(pick),
             if pick.pipeline {
                 "pipelined"
             } else {

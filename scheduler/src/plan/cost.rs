@@ -150,7 +150,13 @@ pub fn predict(
     let groups = groups_per_step(setup, wire, parts);
     // A push and a pull per group.
     let requests = (2 * groups) as f64 * constants.request_seconds;
-    let overlap = -hidden(setup, (groups, slack), cluster.compute, (push, pull, apply));
+    let overlap = -hidden(
+        setup,
+        cluster.workers,
+        (groups, slack),
+        cluster.compute,
+        (push, pull, apply),
+    );
     let step = cluster.compute + push + pull + apply + requests + overlap;
     Terms {
         compute: cluster.compute,
@@ -256,10 +262,16 @@ pub fn groups_per_step(setup: &Setup, wire: f64, parts: u64) -> u64 {
 ///   the share of the busiest link's time a worker's own link is free), the
 ///   worker whose push ends first pulls while the others still push, so that
 ///   share of the shorter direction hides, pipelined or not.
+/// - Beside the workers, a host with a server carries both phases each way
+///   (its worker's push out and the others' pushes in, then the others'
+///   pulls out and its worker's in), so pipelining only fills what one
+///   direction leaves idle: at most [`colocated_room`] of the shorter
+///   direction hides (none with a server beside every worker).
 /// - Segmented in `k`, the push hides behind the backward pass but for its
 ///   last segment.
 fn hidden(
     setup: &Setup,
+    workers: u32,
     (groups, slack): (u64, f64),
     compute: f64,
     (push, pull, apply): (f64, f64, f64),
@@ -267,7 +279,11 @@ fn hidden(
     let shorter = pull.min(push + apply);
     let pipelined = if setup.pipeline {
         let servers = f64::from(setup.servers);
-        (1.0 - 1.0 / servers) * (1.0 - 1.0 / groups as f64)
+        let across_servers = (1.0 - 1.0 / servers) * (1.0 - 1.0 / groups as f64);
+        match setup.placement {
+            Placement::Dedicated => across_servers,
+            Placement::Colocated => across_servers.min(colocated_room(setup.servers, workers)),
+        }
     } else {
         0.0
     };
@@ -278,6 +294,22 @@ fn hidden(
         hidden += push.min(backward * (segments - 1.0) / segments);
     }
     hidden
+}
+
+/// The share of a step's link time that pipelining can still hide on a
+/// host with a server beside its worker, `servers` of them for `workers`
+/// workers: of a model of 1, the host sends `1 - 1/S` and receives
+/// `(N - 1)/S` in the push, the reverse in the pull. Overlapped, each
+/// direction carries both phases' bytes; one after the other, the step
+/// takes twice the busier phase.
+pub fn colocated_room(servers: u32, workers: u32) -> f64 {
+    let (s, n) = (f64::from(servers.max(1)), f64::from(workers.max(1)));
+    let (mine_out, theirs_in) = (1.0 - 1.0 / s, (n - 1.0) / s);
+    let serial = 2.0 * mine_out.max(theirs_in);
+    if serial <= 0.0 {
+        return 0.0;
+    }
+    (1.0 - (mine_out + theirs_in) / serial).max(0.0)
 }
 
 #[cfg(test)]
@@ -366,6 +398,20 @@ mod tests {
             &constants(),
         );
         assert!((one.busiest_link_bytes - 40e6).abs() < 1.0);
+    }
+
+    #[test]
+    fn beside_every_worker_pipelining_hides_nothing_and_beside_one_half() {
+        assert_eq!(colocated_room(2, 2), 0.0);
+        assert_eq!(colocated_room(4, 4), 0.0);
+        // One server beside one of two workers: its host receives W in the
+        // push and sends W in the pull, so the two can overlap by half.
+        assert!((colocated_room(1, 2) - 0.5).abs() < 1e-12);
+        let tensors = vec![1u64 << 20; 8];
+        let mut pipelined = setup(2, Placement::Colocated);
+        pipelined.pipeline = true;
+        let terms = predict(&pipelined, &tensors, &cluster(2), &constants());
+        assert_eq!(terms.overlap, 0.0, "{terms:?}");
     }
 
     #[test]

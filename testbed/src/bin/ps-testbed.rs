@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use ps_scheduler::plan::Placement;
 use ps_testbed::hosts::{HostCounts, LinkOverride, plan};
 use ps_testbed::job::{self, JobSpec};
 use ps_testbed::netns::{self, Network};
@@ -99,6 +100,10 @@ struct RunArgs {
     /// An argument for every ps-server (may be repeated).
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     server_args: Vec<String>,
+    /// An argument for the ps-scheduler (may be repeated), for example
+    /// --scheduler-arg=--partition-bytes=4MiB.
+    #[arg(long = "scheduler-arg", allow_hyphen_values = true)]
+    scheduler_args: Vec<String>,
     /// Before the job, measure raw TCP between the first worker and the
     /// first server for this many seconds, both directions at once: the
     /// ceiling the job's traffic is read against (0: skip it).
@@ -123,9 +128,14 @@ struct PlanCheckArgs {
     /// Link rates of the grid, every host's.
     #[arg(long, value_delimiter = ',', default_value = "500mbit,1gbit,2500mbit")]
     links: Vec<LinkRate>,
-    /// Server host counts of the grid.
+    /// Server counts of the grid.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
     servers: Vec<usize>,
+    /// Where the grid's servers run: dedicated (hosts of their own),
+    /// colocated (beside the workers, for server counts up to the workers'),
+    /// or both: dedicated,colocated.
+    #[arg(long, value_delimiter = ',', default_value = "dedicated", value_parser = placement)]
+    placements: Vec<Placement>,
     /// Worker hosts.
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -197,6 +207,15 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// `--placements`' items.
+fn placement(text: &str) -> Result<Placement, String> {
+    match text.trim() {
+        "dedicated" => Ok(Placement::Dedicated),
+        "colocated" => Ok(Placement::Colocated),
+        other => Err(format!("{other:?}: give dedicated or colocated")),
+    }
+}
+
 async fn plan_check(args: PlanCheckArgs) -> anyhow::Result<()> {
     let constants = match &args.constants {
         Some(path) => ps_scheduler::plan::cli::read_constants(path)?,
@@ -236,6 +255,7 @@ async fn plan_check(args: PlanCheckArgs) -> anyhow::Result<()> {
         models,
         links: args.links,
         servers: args.servers,
+        placements: args.placements,
         workers: args.workers,
         bin_dir,
         out: out.clone(),
@@ -314,7 +334,7 @@ fn binaries() -> anyhow::Result<PathBuf> {
 
 async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     netns::preflight()?;
-    let mut scheduler_args = Vec::new();
+    let mut scheduler_args = args.scheduler_args.clone();
     if let Some(file) = &args.plan {
         let chosen = ps_scheduler::plan::cli::read_plan(file)?;
         let job = planned::job(&chosen, &args.worker_args)?;
@@ -325,7 +345,7 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
         args.hosts.servers = job.servers;
         args.colocate = job.colocated;
         args.worker_args.extend(job.worker_args);
-        scheduler_args = job.scheduler_args;
+        scheduler_args.extend(job.scheduler_args);
     }
     args.hosts.colocated = args.colocate;
     let hosts = plan(args.hosts, args.link, &args.link_for).map_err(anyhow::Error::msg)?;
