@@ -439,16 +439,44 @@ pub fn encode_f32(dtype: DType, values: &[f32]) -> Bytes {
         DType::F32 if cfg!(target_endian = "little") => {
             Bytes::copy_from_slice(bytemuck::cast_slice(values))
         }
-        DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        DType::F16 => values
-            .iter()
-            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-            .collect(),
-        DType::BF16 => values
-            .iter()
-            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
-            .collect(),
+        DType::F32 => narrow(values.iter().copied(), values.len(), f32::to_le_bytes),
+        DType::F16 => narrow(values.iter().copied(), values.len(), |v| {
+            f16::from_f32(v).to_le_bytes()
+        }),
+        DType::BF16 => narrow(values.iter().copied(), values.len(), |v| {
+            bf16::from_f32(v).to_le_bytes()
+        }),
     }
+}
+
+/// Encodes little-endian `f32` bytes (a whole number of them) as
+/// little-endian bytes of `dtype`, without widening them into a vector of
+/// `f32` first: what a worker's bf16 or f16 wire does to each tensor's host
+/// copy on every step.
+pub fn encode_f32_le(dtype: DType, f32_le: &[u8]) -> Bytes {
+    let values = f32_le
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let count = f32_le.len() / 4;
+    match dtype {
+        DType::F32 => Bytes::copy_from_slice(&f32_le[..count * 4]),
+        DType::F16 => narrow(values, count, |v| f16::from_f32(v).to_le_bytes()),
+        DType::BF16 => narrow(values, count, |v| bf16::from_f32(v).to_le_bytes()),
+    }
+}
+
+/// `count` values, each written as the `N` bytes `encode` makes of it, into
+/// one buffer sized once (collecting a `flat_map` grew it byte by byte).
+fn narrow<const N: usize>(
+    values: impl Iterator<Item = f32>,
+    count: usize,
+    encode: impl Fn(f32) -> [u8; N],
+) -> Bytes {
+    let mut out = vec![0u8; count * N];
+    for (slot, value) in out.chunks_exact_mut(N).zip(values) {
+        slot.copy_from_slice(&encode(value));
+    }
+    Bytes::from(out)
 }
 
 fn for_each_segment_block(dtype: DType, bytes: &[u8], mut f: impl FnMut(&[f32])) {
@@ -513,6 +541,23 @@ mod tests {
         );
         let tensor = TensorData::new(DType::F32, vec![3000], unaligned).unwrap();
         assert_eq!(tensor.to_f32_vec(), values);
+    }
+
+    #[test]
+    fn f32_bytes_narrow_as_the_values_do_in_every_dtype() {
+        let values: Vec<f32> = (0..1001).map(|i| (i as f32 - 500.0) * 0.37).collect();
+        let mut raw = vec![0u8];
+        raw.extend(f32_bytes(&values));
+        let unaligned = &raw[1..];
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let narrowed = encode_f32_le(dtype, unaligned);
+            assert_eq!(narrowed.len(), values.len() * dtype.size());
+            assert_eq!(narrowed, encode_f32(dtype, &values), "{dtype:?}");
+            let bf16_of_first = bf16::from_f32(values[0]).to_le_bytes();
+            if dtype == DType::BF16 {
+                assert_eq!(narrowed[..2], bf16_of_first);
+            }
+        }
     }
 
     #[test]

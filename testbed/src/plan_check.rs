@@ -335,11 +335,15 @@ pub fn table(rows: &[Row], workers: usize) -> String {
         out,
         "| model | link | plan's pick | its measured ms | fastest measured | pick / fastest | default ({workers} servers, pipelined) ms | default / pick |\n|---|---|---|---|---|---|---|---|"
     );
-    let mut groups: Vec<(&str, &str)> = rows
-        .iter()
-        .map(|r| (r.model.as_str(), r.link.as_str()))
-        .collect();
-    groups.dedup();
+    // Each model and link once, in the order first run (a table may join
+    // grids run apart, one per placement).
+    let mut groups: Vec<(&str, &str)> = Vec::new();
+    for row in rows {
+        let group = (row.model.as_str(), row.link.as_str());
+        if !groups.contains(&group) {
+            groups.push(group);
+        }
+    }
     for (model, link) in groups {
         let group: Vec<&Row> = rows
             .iter()

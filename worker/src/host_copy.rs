@@ -81,14 +81,8 @@ pub fn to_wire(bytes: Vec<Bytes>, wire: codec::DType) -> Vec<Bytes> {
         return bytes;
     }
     bytes
-        .into_iter()
-        .map(|f32_bytes| {
-            let values: Vec<f32> = f32_bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            codec::encode_f32(wire, &values)
-        })
+        .iter()
+        .map(|f32_bytes| codec::encode_f32_le(wire, f32_bytes))
         .collect()
 }
 

@@ -133,6 +133,7 @@ impl PlanArgs {
                 .map_or(link.link_bytes_per_sec, LinkRate::bytes_per_sec);
             constants.request_seconds = link.request_seconds;
             constants.worker_bytes_per_sec = link.worker_bytes_per_sec;
+            constants.server_bytes_per_sec = link.server_bytes_per_sec;
             constants.link_efficiency = link.link_efficiency;
             let source = format!("--measure-link {addr}");
             set_source(
@@ -149,6 +150,11 @@ impl PlanArgs {
                 constants,
                 3,
                 format!("a 4 MiB gRPC stream's rate over raw TCP's ({source})"),
+            );
+            set_source(
+                constants,
+                4,
+                format!("the receiver's CPU per byte of a 4 MiB gRPC stream ({source})"),
             );
             measured.push(format!(
                 "link: raw TCP {} each way and a {:.0} us round trip, against {addr} ({made})",
@@ -227,7 +233,7 @@ pub fn read_constants(path: &std::path::Path) -> anyhow::Result<Constants> {
     let constants = value.get("constants").cloned().unwrap_or(value);
     serde_json::from_value(constants).with_context(|| {
         format!(
-            "--constants {}: not a plan file's constants (request_seconds, worker_bytes_per_sec, apply_bytes_per_sec, link_efficiency, sources)",
+            "--constants {}: not a plan file's constants (request_seconds, worker_bytes_per_sec, apply_bytes_per_sec, link_efficiency, sources, and optionally server_bytes_per_sec)",
             path.display()
         )
     })

@@ -33,8 +33,23 @@ pub struct Constants {
     pub apply_bytes_per_sec: f64,
     /// The share of a link's rate a job's bytes get.
     pub link_efficiency: f64,
+    /// Bytes per second a server receives or sends (its CPU per byte of a
+    /// push's decoding or a pull's encoding), one core. Plan files from
+    /// before it was measured take the built-in value.
+    #[serde(default = "built_in_server_rate")]
+    pub server_bytes_per_sec: f64,
     /// Where each constant came from, in the order above.
     pub sources: Vec<String>,
+}
+
+/// The built-in [`Constants::server_bytes_per_sec`]: the receiving side's
+/// CPU per byte of a 4 MiB gRPC stream over loopback.
+const SERVER_RATE_MEASURED: f64 = 5.9e9;
+/// Where [`SERVER_RATE_MEASURED`] came from.
+const SERVER_RATE_SOURCE: &str = "the receiver's CPU per byte of a 4 MiB gRPC stream over loopback, 0.17 s/GB (ps-microbench bandwidth, docs/plan.md)";
+
+fn built_in_server_rate() -> f64 {
+    SERVER_RATE_MEASURED
 }
 
 impl Default for Constants {
@@ -46,11 +61,13 @@ impl Default for Constants {
             worker_bytes_per_sec: 3.5e9,
             apply_bytes_per_sec: 5.0e9,
             link_efficiency: 0.85,
+            server_bytes_per_sec: SERVER_RATE_MEASURED,
             sources: vec![
                 "4 KiB push p50 over gRPC, 110-120 us (ps-microbench kv, docs/benchmarks.md, issue 38)".into(),
                 "16 MiB pull over gRPC, 3.4-3.6 GB/s (ps-microbench kv, same table)".into(),
                 "copy-then-SGD floor, one core, 4.9-7.3 GB/s at 16 MiB (ps-microbench kv --data-path shm)".into(),
                 "link use of pipelined push and pull, 0.8-0.9 of the shaped rate (ps-testbed, docs/overlap.md)".into(),
+                SERVER_RATE_SOURCE.into(),
             ],
         }
     }
@@ -143,8 +160,14 @@ pub fn predict(
     let ((link_time, busiest_link_bytes), slack) =
         busiest_link(setup, cluster, constants, wire, imbalance);
     let cpu_bytes = wire / constants.worker_bytes_per_sec;
-    let push = link_time + cpu_bytes + cluster.rtt;
-    let pull = link_time + cpu_bytes + cluster.rtt;
+    // The busiest server decodes its share of every worker's push (and
+    // encodes its pull) as the bytes arrive: it binds only when slower than
+    // the link.
+    let server_cpu = f64::from(cluster.workers) * wire / f64::from(setup.servers) * imbalance
+        / constants.server_bytes_per_sec;
+    let carried = link_time.max(server_cpu);
+    let push = carried + cpu_bytes + cluster.rtt;
+    let pull = carried + cpu_bytes + cluster.rtt;
     let even_share = model as f64 / f64::from(setup.servers);
     let apply = f64::from(cluster.workers) * even_share * imbalance / constants.apply_bytes_per_sec;
     let groups = groups_per_step(setup, wire, parts);
@@ -333,6 +356,7 @@ mod tests {
             worker_bytes_per_sec: 1e9,
             apply_bytes_per_sec: 2e9,
             link_efficiency: 1.0,
+            server_bytes_per_sec: 1e9,
             sources: Vec::new(),
         }
     }
@@ -398,6 +422,24 @@ mod tests {
             &constants(),
         );
         assert!((one.busiest_link_bytes - 40e6).abs() < 1.0);
+    }
+
+    #[test]
+    fn a_server_slower_than_its_link_binds_the_push_and_pull() {
+        // 100 MB, 4 workers, 1 server on a 100 GB/s link: the link takes
+        // 4 ms for the server's 400 MB, its CPU at 1 GB/s 400 ms.
+        let tensors = vec![4_000_000u64; 25];
+        let mut fast = cluster(4);
+        (fast.worker_link, fast.server_link) = (100e9, 100e9);
+        let terms = predict(
+            &setup(1, Placement::Dedicated),
+            &tensors,
+            &fast,
+            &constants(),
+        );
+        // The server's 0.4 s, then the worker's own 100 MB at 1 GB/s.
+        assert!((terms.push - (0.4 + 0.1)).abs() < 1e-9, "{terms:?}");
+        assert_eq!(terms.push, terms.pull);
     }
 
     #[test]

@@ -126,13 +126,18 @@ pub fn explanation(plan: &Plan) -> String {
              a worker's W; beside workers, a host with a server carries
              max(W - share, (N - 1) x share) each way (2 W (N-1)/N a step
              when S = N)
-  push     = link + W / worker rate + RTT
-  pull     = link + W / worker rate + RTT
+  server   = N x W / S x imbalance / server rate  (the busiest server's
+             CPU for its share of every push, and again of every pull)
+  push     = max(link, server) + W / worker rate + RTT
+  pull     = max(link, server) + W / worker rate + RTT
   apply    = N x (model bytes / S) x imbalance / apply rate
   groups G = S, or when pipelined W / {group} (at least S, at most the parts)
   requests = 2 x G x request CPU
   slack    = 1 - (a worker's own link time / the busiest link's time)
   overlap  = -min(pull, push + apply) x max(slack, pipelined: (1 - 1/S) x (1 - 1/G))
+             (beside workers, pipelined at most the room a host's two
+             directions leave: 1 - (out + in) / (2 x max(out, in)), with
+             out = 1 - 1/S and in = (N - 1)/S; none when S = N)
              -(segmented in k: min(push, compute x {BACKWARD_SHARE:.2} x (k - 1) / k))
   step     = compute + push + pull + apply + requests + overlap
   imbalance: the busiest server's load over an even share, as the system's
@@ -148,6 +153,7 @@ Constants:"
         ("worker rate", format_rate(c.worker_bytes_per_sec)),
         ("apply rate", format_rate(c.apply_bytes_per_sec)),
         ("link efficiency", format!("{:.2}", c.link_efficiency)),
+        ("server rate", format_rate(c.server_bytes_per_sec)),
     ];
     for (i, (name, value)) in values.iter().enumerate() {
         let source = c.sources.get(i).map_or("given", String::as_str);
