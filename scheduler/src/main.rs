@@ -223,6 +223,10 @@ async fn status(
     let mut earlier: Option<(v1::StatusResponse, Duration)> = None;
     let mut ticks = tokio::time::interval(WATCH_EVERY);
     ticks.tick().await;
+    // One Ctrl-C listener for the whole watch: a new one each round would
+    // miss a Ctrl-C that lands while a table is fetched or printed, and the
+    // first one has already taken the signal's default (ending the process).
+    let mut interrupted = std::pin::pin!(tokio::signal::ctrl_c());
     loop {
         let before = earlier
             .as_ref()
@@ -240,9 +244,12 @@ async fn status(
         std::io::stdout().flush()?;
         tokio::select! {
             _ = ticks.tick() => {}
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = &mut interrupted => return Ok(()),
         }
-        let (next, now) = ask().await?;
+        let (next, now) = tokio::select! {
+            answer = ask() => answer?,
+            _ = &mut interrupted => return Ok(()),
+        };
         earlier = Some((std::mem::replace(&mut shown, next), now - asked));
         asked = now;
     }
