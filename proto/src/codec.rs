@@ -466,7 +466,8 @@ pub fn encode_f32_le(dtype: DType, f32_le: &[u8]) -> Bytes {
 }
 
 /// `count` values, each written as the `N` bytes `encode` makes of it, into
-/// one buffer sized once (collecting a `flat_map` grew it byte by byte).
+/// one buffer sized once (collecting a `flat_map` pushed a byte at a time
+/// into a buffer that grew as it went).
 fn narrow<const N: usize>(
     values: impl Iterator<Item = f32>,
     count: usize,

@@ -81,6 +81,7 @@ pub fn check_partition_bytes(bytes: usize) -> Result<usize, String> {
         ))
     }
 }
+
 /// The threshold is at most mean load / this.
 const PIECES_PER_SERVER: usize = 40;
 

@@ -4,7 +4,7 @@
 //! bound.
 
 use ps_proto::codec::DType;
-use ps_proto::placement::{MAX_PART_BYTES, Param, part_counts};
+use ps_proto::placement::{DEFAULT_PART_BYTES, MAX_PART_BYTES, Param, part_counts};
 use ps_proto::transport::DEFAULT_MAX_MESSAGE_BYTES;
 use ps_proto::v1;
 use tonic::Status;
@@ -80,15 +80,16 @@ pub fn map_parts_bytes(params: &[Param], servers: usize) -> usize {
 }
 
 /// The largest part of a map of `params` cut for `cut_for` servers: the
-/// `wanted` size (`--partition-bytes`, [`ps_proto::placement::DEFAULT_PART_BYTES`] by default), or
-/// [`MAX_PART_BYTES`] when parts that small would make a map past
-/// [`MAX_MAP_PARTS_BYTES`].
+/// `wanted` size (`--partition-bytes`, [`DEFAULT_PART_BYTES`] by default)
+/// when its map fits in [`MAX_MAP_PARTS_BYTES`]; otherwise the default size,
+/// if larger than `wanted` and fitting; otherwise [`MAX_PART_BYTES`], the
+/// coarsest cut (which [`declared_params`] made sure fits).
 pub fn part_cap(params: &[Param], cut_for: usize, wanted: usize) -> usize {
-    if parts_bytes_with_cap(params, cut_for, wanted) <= MAX_MAP_PARTS_BYTES {
-        wanted
-    } else {
-        MAX_PART_BYTES
-    }
+    let fits = |cap: usize| parts_bytes_with_cap(params, cut_for, cap) <= MAX_MAP_PARTS_BYTES;
+    [wanted, wanted.max(DEFAULT_PART_BYTES)]
+        .into_iter()
+        .find(|&cap| fits(cap))
+        .unwrap_or(MAX_PART_BYTES)
 }
 
 fn parts_bytes_with_cap(params: &[Param], servers: usize, cap: usize) -> usize {
@@ -139,7 +140,6 @@ fn check_map_size(params: &[Param], servers: usize) -> Result<(), Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ps_proto::placement::DEFAULT_PART_BYTES;
 
     fn param(name: &str, elements: u64) -> v1::DeclaredParam {
         v1::DeclaredParam {
@@ -176,6 +176,11 @@ mod tests {
         // 8.7 MB map; 16,384 parts of 4 MiB (2.2 MB) fit.
         let large = declared_params(vec![param(&"n".repeat(100), 1 << 34)], 2).unwrap();
         assert_eq!(part_cap(&large, 2, DEFAULT_PART_BYTES), MAX_PART_BYTES);
+        // 4 GiB: 65,536 parts of 64 KiB would make an 8.7 MB map, 4,096
+        // parts of the default 1 MiB fit; asking for small parts never
+        // gives larger ones than the default when the default fits.
+        let middle = declared_params(vec![param(&"n".repeat(100), 1 << 30)], 2).unwrap();
+        assert_eq!(part_cap(&middle, 2, 64 << 10), DEFAULT_PART_BYTES);
     }
 
     #[test]

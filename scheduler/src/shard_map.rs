@@ -51,9 +51,8 @@ pub struct WorkerGroup {
 /// The map that follows `previous` for these live `servers`, `params` and
 /// `group`, with parts of at most `partition_bytes` (unless parts that small
 /// would outgrow one message), or `None` when it would say the same as
-/// `previous`. The parts stay
-/// where they are while the live servers do not change; any change of servers
-/// places the parameters afresh.
+/// `previous`. The parts stay where they are while the live servers do not
+/// change; any change of servers places the parameters afresh.
 pub fn next_map(
     previous: Option<&ShardMap>,
     servers: Vec<(ServerId, String)>,
@@ -73,6 +72,13 @@ pub fn next_map(
                 );
             }
             let cap = part_cap(params, cut_for, partition_bytes);
+            if cap != partition_bytes {
+                tracing::warn!(
+                    asked = partition_bytes,
+                    used = cap,
+                    "parts as small as --partition-bytes asks would make a shard map past one message; the parameters are cut in larger parts"
+                );
+            }
             let placed = plan_cut_for(params, servers.len(), cut_for, cap);
             let largest = placed.iter().map(|a| a.len * params[a.param].elem_size);
             tracing::info!(

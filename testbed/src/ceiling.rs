@@ -75,8 +75,12 @@ pub fn source(connect: &str, seconds: f64) -> std::io::Result<f64> {
 }
 
 /// Raw TCP each way between a worker host and a server host, at once.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Ceiling {
+    /// The worker host measured from.
+    pub worker: String,
+    /// The host with a server measured to.
+    pub server: String,
     /// Worker to server (a push's direction), bytes per second.
     pub up_bytes_per_sec: f64,
     /// Server to worker (a pull's direction), bytes per second.
@@ -145,6 +149,8 @@ pub fn measure(network: &Network, testbed: &Path, seconds: f64) -> anyhow::Resul
         Ok(String::from_utf8_lossy(&output.stdout).trim().parse()?)
     };
     let ceiling = Ceiling {
+        worker: worker.name.clone(),
+        server: server.name.clone(),
         up_bytes_per_sec: rate(up)?,
         down_bytes_per_sec: rate(down)?,
     };

@@ -168,7 +168,7 @@ pub fn plan(
 ) -> Result<Vec<Host>, String> {
     if counts.colocated && counts.servers > counts.workers {
         return Err(format!(
-            "--colocate: {} servers beside {} workers; give at most one server per worker host",
+            "{} servers beside {} workers: at most one server fits on each worker host",
             counts.servers, counts.workers
         ));
     }
@@ -213,6 +213,12 @@ pub fn plan(
                     host.rate = o.rate;
                     matched = true;
                 }
+            }
+            if !matched && counts.colocated && o.who == Role::Server.name() {
+                return Err(format!(
+                    "--link-for {}: the servers run beside the workers and share their links; give worker=RATE or a worker host",
+                    o.who
+                ));
             }
             if !matched {
                 let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
@@ -290,10 +296,10 @@ mod tests {
         counts.colocated = true;
         counts.servers = 4;
         let error = plan(counts, gbit("1"), &[]).unwrap_err();
-        assert!(
-            error.contains("at most one server per worker host"),
-            "{error}"
-        );
+        assert!(error.contains("at most one server fits"), "{error}");
+        counts.servers = 2;
+        let shared = plan(counts, gbit("1"), &["server=2gbit".parse().unwrap()]).unwrap_err();
+        assert!(shared.contains("share their links"), "{shared}");
     }
 
     #[test]

@@ -68,7 +68,8 @@ pub struct JobOutcome {
     pub workers: Vec<(String, TrainSummary)>,
     /// Each host's link bytes from the workers' start to their end.
     pub links: Vec<(Host, LinkBytes)>,
-    /// CPU seconds per host, its process's whole life.
+    /// CPU seconds per process (named after its host, or `worker1-server`
+    /// beside a worker), over its whole life.
     pub cpu: BTreeMap<String, f64>,
     /// Seconds from the workers' start to the last one's end.
     pub seconds: f64,

@@ -6,10 +6,12 @@
 //! size.
 
 use ps_scheduler::plan::Plan;
-use ps_scheduler::plan::apply::{DEFAULT_PART_BYTES, DType, applied, mlp_layers};
+use ps_scheduler::plan::apply::{DType, applied, mlp_layers};
 
 /// The worker flags a plan sets.
 const PLANNED_FLAGS: [&str; 3] = ["--no-pipeline", "--backward-segments", "--wire-dtype"];
+/// The scheduler flags a plan sets.
+const PLANNED_SCHEDULER_FLAGS: [&str; 2] = ["--consistency", "--partition-bytes"];
 
 /// What a run takes from a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,22 +29,20 @@ pub struct PlannedJob {
 }
 
 /// The job `plan` describes for workers given `user_args` (whose
-/// `--hidden` says how many layers there are to cut into segments).
+/// `--hidden` says how many layers there are to cut into segments) and a
+/// scheduler given `scheduler_args`.
 ///
 /// # Errors
 /// The plan (a file a person may have edited) names no servers, or wire
-/// values of another size than 4 or 2 bytes; `user_args` give a flag the
-/// plan sets.
-pub fn job(plan: &Plan, user_args: &[String]) -> anyhow::Result<PlannedJob> {
-    for flag in PLANNED_FLAGS {
-        let given = user_args
-            .iter()
-            .any(|a| a == flag || a.starts_with(&format!("{flag}=")));
-        anyhow::ensure!(
-            !given,
-            "--plan sets {flag} from the plan file; leave it out of the worker arguments (or edit the plan)"
-        );
-    }
+/// values of another size than 4 or 2 bytes; `user_args` or
+/// `scheduler_args` give a flag the plan sets.
+pub fn job(
+    plan: &Plan,
+    user_args: &[String],
+    scheduler_args: &[String],
+) -> anyhow::Result<PlannedJob> {
+    refuse_planned(&PLANNED_FLAGS, user_args, "the worker arguments")?;
+    refuse_planned(&PLANNED_SCHEDULER_FLAGS, scheduler_args, "--scheduler-arg")?;
     let applied = applied(plan, layers(user_args))?;
     let mut worker_args = Vec::new();
     let mut differences = Vec::new();
@@ -68,12 +68,10 @@ pub fn job(plan: &Plan, user_args: &[String]) -> anyhow::Result<PlannedJob> {
         "bsp" => Vec::new(),
         other => vec!["--consistency".to_string(), other.to_string()],
     };
-    if applied.partition_bytes != DEFAULT_PART_BYTES {
-        scheduler_args.extend([
-            "--partition-bytes".to_string(),
-            applied.partition_bytes.to_string(),
-        ]);
-    }
+    scheduler_args.extend([
+        "--partition-bytes".to_string(),
+        applied.partition_bytes.to_string(),
+    ]);
     Ok(PlannedJob {
         servers: applied.servers,
         colocated: applied.colocated,
@@ -81,6 +79,20 @@ pub fn job(plan: &Plan, user_args: &[String]) -> anyhow::Result<PlannedJob> {
         scheduler_args,
         differences,
     })
+}
+
+/// Refuses `given` arguments holding one of `flags`, which the plan sets.
+fn refuse_planned(flags: &[&str], given: &[String], where_given: &str) -> anyhow::Result<()> {
+    for flag in flags {
+        let found = given
+            .iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+        anyhow::ensure!(
+            !found,
+            "--plan sets {flag} from the plan file; leave it out of {where_given} (or edit the plan)"
+        );
+    }
+    Ok(())
 }
 
 /// The MLP's layers as `args` give them: one more than its `--hidden`
@@ -136,7 +148,7 @@ mod tests {
         plan.chosen.wire_bytes = 2;
         plan.chosen.partition_bytes = 4 << 20;
         plan.consistency = "ssp:2".into();
-        let job = job(&plan, &args("--hidden 64,64 --epochs 1")).unwrap();
+        let job = job(&plan, &args("--hidden 64,64 --epochs 1"), &[]).unwrap();
         assert_eq!((job.servers, job.colocated), (3, false));
         assert_eq!(
             job.worker_args,
@@ -151,16 +163,17 @@ mod tests {
     }
 
     #[test]
-    fn the_defaults_add_nothing_and_servers_beside_workers_stay_there() {
+    fn the_defaults_add_only_the_partition_size_and_servers_beside_workers_stay_there() {
         let mut plan = a_plan();
         plan.chosen.placement = Placement::Colocated;
         plan.chosen.pipeline = true;
         plan.chosen.backward_segments = 1;
         plan.chosen.wire_bytes = 4;
-        plan.chosen.partition_bytes = DEFAULT_PART_BYTES as u64;
+        plan.chosen.partition_bytes = 1 << 20;
         plan.consistency = "bsp".into();
-        let job = job(&plan, &args("--epochs 1")).unwrap();
-        assert!(job.worker_args.is_empty() && job.scheduler_args.is_empty());
+        let job = job(&plan, &args("--epochs 1"), &[]).unwrap();
+        assert!(job.worker_args.is_empty());
+        assert_eq!(job.scheduler_args, args("--partition-bytes 1048576"));
         assert!(job.colocated && job.differences.is_empty());
     }
 
@@ -168,10 +181,15 @@ mod tests {
     fn a_plan_without_servers_or_with_odd_wire_values_is_refused() {
         let mut plan = a_plan();
         plan.chosen.wire_bytes = 3;
-        assert!(job(&plan, &[]).unwrap_err().to_string().contains("3-byte"));
+        assert!(
+            job(&plan, &[], &[])
+                .unwrap_err()
+                .to_string()
+                .contains("3-byte")
+        );
         plan.chosen.servers = 0;
         assert!(
-            job(&plan, &[])
+            job(&plan, &[], &[])
                 .unwrap_err()
                 .to_string()
                 .contains("no servers")
@@ -182,8 +200,12 @@ mod tests {
     fn a_flag_the_plan_sets_is_refused_in_the_worker_arguments() {
         let plan = a_plan();
         for given in ["--wire-dtype f32", "--backward-segments=2", "--no-pipeline"] {
-            let error = job(&plan, &args(given)).unwrap_err().to_string();
+            let error = job(&plan, &args(given), &[]).unwrap_err().to_string();
             assert!(error.contains("--plan sets"), "{given}: {error}");
+        }
+        for given in ["--consistency=asp", "--partition-bytes"] {
+            let error = job(&plan, &[], &args(given)).unwrap_err().to_string();
+            assert!(error.contains("--scheduler-arg"), "{given}: {error}");
         }
     }
 

@@ -64,7 +64,7 @@ pub struct LinkLine {
 /// One process's CPU.
 #[derive(Debug, Clone, Serialize)]
 pub struct CpuLine {
-    /// Its host.
+    /// The process: its host's name, or `worker1-server` beside a worker.
     pub host: String,
     /// CPU seconds over its life.
     pub seconds: f64,
@@ -205,7 +205,9 @@ impl Report {
         if let Some(c) = &self.ceiling {
             let _ = writeln!(
                 out,
-                "\nraw TCP worker1 <-> server1, both ways at once: up {:.1} MB/s, down {:.1} MB/s",
+                "\nraw TCP {} <-> {}, both ways at once: up {:.1} MB/s, down {:.1} MB/s",
+                c.worker,
+                c.server,
                 c.up_bytes_per_sec / 1e6,
                 c.down_bytes_per_sec / 1e6
             );

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 
 pub use ps_proto::codec::DType;
 use ps_proto::consistency::Consistency;
-pub use ps_proto::placement::DEFAULT_PART_BYTES;
 use ps_proto::placement::check_partition_bytes;
 
 use super::Plan;

@@ -31,8 +31,9 @@ pub struct LinkMeasured {
     pub request_seconds: f64,
     /// Bytes per second of the sender's CPU while streaming.
     pub worker_bytes_per_sec: f64,
-    /// Bytes per second of the receiver's (the server's) CPU while streaming.
-    pub server_bytes_per_sec: f64,
+    /// Bytes per second of the receiver's (the server's) CPU while
+    /// streaming; `None` when the `serve` did not report its CPU.
+    pub server_bytes_per_sec: Option<f64>,
     /// The gRPC stream's rate over the raw TCP rate.
     pub link_efficiency: f64,
 }
@@ -97,7 +98,10 @@ fn link_from(latency: &[Value], bandwidth: &[Value]) -> anyhow::Result<LinkMeasu
     let tcp_rate = number(stream, "tcp_throughput_bytes_per_sec")?;
     let grpc_rate = number(stream, "throughput_bytes_per_sec")?;
     let cpu_per_gb = number(stream, "client_cpu_sec_per_gb")?;
-    let server_cpu_per_gb = number(stream, "server_cpu_sec_per_gb")?;
+    // An older `serve` reports no CPU of its own: the built-in rate stays.
+    let server_cpu_per_gb = number(stream, "server_cpu_sec_per_gb")
+        .ok()
+        .filter(|&s| s > 0.0);
     Ok(LinkMeasured {
         rtt: tcp_p50,
         link_bytes_per_sec: tcp_rate,
@@ -105,7 +109,7 @@ fn link_from(latency: &[Value], bandwidth: &[Value]) -> anyhow::Result<LinkMeasu
         // on a quiet link) costs at least a microsecond, not nothing.
         request_seconds: (p50 - tcp_p50).max(1e-6),
         worker_bytes_per_sec: 1e9 / cpu_per_gb,
-        server_bytes_per_sec: 1e9 / server_cpu_per_gb,
+        server_bytes_per_sec: server_cpu_per_gb.map(|s| 1e9 / s),
         link_efficiency: (grpc_rate / tcp_rate).min(1.0),
     })
 }
@@ -270,7 +274,7 @@ mod tests {
         })];
         let link = link_from(&latency, &bandwidth).unwrap();
         assert!((link.rtt - 45e-6).abs() < 1e-12);
-        assert_eq!(link.server_bytes_per_sec, 2.0e9);
+        assert_eq!(link.server_bytes_per_sec, Some(2.0e9));
         assert!((link.request_seconds - 61e-6).abs() < 1e-12);
         assert_eq!(link.link_bytes_per_sec, 4.0e9);
         assert_eq!(link.worker_bytes_per_sec, 4.0e9);
@@ -284,10 +288,10 @@ mod tests {
             "throughput_bytes_per_sec": 5.0e9,
             "tcp_throughput_bytes_per_sec": 4.0e9,
             "client_cpu_sec_per_gb": 0.25,
-            "server_cpu_sec_per_gb": 0.25,
         })];
         let link = link_from(&latency, &bandwidth).unwrap();
         assert_eq!(link.request_seconds, 1e-6);
+        assert_eq!(link.server_bytes_per_sec, None, "no server CPU reported");
         assert_eq!(link.link_efficiency, 1.0);
     }
 

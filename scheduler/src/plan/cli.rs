@@ -133,7 +133,6 @@ impl PlanArgs {
                 .map_or(link.link_bytes_per_sec, LinkRate::bytes_per_sec);
             constants.request_seconds = link.request_seconds;
             constants.worker_bytes_per_sec = link.worker_bytes_per_sec;
-            constants.server_bytes_per_sec = link.server_bytes_per_sec;
             constants.link_efficiency = link.link_efficiency;
             let source = format!("--measure-link {addr}");
             set_source(
@@ -151,11 +150,19 @@ impl PlanArgs {
                 3,
                 format!("a 4 MiB gRPC stream's rate over raw TCP's ({source})"),
             );
-            set_source(
-                constants,
-                4,
-                format!("the receiver's CPU per byte of a 4 MiB gRPC stream ({source})"),
-            );
+            match link.server_bytes_per_sec {
+                Some(rate) => {
+                    constants.server_bytes_per_sec = rate;
+                    set_source(
+                        constants,
+                        4,
+                        format!("the receiver's CPU per byte of a 4 MiB gRPC stream ({source})"),
+                    );
+                }
+                None => eprintln!(
+                    "the ps-microbench serve at {addr} reported no CPU of its own; the server rate stays the built-in one"
+                ),
+            }
             measured.push(format!(
                 "link: raw TCP {} each way and a {:.0} us round trip, against {addr} ({made})",
                 ps_common::size::format_rate(link.link_bytes_per_sec),
@@ -231,12 +238,13 @@ pub fn read_constants(path: &std::path::Path) -> anyhow::Result<Constants> {
     let value: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("--constants {}: not JSON", path.display()))?;
     let constants = value.get("constants").cloned().unwrap_or(value);
-    serde_json::from_value(constants).with_context(|| {
+    let constants: Constants = serde_json::from_value(constants).with_context(|| {
         format!(
             "--constants {}: not a plan file's constants (request_seconds, worker_bytes_per_sec, apply_bytes_per_sec, link_efficiency, sources, and optionally server_bytes_per_sec)",
             path.display()
         )
-    })
+    })?;
+    Ok(constants.with_known_sources())
 }
 
 /// Writes `plan` as pretty JSON to `path`.
@@ -255,7 +263,10 @@ pub fn write_plan(plan: &Plan, path: &PathBuf) -> anyhow::Result<()> {
 pub fn read_plan(path: &std::path::Path) -> anyhow::Result<Plan> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the plan {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("{} is not a plan file", path.display()))
+    let mut plan: Plan = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a plan file", path.display()))?;
+    plan.constants = plan.constants.with_known_sources();
+    Ok(plan)
 }
 
 /// When and on which host the plan was made.

@@ -8,7 +8,8 @@
 //! its rate times the link efficiency. The terms:
 //!
 //! - `compute`: the worker's forward and backward pass (given or measured).
-//! - `push`, `pull`: the busiest link's bytes each way, over its rate, plus
+//! - `push`, `pull`: the busiest link's bytes each way over its rate, or the
+//!   busiest server's per-byte CPU for its share when that is slower, plus
 //!   the worker's per-byte CPU, plus one round trip each.
 //! - `apply`: the busiest server's gradients (f32) over the apply rate.
 //! - `requests`: requests per step (a push and a pull per key group) times
@@ -16,8 +17,10 @@
 //! - `overlap` (negative): time the two directions share. Pipelined, a
 //!   group's pull overlaps the pushes of groups at other servers; when a
 //!   server's link is busier than a worker's, the worker whose push ends first
-//!   pulls while the others still push. With a segmented backward, the push
-//!   also overlaps the backward pass but for its last segment.
+//!   pulls while the others still push; beside every worker, a host's two
+//!   directions already carry both phases and nothing more hides. With a
+//!   segmented backward, the push also overlaps the backward pass but for
+//!   its last segment.
 
 use ps_proto::placement::{self, Param};
 use serde::{Deserialize, Serialize};
@@ -40,6 +43,18 @@ pub struct Constants {
     pub server_bytes_per_sec: f64,
     /// Where each constant came from, in the order above.
     pub sources: Vec<String>,
+}
+
+impl Constants {
+    /// Fills in where the constants of a file written before
+    /// [`Constants::server_bytes_per_sec`] existed came from: that one is
+    /// the built-in value.
+    pub fn with_known_sources(mut self) -> Self {
+        if self.sources.len() == 4 && self.server_bytes_per_sec == SERVER_RATE_MEASURED {
+            self.sources.push(SERVER_RATE_SOURCE.into());
+        }
+        self
+    }
 }
 
 /// The built-in [`Constants::server_bytes_per_sec`]: the receiving side's
@@ -120,7 +135,8 @@ pub struct Cluster {
 pub struct Terms {
     /// Forward and backward.
     pub compute: f64,
-    /// The push's link time, per-byte CPU and round trip.
+    /// The push's link time (or the server's CPU for its share, when
+    /// slower), the worker's per-byte CPU and a round trip.
     pub push: f64,
     /// The pull's.
     pub pull: f64,
@@ -319,20 +335,20 @@ fn hidden(
     hidden
 }
 
-/// The share of a step's link time that pipelining can still hide on a
+/// The share of one phase's link time that pipelining can still hide on a
 /// host with a server beside its worker, `servers` of them for `workers`
-/// workers: of a model of 1, the host sends `1 - 1/S` and receives
-/// `(N - 1)/S` in the push, the reverse in the pull. Overlapped, each
-/// direction carries both phases' bytes; one after the other, the step
-/// takes twice the busier phase.
+/// workers. Of a model of 1, the host sends `out = 1 - 1/S` and receives
+/// `in = (N - 1)/S` in the push, the reverse in the pull: one phase after
+/// the other take `2 max(out, in)`, overlapped each direction carries
+/// `out + in`, so `max - min` of a phase's `max` hides: `1 - min/max`.
 pub fn colocated_room(servers: u32, workers: u32) -> f64 {
     let (s, n) = (f64::from(servers.max(1)), f64::from(workers.max(1)));
-    let (mine_out, theirs_in) = (1.0 - 1.0 / s, (n - 1.0) / s);
-    let serial = 2.0 * mine_out.max(theirs_in);
-    if serial <= 0.0 {
+    let (out, into) = (1.0 - 1.0 / s, (n - 1.0) / s);
+    let busier = out.max(into);
+    if busier <= 0.0 {
         return 0.0;
     }
-    (1.0 - (mine_out + theirs_in) / serial).max(0.0)
+    1.0 - out.min(into) / busier
 }
 
 #[cfg(test)]
@@ -443,12 +459,16 @@ mod tests {
     }
 
     #[test]
-    fn beside_every_worker_pipelining_hides_nothing_and_beside_one_half() {
+    fn beside_every_worker_pipelining_hides_nothing_and_beside_fewer_what_a_direction_leaves() {
         assert_eq!(colocated_room(2, 2), 0.0);
         assert_eq!(colocated_room(4, 4), 0.0);
         // One server beside one of two workers: its host receives W in the
-        // push and sends W in the pull, so the two can overlap by half.
-        assert!((colocated_room(1, 2) - 0.5).abs() < 1e-12);
+        // push and sends W in the pull, so the two can overlap whole.
+        assert!((colocated_room(1, 2) - 1.0).abs() < 1e-12);
+        // Two servers beside four workers: a host sends 1/2 and receives
+        // 3/2 a phase; overlapped each way carries 2 against 3 for the two
+        // phases apart, a third of the step's 3, two thirds of a phase.
+        assert!((colocated_room(2, 4) - 2.0 / 3.0).abs() < 1e-12);
         let tensors = vec![1u64 << 20; 8];
         let mut pipelined = setup(2, Placement::Colocated);
         pipelined.pipeline = true;

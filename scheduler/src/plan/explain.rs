@@ -136,7 +136,7 @@ pub fn explanation(plan: &Plan) -> String {
   slack    = 1 - (a worker's own link time / the busiest link's time)
   overlap  = -min(pull, push + apply) x max(slack, pipelined: (1 - 1/S) x (1 - 1/G))
              (beside workers, pipelined at most the room a host's two
-             directions leave: 1 - (out + in) / (2 x max(out, in)), with
+             directions leave: 1 - min(out, in) / max(out, in), with
              out = 1 - 1/S and in = (N - 1)/S; none when S = N)
              -(segmented in k: min(push, compute x {BACKWARD_SHARE:.2} x (k - 1) / k))
   step     = compute + push + pull + apply + requests + overlap

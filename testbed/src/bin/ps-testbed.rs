@@ -77,7 +77,7 @@ struct RunArgs {
     /// Run the servers beside the workers instead of on hosts of their own:
     /// server=N puts one on each of the first N worker hosts (at most one
     /// per worker host), where its worker reaches it without the link.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "plan")]
     colocate: bool,
     /// Every link's rate, each direction (kbit, mbit, gbit).
     #[arg(long, default_value = "1gbit")]
@@ -104,9 +104,10 @@ struct RunArgs {
     /// --scheduler-arg=--partition-bytes=4MiB.
     #[arg(long = "scheduler-arg", allow_hyphen_values = true)]
     scheduler_args: Vec<String>,
-    /// Before the job, measure raw TCP between the first worker and the
-    /// first server for this many seconds, both directions at once: the
-    /// ceiling the job's traffic is read against (0: skip it).
+    /// Before the job, measure raw TCP between the first host with a server
+    /// and the first other worker host for this many seconds, both
+    /// directions at once: the ceiling the job's traffic is read against (0:
+    /// skip it).
     #[arg(long, default_value_t = 0.0)]
     ceiling: f64,
     /// Print the report as one JSON object instead of tables.
@@ -337,7 +338,7 @@ async fn run(mut args: RunArgs) -> anyhow::Result<()> {
     let mut scheduler_args = args.scheduler_args.clone();
     if let Some(file) = &args.plan {
         let chosen = ps_scheduler::plan::cli::read_plan(file)?;
-        let job = planned::job(&chosen, &args.worker_args)?;
+        let job = planned::job(&chosen, &args.worker_args, &args.scheduler_args)?;
         for difference in &job.differences {
             tracing::warn!("{difference}");
         }
