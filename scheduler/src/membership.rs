@@ -126,6 +126,11 @@ impl Membership {
         self
     }
 
+    /// The largest part a map cuts a parameter into.
+    pub fn partition_bytes(&self) -> usize {
+        self.partition_bytes
+    }
+
     /// Registers a server at `addr` (again, after a restart: same id).
     ///
     /// # Errors
@@ -403,6 +408,7 @@ impl Membership {
             params: self.params.clone(),
             map: self.map.clone(),
             version: self.version,
+            partition_bytes: Some(self.partition_bytes),
         }
     }
 
@@ -422,7 +428,7 @@ impl Membership {
             },
             formed: saved.formed,
             join_window: Duration::from_secs(2),
-            partition_bytes: DEFAULT_PART_BYTES,
+            partition_bytes: saved.partition_bytes.unwrap_or(DEFAULT_PART_BYTES),
             last_join: None,
             min_servers: min_servers.max(1),
             servers: Roster::from_saved(saved.servers, now),

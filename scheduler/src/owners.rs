@@ -138,6 +138,7 @@ mod tests {
             params: None,
             map: None,
             version: ps_proto::ids::MapVersion(0),
+            partition_bytes: None,
         };
         owners.stamp(&mut state);
         let text = serde_json::to_string(&state).unwrap();

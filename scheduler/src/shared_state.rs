@@ -54,12 +54,21 @@ impl SchedulerState {
                     "resumed from the state file: same shard map, ids and ranks"
                 );
                 let (timeout, min_servers) = (config.heartbeat_timeout, config.min_servers);
-                Membership::from_saved(saved, timeout, min_servers, Instant::now())
+                let resumed = Membership::from_saved(saved, timeout, min_servers, Instant::now());
+                // The job keeps the parts it was cut in, whatever this start says.
+                if resumed.partition_bytes() != config.partition_bytes {
+                    tracing::warn!(
+                        job = resumed.partition_bytes(),
+                        given = config.partition_bytes,
+                        "the resumed job's parameters were cut with another --partition-bytes; it keeps its own"
+                    );
+                }
+                resumed
             }
-            None => Membership::new(config.heartbeat_timeout, config.workers, config.min_servers),
+            None => Membership::new(config.heartbeat_timeout, config.workers, config.min_servers)
+                .with_partition_bytes(config.partition_bytes),
         }
-        .with_join_window(config.join_window)
-        .with_partition_bytes(config.partition_bytes);
+        .with_join_window(config.join_window);
         if let (true, Some(path)) = (membership.job_done(), &config.state_file) {
             return Err(StateError::Finished {
                 path: path.display().to_string(),

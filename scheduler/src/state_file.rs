@@ -53,6 +53,10 @@ pub struct SavedState {
     pub map: Option<ShardMap>,
     /// The last map version published.
     pub version: MapVersion,
+    /// The largest part the job's maps cut a parameter into (absent from
+    /// files written before it was settable: the default then).
+    #[serde(default)]
+    pub partition_bytes: Option<usize>,
 }
 
 /// Why the state file could not be used.

@@ -51,3 +51,25 @@ fn an_unfinished_job_is_resumed() {
     let path = saved_job(dir.path(), false);
     start(path).expect("the job goes on");
 }
+
+#[test]
+fn a_resumed_job_keeps_the_partition_size_it_was_cut_with() {
+    let dir = tempfile::tempdir().expect("a folder");
+    let path = dir.path().join("scheduler.json");
+    let membership = Membership::new(Duration::from_secs(3), 1, 1).with_partition_bytes(256 << 10);
+    state::save(&path, &membership.saved()).expect("write the state file");
+    let saved = state::load(&path).expect("read").expect("a state");
+    assert_eq!(saved.partition_bytes, Some(256 << 10));
+    let resumed = Membership::from_saved(saved.clone(), Duration::from_secs(3), 1, Instant::now());
+    assert_eq!(resumed.partition_bytes(), 256 << 10);
+    // A file from before the size was saved resumes with the default.
+    let mut text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    text.as_object_mut().unwrap().remove("partition_bytes");
+    let older: state::SavedState = serde_json::from_value(text).expect("an older file reads");
+    let resumed = Membership::from_saved(older, Duration::from_secs(3), 1, Instant::now());
+    assert_eq!(
+        resumed.partition_bytes(),
+        ps_proto::placement::DEFAULT_PART_BYTES
+    );
+}
