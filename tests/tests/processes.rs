@@ -43,6 +43,43 @@ async fn a_server_and_two_workers_with_no_other_flags_reach_95_percent() {
     server.stop().await;
 }
 
+/// `ps-worker --requests-per-server` cuts each push to a server into that
+/// many requests (when not pipelined): a 4 MiB layer and the rest go as one
+/// request with 1, and as more with the default 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_per_server_sets_how_many_requests_a_push_makes() {
+    // A server of its own for each worker: a group of one rank each.
+    let requests = |given: &'static [&'static str]| async move {
+        let server = ServerProcess::start(&["--workers", "1"]).await;
+        let mut args = vec!["--server", server.addr.as_str(), "--json", "--no-pipeline"];
+        args.extend([
+            "--hidden",
+            "1024,1024",
+            "--epochs",
+            "1",
+            "--data-path",
+            "grpc",
+        ]);
+        args.extend(given);
+        let worker = run(binary("ps-worker"), &args, LIMIT).await;
+        assert!(worker.success, "ps-worker failed:\n{}", worker.stderr);
+        server.stop().await;
+        let ready = worker
+            .stderr
+            .lines()
+            .find(|l| l.contains("trainer ready"))
+            .unwrap_or_else(|| panic!("no trainer ready line:\n{}", worker.stderr))
+            .to_string();
+        let field = ready
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix("requests_per_push="))
+            .unwrap_or_else(|| panic!("no requests_per_push in {ready}"));
+        field.parse::<usize>().expect("a count")
+    };
+    assert_eq!(requests(&["--requests-per-server", "1"]).await, 1);
+    assert!(requests(&[]).await > 1, "the default 4 cuts the push");
+}
+
 /// A worker's time split: every part measured, the shares add up to the
 /// training loop's time, and what no part accounts for stays under 5% of it.
 fn time_split_adds_up(split: &serde_json::Value) {

@@ -94,6 +94,12 @@ struct Cli {
     #[arg(long, default_value = "1MiB", conflicts_with = "scheduler",
           value_parser = |t: &str| parse_size(t).and_then(check_partition_bytes))]
     partition_bytes: usize,
+    /// Requests a push or pull keeps in flight to one server at once (its
+    /// keys cut into this many groups of similar bytes), so the server
+    /// applies one while the next arrives.
+    #[arg(long, default_value_t = ps_client::DEFAULT_REQUESTS_PER_SERVER as u16, env = "PS_REQUESTS_PER_SERVER",
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    requests_per_server: u16,
     /// Time one step's compute (forward, loss and backward of the MLP on a
     /// --batch-size batch of --dataset) on this host, print it as one JSON
     /// line and exit, reaching no server: what `ps-scheduler plan
@@ -210,6 +216,7 @@ async fn main() -> anyhow::Result<()> {
     client_config.pipeline = !cli.no_pipeline;
     client_config.data_path = cli.data_path;
     client_config.partition_bytes = cli.partition_bytes;
+    client_config.requests_per_server = usize::from(cli.requests_per_server);
     cli.security
         .apply(Role::Worker, &mut client_config.transport)?;
     let mut client = PsClient::connect(client_config).await?;

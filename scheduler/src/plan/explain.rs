@@ -145,6 +145,9 @@ pub fn explanation(plan: &Plan) -> String {
 Rules: a server's memory (values, accumulator, snapshot, optimizer state)
 within --server-memory; servers on their own hosts have at least as much
 link in all as the workers.
+Requests per server (a push or pull to one server cut into that many
+requests when not pipelined) stay at the client's 4: 1, 4 and 8 measured
+the same step (docs/plan.md), so the model does not choose among them.
 
 Constants:"
     );

@@ -167,6 +167,7 @@ impl PsTrainer {
             workers = group.workers,
             created = trainer.created,
             step = %trainer.step,
+            requests_per_push = trainer.client.requests_per_operation(),
             "trainer ready"
         );
         Ok(trainer)
