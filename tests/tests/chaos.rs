@@ -231,7 +231,8 @@ async fn finish(children: Vec<Child>, accuracies: &mut Vec<f64>, repairs: &mut V
 /// A worker log line about a repair: lost servers, new maps, a rejoin.
 fn is_repair(line: &str) -> bool {
     // A worker that joined a run already under way starts past step 0.
-    let rejoined = line.contains("trainer ready") && !line.ends_with("step=0");
+    let rejoined =
+        line.contains("trainer ready") && !line.split_whitespace().any(|field| field == "step=0");
     rejoined
         || [
             "looks lost",

@@ -160,7 +160,9 @@ fn repaired(fault: Fault, line: &str) -> bool {
     let (_, _, marker) = fault.target();
     match fault {
         // A worker that joined a run under way starts past step 0.
-        Fault::RestartWorker => line.contains(marker) && !line.ends_with("step=0"),
+        Fault::RestartWorker => {
+            line.contains(marker) && !line.split_whitespace().any(|field| field == "step=0")
+        }
         _ => line.contains(marker),
     }
 }

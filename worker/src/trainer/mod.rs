@@ -166,8 +166,8 @@ impl PsTrainer {
             rank = %group.rank,
             workers = group.workers,
             created = trainer.created,
-            step = %trainer.step,
             requests_per_push = trainer.client.requests_per_operation(),
+            step = %trainer.step,
             "trainer ready"
         );
         Ok(trainer)
