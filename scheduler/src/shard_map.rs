@@ -130,6 +130,18 @@ mod tests {
             .collect()
     }
 
+    /// The map after `previous` for the test's two parameters, `count`
+    /// servers and `expected` ranks, cut at the default partition size.
+    fn next(previous: Option<&ShardMap>, count: u32, expected: &[u32]) -> Option<ShardMap> {
+        next_map(
+            previous,
+            servers(count),
+            &params(),
+            group(expected),
+            DEFAULT_PART_BYTES,
+        )
+    }
+
     fn group(expected: &[u32]) -> WorkerGroup {
         WorkerGroup {
             size: 2,
@@ -156,14 +168,7 @@ mod tests {
 
     #[test]
     fn the_first_map_is_version_1() {
-        let map = next_map(
-            None,
-            servers(2),
-            &params(),
-            group(&[0, 1]),
-            DEFAULT_PART_BYTES,
-        )
-        .expect("a map");
+        let map = next(None, 2, &[0, 1]).expect("a map");
         assert_eq!((map.version, map.servers.len()), (MapVersion(1), 2));
         let (first, second) = (map.owned_by(0).1, map.owned_by(1).1);
         assert_eq!(first + second, 800_000, "every byte placed once");
@@ -172,44 +177,14 @@ mod tests {
 
     #[test]
     fn nothing_new_publishes_nothing() {
-        let first = next_map(
-            None,
-            servers(2),
-            &params(),
-            group(&[0, 1]),
-            DEFAULT_PART_BYTES,
-        )
-        .unwrap();
-        assert_eq!(
-            next_map(
-                Some(&first),
-                servers(2),
-                &params(),
-                group(&[0, 1]),
-                DEFAULT_PART_BYTES
-            ),
-            None
-        );
+        let first = next(None, 2, &[0, 1]).unwrap();
+        assert_eq!(next(Some(&first), 2, &[0, 1]), None);
     }
 
     #[test]
     fn a_dead_worker_keeps_the_parts_where_they_are() {
-        let first = next_map(
-            None,
-            servers(2),
-            &params(),
-            group(&[0, 1]),
-            DEFAULT_PART_BYTES,
-        )
-        .unwrap();
-        let next = next_map(
-            Some(&first),
-            servers(2),
-            &params(),
-            group(&[1]),
-            DEFAULT_PART_BYTES,
-        )
-        .unwrap();
+        let first = next(None, 2, &[0, 1]).unwrap();
+        let next = next(Some(&first), 2, &[1]).unwrap();
         assert_eq!(
             (next.version, next.workers.clone()),
             (MapVersion(2), vec![Rank(1)])
@@ -219,22 +194,8 @@ mod tests {
 
     #[test]
     fn a_lost_server_moves_its_parts_to_the_live_ones() {
-        let first = next_map(
-            None,
-            servers(2),
-            &params(),
-            group(&[0, 1]),
-            DEFAULT_PART_BYTES,
-        )
-        .unwrap();
-        let next = next_map(
-            Some(&first),
-            servers(1),
-            &params(),
-            group(&[0, 1]),
-            DEFAULT_PART_BYTES,
-        )
-        .unwrap();
+        let first = next(None, 2, &[0, 1]).unwrap();
+        let next = next(Some(&first), 1, &[0, 1]).unwrap();
         assert_eq!(next.version, MapVersion(2));
         assert!(next.assignments.iter().all(|a| a.server == 0));
         assert_eq!(next.owned_by(0), (2, 800_000));

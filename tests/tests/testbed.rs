@@ -316,6 +316,35 @@ fn plan_check_runs_a_grid_and_compares_each_setup_with_its_prediction() {
     );
 }
 
+/// A plan of `model` for two workers on 1 Gbit/s links, with at most
+/// `max_servers` servers and `server_hosts` hosts of their own, bf16 when
+/// `allow_bf16`; the tests then set the chosen setup they run.
+fn a_plan(
+    model: &str,
+    max_servers: u32,
+    server_hosts: u32,
+    allow_bf16: bool,
+) -> ps_scheduler::plan::Plan {
+    let model = ps_scheduler::plan::ModelShapes::from_spec(model).unwrap();
+    let cluster = ps_scheduler::plan::Cluster {
+        workers: 2,
+        worker_link: 125e6,
+        server_link: 125e6,
+        rtt: 100e-6,
+        compute: 1e-3,
+    };
+    let choices = ps_scheduler::plan::Choices {
+        max_servers,
+        server_hosts,
+        allow_bf16,
+        staleness: 0,
+        server_memory: 1 << 30,
+        optimizer_state: 0,
+    };
+    let constants = ps_scheduler::plan::Constants::default();
+    ps_scheduler::plan::plan(&model, &cluster, &choices, &constants).unwrap()
+}
+
 /// `ps-testbed calibrate`'s own prefix.
 const CALIBRATE_PREFIX: &str = "pscical";
 
@@ -401,24 +430,7 @@ fn run_with_a_plan_takes_its_servers_and_puts_bf16_on_the_wire() {
         return;
     }
     let testbed = testbed();
-    let model = ps_scheduler::plan::ModelShapes::from_spec("mlp:64,64,10").unwrap();
-    let cluster = ps_scheduler::plan::Cluster {
-        workers: 2,
-        worker_link: 125e6,
-        server_link: 125e6,
-        rtt: 100e-6,
-        compute: 1e-3,
-    };
-    let choices = ps_scheduler::plan::Choices {
-        max_servers: 3,
-        server_hosts: 3,
-        allow_bf16: true,
-        staleness: 0,
-        server_memory: 1 << 30,
-        optimizer_state: 0,
-    };
-    let constants = ps_scheduler::plan::Constants::default();
-    let mut plan = ps_scheduler::plan::plan(&model, &cluster, &choices, &constants).unwrap();
+    let mut plan = a_plan("mlp:64,64,10", 3, 3, true);
     plan.chosen.servers = 1;
     plan.chosen.placement = ps_scheduler::plan::Placement::Dedicated;
     let dir = tempfile::tempdir().unwrap();
@@ -482,24 +494,7 @@ fn run_with_a_colocated_plan_puts_servers_beside_workers_with_its_partitions() {
     if !root_or_skip() {
         return;
     }
-    let model = ps_scheduler::plan::ModelShapes::from_spec("mlp:64,1024,1024,10").unwrap();
-    let cluster = ps_scheduler::plan::Cluster {
-        workers: 2,
-        worker_link: 125e6,
-        server_link: 125e6,
-        rtt: 100e-6,
-        compute: 1e-3,
-    };
-    let choices = ps_scheduler::plan::Choices {
-        max_servers: 2,
-        server_hosts: 0,
-        allow_bf16: false,
-        staleness: 0,
-        server_memory: 1 << 30,
-        optimizer_state: 0,
-    };
-    let constants = ps_scheduler::plan::Constants::default();
-    let mut plan = ps_scheduler::plan::plan(&model, &cluster, &choices, &constants).unwrap();
+    let mut plan = a_plan("mlp:64,1024,1024,10", 2, 0, false);
     plan.chosen.servers = 2;
     plan.chosen.placement = ps_scheduler::plan::Placement::Colocated;
     plan.chosen.partition_bytes = 256 << 10;
