@@ -28,6 +28,8 @@ CARRY=${PS_GPU_CARRY:-$ROOT/target/gpu-carry}
 # Hopper (H100, H200), the cards this project is lent.
 COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
 CARRY_LIMIT_MIB=60
+# The worker's examples the run's scale-up check times on the GPU machine's CPUs.
+SCALE_UP_EXAMPLES="single_process data_parallel"
 
 # The wheels nvcc and the CUDA runtime come from, every one pinned to 13.0 (the GPU
 # machine's driver is CUDA 13.0).
@@ -178,9 +180,10 @@ cmd_build() {
     cuda_env
     say "build: ps-worker --features cuda into $CUDA_TARGET (candle's kernels take tens of minutes on 2 cores the first time)"
     (cd "$ROOT" && cargo build --release --locked -p ps-worker --features cuda)
-    say "build: ps-server and ps-microbench (CPU) into $ROOT/target/release"
+    say "build: ps-server, ps-microbench, ps-local and the worker's examples (CPU) into $ROOT/target/release"
     (cd "$ROOT" && env -u CARGO_TARGET_DIR -u CUDA_HOME -u CUDARC_CUDA_VERSION -u CUDA_COMPUTE_CAP \
-        cargo build --release --locked -p ps-server -p ps-microbench)
+        cargo build --release --locked -p ps-server -p ps-microbench -p ps-cluster --bin ps-local \
+        -p ps-worker --example single_process --example data_parallel)
     check_worker "$CUDA_TARGET/release/ps-worker"
     pack
     say "build: done in $((SECONDS - started)) s"
@@ -195,6 +198,11 @@ pack() {
     strip -o "$stage/bin/ps-worker" "$CUDA_TARGET/release/ps-worker"
     strip -o "$stage/bin/ps-server" "$ROOT/target/release/ps-server"
     strip -o "$stage/bin/ps-microbench" "$ROOT/target/release/ps-microbench"
+    # The CPU programs of the run's scale-up check (g).
+    strip -o "$stage/bin/ps-local" "$ROOT/target/release/ps-local"
+    for example in $SCALE_UP_EXAMPLES; do
+        strip -o "$stage/bin/$example" "$ROOT/target/release/examples/$example"
+    done
     cp -L "$CUDA_ROOT/lib/libcudart.so.13" "$stage/lib/"
     say "pack: compressing $(du -sh "$stage" | cut -f1) of programs"
     tar -C "$stage" -cf - bin lib | xz -T0 -6 >"$CARRY/programs.tar.xz"
@@ -239,6 +247,11 @@ cmd_run() {
             die "no ps-worker and ps-server in $release: run \`cargo build --release -p ps-worker -p ps-server\` first"
         mkdir -p "$work/bin" "$work/lib"
         ln -s "$release/ps-worker" "$release/ps-server" "$work/bin/"
+        # The scale-up check's programs, where they were built.
+        local program
+        for program in "$release/ps-local" "$release/examples/single_process" "$release/examples/data_parallel"; do
+            if [ -x "$program" ]; then ln -s "$program" "$work/bin/"; fi
+        done
     else
         local carried=$CARRY
         # gpu.sh run from inside the carried folder finds the archive beside itself.

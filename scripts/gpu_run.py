@@ -14,7 +14,15 @@ any check fails.
   c. two workers on the device and two servers under BSP end with equal
      parameters;
   d. the share of the step spent moving gradients off the device and values
-     onto it (the time split's gather and apply).
+     onto it (the time split's gather and apply);
+  e. b's model on the device through each data path and step shape: gRPC
+     against shared memory, bf16 on the wire, a segmented backward pass, push
+     then pull (no pipelining), each one's steps/s and time split;
+  f. `ps-worker --probe-compute` on the device (what the planner takes as a
+     step's compute) against b's measured compute a step;
+  g. the host's CPUs, where the carried CPU programs are there (ps-local and
+     the single_process and data_parallel examples): the small-batch figures
+     of docs/benchmarks.md's shared-memory section, on more than two cores.
 """
 
 import hashlib
@@ -96,9 +104,10 @@ def ldd(env):
 class Server:
     """A CPU ps-server on a free loopback port, read until it says where it listens."""
 
-    def __init__(self, workers, env):
+    def __init__(self, workers, env, extra=()):
         self.proc = subprocess.Popen(
-            [os.path.join(BIN, "ps-server"), "--listen", "127.0.0.1:0", "--workers", str(workers)],
+            [os.path.join(BIN, "ps-server"), "--listen", "127.0.0.1:0", "--workers", str(workers),
+             *extra],
             env={**env, "RUST_LOG": "info", "NO_COLOR": "1"},
             stderr=subprocess.PIPE, text=True,
         )
@@ -177,17 +186,23 @@ def check_digits(env):
              f"{on_cpu['test_accuracy']:.4f} on cpu: more than {ACCURACY_TOLERANCE} apart")
 
 
-def check_large_mlp(env):
+def large_mlp_args():
+    """Check b's model and data: comm-heavy (84 MB each way a step), GPU-sized."""
     train = "512" if QUICK else "8192"
-    args = ["--dataset", "synthetic", "--synthetic-features", "1024", "--synthetic-classes", "10",
+    return ["--dataset", "synthetic", "--synthetic-features", "1024", "--synthetic-classes", "10",
             "--synthetic-train", train, "--hidden", "4096,4096", "--batch-size", "256",
             "--epochs", "1", "--optimizer", "sgd"]
+
+
+def check_large_mlp(env):
+    args = large_mlp_args()
     on_device = run_alone(DEVICE, args, env, "b_mlp_device")
     on_cpu = run_alone("cpu", args, env, "b_mlp_cpu")
     if not (on_device and on_cpu):
         return
     check = {
         "model": "mlp 1024 -> 4096 -> 4096 -> 10, batch 256",
+        "device_steps": on_device["steps"],
         "device_steps_per_second": steps_per_second(on_device),
         "cpu_steps_per_second": steps_per_second(on_cpu),
         "device_time_split": on_device["time_split"],
@@ -203,6 +218,114 @@ def check_large_mlp(env):
         "gather_seconds_per_step": split["gather"]["seconds"] / max(on_device["steps"], 1),
         "apply_seconds_per_step": split["apply"]["seconds"] / max(on_device["steps"], 1),
     }
+
+
+# Check e's variants of b's run on the device, each against its own server.
+DATA_PATH_VARIANTS = {
+    "grpc": ["--data-path", "grpc"],
+    "shm": ["--data-path", "shm"],
+    "shm_bf16": ["--data-path", "shm", "--wire-dtype", "bf16"],
+    "shm_3_segments": ["--data-path", "shm", "--backward-segments", "3"],
+    "shm_push_then_pull": ["--data-path", "shm", "--no-pipeline"],
+}
+
+
+def check_data_paths(env):
+    rows = {}
+    for name, extra in DATA_PATH_VARIANTS.items():
+        summary = run_alone(DEVICE, large_mlp_args() + extra, env, f"e_{name}")
+        if summary is None:
+            continue
+        split = summary["time_split"]
+        steps = max(summary["steps"], 1)
+        rows[name] = {
+            "flags": " ".join(extra),
+            "steps_per_second": steps_per_second(summary),
+            "ms_per_step": {part: 1000 * split[part]["seconds"] / steps for part in split},
+        }
+    check = {"model": "check b's", "variants": rows}
+    if "grpc" in rows and "shm" in rows:
+        check["shm_over_grpc"] = rows["shm"]["steps_per_second"] / rows["grpc"]["steps_per_second"]
+    if "shm" in rows and "shm_bf16" in rows:
+        check["bf16_over_f32"] = rows["shm_bf16"]["steps_per_second"] / rows["shm"]["steps_per_second"]
+    results["checks"]["e_data_paths"] = check
+
+
+def check_compute_probe(env):
+    command = [os.path.join(BIN, "ps-worker"), "--probe-compute", "--device", DEVICE,
+               *large_mlp_args()]
+    say(f"f_compute_probe: {' '.join(command[1:])}")
+    done = subprocess.run(command, capture_output=True, text=True, env=env,
+                          timeout=WORKER_SECONDS)
+    if done.returncode != 0:
+        fail("f_compute_probe", f"ps-worker exited {done.returncode}: {done.stderr[-2000:]}")
+        return
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
+    check = {"probe_step_seconds": probe["step_seconds"], "device": probe["device"]}
+    measured = results["checks"].get("b_large_mlp")
+    if measured:
+        # The mean over b's steps, its first step included.
+        split = measured["device_time_split"]["compute"]
+        steps = measured.get("device_steps", 0)
+        if steps:
+            check["b_compute_seconds_per_step"] = split["seconds"] / steps
+    results["checks"]["f_compute_probe"] = check
+    if not probe["step_seconds"] > 0:
+        fail("f_compute_probe", f"a step's compute timed as {probe['step_seconds']}")
+
+
+def timed_run(command, env, name, timeout=WORKER_SECONDS):
+    """Wall seconds of one program's run to its end, or None (and a failure)."""
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    took = time.monotonic() - started
+    with open(os.path.join(OUT, f"{name}.log"), "w") as log:
+        log.write(done.stderr)
+    if done.returncode != 0:
+        fail(name, f"{os.path.basename(command[0])} exited {done.returncode}: {done.stderr[-2000:]}")
+        return None, done.stdout
+    return took, done.stdout
+
+
+SCALE_UP_PROGRAMS = ["ps-local", "single_process", "data_parallel"]
+
+
+def check_scale_up_host(env):
+    if not all(os.path.exists(os.path.join(BIN, p)) for p in SCALE_UP_PROGRAMS):
+        say(f"g_scale_up_host: skipped, {', '.join(SCALE_UP_PROGRAMS)} not all carried")
+        return
+    rounds = 1 if QUICK else 3
+    cpu = {**env, "CUDA_VISIBLE_DEVICES": ""}
+    check = {"cores": os.cpu_count(), "single_process_seconds": [],
+             "data_parallel_seconds": {"shm": [], "grpc": []},
+             "ps_local_examples_per_second": {"shm": [], "grpc": []}}
+    for _ in range(rounds):
+        took, _ = timed_run([os.path.join(BIN, "single_process")], cpu, "g_single_process")
+        if took is not None:
+            check["single_process_seconds"].append(took)
+        for path in ("shm", "grpc"):
+            server = Server(1, cpu, ["--data-path", path])
+            try:
+                took, _ = timed_run([os.path.join(BIN, "data_parallel"), server.addr], cpu,
+                                    f"g_data_parallel_{path}")
+            finally:
+                server.stop()
+            if took is not None:
+                check["data_parallel_seconds"][path].append(took)
+            _, out = timed_run([os.path.join(BIN, "ps-local"), "--data-path", path, "--json"],
+                               cpu, f"g_ps_local_{path}")
+            if out.strip():
+                summary = json.loads(out.strip().splitlines()[-1])
+                check["ps_local_examples_per_second"][path].append(summary["examples_per_second"])
+    single = check["single_process_seconds"]
+    if single and all(check["data_parallel_seconds"].values()):
+        best = min(single)
+        check["data_parallel_over_single"] = {
+            path: min(times) / best for path, times in check["data_parallel_seconds"].items()}
+    local = check["ps_local_examples_per_second"]
+    if local["shm"] and local["grpc"]:
+        check["ps_local_shm_over_grpc"] = max(local["shm"]) / max(local["grpc"])
+    results["checks"]["g_scale_up_host"] = check
 
 
 def bsp_pair(servers, env):
@@ -271,10 +394,12 @@ def main():
             fail("gpu", results["gpu"]["error"])
     if not results["failures"]:
         started = time.monotonic()
-        for check in (check_digits, check_large_mlp, check_bsp_pair):
+        for check in (check_digits, check_large_mlp, check_bsp_pair, check_data_paths,
+                      check_compute_probe, check_scale_up_host):
             try:
                 check(env)
-            except (RuntimeError, OSError, KeyError, ValueError) as e:
+            except (RuntimeError, OSError, KeyError, ValueError,
+                    subprocess.SubprocessError) as e:
                 fail(check.__name__, repr(e))
         results["seconds"] = time.monotonic() - started
     with open(os.path.join(OUT, "gpu.json"), "w") as f:

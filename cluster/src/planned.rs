@@ -67,8 +67,13 @@ pub fn load(
     match source {
         PlanSource::File(path) => read_plan(path),
         PlanSource::Auto => {
-            let compute = ps_worker::compute_probe::step_seconds(data, hidden, batch)
-                .context("timing a step's compute for --plan auto")?;
+            let compute = ps_worker::compute_probe::step_seconds(
+                data,
+                hidden,
+                batch,
+                &candle_core::Device::Cpu,
+            )
+            .context("timing a step's compute for --plan auto")?;
             let widths: Vec<String> = std::iter::once(data.width())
                 .chain(hidden.iter().copied())
                 .chain([data.classes])

@@ -1,5 +1,5 @@
 //! `scripts/gpu.sh`, as far as a machine with no GPU can take it: it refuses
-//! clearly without its SDK or its carried programs, and its run's checks (a–d of
+//! clearly without its SDK or its carried programs, and its run's checks (a–g of
 //! docs/gpu.md) pass through the same script with `--dry-run`, the CPU programs
 //! standing in for the CUDA worker.
 
@@ -102,4 +102,30 @@ fn the_dry_run_makes_every_check_and_writes_its_figures() {
     let copies = &checks["d_device_copies"];
     let share = copies["copies_share"].as_f64().unwrap();
     assert!(share > 0.0 && share < 1.0, "{copies}");
+    let paths = &checks["e_data_paths"];
+    for variant in [
+        "grpc",
+        "shm",
+        "shm_bf16",
+        "shm_3_segments",
+        "shm_push_then_pull",
+    ] {
+        let row = &paths["variants"][variant];
+        assert!(row["steps_per_second"].as_f64().unwrap() > 0.0, "{paths}");
+        assert!(
+            row["ms_per_step"]["push"].as_f64().unwrap() > 0.0,
+            "{paths}"
+        );
+    }
+    assert!(paths["shm_over_grpc"].as_f64().unwrap() > 0.0, "{paths}");
+    let probe = &checks["f_compute_probe"];
+    assert_eq!(probe["device"], "cpu", "{probe}");
+    assert!(
+        probe["probe_step_seconds"].as_f64().unwrap() > 0.0,
+        "{probe}"
+    );
+    assert!(
+        probe["b_compute_seconds_per_step"].as_f64().unwrap() > 0.0,
+        "{probe}"
+    );
 }

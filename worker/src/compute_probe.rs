@@ -1,6 +1,6 @@
 //! How long one step's compute (forward, loss and backward) takes on this
-//! host: what `ps-local --plan auto` gives the planner as the compute per
-//! step, measured instead of guessed.
+//! host's CPU or one of its GPUs: what `ps-local --plan auto` gives the
+//! planner as the compute per step, measured instead of guessed.
 
 use std::time::Instant;
 
@@ -14,12 +14,20 @@ use crate::model::Mlp;
 const TIMED_STEPS: usize = 5;
 
 /// Mean seconds of forward, loss and backward for one batch of `batch`
-/// examples of `data` through an MLP of `hidden` layers, on the CPU.
+/// examples of `data` through an MLP of `hidden` layers, on `device`. A GPU
+/// runs the backward pass after `backward` returns, so each timed step waits
+/// for the device; the first step (on a GPU, the driver compiling kernels) is
+/// not timed.
 ///
 /// # Errors
 /// The model or a batch cannot be built or run.
-pub fn step_seconds(data: &Dataset, hidden: &[usize], batch: usize) -> anyhow::Result<f64> {
-    let device = Device::Cpu;
+pub fn step_seconds(
+    data: &Dataset,
+    hidden: &[usize],
+    batch: usize,
+    device: &Device,
+) -> anyhow::Result<f64> {
+    let device = device.clone();
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
     let model = Mlp::new(vb, data.width(), hidden, data.classes)?;
@@ -34,6 +42,7 @@ pub fn step_seconds(data: &Dataset, hidden: &[usize], batch: usize) -> anyhow::R
         let (x, y) = examples.to_tensors(&device)?;
         let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
         loss.backward()?;
+        device.synchronize()?;
         if i > 0 {
             timed += started.elapsed().as_secs_f64();
         }
@@ -48,8 +57,8 @@ mod tests {
     #[test]
     fn a_step_takes_some_time_and_a_larger_model_longer() {
         let data = crate::data::digits::load().unwrap();
-        let small = step_seconds(&data, &[8], 32).unwrap();
-        let large = step_seconds(&data, &[1024, 1024], 32).unwrap();
+        let small = step_seconds(&data, &[8], 32, &Device::Cpu).unwrap();
+        let large = step_seconds(&data, &[1024, 1024], 32, &Device::Cpu).unwrap();
         assert!(small > 0.0 && small.is_finite());
         assert!(large > small, "{large} against {small}");
     }

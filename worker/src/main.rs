@@ -101,7 +101,7 @@ struct Cli {
           value_parser = clap::value_parser!(u16).range(1..=64))]
     requests_per_server: u16,
     /// Time one step's compute (forward, loss and backward of the MLP on a
-    /// --batch-size batch of --dataset) on this host, print it as one JSON
+    /// --batch-size batch of --dataset) on this host's --device, print it as one JSON
     /// line and exit, reaching no server: what `ps-scheduler plan
     /// --measure-compute` runs.
     #[arg(long)]
@@ -160,10 +160,13 @@ fn probe_compute(train: &TrainArgs, data: &ps_worker::data::Dataset) -> anyhow::
     if train.model != ModelChoice::Mlp {
         anyhow::bail!("--probe-compute times the MLP (--model mlp); it cannot time --model ctr");
     }
-    let seconds = ps_worker::compute_probe::step_seconds(data, &train.hidden, train.batch_size)
-        .context("timing a step")?;
+    let device = ps_worker::device::parse_device(&train.device).map_err(anyhow::Error::msg)?;
+    let seconds =
+        ps_worker::compute_probe::step_seconds(data, &train.hidden, train.batch_size, &device)
+            .context("timing a step")?;
     let probe = serde_json::json!({
         "step_seconds": seconds,
+        "device": train.device,
         "features": data.width(),
         "hidden": train.hidden,
         "classes": data.classes,
