@@ -3,21 +3,26 @@
 //!
 //! A fresh buffer for every large payload costs the kernel's page faults and
 //! zeroing on each message (a 16 MiB push paid more for its fresh pages than
-//! for its copy). The pool keeps buffers that came back, up to
-//! [`KEPT_BYTES`] and [`KEPT_BUFFERS`] in all, so a busy session copies into memory it already
-//! has.
+//! for its copy). The pool keeps buffers that came back, so a busy session
+//! copies into memory it already has: up to [`KEPT_BUFFERS`] of them, and in
+//! bytes up to the most it ever had lent out at once (at least
+//! [`KEPT_BYTES`]). A step whose payloads are larger than [`KEPT_BYTES`] (a
+//! whole 64 MiB variable on its one server) finds them again next step, and
+//! the buffers kept and lent together never come to more than twice what was
+//! once in flight, which the memory budget had admitted.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 
-/// The most bytes of buffers one pool keeps for reuse (a server's sessions
-/// share one pool).
+/// The bytes of buffers one pool keeps for reuse (a server's sessions share
+/// one pool) however little it has lent out at once.
 pub const KEPT_BYTES: usize = 32 << 20;
 
-/// The most buffers one pool keeps for reuse.
-pub const KEPT_BUFFERS: usize = 16;
+/// The most buffers one pool keeps for reuse: a read-ahead of
+/// [`crate::link::AHEAD_BYTES`] in 512 KiB payloads.
+pub const KEPT_BUFFERS: usize = 64;
 
 /// Payloads this small may take a kept buffer of up to twice this size.
 const SMALLEST_KEPT: usize = 4096;
@@ -36,6 +41,18 @@ pub struct BufferPool {
 struct Free {
     buffers: Vec<Vec<u8>>,
     bytes: usize,
+    /// Bytes of buffers lent out as `Bytes` and not yet back.
+    lent: usize,
+    /// The most `lent` has been.
+    most_lent: usize,
+}
+
+impl Free {
+    /// Whether a buffer of `size` bytes coming back is kept.
+    fn keeps(&self, size: usize) -> bool {
+        let cap = KEPT_BYTES.max(self.most_lent);
+        size > 0 && self.bytes + size <= cap && self.buffers.len() < KEPT_BUFFERS
+    }
 }
 
 impl BufferPool {
@@ -69,6 +86,11 @@ impl BufferPool {
     /// `buffer` as `Bytes` that give it back to this pool, and let go of
     /// `hold`, when dropped.
     pub fn bytes(&self, buffer: Vec<u8>, hold: Option<Hold>) -> Bytes {
+        {
+            let mut free = lock(&self.free);
+            free.lent += buffer.capacity();
+            free.most_lent = free.most_lent.max(free.lent);
+        }
         Bytes::from_owner(Pooled {
             buffer,
             pool: Arc::downgrade(&self.free),
@@ -108,7 +130,8 @@ impl Drop for Pooled {
         };
         let mut free = lock(&pool);
         let size = self.buffer.capacity();
-        if size > 0 && free.bytes + size <= KEPT_BYTES && free.buffers.len() < KEPT_BUFFERS {
+        free.lent -= size;
+        if free.keeps(size) {
             free.bytes += size;
             free.buffers.push(std::mem::take(&mut self.buffer));
         }
@@ -143,13 +166,40 @@ mod tests {
     }
 
     #[test]
-    fn the_pool_keeps_no_more_than_its_limit() {
+    fn the_pool_keeps_what_was_once_in_flight_and_no_more() {
         let pool = BufferPool::new();
+        // Three buffers of half the floor in flight at once: all three come back.
         let lent: Vec<Bytes> = (0..3)
             .map(|_| pool.bytes(pool.take(KEPT_BYTES / 2), None))
             .collect();
         drop(lent);
-        assert_eq!(pool.kept(), 2);
+        assert_eq!(pool.kept(), 3);
+        // A fourth never lent alongside them is not kept beside them.
+        drop(pool.bytes(vec![0; KEPT_BYTES / 2], None));
+        assert_eq!(pool.kept(), 3);
+    }
+
+    #[test]
+    fn a_payload_larger_than_the_floor_is_kept_for_the_next_step() {
+        let pool = BufferPool::new();
+        let large = 2 * KEPT_BYTES;
+        let first = pool.take(large);
+        let at = first.as_ptr();
+        drop(pool.bytes(first, None));
+        assert_eq!(pool.kept(), 1);
+        let again = pool.take(large);
+        assert_eq!(again.as_ptr(), at, "the next step's payload reuses it");
+        drop(pool.bytes(again, None));
+    }
+
+    #[test]
+    fn the_pool_keeps_no_more_buffers_than_its_count() {
+        let pool = BufferPool::new();
+        let lent: Vec<Bytes> = (0..KEPT_BUFFERS + 3)
+            .map(|_| pool.bytes(pool.take(4096), None))
+            .collect();
+        drop(lent);
+        assert_eq!(pool.kept(), KEPT_BUFFERS);
     }
 
     #[test]
