@@ -73,19 +73,6 @@ impl CopyPlan {
     }
 }
 
-/// `bytes` (little-endian `f32`, as [`CopyPlan::to_host`] gives them) as
-/// `wire` puts them on the wire: as they are for `f32`, each value rounded
-/// to `wire` otherwise (bf16 or f16: half the bytes to send).
-pub fn to_wire(bytes: Vec<Bytes>, wire: codec::DType) -> Vec<Bytes> {
-    if wire == codec::DType::F32 {
-        return bytes;
-    }
-    bytes
-        .iter()
-        .map(|f32_bytes| codec::encode_f32_le(wire, f32_bytes))
-        .collect()
-}
-
 /// The host buffers a step's tensors are copied into, one per slot (per
 /// tensor, or one for a joined copy), each reused from one step to the next
 /// once nothing holds the last step's bytes (a push is over before the next
@@ -93,29 +80,39 @@ pub fn to_wire(bytes: Vec<Bytes>, wire: codec::DType) -> Vec<Bytes> {
 /// its pages are faulted in and zeroed every time, and candle's `to_vec1` on a
 /// GPU fills two (docs/gpu.md: 84 MB came off an H100 in 125 ms that way,
 /// where PyTorch moves it into a warm pageable buffer in 5.5).
+///
+/// The same goes for the bf16 or f16 copies a narrower wire sends
+/// ([`HostBuffers::to_wire`]): a fresh one each step faulted in 42 MB of pages
+/// for 84 MB of gradients.
 #[derive(Debug, Default)]
 pub struct HostBuffers {
     kept: Vec<Option<Arc<Vec<f32>>>>,
+    wire: Vec<Option<Arc<Vec<u16>>>>,
+}
+
+/// Slot `slot`'s last buffer in `kept` when nothing else holds it any more,
+/// or a new one.
+fn take_kept<T: Default>(kept: &mut [Option<Arc<T>>], slot: usize) -> T {
+    kept.get_mut(slot)
+        .and_then(Option::take)
+        .and_then(|last| Arc::try_unwrap(last).ok())
+        .unwrap_or_default()
+}
+
+/// `value`, shared, and kept in `kept[slot]` to be taken again next time.
+fn keep<T>(kept: &mut Vec<Option<Arc<T>>>, slot: usize, value: T) -> Arc<T> {
+    if kept.len() <= slot {
+        kept.resize_with(slot + 1, || None);
+    }
+    let shared = Arc::new(value);
+    kept[slot] = Some(Arc::clone(&shared));
+    shared
 }
 
 impl HostBuffers {
-    /// Slot `slot`'s last buffer when nothing else holds it any more, or a
-    /// new one.
-    fn take(&mut self, slot: usize) -> Vec<f32> {
-        self.kept
-            .get_mut(slot)
-            .and_then(Option::take)
-            .and_then(|last| Arc::try_unwrap(last).ok())
-            .unwrap_or_default()
-    }
-
     /// `values` as bytes, kept in slot `slot` to be taken again next time.
     fn share(&mut self, slot: usize, values: Vec<f32>) -> Bytes {
-        if self.kept.len() <= slot {
-            self.kept.resize(slot + 1, None);
-        }
-        let shared = Arc::new(values);
-        self.kept[slot] = Some(Arc::clone(&shared));
+        let shared = keep(&mut self.kept, slot, values);
         if cfg!(target_endian = "little") {
             Bytes::from_owner(SharedF32(shared))
         } else {
@@ -125,9 +122,28 @@ impl HostBuffers {
 
     /// `tensor`'s elements copied into slot `slot`'s buffer, as bytes.
     fn copy(&mut self, slot: usize, tensor: &Tensor) -> candle_core::Result<Bytes> {
-        let mut host = self.take(slot);
+        let mut host = take_kept(&mut self.kept, slot);
         copy_to_host(tensor, &mut host)?;
         Ok(self.share(slot, host))
+    }
+
+    /// `bytes` (little-endian `f32`, as [`CopyPlan::to_host`] gives them) as
+    /// `wire` puts them on the wire: as they are for `f32`, each value
+    /// rounded to `wire` otherwise (bf16 or f16: half the bytes to send),
+    /// into this one's kept wire buffers.
+    pub fn to_wire(&mut self, bytes: Vec<Bytes>, wire: codec::DType) -> Vec<Bytes> {
+        if wire == codec::DType::F32 {
+            return bytes;
+        }
+        bytes
+            .iter()
+            .enumerate()
+            .map(|(slot, f32_le)| {
+                let mut narrowed = take_kept(&mut self.wire, slot);
+                codec::narrow_into(wire, f32_le, &mut narrowed);
+                Bytes::from_owner(SharedU16(keep(&mut self.wire, slot, narrowed)))
+            })
+            .collect()
     }
 }
 
@@ -274,6 +290,15 @@ impl AsRef<[u8]> for SharedF32 {
     }
 }
 
+/// 16-bit values stored little-endian (`codec::narrow_into`'s), as their bytes.
+struct SharedU16(Arc<Vec<u16>>);
+
+impl AsRef<[u8]> for SharedU16 {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(self.0.as_slice())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,6 +358,35 @@ mod tests {
                 "{plan:?}: the buffer nothing holds is taken again"
             );
         }
+    }
+
+    #[test]
+    fn the_wire_buffers_are_reused_once_nothing_holds_them() {
+        use codec::DType::{BF16, F16};
+        let f32_le = |t: &Tensor| {
+            let values = t.flatten_all().unwrap().to_dtype(DType::F32).unwrap();
+            let values = values.to_vec1::<f32>().unwrap();
+            Bytes::copy_from_slice(bytemuck::cast_slice(&values))
+        };
+        let host: Vec<Bytes> = tensors().iter().map(f32_le).collect();
+        for wire in [BF16, F16] {
+            let mut buffers = HostBuffers::default();
+            let first = buffers.to_wire(host.clone(), wire);
+            let expected: Vec<Bytes> = host.iter().map(|b| codec::encode_f32_le(wire, b)).collect();
+            assert_eq!(first, expected, "{wire:?}: the values the wire takes");
+            let held = first[1].as_ptr();
+            let second = buffers.to_wire(host.clone(), wire);
+            assert_ne!(second[1].as_ptr(), held, "{wire:?}: still held");
+            drop((first, second.clone()));
+            let reused = second[1].as_ptr();
+            drop(second);
+            let third = buffers.to_wire(host.clone(), wire);
+            assert_eq!(third[1].as_ptr(), reused, "{wire:?}: taken again");
+            assert_eq!(third, expected);
+        }
+        let mut buffers = HostBuffers::default();
+        let f32_wire = buffers.to_wire(host.clone(), codec::DType::F32);
+        assert_eq!(f32_wire[0].as_ptr(), host[0].as_ptr(), "f32 goes as it is");
     }
 
     #[test]

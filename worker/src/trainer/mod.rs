@@ -29,7 +29,7 @@ use ps_client::{
     PulledParam, Recovering, RepairBudget,
 };
 
-use crate::host_copy::{CopyPlan, HostBuffers, to_wire};
+use crate::host_copy::{CopyPlan, HostBuffers};
 use crate::step_time::StepTimes;
 
 mod segment_feed;
@@ -324,17 +324,17 @@ impl PsTrainer {
         let bytes = self
             .copy_plan
             .to_host(&tensors, &mut self.gradient_buffer)?;
-        self.named(bytes)
+        let wired = self.gradient_buffer.to_wire(bytes, self.wire);
+        Ok(self.named(wired))
     }
 
-    /// `bytes[i]` (`f32`) named after variable `i`, as the wire takes them.
-    fn named(&self, bytes: Vec<Bytes>) -> Result<Vec<ParamBytes>, TrainerError> {
-        Ok(self
-            .vars
+    /// `wired[i]` (as the wire takes them) named after variable `i`.
+    fn named(&self, wired: Vec<Bytes>) -> Vec<ParamBytes> {
+        self.vars
             .iter()
-            .zip(to_wire(bytes, self.wire))
+            .zip(wired)
             .map(|((name, _), data)| ParamBytes::new(name, data))
-            .collect())
+            .collect()
     }
 
     /// The group completed this worker's step without it (the worker was declared
@@ -433,10 +433,9 @@ impl PsTrainer {
             .iter()
             .map(|(_, v)| v.as_tensor().clone())
             .collect();
-        self.named(
-            self.copy_plan
-                .to_host(&values, &mut HostBuffers::default())?,
-        )
+        let mut buffers = HostBuffers::default();
+        let bytes = self.copy_plan.to_host(&values, &mut buffers)?;
+        Ok(self.named(buffers.to_wire(bytes, self.wire)))
     }
 
     /// This worker's copy of every variable at the version it holds, for servers

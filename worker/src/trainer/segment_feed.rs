@@ -11,7 +11,7 @@ use candle_core::{Tensor, Var};
 use ps_client::ParamBytes;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::host_copy::{CopyPlan, HostBuffers, to_wire};
+use crate::host_copy::{CopyPlan, HostBuffers};
 use crate::segmented::SegmentGrads;
 use crate::trainer::TrainerError;
 
@@ -121,8 +121,9 @@ impl SegmentFeed {
         if self.buffers.len() <= buffer {
             self.buffers.resize_with(buffer + 1, HostBuffers::default);
         }
-        let bytes = self.copy_plan.to_host(&values, &mut self.buffers[buffer])?;
-        let bytes = to_wire(bytes, self.wire);
+        let buffers = &mut self.buffers[buffer];
+        let bytes = self.copy_plan.to_host(&values, buffers)?;
+        let bytes = buffers.to_wire(bytes, self.wire);
         Ok(tensors
             .iter()
             .zip(bytes)
