@@ -262,8 +262,14 @@ cmd_run() {
         python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
             "$carried/programs.tar.xz" "$work"
     fi
+    local status=0
     PS_GPU_WORK=$work PS_GPU_OUT=$out PS_GPU_DEVICE=$device PS_GPU_QUICK=$quick \
-        python3 "$SCRIPT_DIR/gpu_run.py"
+        python3 "$SCRIPT_DIR/gpu_run.py" || status=$?
+    # The programs' logs in one archive beside gpu.json: a device run hands back
+    # only a few files from its $OUT.
+    (cd "$out" && shopt -s nullglob && logs=(*.log) &&
+        if [ ${#logs[@]} -gt 0 ]; then tar -czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}"; fi)
+    return "$status"
 }
 
 case ${1:-} in

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ps_tests::binary;
+use ps_tests::{binary, example};
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu.sh")
@@ -58,7 +58,9 @@ fn an_unknown_command_or_flag_is_refused() {
 
 /// The run's checks on the CPU programs: digits on the "device" against the CPU,
 /// the large MLP's steps/s and time split, two workers and two servers under BSP
-/// ending with equal parameters, and the copies' share of the step.
+/// ending with equal parameters, the copies' share of the step, the large MLP
+/// through each data path and step shape, the compute probe, and the
+/// scale-up figures of the host's CPUs.
 #[test]
 fn the_dry_run_makes_every_check_and_writes_its_figures() {
     if Command::new("python3").arg("--version").output().is_err() {
@@ -67,6 +69,10 @@ fn the_dry_run_makes_every_check_and_writes_its_figures() {
     }
     let worker = binary("ps-worker");
     binary("ps-server");
+    // The scale-up check's programs (g), which the dry run links where built.
+    binary("ps-local");
+    example("single_process");
+    example("data_parallel");
     let programs = worker.parent().unwrap();
     let out = tempfile::tempdir().unwrap();
     let output = gpu_sh(
@@ -128,4 +134,16 @@ fn the_dry_run_makes_every_check_and_writes_its_figures() {
         probe["b_compute_seconds_per_step"].as_f64().unwrap() > 0.0,
         "{probe}"
     );
+    let host = &checks["g_scale_up_host"];
+    for threads in ["default_threads", "two_threads"] {
+        let figures = &host[threads];
+        for path in ["shm", "grpc"] {
+            let ratio = figures["data_parallel_over_single"][path].as_f64();
+            assert!(ratio.unwrap() > 0.0, "{threads} {path}: {host}");
+        }
+        assert!(
+            figures["ps_local_shm_over_grpc"].as_f64().unwrap() > 0.0,
+            "{threads}: {host}"
+        );
+    }
 }
