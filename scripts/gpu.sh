@@ -182,8 +182,8 @@ cmd_build() {
     (cd "$ROOT" && cargo build --release --locked -p ps-worker --features cuda)
     say "build: ps-server, ps-microbench, ps-local and the worker's examples (CPU) into $ROOT/target/release"
     (cd "$ROOT" && env -u CARGO_TARGET_DIR -u CUDA_HOME -u CUDARC_CUDA_VERSION -u CUDA_COMPUTE_CAP \
-        cargo build --release --locked -p ps-server -p ps-microbench -p ps-cluster --bin ps-local \
-        -p ps-worker --example single_process --example data_parallel)
+        cargo build --release --locked -p ps-server --bin ps-server -p ps-microbench --bin ps-microbench \
+        -p ps-cluster --bin ps-local -p ps-worker --example single_process --example data_parallel)
     check_worker "$CUDA_TARGET/release/ps-worker"
     pack
     say "build: done in $((SECONDS - started)) s"
@@ -200,6 +200,7 @@ pack() {
     strip -o "$stage/bin/ps-microbench" "$ROOT/target/release/ps-microbench"
     # The CPU programs of the run's scale-up check (g).
     strip -o "$stage/bin/ps-local" "$ROOT/target/release/ps-local"
+    local example
     for example in $SCALE_UP_EXAMPLES; do
         strip -o "$stage/bin/$example" "$ROOT/target/release/examples/$example"
     done
@@ -268,7 +269,8 @@ cmd_run() {
     # The programs' logs in one archive beside gpu.json: a device run hands back
     # only a few files from its $OUT.
     (cd "$out" && shopt -s nullglob && logs=(*.log) &&
-        if [ ${#logs[@]} -gt 0 ]; then tar -czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}"; fi)
+        if [ ${#logs[@]} -gt 0 ]; then tar -czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}"; fi) ||
+        say "could not archive the logs in $out; they are left as they are"
     return "$status"
 }
 

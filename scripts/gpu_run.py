@@ -201,8 +201,9 @@ def check_large_mlp(env):
     on_cpu = run_alone("cpu", args, env, "b_mlp_cpu")
     if not (on_device and on_cpu):
         return
+    features, hidden = args[args.index("--synthetic-features") + 1], args[args.index("--hidden") + 1]
     check = {
-        "model": "mlp 1024 -> 4096 -> 4096 -> 10, batch 256",
+        "model": f"mlp {features} -> {hidden.replace(',', ' -> ')} -> 10, batch 256",
         "device_steps": on_device["steps"],
         "device_steps_per_second": steps_per_second(on_device),
         "cpu_steps_per_second": steps_per_second(on_cpu),
@@ -278,7 +279,11 @@ def check_compute_probe(env):
 def timed_run(command, env, name, timeout=WORKER_SECONDS):
     """Wall seconds of one program's run to its end, or None (and a failure)."""
     started = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        fail(name, f"{os.path.basename(command[0])} ran past {timeout} s")
+        return None, ""
     took = time.monotonic() - started
     with open(os.path.join(OUT, f"{name}.log"), "w") as log:
         log.write(done.stderr)
@@ -324,9 +329,9 @@ def scale_up_figures(cpu):
                 server.stop()
             if took is not None:
                 check["data_parallel_seconds"][path].append(took)
-            _, out = timed_run([os.path.join(BIN, "ps-local"), "--data-path", path, "--json"],
-                               cpu, f"g_ps_local_{path}")
-            if out.strip():
+            took, out = timed_run([os.path.join(BIN, "ps-local"), "--data-path", path, "--json"],
+                                  cpu, f"g_ps_local_{path}")
+            if took is not None and out.strip():
                 summary = json.loads(out.strip().splitlines()[-1])
                 check["ps_local_examples_per_second"][path].append(summary["examples_per_second"])
     single = check["single_process_seconds"]
@@ -410,7 +415,7 @@ def main():
                       check_compute_probe, check_scale_up_host):
             try:
                 check(env)
-            except (RuntimeError, OSError, KeyError, ValueError,
+            except (RuntimeError, OSError, KeyError, ValueError, IndexError, TypeError,
                     subprocess.SubprocessError) as e:
                 fail(check.__name__, repr(e))
         results["seconds"] = time.monotonic() - started

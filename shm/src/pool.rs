@@ -5,14 +5,17 @@
 //! zeroing on each message (a 16 MiB push paid more for its fresh pages than
 //! for its copy). The pool keeps buffers that came back, so a busy session
 //! copies into memory it already has: up to [`KEPT_BUFFERS`] of them, and in
-//! bytes up to the most it ever had lent out at once (at least
-//! [`KEPT_BYTES`]). A step whose payloads are larger than [`KEPT_BYTES`] (a
-//! whole 64 MiB variable on its one server) finds them again next step, and
-//! the buffers kept and lent together never come to more than twice what was
-//! once in flight, which the memory budget had admitted.
+//! bytes up to the most it had lent out at once (at least [`KEPT_BYTES`])
+//! within the last [`REMEMBERED`] or so. A step whose payloads are larger
+//! than [`KEPT_BYTES`] (a whole 64 MiB variable on its one server) finds them
+//! again next step; a burst of payloads is let go once it is that long past
+//! (at the pool's next use); and the buffers kept and lent together come to
+//! at most that recent most plus what is lent now. What is in flight is what
+//! the server's memory budget admitted when its service took the requests.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -20,8 +23,12 @@ use bytes::Bytes;
 /// one pool) however little it has lent out at once.
 pub const KEPT_BYTES: usize = 32 << 20;
 
-/// The most buffers one pool keeps for reuse: a read-ahead of
-/// [`crate::link::AHEAD_BYTES`] in 512 KiB payloads.
+/// How long the most a pool had lent out at once sizes what it keeps.
+pub const REMEMBERED: Duration = Duration::from_secs(10);
+
+/// The most buffers one pool keeps for reuse: one session's read-ahead of
+/// [`crate::link::AHEAD_BYTES`] in 512 KiB payloads (a server's sessions
+/// share the pool).
 pub const KEPT_BUFFERS: usize = 64;
 
 /// Payloads this small may take a kept buffer of up to twice this size.
@@ -43,15 +50,55 @@ struct Free {
     bytes: usize,
     /// Bytes of buffers lent out as `Bytes` and not yet back.
     lent: usize,
-    /// The most `lent` has been.
-    most_lent: usize,
+    /// The most `lent` has been since `since`.
+    most: usize,
+    /// The most `lent` was in the period before `since`.
+    most_before: usize,
+    /// When the current period began; `None` before the first use.
+    since: Option<Instant>,
+    /// How long a period lasts: [`REMEMBERED`], or shorter in tests.
+    period: Option<Duration>,
 }
 
 impl Free {
-    /// Whether a buffer of `size` bytes coming back is kept.
-    fn keeps(&self, size: usize) -> bool {
-        let cap = KEPT_BYTES.max(self.most_lent);
-        size > 0 && self.bytes + size <= cap && self.buffers.len() < KEPT_BUFFERS
+    /// Bytes this pool keeps at most now.
+    fn cap(&self) -> usize {
+        KEPT_BYTES.max(self.most).max(self.most_before)
+    }
+
+    fn lend(&mut self, size: usize, now: Instant) {
+        self.roll(now);
+        self.lent += size;
+        self.most = self.most.max(self.lent);
+    }
+
+    /// A lent buffer is back: kept if there is room.
+    fn give_back(&mut self, buffer: &mut Vec<u8>, now: Instant) {
+        let size = buffer.capacity();
+        self.lent -= size;
+        let room = self.bytes + size <= self.cap() && self.buffers.len() < KEPT_BUFFERS;
+        if size > 0 && room {
+            self.bytes += size;
+            self.buffers.push(std::mem::take(buffer));
+        }
+        self.roll(now);
+    }
+
+    /// Starts a new period once the current one is over, and lets go of
+    /// what is kept past the new cap.
+    fn roll(&mut self, now: Instant) {
+        let since = *self.since.get_or_insert(now);
+        if now.duration_since(since) < self.period.unwrap_or(REMEMBERED) {
+            return;
+        }
+        self.most_before = std::mem::replace(&mut self.most, self.lent);
+        self.since = Some(now);
+        while self.bytes > self.cap() {
+            let Some(dropped) = self.buffers.pop() else {
+                break;
+            };
+            self.bytes -= dropped.capacity();
+        }
     }
 }
 
@@ -59,6 +106,14 @@ impl BufferPool {
     /// A new, empty pool.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A new, empty pool whose periods last `period` instead of [`REMEMBERED`].
+    #[cfg(test)]
+    fn remembering(period: Duration) -> Self {
+        let pool = Self::new();
+        lock(&pool.free).period = Some(period);
+        pool
     }
 
     /// A buffer of `len` bytes (their contents unspecified): the smallest
@@ -86,11 +141,7 @@ impl BufferPool {
     /// `buffer` as `Bytes` that give it back to this pool, and let go of
     /// `hold`, when dropped.
     pub fn bytes(&self, buffer: Vec<u8>, hold: Option<Hold>) -> Bytes {
-        {
-            let mut free = lock(&self.free);
-            free.lent += buffer.capacity();
-            free.most_lent = free.most_lent.max(free.lent);
-        }
+        lock(&self.free).lend(buffer.capacity(), Instant::now());
         Bytes::from_owner(Pooled {
             buffer,
             pool: Arc::downgrade(&self.free),
@@ -128,13 +179,7 @@ impl Drop for Pooled {
         let Some(pool) = self.pool.upgrade() else {
             return;
         };
-        let mut free = lock(&pool);
-        let size = self.buffer.capacity();
-        free.lent -= size;
-        if free.keeps(size) {
-            free.bytes += size;
-            free.buffers.push(std::mem::take(&mut self.buffer));
-        }
+        lock(&pool).give_back(&mut self.buffer, Instant::now());
     }
 }
 
@@ -190,6 +235,22 @@ mod tests {
         let again = pool.take(large);
         assert_eq!(again.as_ptr(), at, "the next step's payload reuses it");
         drop(pool.bytes(again, None));
+    }
+
+    #[test]
+    fn a_burst_is_let_go_once_it_is_a_period_past() {
+        // Periods of no time at all: every use starts a new one.
+        let pool = BufferPool::remembering(Duration::ZERO);
+        let large = 2 * KEPT_BYTES;
+        let burst: Vec<Bytes> = (0..3).map(|_| pool.bytes(pool.take(large), None)).collect();
+        drop(burst);
+        // Each return counted against the most of the period before it: the
+        // last found only one buffer's worth remembered beside the floor.
+        assert_eq!(pool.kept(), 1);
+        let step = pool.take(large);
+        assert_eq!(pool.kept(), 0, "the next step takes what is left");
+        drop(pool.bytes(step, None));
+        assert_eq!(pool.kept(), 1, "and its own payload is kept");
     }
 
     #[test]

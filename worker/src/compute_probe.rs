@@ -14,7 +14,8 @@ use crate::model::Mlp;
 const TIMED_STEPS: usize = 5;
 
 /// Mean seconds of forward, loss and backward for one batch of `batch`
-/// examples of `data` through an MLP of `hidden` layers, on `device`. A GPU
+/// examples of `data` through an MLP of `hidden` layers, on `device`, the
+/// batch's copy onto the device included (as a training step has it). A GPU
 /// runs the backward pass after `backward` returns, so each timed step waits
 /// for the device; the first step (on a GPU, the driver compiling kernels) is
 /// not timed.

@@ -103,7 +103,7 @@ struct Cli {
     /// Time one step's compute (forward, loss and backward of the MLP on a
     /// --batch-size batch of --dataset) on this host's --device, print it as one JSON
     /// line and exit, reaching no server: what `ps-scheduler plan
-    /// --measure-compute` runs.
+    /// --measure-compute` runs (on the CPU, or the device PS_DEVICE names).
     #[arg(long)]
     probe_compute: bool,
     #[command(flatten)]
