@@ -127,7 +127,7 @@ choose_job() {
 
 # Exports the variables of the setup plan file $1 chose (PS_SERVERS,
 # PS_CONSISTENCY, PS_NO_PIPELINE, PS_BACKWARD_SEGMENTS, PS_WIRE_DTYPE,
-# PS_PARTITION_BYTES), as
+# PS_PARTITION_BYTES, PS_REQUESTS_PER_SERVER), as
 # `ps-scheduler plan-env` prints them; the compose file passes them on.
 apply_plan() {
     local env name value

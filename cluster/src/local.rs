@@ -58,6 +58,8 @@ pub struct LocalSpec {
     pub pipeline: bool,
     /// The largest part a parameter is cut into across the servers.
     pub partition_bytes: usize,
+    /// Requests a push or pull to one server is cut into when not pipelined.
+    pub requests_per_server: usize,
 }
 
 impl LocalSpec {
@@ -256,6 +258,7 @@ async fn join(
             data_path: spec.data_path,
             pipeline: spec.pipeline,
             partition_bytes: spec.partition_bytes,
+            requests_per_server: spec.requests_per_server,
             ..ClientConfig::new(Vec::new())
         };
         return Ok((servers.client_with(config).await?, group));
@@ -265,6 +268,7 @@ async fn join(
         transport: spec.transport(),
         data_path: spec.data_path,
         pipeline: spec.pipeline,
+        requests_per_server: spec.requests_per_server,
         ..ClientConfig::new(Vec::new())
     })
     .await?;

@@ -135,6 +135,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_planners_default_requests_per_server_is_the_clients() {
+        assert_eq!(
+            ps_scheduler::plan::cost::CLIENT_REQUESTS_PER_SERVER as usize,
+            ps_client::DEFAULT_REQUESTS_PER_SERVER
+        );
+    }
+
+    #[test]
     fn auto_plans_this_run_and_apply_keeps_segments_within_the_layers() {
         let data = ps_worker::data::digits::load().unwrap();
         let plan = load(&PlanSource::Auto, &data, &[64], 32, 2).unwrap();
@@ -148,6 +156,7 @@ mod tests {
         assert_eq!("auto".parse(), Ok(PlanSource::Auto));
         assert_eq!("p.json".parse(), Ok(PlanSource::File("p.json".into())));
         assert_eq!(run.setup.wire, ps_proto::codec::DType::F32);
+        assert!((1..=8).contains(&run.setup.requests_per_server));
         assert_eq!(
             run.setup.partition_bytes as u64,
             plan.chosen.partition_bytes

@@ -307,6 +307,7 @@ fn plan_env_prints_the_chosen_setup_as_the_variables_compose_and_swarm_pass_on()
     planned.chosen.backward_segments = 4;
     planned.chosen.wire_bytes = 2;
     planned.chosen.partition_bytes = 4 << 20;
+    planned.chosen.requests_per_server = 2;
     ps_scheduler::plan::cli::write_plan(&planned, &file).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_ps-scheduler"))
         .arg("plan-env")
@@ -322,7 +323,7 @@ fn plan_env_prints_the_chosen_setup_as_the_variables_compose_and_swarm_pass_on()
     let printed = String::from_utf8(output.stdout).unwrap();
     assert_eq!(
         printed,
-        "PS_SERVERS=3\nPS_CONSISTENCY=bsp\nPS_NO_PIPELINE=true\nPS_BACKWARD_SEGMENTS=3\nPS_WIRE_DTYPE=bf16\nPS_PARTITION_BYTES=4194304\n",
+        "PS_SERVERS=3\nPS_CONSISTENCY=bsp\nPS_NO_PIPELINE=true\nPS_BACKWARD_SEGMENTS=3\nPS_WIRE_DTYPE=bf16\nPS_PARTITION_BYTES=4194304\nPS_REQUESTS_PER_SERVER=2\n",
         "three layers cap the plan's four segments"
     );
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

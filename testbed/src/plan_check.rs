@@ -1,5 +1,6 @@
 //! Checking `ps-scheduler plan`'s cost model against measurement: a grid of
-//! setups (link rate, server count and placement, pipelining, model) each run in the
+//! setups (link rate, server count and placement, partition size, wire
+//! dtype, pipelining or requests per server, model) each run in the
 //! emulated cluster, each one's step time predicted by the model, and the
 //! two compared (`ps-testbed plan-check`, `docs/plan.md`).
 //!
@@ -68,6 +69,14 @@ pub struct Grid {
     /// Where the servers run: hosts of their own, beside the workers (server
     /// counts above the workers' are skipped there), or both.
     pub placements: Vec<Placement>,
+    /// The largest parts, bytes.
+    pub partitions: Vec<u64>,
+    /// Bytes per value on the wire: 4 (f32), 2 (bf16).
+    pub wires: Vec<u32>,
+    /// Whether pipelined, push then pull, or both.
+    pub pipelining: Vec<bool>,
+    /// Requests per server of the setups that are not pipelined.
+    pub requests: Vec<u32>,
     /// Worker hosts.
     pub workers: usize,
     /// Where the binaries are.
@@ -94,6 +103,16 @@ pub struct Row {
     pub colocated: bool,
     /// Whether push and pull were pipelined.
     pub pipeline: bool,
+    /// The largest part, bytes (grids run before it varied: 1 MiB).
+    #[serde(default = "default_partition")]
+    pub partition_bytes: u64,
+    /// Bytes per value on the wire (grids run before it varied: 4, f32).
+    #[serde(default = "f32_wire")]
+    pub wire_bytes: u32,
+    /// Requests per server when not pipelined (grids run before it varied:
+    /// the client's 4).
+    #[serde(default = "client_requests")]
+    pub requests_per_server: u32,
     /// The compute per step given to the model, ms.
     pub compute_ms: f64,
     /// The predicted step, ms.
@@ -102,6 +121,115 @@ pub struct Row {
     pub measured_ms: f64,
     /// Predicted over measured, minus one.
     pub error: f64,
+}
+
+fn default_partition() -> u64 {
+    ps_scheduler::plan::PARTITIONS[0]
+}
+
+fn f32_wire() -> u32 {
+    4
+}
+
+fn client_requests() -> u32 {
+    cost::CLIENT_REQUESTS_PER_SERVER
+}
+
+/// One setup of the grid: what runs, and what the model is asked about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Point {
+    /// Servers.
+    pub servers: usize,
+    /// Beside the workers, or on hosts of their own.
+    pub colocated: bool,
+    /// Push and pull pipelined.
+    pub pipeline: bool,
+    /// The largest part, bytes.
+    pub partition_bytes: u64,
+    /// Bytes per value on the wire.
+    pub wire_bytes: u32,
+    /// Requests per server when not pipelined.
+    pub requests_per_server: u32,
+}
+
+impl Point {
+    /// One dedicated server, push then pull, the system's defaults otherwise:
+    /// the setup a model's compute is calibrated on.
+    fn calibration() -> Self {
+        Self {
+            servers: 1,
+            colocated: false,
+            pipeline: false,
+            partition_bytes: default_partition(),
+            wire_bytes: f32_wire(),
+            requests_per_server: client_requests(),
+        }
+    }
+
+    /// A short name for the run's folder: `2-beside-1MiB-bf16-pipelined`.
+    fn label(&self) -> String {
+        let beside = if self.colocated { "-beside" } else { "" };
+        let wire = if self.wire_bytes == 2 { "bf16" } else { "f32" };
+        let step = match self.pipeline {
+            true => "pipelined".to_string(),
+            false => format!("r{}", self.requests_per_server),
+        };
+        format!(
+            "{}{beside}-{}-{wire}-{step}",
+            self.servers,
+            ps_common::size::format_size(self.partition_bytes as usize).replace(' ', "")
+        )
+    }
+}
+
+impl Row {
+    /// The setup the row ran.
+    pub fn point(&self) -> Point {
+        Point {
+            servers: self.servers,
+            colocated: self.colocated,
+            pipeline: self.pipeline,
+            partition_bytes: self.partition_bytes,
+            wire_bytes: self.wire_bytes,
+            requests_per_server: self.requests_per_server,
+        }
+    }
+}
+
+/// The grid's setups, in the order they run: placement, servers, partition
+/// size, wire dtype, then pipelined or each of the requests per server.
+fn points(grid: &Grid) -> Vec<Point> {
+    let mut points = Vec::new();
+    for &placement in &grid.placements {
+        let colocated = placement == Placement::Colocated;
+        let servers = grid
+            .servers
+            .iter()
+            .filter(|&&servers| !colocated || servers <= grid.workers);
+        for &servers in servers {
+            for &partition_bytes in &grid.partitions {
+                for &wire_bytes in &grid.wires {
+                    for &pipeline in &grid.pipelining {
+                        let requests: &[u32] = match pipeline {
+                            true => &[cost::CLIENT_REQUESTS_PER_SERVER],
+                            false => &grid.requests,
+                        };
+                        for &requests_per_server in requests {
+                            points.push(Point {
+                                servers,
+                                colocated,
+                                pipeline,
+                                partition_bytes,
+                                wire_bytes,
+                                requests_per_server,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    points
 }
 
 /// Runs the grid: per model, a calibration run for its compute, then every
@@ -114,80 +242,64 @@ pub async fn run(grid: &Grid) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for model in &grid.models {
         let shapes = ModelShapes::from_spec(&model.shapes).map_err(anyhow::Error::msg)?;
-        let calibration = run_one(grid, model, fastest, (1, false), false, "calibration").await?;
+        let calibration =
+            run_one(grid, model, fastest, Point::calibration(), "calibration").await?;
         let compute = calibration.compute_seconds;
         tracing::info!(
             model = model.label,
             compute_ms = compute * 1e3,
             "compute calibrated"
         );
-        let setups = grid.placements.iter().flat_map(|&placement| {
-            let colocated = placement == Placement::Colocated;
-            grid.servers
-                .iter()
-                .filter(move |&&servers| !colocated || servers <= grid.workers)
-                .map(move |&servers| (servers, colocated))
-        });
-        let setups: Vec<(usize, bool)> = setups.collect();
         for &link in &grid.links {
-            for &(servers, colocated) in &setups {
-                for pipeline in [false, true] {
-                    let beside = if colocated { "-beside" } else { "" };
-                    let label = format!("{}-{link}-{servers}{beside}-{pipeline}", model.label);
-                    let placed = (servers, colocated);
-                    let measured = run_one(grid, model, link, placed, pipeline, &label).await?;
-                    let predicted = predict(
-                        &shapes,
-                        link,
-                        placed,
-                        pipeline,
-                        compute,
-                        grid.workers,
-                        &grid.constants,
-                    );
-                    let row = Row {
-                        model: model.label.to_string(),
-                        link: link.to_string(),
-                        servers,
-                        colocated,
-                        pipeline,
-                        compute_ms: compute * 1e3,
-                        predicted_ms: predicted * 1e3,
-                        measured_ms: measured.step_seconds * 1e3,
-                        error: predicted / measured.step_seconds - 1.0,
-                    };
-                    tracing::info!(?row, "measured");
-                    rows.push(row);
-                }
+            for point in points(grid) {
+                let label = format!("{}-{link}-{}", model.label, point.label());
+                let measured = run_one(grid, model, link, point, &label).await?;
+                let predicted =
+                    predict(&shapes, link, point, compute, grid.workers, &grid.constants);
+                let row = Row {
+                    model: model.label.to_string(),
+                    link: link.to_string(),
+                    servers: point.servers,
+                    colocated: point.colocated,
+                    pipeline: point.pipeline,
+                    partition_bytes: point.partition_bytes,
+                    wire_bytes: point.wire_bytes,
+                    requests_per_server: point.requests_per_server,
+                    compute_ms: compute * 1e3,
+                    predicted_ms: predicted * 1e3,
+                    measured_ms: measured.step_seconds * 1e3,
+                    error: predicted / measured.step_seconds - 1.0,
+                };
+                tracing::info!(?row, "measured");
+                rows.push(row);
             }
         }
     }
     Ok(rows)
 }
 
-/// The step time the cost model predicts for `shapes` with `servers`
-/// servers (beside the workers when `colocated`, on hosts of their own
-/// otherwise) and `workers` workers on links of `link`, given `compute`
-/// seconds of compute per step, with `constants`; seconds.
+/// The step time the cost model predicts for `shapes` run as `point` by
+/// `workers` workers on links of `link`, given `compute` seconds of compute
+/// per step, with `constants`; seconds.
 pub fn predict(
     shapes: &ModelShapes,
     link: LinkRate,
-    (servers, colocated): (usize, bool),
-    pipeline: bool,
+    point: Point,
     compute: f64,
     workers: usize,
     constants: &Constants,
 ) -> f64 {
     let setup = Setup {
-        servers: servers as u32,
-        placement: match colocated {
+        servers: point.servers as u32,
+        placement: match point.colocated {
             true => Placement::Colocated,
             false => Placement::Dedicated,
         },
-        partition_bytes: ps_scheduler::plan::PARTITIONS[0],
-        wire_bytes: 4,
-        pipeline,
+        partition_bytes: point.partition_bytes,
+        wire_bytes: point.wire_bytes,
+        pipeline: point.pipeline,
         backward_segments: 1,
+        requests_per_server: point.requests_per_server,
     };
     let cluster = Cluster {
         workers: workers as u32,
@@ -220,8 +332,7 @@ pub fn predict_again(
         let predicted = predict(
             &shapes,
             link,
-            (row.servers, row.colocated),
-            row.pipeline,
+            row.point(),
             row.compute_ms / 1e3,
             workers,
             constants,
@@ -230,6 +341,16 @@ pub fn predict_again(
         row.error = row.predicted_ms / row.measured_ms - 1.0;
     }
     Ok(())
+}
+
+/// A row's largest part for a person: `1 MiB`.
+fn parts(row: &Row) -> String {
+    ps_common::size::format_size(row.partition_bytes as usize)
+}
+
+/// A row's wire dtype: `f32` or `bf16`.
+fn wire(row: &Row) -> &'static str {
+    if row.wire_bytes == 2 { "bf16" } else { "f32" }
 }
 
 /// A row's servers for a person: `2`, or `2 beside` the workers.
@@ -250,26 +371,35 @@ async fn run_one(
     grid: &Grid,
     model: &GridModel,
     link: LinkRate,
-    (servers, colocated): (usize, bool),
-    pipeline: bool,
+    point: Point,
     label: &str,
 ) -> anyhow::Result<Measured> {
     let counts = HostCounts {
-        servers,
+        servers: point.servers,
         workers: grid.workers,
-        colocated,
+        colocated: point.colocated,
     };
     let hosts = plan(counts, link, &[]).map_err(anyhow::Error::msg)?;
     let mut worker_args = model.worker_args.clone();
-    if !pipeline {
+    if !point.pipeline {
         worker_args.push("--no-pipeline".into());
     }
+    if point.wire_bytes == 2 {
+        worker_args.extend(["--wire-dtype".into(), "bf16".into()]);
+    }
+    worker_args.extend([
+        "--requests-per-server".into(),
+        point.requests_per_server.to_string(),
+    ]);
     let spec = JobSpec {
         bin_dir: grid.bin_dir.clone(),
         out: grid.out.join(label),
         worker_args,
         server_args: Vec::new(),
-        scheduler_args: Vec::new(),
+        scheduler_args: vec![
+            "--partition-bytes".into(),
+            point.partition_bytes.to_string(),
+        ],
         timeout: Duration::from_secs(300),
     };
     std::fs::create_dir_all(&spec.out)?;
@@ -306,16 +436,21 @@ pub fn table(rows: &[Row], workers: usize) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| model | link | servers | pipelined | compute ms | predicted ms | measured ms | error |\n|---|---|---|---|---|---|---|---|"
+        "| model | link | servers | parts | wire | pipelined | compute ms | predicted ms | measured ms | error |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:+.0} % |",
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:+.0} % |",
             r.model,
             r.link,
             servers(r),
-            if r.pipeline { "yes" } else { "no" },
+            parts(r),
+            wire(r),
+            match r.pipeline {
+                true => "yes".to_string(),
+                false => format!("no, {} req.", r.requests_per_server),
+            },
             r.compute_ms,
             r.predicted_ms,
             r.measured_ms,
@@ -363,12 +498,22 @@ pub fn table(rows: &[Row], workers: usize) -> String {
             .iter()
             .map(|r| r.measured_ms)
             .fold(f64::INFINITY, f64::min);
-        let default = |colocated: bool| {
-            group
-                .iter()
-                .find(|r| r.servers == workers && r.pipeline && r.colocated == colocated)
+        // The default: a server per worker, pipelined, f32, 4 MiB
+        // parts (or the grid's nearest: any part size).
+        let default = |colocated: bool, partition: Option<u64>| {
+            group.iter().find(|r| {
+                r.servers == workers
+                    && r.pipeline
+                    && r.colocated == colocated
+                    && r.wire_bytes == 4
+                    && partition.is_none_or(|p| r.partition_bytes == p)
+            })
         };
-        let default = default(true).or_else(|| default(false));
+        let four_mib = Some(ps_scheduler::plan::PARTITIONS[1]);
+        let default = default(true, four_mib)
+            .or_else(|| default(false, four_mib))
+            .or_else(|| default(true, None))
+            .or_else(|| default(false, None));
         let (default_ms, gain) = default.map_or(("-".to_string(), "-".to_string()), |d| {
             (
                 format!(
@@ -381,12 +526,13 @@ pub fn table(rows: &[Row], workers: usize) -> String {
         });
         let _ = writeln!(
             out,
-            "| {model} | {link} | {} server(s), {} | {:.0} | {fastest:.0} | {:.2} | {default_ms} | {gain} |",
+            "| {model} | {link} | {} server(s), {} parts, {}, {} | {:.0} | {fastest:.0} | {:.2} | {default_ms} | {gain} |",
             servers(pick),
-            if pick.pipeline {
-                "pipelined"
-            } else {
-                "push then pull"
+            parts(pick),
+            wire(pick),
+            match pick.pipeline {
+                true => "pipelined".to_string(),
+                false => format!("push then pull, {} req.", pick.requests_per_server),
             },
             pick.measured_ms,
             pick.measured_ms / fastest,

@@ -9,7 +9,12 @@ use ps_scheduler::plan::Plan;
 use ps_scheduler::plan::apply::{DType, applied, mlp_layers};
 
 /// The worker flags a plan sets.
-const PLANNED_FLAGS: [&str; 3] = ["--no-pipeline", "--backward-segments", "--wire-dtype"];
+const PLANNED_FLAGS: [&str; 4] = [
+    "--no-pipeline",
+    "--backward-segments",
+    "--wire-dtype",
+    "--requests-per-server",
+];
 /// The scheduler flags a plan sets.
 const PLANNED_SCHEDULER_FLAGS: [&str; 2] = ["--consistency", "--partition-bytes"];
 
@@ -64,6 +69,10 @@ pub fn job(
     if applied.wire != DType::F32 {
         worker_args.extend(["--wire-dtype".to_string(), applied.wire.to_string()]);
     }
+    worker_args.extend([
+        "--requests-per-server".to_string(),
+        applied.requests_per_server.to_string(),
+    ]);
     let mut scheduler_args = match applied.consistency.as_str() {
         "bsp" => Vec::new(),
         other => vec!["--consistency".to_string(), other.to_string()],
@@ -147,12 +156,13 @@ mod tests {
         plan.chosen.backward_segments = 4;
         plan.chosen.wire_bytes = 2;
         plan.chosen.partition_bytes = 4 << 20;
+        plan.chosen.requests_per_server = 8;
         plan.consistency = "ssp:2".into();
         let job = job(&plan, &args("--hidden 64,64 --epochs 1"), &[]).unwrap();
         assert_eq!((job.servers, job.colocated), (3, false));
         assert_eq!(
             job.worker_args,
-            args("--no-pipeline --backward-segments 3 --wire-dtype bf16")
+            args("--no-pipeline --backward-segments 3 --wire-dtype bf16 --requests-per-server 8")
         );
         assert_eq!(
             job.scheduler_args,
@@ -163,16 +173,18 @@ mod tests {
     }
 
     #[test]
-    fn the_defaults_add_only_the_partition_size_and_servers_beside_workers_stay_there() {
+    fn the_defaults_add_only_the_partition_size_and_requests_and_servers_beside_workers_stay_there()
+    {
         let mut plan = a_plan();
         plan.chosen.placement = Placement::Colocated;
         plan.chosen.pipeline = true;
         plan.chosen.backward_segments = 1;
         plan.chosen.wire_bytes = 4;
         plan.chosen.partition_bytes = 1 << 20;
+        plan.chosen.requests_per_server = 4;
         plan.consistency = "bsp".into();
         let job = job(&plan, &args("--epochs 1"), &[]).unwrap();
-        assert!(job.worker_args.is_empty());
+        assert_eq!(job.worker_args, args("--requests-per-server 4"));
         assert_eq!(job.scheduler_args, args("--partition-bytes 1048576"));
         assert!(job.colocated && job.differences.is_empty());
     }
@@ -199,7 +211,12 @@ mod tests {
     #[test]
     fn a_flag_the_plan_sets_is_refused_in_the_worker_arguments() {
         let plan = a_plan();
-        for given in ["--wire-dtype f32", "--backward-segments=2", "--no-pipeline"] {
+        for given in [
+            "--wire-dtype f32",
+            "--backward-segments=2",
+            "--no-pipeline",
+            "--requests-per-server=2",
+        ] {
             let error = job(&plan, &args(given), &[]).unwrap_err().to_string();
             assert!(error.contains("--plan sets"), "{given}: {error}");
         }

@@ -126,6 +126,7 @@ async fn main() -> anyhow::Result<()> {
         data_path: cli.data_path,
         pipeline: true,
         partition_bytes: cli.partition_bytes,
+        requests_per_server: ps_client::DEFAULT_REQUESTS_PER_SERVER,
         tls: match cli.tls {
             true => Some(ClusterCerts::generate(&[], 1)?.tls_config(true)),
             false => None,
@@ -140,6 +141,7 @@ async fn main() -> anyhow::Result<()> {
         spec.servers = setup.servers;
         spec.pipeline = setup.pipeline;
         spec.partition_bytes = setup.partition_bytes;
+        spec.requests_per_server = usize::from(setup.requests_per_server);
         spec.consistency = setup.consistency.parse().map_err(anyhow::Error::msg)?;
         config.backward_segments = setup.backward_segments;
         config.wire = setup.wire;

@@ -31,15 +31,21 @@ pub struct Applied {
     pub wire: DType,
     /// The largest part a parameter is cut into.
     pub partition_bytes: usize,
+    /// Requests a push or pull to one server is cut into (when not pipelined).
+    pub requests_per_server: u16,
     /// The consistency: `bsp`, `asp` or `ssp:N`, as the binaries take it.
     pub consistency: String,
 }
+
+/// The most requests per server a worker takes (`ps-worker --requests-per-server`).
+pub const MOST_REQUESTS_PER_SERVER: u16 = 64;
 
 /// `plan`'s chosen setup for a model of `layers` layers.
 ///
 /// # Errors
 /// The plan names no servers, wire values of another size than 4 or 2
-/// bytes, or a consistency the binaries do not take.
+/// bytes, requests per server outside 1 to 64, or a consistency the
+/// binaries do not take.
 pub fn applied(plan: &Plan, layers: usize) -> anyhow::Result<Applied> {
     let consistency: Consistency = plan
         .consistency
@@ -61,6 +67,15 @@ pub fn applied(plan: &Plan, layers: usize) -> anyhow::Result<Applied> {
         .map_err(|e| e.to_string())
         .and_then(check_partition_bytes)
         .map_err(|e| anyhow::anyhow!("the plan's chosen setup's partition_bytes: {e}"))?;
+    let requests_per_server = u16::try_from(chosen.requests_per_server)
+        .ok()
+        .filter(|n| (1..=MOST_REQUESTS_PER_SERVER).contains(n))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "the plan's chosen setup makes {} requests per server; give 1 to {MOST_REQUESTS_PER_SERVER}",
+                chosen.requests_per_server
+            )
+        })?;
     let asked = chosen.backward_segments as usize;
     let backward_segments = asked.clamp(1, layers.max(1));
     Ok(Applied {
@@ -71,6 +86,7 @@ pub fn applied(plan: &Plan, layers: usize) -> anyhow::Result<Applied> {
         segments_asked: (asked > backward_segments).then_some(asked),
         wire,
         partition_bytes,
+        requests_per_server,
         consistency: consistency.to_string(),
     })
 }
@@ -120,6 +136,11 @@ pub fn environment(applied: &Applied) -> String {
     let _ = writeln!(out, "PS_BACKWARD_SEGMENTS={}", applied.backward_segments);
     let _ = writeln!(out, "PS_WIRE_DTYPE={}", applied.wire);
     let _ = writeln!(out, "PS_PARTITION_BYTES={}", applied.partition_bytes);
+    let _ = writeln!(
+        out,
+        "PS_REQUESTS_PER_SERVER={}",
+        applied.requests_per_server
+    );
     out
 }
 
@@ -157,6 +178,7 @@ mod tests {
         plan.chosen.backward_segments = 4;
         plan.chosen.wire_bytes = 2;
         plan.chosen.partition_bytes = 4 << 20;
+        plan.chosen.requests_per_server = 8;
         plan.consistency = "ssp:2".into();
         let applied = applied(&plan, 3).unwrap();
         assert_eq!(
@@ -169,18 +191,29 @@ mod tests {
                 segments_asked: Some(4),
                 wire: DType::BF16,
                 partition_bytes: 4 << 20,
+                requests_per_server: 8,
                 consistency: "ssp:2".into(),
             }
         );
         assert_eq!(
             environment(&applied),
-            "PS_SERVERS=3\nPS_CONSISTENCY=ssp:2\nPS_NO_PIPELINE=true\nPS_BACKWARD_SEGMENTS=3\nPS_WIRE_DTYPE=bf16\nPS_PARTITION_BYTES=4194304\n"
+            "PS_SERVERS=3\nPS_CONSISTENCY=ssp:2\nPS_NO_PIPELINE=true\nPS_BACKWARD_SEGMENTS=3\nPS_WIRE_DTYPE=bf16\nPS_PARTITION_BYTES=4194304\nPS_REQUESTS_PER_SERVER=8\n"
         );
     }
 
     #[test]
-    fn a_plan_without_servers_or_with_odd_wire_values_or_partitions_is_refused() {
+    fn a_plan_without_servers_or_with_odd_wire_values_partitions_or_requests_is_refused() {
         let mut plan = a_plan();
+        for requests in [0, 65] {
+            let mut asking = plan.clone();
+            asking.chosen.requests_per_server = requests;
+            let refused = applied(&asking, 2).unwrap_err().to_string();
+            assert!(
+                refused.contains(&format!("{requests} requests per server"))
+                    && refused.contains("1 to 64"),
+                "{refused}"
+            );
+        }
         plan.chosen.wire_bytes = 3;
         let odd = applied(&plan, 2).unwrap_err().to_string();
         assert!(odd.contains("3-byte"), "{odd}");

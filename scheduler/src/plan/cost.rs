@@ -11,7 +11,11 @@
 //! - `push`, `pull`: the busiest link's bytes each way over its rate, or the
 //!   busiest server's per-byte CPU for its share when that is slower, plus
 //!   the worker's per-byte CPU, plus one round trip each.
-//! - `apply`: the busiest server's gradients (f32) over the apply rate.
+//! - `apply`: the busiest server's gradients (f32) over the apply rate, less
+//!   what the requests per server hide when not pipelined: a push to one
+//!   server cut into `g` requests arrives one request after another on the
+//!   server's session, and the server applies each while the next is on the
+//!   wire, so all but the last request's apply can hide behind the link.
 //! - `requests`: requests per step (a push and a pull per key group) times
 //!   the per-request CPU.
 //! - `overlap` (negative): time the two directions share. Pipelined, a
@@ -113,6 +117,19 @@ pub struct Setup {
     pub pipeline: bool,
     /// Backward-pass segments whose pushes overlap the rest (1: none).
     pub backward_segments: u32,
+    /// Requests a push (and a pull) to one server is cut into when not
+    /// pipelined (the client's `requests_per_server`; a pipelined step cuts
+    /// by group bytes instead and leaves it at the client's default). Plan
+    /// files from before it was chosen take that default.
+    #[serde(default = "client_requests_per_server")]
+    pub requests_per_server: u32,
+}
+
+/// The client's default requests per server (`ps_client::DEFAULT_REQUESTS_PER_SERVER`).
+pub const CLIENT_REQUESTS_PER_SERVER: u32 = 4;
+
+fn client_requests_per_server() -> u32 {
+    CLIENT_REQUESTS_PER_SERVER
 }
 
 /// The cluster a plan is for.
@@ -185,7 +202,12 @@ pub fn predict(
     let push = carried + cpu_bytes + cluster.rtt;
     let pull = carried + cpu_bytes + cluster.rtt;
     let even_share = model as f64 / f64::from(setup.servers);
-    let apply = f64::from(cluster.workers) * even_share * imbalance / constants.apply_bytes_per_sec;
+    let whole_apply =
+        f64::from(cluster.workers) * even_share * imbalance / constants.apply_bytes_per_sec;
+    let per_server = requests_per_server(setup, wire / f64::from(setup.servers), parts);
+    // All but the last request's apply overlaps the arrival of the requests
+    // after it (none when pipelined, where `hidden` counts the groups).
+    let apply = whole_apply - whole_apply.min(carried) * (1.0 - 1.0 / per_server as f64);
     let groups = groups_per_step(setup, wire, parts);
     // A push and a pull per group.
     let requests = (2 * groups) as f64 * constants.request_seconds;
@@ -278,13 +300,30 @@ pub fn balance(tensor_bytes: &[u64], partition: u64, servers: u32) -> (u64, f64)
     (assignments.len() as u64, imbalance.max(1.0))
 }
 
+/// Requests a push to the busiest server is cut into when not pipelined
+/// (1 when pipelined): the setup's requests per server, but none under
+/// [`PIPELINE_GROUP_BYTES`] of a server's even `share` of wire bytes and at
+/// most one per part it holds (the client's `in_groups`).
+pub fn requests_per_server(setup: &Setup, share: f64, parts: u64) -> u64 {
+    if setup.pipeline {
+        return 1;
+    }
+    let by_bytes = (share / PIPELINE_GROUP_BYTES as f64).floor() as u64;
+    let parts_here = parts.div_ceil(u64::from(setup.servers.max(1)));
+    u64::from(setup.requests_per_server.max(1))
+        .min(by_bytes)
+        .min(parts_here)
+        .max(1)
+}
+
 /// Key groups a step's push (and pull) is cut into: with pipelining, one
 /// per [`PIPELINE_GROUP_BYTES`] of wire bytes, at least one per server and at
-/// most one per part; without, one per server.
+/// most one per part; without, [`requests_per_server`] per server.
 pub fn groups_per_step(setup: &Setup, wire: f64, parts: u64) -> u64 {
     let servers = u64::from(setup.servers);
     if !setup.pipeline {
-        return servers;
+        let share = wire / servers.max(1) as f64;
+        return servers * requests_per_server(setup, share, parts);
     }
     let by_bytes = (wire / PIPELINE_GROUP_BYTES as f64).ceil() as u64;
     by_bytes.clamp(servers, parts.max(servers))
@@ -363,6 +402,7 @@ mod tests {
             wire_bytes: 4,
             pipeline: false,
             backward_segments: 1,
+            requests_per_server: 1,
         }
     }
 
@@ -534,6 +574,50 @@ mod tests {
             &constants(),
         );
         assert_eq!(even.overlap, 0.0);
+    }
+
+    #[test]
+    fn more_requests_per_server_hide_the_apply_behind_the_link_and_cost_requests() {
+        // The hand-worked dedicated case (2 workers, 2 servers, 100 MB in
+        // 50 parts of 2 MB): apply 0.05 s, the push's link 0.8 s.
+        let tensors = vec![4_000_000u64; 25];
+        let mut four = setup(2, Placement::Dedicated);
+        four.requests_per_server = 4;
+        let terms = predict(&four, &tensors, &cluster(2), &constants());
+        // Four requests a server: three quarters of the apply hide.
+        assert!((terms.apply - 0.05 / 4.0).abs() < 1e-9, "{terms:?}");
+        // A push and a pull of 4 requests to each of 2 servers.
+        assert!((terms.requests - 16.0 * 100e-6).abs() < 1e-12);
+        // No more requests than a server's MiBs of wire bytes, or its parts.
+        assert_eq!(requests_per_server(&four, 2.5 * 1048576.0, 50), 2);
+        assert_eq!(requests_per_server(&four, 50e6, 6), 3);
+        // Pipelined, the requests per server are not used.
+        let mut pipelined = four.clone();
+        pipelined.pipeline = true;
+        assert_eq!(requests_per_server(&pipelined, 50e6, 50), 1);
+        // A link faster than the apply hides only the link's time of it.
+        let mut fast = cluster(2);
+        (fast.worker_link, fast.server_link) = (100e9, 100e9);
+        let quick = predict(&four, &tensors, &fast, &constants());
+        // The link takes 1 ms, the server's CPU 100 MB at 1 GB/s: 0.1 s,
+        // more than the apply, so three quarters of it still hide.
+        assert!((quick.apply - 0.05 / 4.0).abs() < 1e-9, "{quick:?}");
+        let mut fast_cpu = constants();
+        fast_cpu.server_bytes_per_sec = 1e12;
+        let bound = predict(&four, &tensors, &fast, &fast_cpu);
+        // Now the link's 1 ms (100 MB / 100 GB/s) is all that hides: 3/4 of it.
+        assert!(
+            (bound.apply - (0.05 - 0.001 * 0.75)).abs() < 1e-9,
+            "{bound:?}"
+        );
+    }
+
+    #[test]
+    fn old_plan_files_take_the_clients_requests_per_server() {
+        let mut json = serde_json::to_value(setup(1, Placement::Dedicated)).unwrap();
+        json.as_object_mut().unwrap().remove("requests_per_server");
+        let read: Setup = serde_json::from_value(json).unwrap();
+        assert_eq!(read.requests_per_server, CLIENT_REQUESTS_PER_SERVER);
     }
 
     #[test]

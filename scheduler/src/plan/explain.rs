@@ -9,7 +9,8 @@ use super::cost::{BACKWARD_SHARE, PIPELINE_GROUP_BYTES, Terms};
 use super::{Candidate, Placement, Plan, Setup};
 
 /// The setup in a few words: `2 servers beside workers, 4 MiB parts, f32,
-/// pipelined, 4 backward segments`.
+/// pipelined, 4 backward segments`, or `..., push then pull, 4 requests per
+/// server`.
 pub fn describe(setup: &Setup) -> String {
     let servers = match (setup.servers, setup.placement) {
         (1, Placement::Colocated) => "1 server beside a worker".to_string(),
@@ -18,10 +19,10 @@ pub fn describe(setup: &Setup) -> String {
         (n, Placement::Dedicated) => format!("{n} servers on their own hosts"),
     };
     let wire = if setup.wire_bytes == 2 { "bf16" } else { "f32" };
-    let pipeline = if setup.pipeline {
-        "pipelined"
-    } else {
-        "push then pull"
+    let pipeline = match (setup.pipeline, setup.requests_per_server) {
+        (true, _) => "pipelined".to_string(),
+        (false, 1) => "push then pull, 1 request per server".to_string(),
+        (false, n) => format!("push then pull, {n} requests per server"),
     };
     let segments = match setup.backward_segments {
         1 => String::new(),
@@ -130,8 +131,12 @@ pub fn explanation(plan: &Plan) -> String {
              CPU for its share of every push, and again of every pull)
   push     = max(link, server) + W / worker rate + RTT
   pull     = max(link, server) + W / worker rate + RTT
+  R        = requests per server when not pipelined: the setup's, at most
+             (W / S) / {group} and a server's parts; 1 when pipelined
   apply    = N x (model bytes / S) x imbalance / apply rate
-  groups G = S, or when pipelined W / {group} (at least S, at most the parts)
+             - min(that, max(link, server)) x (1 - 1/R)   (a server applies
+             each request while the next is on the wire)
+  groups G = S x R, or when pipelined W / {group} (at least S, at most the parts)
   requests = 2 x G x request CPU
   slack    = 1 - (a worker's own link time / the busiest link's time)
   overlap  = -min(pull, push + apply) x max(slack, pipelined: (1 - 1/S) x (1 - 1/G))
@@ -145,9 +150,9 @@ pub fn explanation(plan: &Plan) -> String {
 Rules: a server's memory (values, accumulator, snapshot, optimizer state)
 within --server-memory; servers on their own hosts have at least as much
 link in all as the workers.
-Requests per server (a push or pull to one server cut into that many
-requests when not pipelined) stay at the client's 4: 1, 4 and 8 measured
-the same step (docs/plan.md), so the model does not choose among them.
+Requests per server: 1, 2, 4 or 8 when not pipelined (more hide more of
+the apply, each costs request CPU); a pipelined step cuts by group bytes and
+leaves the client's 4.
 
 Constants:"
     );

@@ -10,7 +10,8 @@
 //!   `ps-scheduler plan-env`.
 //!
 //! [`plan`] predicts every candidate setup (servers and where they run,
-//! partition size, wire dtype, pipelining, backward segments), sets aside
+//! partition size, wire dtype, pipelining, requests per server, backward
+//! segments), sets aside
 //! those a rule forbids, and picks the fastest of the rest, or one with
 //! fewer servers predicted within 5 % of it. The result is a
 //! [`Plan`], a JSON file a person can read and edit, and that `ps-local
@@ -35,6 +36,10 @@ pub const PARTITIONS: [u64; 2] = [
     ps_proto::placement::DEFAULT_PART_BYTES as u64,
     ps_proto::placement::MAX_PART_BYTES as u64,
 ];
+
+/// The requests per server a step that is not pipelined may be cut into
+/// (the client's default, 4, first, so that it wins a tie).
+pub const REQUESTS_PER_SERVER: [u32; 4] = [cost::CLIENT_REQUESTS_PER_SERVER, 1, 2, 8];
 
 /// What the user allows and asks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -209,7 +214,8 @@ fn validate(cluster: &Cluster, choices: &Choices) -> Result<(), PlanError> {
 /// Every setup worth predicting: servers from 1 to the most allowed, beside
 /// the workers (at most one per worker host) or on hosts of their own (at
 /// most the hosts given), each partition size and wire dtype allowed, with
-/// and without pipelining, and with 1 or 4 backward segments.
+/// and without pipelining (without, each of [`REQUESTS_PER_SERVER`]), and
+/// with 1 or 4 backward segments.
 fn setups(cluster: &Cluster, choices: &Choices) -> Vec<Setup> {
     let wires: &[u32] = if choices.allow_bf16 { &[4, 2] } else { &[4] };
     let mut setups = Vec::new();
@@ -223,15 +229,22 @@ fn setups(cluster: &Cluster, choices: &Choices) -> Vec<Setup> {
             for &partition_bytes in &PARTITIONS {
                 for &wire_bytes in wires {
                     for pipeline in [false, true] {
-                        for backward_segments in [1, 4] {
-                            setups.push(Setup {
-                                servers,
-                                placement,
-                                partition_bytes,
-                                wire_bytes,
-                                pipeline,
-                                backward_segments,
-                            });
+                        let requests: &[u32] = match pipeline {
+                            false => &REQUESTS_PER_SERVER,
+                            true => &[cost::CLIENT_REQUESTS_PER_SERVER],
+                        };
+                        for &requests_per_server in requests {
+                            for backward_segments in [1, 4] {
+                                setups.push(Setup {
+                                    servers,
+                                    placement,
+                                    partition_bytes,
+                                    wire_bytes,
+                                    pipeline,
+                                    backward_segments,
+                                    requests_per_server,
+                                });
+                            }
                         }
                     }
                 }

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use ps_common::size::parse_size;
+use ps_proto::placement::check_partition_bytes;
 use ps_scheduler::plan::Placement;
 use ps_testbed::hosts::{HostCounts, LinkOverride, plan};
 use ps_testbed::job::{self, JobSpec};
@@ -137,6 +139,21 @@ struct PlanCheckArgs {
     /// or both: dedicated,colocated.
     #[arg(long, value_delimiter = ',', default_value = "dedicated", value_parser = placement)]
     placements: Vec<Placement>,
+    /// The grid's largest parts (64KiB to 4MiB), as the scheduler's
+    /// --partition-bytes.
+    #[arg(long, value_delimiter = ',', default_value = "1MiB",
+          value_parser = |t: &str| parse_size(t).and_then(check_partition_bytes).map(|b| b as u64))]
+    partitions: Vec<u64>,
+    /// The grid's wire dtypes: f32, bf16, or both.
+    #[arg(long, value_delimiter = ',', default_value = "f32", value_parser = wire_bytes)]
+    wires: Vec<u32>,
+    /// Run the setups pipelined, push then pull, or both: on,off.
+    #[arg(long, value_delimiter = ',', default_value = "off,on", value_parser = on_off)]
+    pipelining: Vec<bool>,
+    /// Requests per server of the setups run push then pull (1 to 64).
+    #[arg(long, value_delimiter = ',', default_value = "4",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    requests: Vec<u32>,
     /// Worker hosts.
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -208,6 +225,24 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// `--wires`' items, as bytes per value.
+fn wire_bytes(text: &str) -> Result<u32, String> {
+    match text.trim() {
+        "f32" => Ok(4),
+        "bf16" => Ok(2),
+        other => Err(format!("{other:?}: give f32 or bf16")),
+    }
+}
+
+/// `--pipelining`' items.
+fn on_off(text: &str) -> Result<bool, String> {
+    match text.trim() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("{other:?}: give on or off")),
+    }
+}
+
 /// `--placements`' items.
 fn placement(text: &str) -> Result<Placement, String> {
     match text.trim() {
@@ -239,6 +274,13 @@ async fn plan_check(args: PlanCheckArgs) -> anyhow::Result<()> {
         !args.links.is_empty() && !args.servers.is_empty() && args.workers > 0,
         "the grid needs at least one link rate, one server count and one worker"
     );
+    anyhow::ensure!(
+        !args.partitions.is_empty()
+            && !args.wires.is_empty()
+            && !args.pipelining.is_empty()
+            && !args.requests.is_empty(),
+        "the grid needs at least one partition size, wire dtype, pipelining choice and request count"
+    );
     let bin_dir = binaries()?;
     let out = args.out.unwrap_or_else(|| {
         std::env::temp_dir().join(format!("ps-plan-check-{}", std::process::id()))
@@ -257,6 +299,10 @@ async fn plan_check(args: PlanCheckArgs) -> anyhow::Result<()> {
         links: args.links,
         servers: args.servers,
         placements: args.placements,
+        partitions: args.partitions,
+        wires: args.wires,
+        pipelining: args.pipelining,
+        requests: args.requests,
         workers: args.workers,
         bin_dir,
         out: out.clone(),
