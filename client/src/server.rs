@@ -12,7 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use ps_common::rendezvous::{Peer, rendezvous};
 use ps_proto::auth::AuthChannel;
-use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::dial::Dialer;
+use ps_proto::transport::TransportConfig;
 use ps_proto::v1;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_proto::v1::session_answer::Outcome;
@@ -91,8 +92,7 @@ impl Server {
             addr: addr.to_string(),
             source,
         };
-        let channel = transport
-            .endpoint(http_uri(addr))
+        let channel = Dialer::new(transport, addr)
             .map_err(connect_error)?
             .connect()
             .await

@@ -8,7 +8,8 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::dial::Dialer;
+use ps_proto::transport::TransportConfig;
 
 use crate::rendezvous::error_chain;
 
@@ -61,12 +62,10 @@ pub async fn check(
     timeout: Duration,
 ) -> Result<(), HealthError> {
     let ask = async {
-        let endpoint = transport
-            .endpoint(http_uri(addr))
-            .map_err(|e| HealthError::Address {
-                addr: addr.into(),
-                reason: e.to_string(),
-            })?;
+        let endpoint = Dialer::new(transport, addr).map_err(|e| HealthError::Address {
+            addr: addr.into(),
+            reason: e.to_string(),
+        })?;
         let unreachable = |reason: String| HealthError::Unreachable {
             addr: addr.into(),
             reason,

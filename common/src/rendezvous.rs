@@ -15,7 +15,8 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use ps_proto::transport::{TransportConfig, http_uri};
+use ps_proto::dial::Dialer;
+use ps_proto::transport::TransportConfig;
 
 /// The kinds of candle-ps process a peer can be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,12 +122,10 @@ pub async fn rendezvous(
         .map(|p| p.describe())
         .collect::<Vec<_>>()
         .join(" or ");
-    let endpoint = transport
-        .endpoint(http_uri(addr))
-        .map_err(|e| RendezvousError::Address {
-            addr: addr.into(),
-            reason: e.to_string(),
-        })?;
+    let endpoint = Dialer::new(transport, addr).map_err(|e| RendezvousError::Address {
+        addr: addr.into(),
+        reason: e.to_string(),
+    })?;
     let started = Instant::now();
     let mut backoff = Duration::from_millis(50);
     let mut said_waiting = false;

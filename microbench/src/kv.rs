@@ -19,6 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +33,7 @@ use ps_client::{ClientConfig, ParamBytes, PsClient, PulledParam, sgd};
 use ps_common::processes::{ServerProcess, peak_rss_bytes};
 use ps_common::size::format_size;
 use ps_proto::codec::{DType, encode_f32};
+use ps_proto::dial::UNIX_PREFIX;
 use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::tls::TlsConfig;
 use ps_shm::DataPathMode;
@@ -39,6 +41,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cpu::{proc_cpu_seconds, process_cpu_seconds};
 use crate::floors::Floors;
+use crate::kv_path::KvPath;
 use crate::report::ResultRow;
 use crate::tcp::{BaselineServer, TcpPeer};
 use crate::tls_files::TlsFiles;
@@ -81,8 +84,9 @@ pub struct KvPlan {
     /// Every operation a unary call (no session stream).
     pub unary: bool,
     /// The data paths the workers take, each measured in turn at every size
-    /// (the servers offer shared memory).
-    pub data_paths: Vec<DataPathMode>,
+    /// (the servers offer shared memory, and with `uds` also serve gRPC on a
+    /// Unix-domain socket).
+    pub data_paths: Vec<KvPath>,
 }
 
 /// How a worker reaches the servers: over TLS or not, and whether operations
@@ -244,8 +248,20 @@ fn gradient(size: usize) -> Bytes {
 /// When a server or a worker process fails.
 pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
     let tls = plan.tls.then(TlsFiles::new).transpose()?;
-    let servers = start_servers(plan, tls.as_ref()).await;
+    // The servers' sockets, in a folder of this run's (removed with it).
+    let socket_dir = match plan.data_paths.contains(&KvPath::Uds) {
+        true => Some(tempfile::tempdir().context("a folder for the servers' sockets")?),
+        false => None,
+    };
+    let sockets: Vec<PathBuf> = (0..plan.servers)
+        .filter_map(|i| Some(socket_dir.as_ref()?.path().join(format!("server-{i}.sock"))))
+        .collect();
+    let servers = start_servers(plan, tls.as_ref(), &sockets).await;
     let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+    let socket_addrs: Vec<String> = sockets
+        .iter()
+        .map(|path| format!("{UNIX_PREFIX}{}", path.display()))
+        .collect();
     let pids: Vec<u32> = servers.iter().filter_map(ServerProcess::pid).collect();
     let mut rows = Vec::new();
     for &size in &plan.sizes {
@@ -255,8 +271,12 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
         let before = Baselines::measure(plan, size, tls.as_ref()).await?;
         let mut phases = Vec::new();
         for &path in &plan.data_paths {
+            let reached = match path {
+                KvPath::Uds => &socket_addrs,
+                KvPath::Mode(_) => &addrs,
+            };
             for op in [Op::Push, Op::Pull] {
-                let phase = run_phase(plan, &addrs, &pids, size, (op, path), tls.as_ref())?;
+                let phase = run_phase(plan, reached, &pids, size, (op, path), tls.as_ref())?;
                 phases.push((op, path, phase));
             }
         }
@@ -282,8 +302,12 @@ pub async fn run(plan: &KvPlan) -> anyhow::Result<Vec<ResultRow>> {
 }
 
 /// The plan's ps-server processes: ASP, taking the largest key, over TLS in
-/// `--tls` runs.
-async fn start_servers(plan: &KvPlan, tls: Option<&TlsFiles>) -> Vec<ServerProcess> {
+/// `--tls` runs, server `i` also on `sockets[i]` when given.
+async fn start_servers(
+    plan: &KvPlan,
+    tls: Option<&TlsFiles>,
+    sockets: &[PathBuf],
+) -> Vec<ServerProcess> {
     let largest = plan.sizes.iter().copied().max().unwrap_or(1 << 20);
     let mut args = vec![
         "--consistency".to_string(),
@@ -291,9 +315,13 @@ async fn start_servers(plan: &KvPlan, tls: Option<&TlsFiles>) -> Vec<ServerProce
         format!("--max-tensor={}", largest.max(1 << 20)),
     ];
     args.extend(tls.iter().flat_map(|files| files.server_args()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut servers = Vec::new();
-    for _ in 0..plan.servers {
+    for i in 0..plan.servers {
+        let mut args = args.clone();
+        if let Some(socket) = sockets.get(i) {
+            args.push(format!("--listen-unix={}", socket.display()));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         servers.push(ServerProcess::start(&args).await);
     }
     servers
@@ -327,7 +355,7 @@ fn run_phase(
     addrs: &[String],
     pids: &[u32],
     size: usize,
-    (op, path): (Op, DataPathMode),
+    (op, path): (Op, KvPath),
     tls: Option<&TlsFiles>,
 ) -> anyhow::Result<(Vec<WorkerReport>, Vec<serde_json::Value>)> {
     let before: Vec<f64> = pids.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
@@ -409,7 +437,7 @@ impl Baselines {
 fn row(
     plan: &KvPlan,
     size: usize,
-    (op, path): (Op, DataPathMode),
+    (op, path): (Op, KvPath),
     parts: usize,
     reports: &[WorkerReport],
     baselines: &Baselines,
@@ -487,7 +515,7 @@ fn spawn_workers(
     plan: &KvPlan,
     addrs: &[String],
     size: usize,
-    (op, path): (Op, DataPathMode),
+    (op, path): (Op, KvPath),
     tls_args: &[String],
 ) -> anyhow::Result<Vec<WorkerReport>> {
     let exe = std::env::current_exe().context("the benchmark's own path")?;
@@ -504,7 +532,7 @@ fn spawn_workers(
                 .args(["--seconds", &plan.seconds.to_string()])
                 .args(["--index", &(first_index + index).to_string()])
                 .args(plan.unary.then_some("--unary"))
-                .args(["--data-path", &path.to_string()])
+                .args(["--data-path", &path.mode().to_string()])
                 .args(tls_args)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())

@@ -4,7 +4,8 @@
 //! - [`server`]: the `ps.v1.Bench` service and the TCP baseline, served together.
 //! - [`peer`]: the server under test, remote or a local child process.
 //! - [`latency`], [`bandwidth`], [`throughput`]: the transport and model benchmarks;
-//!   [`kv`]: one key per size pushed and pulled by worker processes;
+//!   [`kv`]: one key per size pushed and pulled by worker processes, along
+//!   each of the [`kv_path`]s;
 //!   [`rows`]: embedding rows by id, beside a hash-map key-value floor ([`rows_floor`]);
 //!   [`rows_cli`]: its command lines.
 //! - [`apply`]: the server's optimizer arithmetic against a memcpy.
@@ -21,6 +22,7 @@ pub mod bandwidth;
 pub mod cpu;
 pub mod floors;
 pub mod kv;
+pub mod kv_path;
 pub mod latency;
 pub mod payload;
 pub mod peer;

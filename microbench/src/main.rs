@@ -261,10 +261,11 @@ struct KvArgs {
     unary: bool,
     /// The data paths the workers take, comma-separated, each measured at
     /// every size: grpc, shm (shared memory with the servers, which run on
-    /// this host), auto. With shm, one core's memcpy and copy-then-SGD run
-    /// too, the floors of a pull and a push.
+    /// this host), auto, uds (gRPC over each server's Unix-domain socket).
+    /// With shm, one core's memcpy and copy-then-SGD run too, the floors of a
+    /// pull and a push.
     #[arg(long, value_delimiter = ',', default_value = "grpc")]
-    data_path: Vec<ps_shm::DataPathMode>,
+    data_path: Vec<ps_microbench::kv_path::KvPath>,
 }
 
 #[derive(Debug, Args)]
@@ -553,6 +554,13 @@ async fn run_kv(args: KvArgs) -> anyhow::Result<()> {
             && args.seconds > 0.0
             && !args.data_path.is_empty(),
         "--servers, --workers and --window must be at least 1, --seconds above 0, and --data-path name at least one"
+    );
+    anyhow::ensure!(
+        !(args.tls
+            && args
+                .data_path
+                .contains(&ps_microbench::kv_path::KvPath::Uds)),
+        "--data-path uds runs without --tls (the run's certificate names 127.0.0.1, not a socket)"
     );
     let plan = KvPlan {
         servers: args.servers,

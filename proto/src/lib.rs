@@ -13,6 +13,7 @@
 //! - [`header`]: [`header::TensorHeader`], the one description of a tensor: key, dtype, shape.
 //! - [`chunk`]: splitting tensors into stream chunks and reassembling them with checks.
 //! - [`transport`]: one place for HTTP/2 windows, frame sizes, message limits and keep-alive.
+//! - [`dial`]: reaching a server at `host:port` over TCP or at `unix:PATH`.
 //! - [`auth`]: the cluster token and the roles its secrets grant.
 //! - [`tls`]: TLS settings, certificates and the preferred cipher suite.
 //! - [`fuzzing`]: entry points for the fuzzers of the wire decoders.
@@ -27,6 +28,7 @@ pub mod chunk_decode;
 pub mod chunk_encode;
 pub mod codec;
 pub mod consistency;
+pub mod dial;
 pub mod fuzzing;
 pub mod grpc_frames;
 pub mod header;

@@ -57,6 +57,9 @@ pub struct ServerConfig {
     pub transport: TransportConfig,
     /// Whether workers on this host are offered shared memory (`--data-path`).
     pub shared_memory: SharedMemoryConfig,
+    /// Also serve gRPC on a Unix-domain socket at this path (workers on this
+    /// host reach it at `unix:PATH`).
+    pub unix_socket: Option<std::path::PathBuf>,
 }
 
 /// The same-host data path's settings (see `ps_shm`).
@@ -100,6 +103,7 @@ impl Default for ServerConfig {
                 ..TransportConfig::default()
             },
             shared_memory: SharedMemoryConfig::default(),
+            unix_socket: None,
         }
     }
 }

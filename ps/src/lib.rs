@@ -32,6 +32,7 @@
 //! - [`data_path`]: `PushStream` and `PullStream` served from and into HTTP/2 frames in place.
 //! - `push_source`: a push stream's chunks cut out of its HTTP/2 frames.
 //! - [`server`]: [`server::run`], serving a shard with health and clean shutdown.
+//! - `unix_socket`: the same gRPC on a Unix-domain socket (`--listen-unix`).
 //! - [`error`]: why a request is refused, as precise gRPC statuses.
 //! - [`budget`]: the memory budget, and the charges requests and keys hold against it.
 //! - [`push_buffer`]: how many bytes of push streams a server reads ahead of applying them.
@@ -73,6 +74,7 @@ mod stream_reads;
 pub mod table;
 mod table_service;
 pub mod table_wire;
+mod unix_socket;
 pub mod values;
 pub mod wire;
 

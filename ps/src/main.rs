@@ -36,6 +36,10 @@ struct Args {
     /// Address to listen on.
     #[arg(long, env = "PS_LISTEN", default_value = "0.0.0.0:7070")]
     listen: String,
+    /// Also serve gRPC on a Unix-domain socket at this path (mode 0600, removed
+    /// when the server stops); workers on this host reach it at unix:PATH.
+    #[arg(long, env = "PS_LISTEN_UNIX", value_name = "PATH")]
+    listen_unix: Option<std::path::PathBuf>,
     /// Threads serving connections (default: half the cores, at least one).
     /// Updates of large keys run on other threads, one per core. A server with a
     /// machine to itself may serve more connections faster with one per core.
@@ -227,6 +231,7 @@ impl Args {
             checkpoint: None,
             transport,
             shared_memory: self.shared_memory()?,
+            unix_socket: self.listen_unix.clone(),
         })
     }
 

@@ -11,8 +11,11 @@ use std::sync::Arc;
 
 use ps_proto::v1::parameter_server_server::ParameterServerServer;
 use tokio::net::TcpListener;
+use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
+use tonic_health::pb::health_server::HealthServer;
+use tonic_health::server::HealthService;
 
 use crate::checkpointer::Checkpointer;
 use crate::config::ServerConfig;
@@ -89,6 +92,30 @@ pub async fn run_with_metrics(
             crate::shared_memory::accept(listener, offers, service.clone(), stopped.clone());
         tokio::spawn(accepting);
     }
+    let unix_serving = match &config.unix_socket {
+        Some(path) => {
+            let socket = crate::unix_socket::bind(path)?;
+            tracing::info!(path = %path.display(), "also serving gRPC on a Unix-domain socket (workers reach it at unix:PATH)");
+            let health_service =
+                HealthServer::new(HealthService::from_health_reporter(health.clone()));
+            let router = config
+                .transport
+                .server()?
+                .add_service(health_service)
+                .add_service(config.transport.guarded(service.clone().into_server()));
+            let begun = shutdown_begun.clone();
+            Some(tokio::spawn(async move {
+                let crate::unix_socket::UnixSocket { listener, file } = socket;
+                let incoming = UnixListenerStream::new(listener);
+                let served = router
+                    .serve_with_incoming_shutdown(incoming, begun.cancelled_owned())
+                    .await;
+                drop(file);
+                served
+            }))
+        }
+        None => None,
+    };
     let router = config
         .transport
         .server()?
@@ -128,6 +155,17 @@ pub async fn run_with_metrics(
         ),
     }
     shutdown_begun.cancel();
+    if let Some(mut serving) = unix_serving {
+        // Requests on the socket had the same grace period; what is left
+        // is cut, and the socket file goes with the task.
+        match tokio::time::timeout(grace, &mut serving).await {
+            Ok(Ok(Err(error))) => {
+                tracing::warn!(%error, "serving on the Unix-domain socket failed")
+            }
+            Ok(_) => {}
+            Err(_) => serving.abort(),
+        }
+    }
     if let Some(follower) = follower {
         let _ = follower.await;
     }
