@@ -62,7 +62,7 @@ pub async fn check(
     timeout: Duration,
 ) -> Result<(), HealthError> {
     let ask = async {
-        let endpoint = Dialer::new(transport, addr).map_err(|e| HealthError::Address {
+        let dialer = Dialer::new(transport, addr).map_err(|e| HealthError::Address {
             addr: addr.into(),
             reason: e.to_string(),
         })?;
@@ -70,7 +70,7 @@ pub async fn check(
             addr: addr.into(),
             reason,
         };
-        let channel = endpoint
+        let channel = dialer
             .connect()
             .await
             .map_err(|e| unreachable(error_chain(&e)))?;

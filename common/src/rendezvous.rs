@@ -122,7 +122,7 @@ pub async fn rendezvous(
         .map(|p| p.describe())
         .collect::<Vec<_>>()
         .join(" or ");
-    let endpoint = Dialer::new(transport, addr).map_err(|e| RendezvousError::Address {
+    let dialer = Dialer::new(transport, addr).map_err(|e| RendezvousError::Address {
         addr: addr.into(),
         reason: e.to_string(),
     })?;
@@ -130,7 +130,7 @@ pub async fn rendezvous(
     let mut backoff = Duration::from_millis(50);
     let mut said_waiting = false;
     loop {
-        let last = match endpoint.connect().await {
+        let last = match dialer.connect().await {
             Err(error) => {
                 let reason = error_chain(&error);
                 if let Some(hint) = tls_mismatch(&reason) {

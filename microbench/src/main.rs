@@ -555,13 +555,6 @@ async fn run_kv(args: KvArgs) -> anyhow::Result<()> {
             && !args.data_path.is_empty(),
         "--servers, --workers and --window must be at least 1, --seconds above 0, and --data-path name at least one"
     );
-    anyhow::ensure!(
-        !(args.tls
-            && args
-                .data_path
-                .contains(&ps_microbench::kv_path::KvPath::Uds)),
-        "--data-path uds runs without --tls (the run's certificate names 127.0.0.1, not a socket)"
-    );
     let plan = KvPlan {
         servers: args.servers,
         workers: args.workers,

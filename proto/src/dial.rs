@@ -1,7 +1,10 @@
 //! Reaching a server by its address: `host:port` (or a URI) over TCP, or
 //! `unix:PATH`, a Unix-domain socket on this host that a server also listens
-//! on (`ps-server --listen-unix PATH`). Every client of the project dials
-//! through [`Dialer`], so each one takes both kinds of address.
+//! on (`ps-server --listen-unix PATH`). A worker's channels to its servers,
+//! the rendezvous wait and `ps-server health` dial through [`Dialer`], so a
+//! user may give either kind of address wherever a worker takes `--server`.
+//! (With `--scheduler`, the servers' addresses come from the shard map,
+//! which holds their TCP addresses.)
 
 use std::path::PathBuf;
 
@@ -34,8 +37,10 @@ impl Dialer {
     /// When `addr` is neither a socket path nor a valid URI.
     pub fn new(transport: &TransportConfig, addr: &str) -> Result<Self, tonic::transport::Error> {
         match unix_path(addr) {
-            // The URI only names the HTTP/2 authority; the connector below
-            // dials the socket.
+            // The connector below dials the socket; the URI gives the HTTP/2
+            // authority, and its scheme turns `https` under TLS, which is
+            // what makes tonic run TLS over the socket (checking the
+            // transport's server name, as over TCP).
             Some(path) => Ok(Self {
                 endpoint: transport.endpoint("http://localhost")?,
                 socket: Some(PathBuf::from(path)),
@@ -50,7 +55,7 @@ impl Dialer {
     /// A connected channel.
     ///
     /// # Errors
-    /// When nothing answers at the address (or TLS fails).
+    /// When nothing answers at the address, or the TLS handshake fails.
     pub async fn connect(&self) -> Result<Channel, tonic::transport::Error> {
         let Some(path) = self.socket.clone() else {
             return self.endpoint.connect().await;
@@ -80,10 +85,32 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn nothing_listening_at_a_socket_is_a_connect_error() {
+    async fn a_socket_address_dials_that_socket() {
         let dir = std::env::temp_dir().join(format!("ps-dial-{}", std::process::id()));
-        let addr = format!("unix:{}/absent.sock", dir.display());
-        let dialer = Dialer::new(&TransportConfig::default(), &addr).unwrap();
-        assert!(dialer.connect().await.is_err());
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ps.sock");
+        let _ = std::fs::remove_file(&path);
+        let absent = Dialer::new(
+            &TransportConfig::default(),
+            &format!("unix:{}", path.display()),
+        );
+        let error = absent.unwrap().connect().await.unwrap_err();
+        let chain = std::error::Error::source(&error).map(ToString::to_string);
+        assert!(
+            chain.is_some_and(|reason| reason.contains("No such file")),
+            "{error:?}"
+        );
+        // Something listening there is reached: the HTTP/2 handshake starts
+        // on the socket, not on a TCP port.
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let accepted = tokio::spawn(async move { listener.accept().await.is_ok() });
+        let dialer = Dialer::new(
+            &TransportConfig::default(),
+            &format!("unix:{}", path.display()),
+        );
+        let dialing = tokio::spawn(async move { dialer.unwrap().connect().await });
+        assert!(accepted.await.unwrap(), "the socket took the connection");
+        dialing.abort();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -2,6 +2,9 @@
 //! resolves, with the gRPC health service beside it, and Prometheus metrics on
 //! a second listener when asked ([`run_with_metrics`]).
 //!
+//! With `unix_socket` set, the same services are served on a Unix-domain
+//! socket too (`crate::unix_socket`), bound before the server says it listens.
+//!
 //! On shutdown the health status turns to NOT_SERVING, pulls waiting for a version
 //! end with `UNAVAILABLE`, requests in flight finish (for at most the configured
 //! grace period, after which remaining connections are closed), and `run` returns.
@@ -11,7 +14,6 @@ use std::sync::Arc;
 
 use ps_proto::v1::parameter_server_server::ParameterServerServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::health_server::HealthServer;
@@ -62,7 +64,17 @@ pub async fn run_with_metrics(
             .map_err(|error| ServeError::Config(format!("--scheduler: {error}")))?;
     }
     let addr = listener.local_addr()?;
+    // Bound before the server says it is ready, so that whoever reads that
+    // line finds the socket there.
+    let unix_socket = config
+        .unix_socket
+        .as_deref()
+        .map(crate::unix_socket::bind)
+        .transpose()?;
     let shutdown_begun = CancellationToken::new();
+    // Whatever way this returns, the shutdown has begun: the socket's
+    // serving (a task of its own) ends with it.
+    let _begun_on_return = shutdown_begun.clone().drop_guard();
     let stopped = CancellationToken::new();
     let store = open_store(&config, &shutdown_begun);
     let checkpointer = start_checkpoints(&config, &store, &stopped);
@@ -92,27 +104,28 @@ pub async fn run_with_metrics(
             crate::shared_memory::accept(listener, offers, service.clone(), stopped.clone());
         tokio::spawn(accepting);
     }
-    let unix_serving = match &config.unix_socket {
-        Some(path) => {
-            let socket = crate::unix_socket::bind(path)?;
-            tracing::info!(path = %path.display(), "also serving gRPC on a Unix-domain socket (workers reach it at unix:PATH)");
+    let unix_serving = match unix_socket {
+        Some(socket) => {
+            let addr = format!("unix:{}", socket.path().display());
+            tracing::info!(%addr, "ps-server also serving gRPC on a Unix-domain socket");
             let health_service =
                 HealthServer::new(HealthService::from_health_reporter(health.clone()));
             let router = config
                 .transport
                 .server()?
+                .layer(ps_common::idle::TrackRequestsLayer)
                 .add_service(health_service)
                 .add_service(config.transport.guarded(service.clone().into_server()));
-            let begun = shutdown_begun.clone();
-            Some(tokio::spawn(async move {
-                let crate::unix_socket::UnixSocket { listener, file } = socket;
-                let incoming = UnixListenerStream::new(listener);
-                let served = router
-                    .serve_with_incoming_shutdown(incoming, begun.cancelled_owned())
-                    .await;
-                drop(file);
-                served
-            }))
+            let (incoming, file) = socket.incoming(
+                config.transport.max_connections,
+                config.transport.idle_connection_timeout,
+            );
+            let serving = router
+                .serve_with_incoming_shutdown(incoming, shutdown_begun.clone().cancelled_owned());
+            let stopping = (shutdown_begun.clone(), config.shutdown_grace);
+            Some(tokio::spawn(crate::unix_socket::serve(
+                serving, file, stopping,
+            )))
         }
         None => None,
     };
@@ -155,15 +168,15 @@ pub async fn run_with_metrics(
         ),
     }
     shutdown_begun.cancel();
-    if let Some(mut serving) = unix_serving {
-        // Requests on the socket had the same grace period; what is left
-        // is cut, and the socket file goes with the task.
-        match tokio::time::timeout(grace, &mut serving).await {
-            Ok(Ok(Err(error))) => {
-                tracing::warn!(%error, "serving on the Unix-domain socket failed")
+    if let Some(serving) = unix_serving {
+        // It stops as this listener did: its requests had the same grace
+        // period, from the same moment; its socket file is gone once it ends.
+        match serving.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "serving on the Unix-domain socket failed"),
+            Err(error) => {
+                tracing::warn!(%error, "serving on the Unix-domain socket ended abnormally")
             }
-            Ok(_) => {}
-            Err(_) => serving.abort(),
         }
     }
     if let Some(follower) = follower {

@@ -166,7 +166,8 @@ impl Point {
         }
     }
 
-    /// A short name for the run's folder: `2-beside-1MiB-bf16-pipelined`.
+    /// A short name for the run's folder: `2-beside-1MiB-bf16-pipelined`, or
+    /// `...-r4` push then pull with 4 requests per server.
     fn label(&self) -> String {
         let beside = if self.colocated { "-beside" } else { "" };
         let wire = if self.wire_bytes == 2 { "bf16" } else { "f32" };
@@ -177,7 +178,7 @@ impl Point {
         format!(
             "{}{beside}-{}-{wire}-{step}",
             self.servers,
-            ps_common::size::format_size(self.partition_bytes as usize).replace(' ', "")
+            ps_common::size::format_size(self.partition_bytes as usize)
         )
     }
 }
@@ -343,7 +344,7 @@ pub fn predict_again(
     Ok(())
 }
 
-/// A row's largest part for a person: `1 MiB`.
+/// A row's largest part for a person: `1MiB`.
 fn parts(row: &Row) -> String {
     ps_common::size::format_size(row.partition_bytes as usize)
 }
@@ -539,4 +540,67 @@ pub fn table(rows: &[Row], workers: usize) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grid() -> Grid {
+        Grid {
+            models: default_models(),
+            links: vec!["500mbit".parse().unwrap(), "1gbit".parse().unwrap()],
+            servers: vec![1, 2, 3],
+            placements: vec![Placement::Colocated],
+            partitions: vec![256 << 10, 4 << 20],
+            wires: vec![4, 2],
+            pipelining: vec![false, true],
+            requests: vec![1, 4],
+            workers: 2,
+            bin_dir: PathBuf::new(),
+            out: PathBuf::new(),
+            prefix: "test".into(),
+            constants: Constants::default(),
+        }
+    }
+
+    #[test]
+    fn the_grid_runs_every_setup_once_with_requests_only_where_they_apply() {
+        let points = points(&grid());
+        // Beside two workers: 1 and 2 servers (3 is skipped); 2 parts x 2
+        // wires x (pipelined once + push then pull with 1 and with 4).
+        assert_eq!(points.len(), 2 * 2 * 2 * 3);
+        assert!(points.iter().all(|p| p.servers <= 2 && p.colocated));
+        for p in points.iter().filter(|p| p.pipeline) {
+            assert_eq!(p.requests_per_server, cost::CLIENT_REQUESTS_PER_SERVER);
+        }
+        let mut labels: Vec<String> = points.iter().map(Point::label).collect();
+        labels.sort();
+        labels.dedup();
+        assert_eq!(
+            labels.len(),
+            points.len(),
+            "each run has a folder of its own"
+        );
+        assert!(
+            labels.contains(&"2-beside-256KiB-bf16-r1".to_string()),
+            "{labels:?}"
+        );
+        assert!(
+            labels.contains(&"1-beside-4MiB-f32-pipelined".to_string()),
+            "{labels:?}"
+        );
+    }
+
+    #[test]
+    fn rows_of_grids_run_before_the_new_columns_read_as_what_they_ran() {
+        let old = r#"{"model": "comm-bound", "link": "1gbit", "servers": 2, "pipeline": false,
+            "compute_ms": 122.0, "predicted_ms": 600.0, "measured_ms": 620.0, "error": -0.03}"#;
+        let row: Row = serde_json::from_str(old).unwrap();
+        let point = row.point();
+        assert!(!point.colocated);
+        assert_eq!(point.partition_bytes, 1 << 20);
+        assert_eq!(point.wire_bytes, 4);
+        assert_eq!(point.requests_per_server, 4);
+    }
 }

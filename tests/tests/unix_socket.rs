@@ -1,8 +1,9 @@
 //! gRPC on a Unix-domain socket (`ps-server --listen-unix PATH`, workers at
-//! `unix:PATH`): the same service as on TCP, with the same values; the
-//! socket is its user's alone, needs the cluster token, refuses a second
-//! server, and goes when the server stops; `ps-server health` and
-//! `ps-worker` take the address as a user gives it.
+//! `unix:PATH`): the same service as on TCP, with the same values, over TLS
+//! too; the socket is its user's alone, needs the cluster token, refuses a
+//! second server, and goes when the server stops, within its grace period
+//! even with a worker still connected; `ps-server health` and `ps-worker`
+//! take the address as a user gives it.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ps_client::placement::ParamInfo;
 use ps_client::{ClientConfig, ClientError, ParamBytes, PsClient, optim};
+use ps_common::certs::ClusterCerts;
 use ps_proto::auth::{ClusterToken, Role};
 use ps_proto::codec::DType;
 use ps_proto::ids::{Rank, Step, Version};
@@ -33,18 +35,20 @@ fn transport(token: Option<&str>, role: Role) -> TransportConfig {
     }
 }
 
-/// An in-process server for one worker, on loopback and on `socket`,
-/// requiring `token`; it stops when `stop` is cancelled.
+/// An in-process server for one worker, on loopback and on `socket`, with
+/// `transport` (its token, its TLS); it stops when `stop` is cancelled, and
+/// gives connections left open 1 s.
 async fn server(
     socket: &Path,
-    token: &str,
+    transport: TransportConfig,
     stop: &CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let config = ServerConfig {
         workers: 1,
-        transport: transport(Some(token), Role::Server),
+        transport,
         unix_socket: Some(socket.to_path_buf()),
+        shutdown_grace: Duration::from_secs(1),
         ..ServerConfig::default()
     };
     let stopped = stop.clone().cancelled_owned();
@@ -54,18 +58,19 @@ async fn server(
             .expect("the server runs");
     });
     // The socket is bound before the server takes requests; wait for the file.
-    for _ in 0..200 {
+    for _ in 0..500 {
         if socket.exists() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert!(socket.exists(), "the server made no socket within 5 s");
     task
 }
 
-async fn client(addr: &str, token: Option<&str>) -> Result<PsClient, ClientError> {
+async fn client(addr: &str, transport: TransportConfig) -> Result<PsClient, ClientError> {
     let config = ClientConfig {
-        transport: transport(token, Role::Worker),
+        transport,
         data_path: DataPathMode::Grpc,
         ..ClientConfig::new(vec![addr.to_string()])
     };
@@ -84,12 +89,14 @@ async fn a_worker_at_unix_path_trains_as_over_tcp_and_the_socket_is_private() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ps.sock");
     let stop = CancellationToken::new();
-    let serving = server(&socket, "the-token", &stop).await;
+    let serving = server(&socket, transport(Some("the-token"), Role::Server), &stop).await;
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "only the server's user may open it");
     let addr = format!("unix:{}", socket.display());
 
-    let worker = client(&addr, Some("the-token")).await.expect("connect");
+    let worker = client(&addr, transport(Some("the-token"), Role::Worker))
+        .await
+        .expect("connect");
     worker
         .register(
             &[ParamBytes::new("w", values(1000, |i| i as f32))],
@@ -104,7 +111,7 @@ async fn a_worker_at_unix_path_trains_as_over_tcp_and_the_socket_is_private() {
     assert_eq!(pulled["w"].values, expected);
 
     // Without the token the socket serves nothing.
-    let refused = client(&addr, None).await;
+    let refused = client(&addr, transport(None, Role::Worker)).await;
     let register = match refused {
         Ok(c) => c
             .register(
@@ -130,6 +137,55 @@ async fn a_worker_at_unix_path_trains_as_over_tcp_and_the_socket_is_private() {
         !socket.exists(),
         "the socket file goes when the server stops"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_runs_over_the_socket_and_a_connection_left_open_ends_within_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ps.sock");
+    let tls = ClusterCerts::generate(&[], 1).unwrap().tls_config(true);
+    let with_tls = TransportConfig {
+        tls: Some(tls),
+        ..TransportConfig::default()
+    };
+    let stop = CancellationToken::new();
+    let serving = server(&socket, with_tls.clone(), &stop).await;
+    let addr = format!("unix:{}", socket.display());
+    let worker = client(&addr, with_tls).await.expect("connect over TLS");
+    worker
+        .register(
+            &[ParamBytes::new("w", values(1000, |_| 1.0))],
+            &optim::sgd(1.0),
+        )
+        .await
+        .expect("register");
+    let grads = [ParamBytes::new("w", values(1000, |_| 0.25))];
+    assert_eq!(worker.push(Rank(0), Step(0), &grads).await.unwrap(), 1);
+    let pulled = worker.pull(Version(1)).await.unwrap();
+    assert_eq!(pulled["w"].values, vec![0.75; 1000]);
+    // A plain client gets nothing from a TLS socket.
+    let plain = ClientConfig {
+        data_path: DataPathMode::Grpc,
+        connect_timeout: Duration::from_secs(1),
+        ..ClientConfig::new(vec![addr.clone()])
+    };
+    assert!(PsClient::connect(plain).await.is_err());
+
+    // The worker stays connected: the server still stops within its grace
+    // period (1 s here), and takes its socket file with it.
+    let stopping = std::time::Instant::now();
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(20), serving)
+        .await
+        .expect("the server stopped")
+        .unwrap();
+    let took = stopping.elapsed();
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(
+        !socket.exists(),
+        "the socket file goes when the server stops"
+    );
+    drop(worker);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

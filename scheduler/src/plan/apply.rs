@@ -72,7 +72,7 @@ pub fn applied(plan: &Plan, layers: usize) -> anyhow::Result<Applied> {
         .filter(|n| (1..=MOST_REQUESTS_PER_SERVER).contains(n))
         .ok_or_else(|| {
             anyhow::anyhow!(
-                "the plan's chosen setup makes {} requests per server; give 1 to {MOST_REQUESTS_PER_SERVER}",
+                "the plan's chosen setup makes {} requests per server; give its requests_per_server 1 to {MOST_REQUESTS_PER_SERVER}",
                 chosen.requests_per_server
             )
         })?;

@@ -12,10 +12,10 @@
 //!   busiest server's per-byte CPU for its share when that is slower, plus
 //!   the worker's per-byte CPU, plus one round trip each.
 //! - `apply`: the busiest server's gradients (f32) over the apply rate, less
-//!   what the requests per server hide when not pipelined: a push to one
-//!   server cut into `g` requests arrives one request after another on the
-//!   server's session, and the server applies each while the next is on the
-//!   wire, so all but the last request's apply can hide behind the link.
+//!   what arriving in pieces hides: a push to one server cut into `R`
+//!   requests (or, pipelined, `G / S` groups) arrives one piece after another
+//!   on the server's session, and the server applies each while the next is
+//!   on the wire, so all but the last piece's apply can hide behind the link.
 //! - `requests`: requests per step (a push and a pull per key group) times
 //!   the per-request CPU.
 //! - `overlap` (negative): time the two directions share. Pipelined, a
@@ -204,11 +204,12 @@ pub fn predict(
     let even_share = model as f64 / f64::from(setup.servers);
     let whole_apply =
         f64::from(cluster.workers) * even_share * imbalance / constants.apply_bytes_per_sec;
-    let per_server = requests_per_server(setup, wire / f64::from(setup.servers), parts);
-    // All but the last request's apply overlaps the arrival of the requests
-    // after it (none when pipelined, where `hidden` counts the groups).
-    let apply = whole_apply - whole_apply.min(carried) * (1.0 - 1.0 / per_server as f64);
     let groups = groups_per_step(setup, wire, parts);
+    // A server takes its requests (or pipelined groups) one after another,
+    // and applies each while the next arrives: all but the last one's apply
+    // can hide behind the link.
+    let arrivals = (groups / u64::from(setup.servers.max(1))).max(1) as f64;
+    let apply = whole_apply - whole_apply.min(carried) * (1.0 - 1.0 / arrivals);
     // A push and a pull per group.
     let requests = (2 * groups) as f64 * constants.request_seconds;
     let overlap = -hidden(
@@ -300,15 +301,12 @@ pub fn balance(tensor_bytes: &[u64], partition: u64, servers: u32) -> (u64, f64)
     (assignments.len() as u64, imbalance.max(1.0))
 }
 
-/// Requests a push to the busiest server is cut into when not pipelined
-/// (1 when pipelined): the setup's requests per server, but none under
-/// [`PIPELINE_GROUP_BYTES`] of a server's even `share` of wire bytes and at
-/// most one per part it holds (the client's `in_groups`).
-pub fn requests_per_server(setup: &Setup, share: f64, parts: u64) -> u64 {
-    if setup.pipeline {
-        return 1;
-    }
-    let by_bytes = (share / PIPELINE_GROUP_BYTES as f64).floor() as u64;
+/// Requests a push to one server is cut into when not pipelined: the
+/// setup's requests per server, but at most one per [`PIPELINE_GROUP_BYTES`]
+/// of a server's even `share` of wire bytes (and one for the rest) and one
+/// per part it holds, as the client's `in_groups` cuts them.
+pub fn requests_cut_per_server(setup: &Setup, share: f64, parts: u64) -> u64 {
+    let by_bytes = (share / PIPELINE_GROUP_BYTES as f64).ceil() as u64;
     let parts_here = parts.div_ceil(u64::from(setup.servers.max(1)));
     u64::from(setup.requests_per_server.max(1))
         .min(by_bytes)
@@ -318,12 +316,12 @@ pub fn requests_per_server(setup: &Setup, share: f64, parts: u64) -> u64 {
 
 /// Key groups a step's push (and pull) is cut into: with pipelining, one
 /// per [`PIPELINE_GROUP_BYTES`] of wire bytes, at least one per server and at
-/// most one per part; without, [`requests_per_server`] per server.
+/// most one per part; without, [`requests_cut_per_server`] per server.
 pub fn groups_per_step(setup: &Setup, wire: f64, parts: u64) -> u64 {
     let servers = u64::from(setup.servers);
     if !setup.pipeline {
         let share = wire / servers.max(1) as f64;
-        return servers * requests_per_server(setup, share, parts);
+        return servers * requests_cut_per_server(setup, share, parts);
     }
     let by_bytes = (wire / PIPELINE_GROUP_BYTES as f64).ceil() as u64;
     by_bytes.clamp(servers, parts.max(servers))
@@ -588,13 +586,16 @@ mod tests {
         assert!((terms.apply - 0.05 / 4.0).abs() < 1e-9, "{terms:?}");
         // A push and a pull of 4 requests to each of 2 servers.
         assert!((terms.requests - 16.0 * 100e-6).abs() < 1e-12);
-        // No more requests than a server's MiBs of wire bytes, or its parts.
-        assert_eq!(requests_per_server(&four, 2.5 * 1048576.0, 50), 2);
-        assert_eq!(requests_per_server(&four, 50e6, 6), 3);
-        // Pipelined, the requests per server are not used.
+        // No more requests than a server's MiBs of wire bytes (and one for
+        // the rest), or its parts.
+        assert_eq!(requests_cut_per_server(&four, 2.5 * 1048576.0, 50), 3);
+        assert_eq!(requests_cut_per_server(&four, 50e6, 6), 3);
+        // Pipelined, a server's groups arrive in pieces the same way: 100 MB
+        // in 1 MiB groups (96, capped by the 50 parts), 25 a server.
         let mut pipelined = four.clone();
         pipelined.pipeline = true;
-        assert_eq!(requests_per_server(&pipelined, 50e6, 50), 1);
+        let piped = predict(&pipelined, &tensors, &cluster(2), &constants());
+        assert!((piped.apply - 0.05 / 25.0).abs() < 1e-9, "{piped:?}");
         // A link faster than the apply hides only the link's time of it.
         let mut fast = cluster(2);
         (fast.worker_link, fast.server_link) = (100e9, 100e9);

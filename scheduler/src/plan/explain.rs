@@ -132,11 +132,11 @@ pub fn explanation(plan: &Plan) -> String {
   push     = max(link, server) + W / worker rate + RTT
   pull     = max(link, server) + W / worker rate + RTT
   R        = requests per server when not pipelined: the setup's, at most
-             (W / S) / {group} and a server's parts; 1 when pipelined
-  apply    = N x (model bytes / S) x imbalance / apply rate
-             - min(that, max(link, server)) x (1 - 1/R)   (a server applies
-             each request while the next is on the wire)
+             (W / S) / {group} (rounded up) and a server's parts
   groups G = S x R, or when pipelined W / {group} (at least S, at most the parts)
+  apply    = N x (model bytes / S) x imbalance / apply rate
+             - min(that, max(link, server)) x (1 - S/G)   (a server applies
+             each request or group while the next is on the wire)
   requests = 2 x G x request CPU
   slack    = 1 - (a worker's own link time / the busiest link's time)
   overlap  = -min(pull, push + apply) x max(slack, pipelined: (1 - 1/S) x (1 - 1/G))

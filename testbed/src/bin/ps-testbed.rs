@@ -150,7 +150,8 @@ struct PlanCheckArgs {
     /// Run the setups pipelined, push then pull, or both: on,off.
     #[arg(long, value_delimiter = ',', default_value = "off,on", value_parser = on_off)]
     pipelining: Vec<bool>,
-    /// Requests per server of the setups run push then pull (1 to 64).
+    /// Requests per server of the setups run push then pull (1 to 64; a
+    /// pipelined step cuts by group bytes and runs with the client's 4).
     #[arg(long, value_delimiter = ',', default_value = "4",
           value_parser = clap::value_parser!(u32).range(1..=64))]
     requests: Vec<u32>,
