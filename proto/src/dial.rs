@@ -23,6 +23,20 @@ pub fn unix_path(addr: &str) -> Option<&str> {
     Some(rest.strip_prefix("//").unwrap_or(rest))
 }
 
+/// Bytes each way a Unix-domain socket of this project buffers. The kernel's
+/// default (`net.core.wmem_default`, 208 KiB here) made a 1 MiB message
+/// take several wake-ups where loopback TCP, which tunes its buffers up to
+/// a few MiB, takes one; the kernel caps what is asked at
+/// `net.core.wmem_max` and `rmem_max`.
+pub const UNIX_SOCKET_BUFFER_BYTES: usize = 4 << 20;
+
+/// Widens `stream`'s buffers both ways to [`UNIX_SOCKET_BUFFER_BYTES`] (or
+/// the kernel's cap); a socket that refuses keeps its own.
+pub fn widen_buffers(stream: &tokio::net::UnixStream) {
+    let _ = rustix::net::sockopt::set_socket_send_buffer_size(stream, UNIX_SOCKET_BUFFER_BYTES);
+    let _ = rustix::net::sockopt::set_socket_recv_buffer_size(stream, UNIX_SOCKET_BUFFER_BYTES);
+}
+
 /// One server's endpoint with the transport's settings, and how to reach it.
 #[derive(Debug, Clone)]
 pub struct Dialer {
@@ -64,6 +78,7 @@ impl Dialer {
             let path = path.clone();
             async move {
                 let stream = tokio::net::UnixStream::connect(path).await?;
+                widen_buffers(&stream);
                 Ok::<_, std::io::Error>(TokioIo::new(stream))
             }
         });

@@ -15,7 +15,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use ps_common::connections::{Counted, bounded};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::wrappers::UnixListenerStream;
@@ -54,7 +54,9 @@ impl UnixSocket {
         SocketFile,
     ) {
         let who = format!("ps-server at unix:{}", self.file.0.display());
-        let incoming = bounded(UnixListenerStream::new(self.listener), max, idle_limit, who);
+        let accepted = UnixListenerStream::new(self.listener)
+            .inspect(|stream| stream.iter().for_each(ps_proto::dial::widen_buffers));
+        let incoming = bounded(accepted, max, idle_limit, who);
         (incoming, self.file)
     }
 }
