@@ -88,6 +88,7 @@ pub fn load(
                 server_link: link.bytes_per_sec(),
                 rtt: 50e-6,
                 compute,
+                cores: ps_scheduler::plan::cli::this_hosts_cores(),
             };
             let choices = Choices {
                 max_servers: 4,

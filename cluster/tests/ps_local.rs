@@ -226,6 +226,7 @@ fn a_plan_chooses_the_setup_auto_or_from_a_file() {
         server_link: 5e9,
         rtt: 50e-6,
         compute: 1e-3,
+        cores: 2,
     };
     let choices = ps_scheduler::plan::Choices {
         max_servers: 3,

@@ -106,10 +106,11 @@ enum Command {
     /// Plan a setup for a model on a cluster: every candidate's predicted
     /// step time and its terms, the fastest that fits chosen
     /// (docs/plan.md).
-    Plan(ps_scheduler::plan::cli::PlanArgs),
+    Plan(Box<ps_scheduler::plan::cli::PlanArgs>),
     /// Print a plan file's chosen setup as the variables the compose and
     /// swarm settings read (PS_SERVERS, PS_CONSISTENCY, PS_NO_PIPELINE,
-    /// PS_BACKWARD_SEGMENTS, PS_WIRE_DTYPE), one NAME=value a line:
+    /// PS_BACKWARD_SEGMENTS, PS_WIRE_DTYPE, PS_PARTITION_BYTES,
+    /// PS_REQUESTS_PER_SERVER), one NAME=value a line:
     /// `scripts/cluster.sh up --plan FILE` runs it.
     PlanEnv(ps_scheduler::plan::apply::PlanEnvArgs),
     /// Exit 0 when the scheduler at --server serves (a container health check).

@@ -345,3 +345,32 @@ fn plan_env_prints_the_chosen_setup_as_the_variables_compose_and_swarm_pass_on()
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("reading the plan"));
 }
+
+#[test]
+fn a_resources_file_gives_the_cluster_and_its_flags_are_refused_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cluster.json");
+    std::fs::write(
+        &file,
+        r#"{"workers": 4, "link": "10gbit", "server_hosts": 4, "cores": 16, "compute": "40ms"}"#,
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let planned = plan(&["--model", "bert-base", "--resources", path]);
+    check_invariants(&planned);
+    assert_eq!(planned.cluster.workers, 4);
+    assert_eq!(planned.cluster.cores, 16);
+    assert!((planned.cluster.worker_link - 1.25e9).abs() < 1.0);
+    assert!((planned.cluster.compute - 0.04).abs() < 1e-12);
+    assert_eq!(planned.choices.server_hosts, 4);
+    let both = Command::new(env!("CARGO_BIN_EXE_ps-scheduler"))
+        .args(["plan", "--resources", path, "--workers", "3"])
+        .output()
+        .unwrap();
+    assert!(!both.status.success());
+    let said = String::from_utf8_lossy(&both.stderr);
+    assert!(
+        said.contains("--workers") && said.contains("--resources"),
+        "{said}"
+    );
+}

@@ -308,6 +308,8 @@ pub fn predict(
         server_link: link.bytes_per_sec(),
         rtt: 100e-6,
         compute,
+        // The emulated hosts share this machine's two cores.
+        cores: 2,
     };
     cost::predict(&setup, &shapes.tensor_bytes(), &cluster, constants).step
 }

@@ -332,6 +332,7 @@ fn a_plan(
         server_link: 125e6,
         rtt: 100e-6,
         compute: 1e-3,
+        cores: 2,
     };
     let choices = ps_scheduler::plan::Choices {
         max_servers,

@@ -157,6 +157,7 @@ mod tests {
             server_link: 125e6,
             rtt: 100e-6,
             compute: 0.01,
+            cores: 2,
         };
         let choices = Choices {
             max_servers: 3,

@@ -119,7 +119,7 @@ fn link_from(latency: &[Value], bandwidth: &[Value]) -> anyhow::Result<LinkMeasu
 ///
 /// # Errors
 /// `ps-worker` is missing or fails, or reports nothing usable.
-pub fn measure_compute(widths: &[usize], batch: usize) -> anyhow::Result<f64> {
+pub fn measure_compute(widths: &[usize], batch: usize, device: &str) -> anyhow::Result<f64> {
     let [features, hidden @ .., classes] = widths else {
         bail!("--measure-compute needs an MLP with an input and an output width");
     };
@@ -144,6 +144,8 @@ pub fn measure_compute(widths: &[usize], batch: usize) -> anyhow::Result<f64> {
         batch.to_string(),
         "--hidden".into(),
         hidden.join(","),
+        "--device".into(),
+        device.to_string(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let rows = run_json("ps-worker", &args)?;

@@ -43,6 +43,20 @@ pub struct PlanArgs {
     /// and the optimizer's apply rate on one core (by ps-microbench).
     #[arg(long, conflicts_with = "compute")]
     pub measure_compute: bool,
+    /// The device --measure-compute times a step on: cpu, cuda:N (a GPU
+    /// worker host) or metal:N.
+    #[arg(long, default_value = "cpu", env = "PS_DEVICE")]
+    pub device: String,
+    /// Cores of each host (default: this host's). A server serves its
+    /// workers' connections on half of them.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub cores: Option<u32>,
+    /// The cluster from a JSON file instead of the flags, for example
+    /// {"workers": 4, "link": "10gbit", "server_link": "25gbit", "rtt":
+    /// "200us", "compute": "40ms", "server_hosts": 2, "cores": 16}; all but
+    /// workers and link may be left out.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["workers", "link", "server_link", "rtt", "compute", "server_hosts", "cores"])]
+    pub resources: Option<PathBuf>,
     /// Examples per worker step, for --measure-compute.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..), requires = "measure_compute")]
     pub batch_size: u64,
@@ -95,9 +109,17 @@ impl PlanArgs {
             Some(path) => read_constants(path)?,
             None => Constants::default(),
         };
-        let mut cluster = self.cluster();
+        let resources = self.resources.as_deref().map(read_resources).transpose()?;
+        let mut choices = self.choices();
+        let mut cluster = match resources {
+            Some(given) => {
+                choices.server_hosts = given.server_hosts.unwrap_or(choices.server_hosts);
+                given.cluster
+            }
+            None => self.cluster(),
+        };
         let measured = self.measure(&mut cluster, &mut constants)?;
-        let mut plan = plan(&model, &cluster, &self.choices(), &constants)?;
+        let mut plan = plan(&model, &cluster, &choices, &constants)?;
         plan.made = made_note();
         plan.measured = measured;
         if self.json {
@@ -174,7 +196,8 @@ impl PlanArgs {
             eprintln!(
                 "measuring a step's compute (ps-worker --probe-compute) and the apply rate (ps-microbench apply)..."
             );
-            cluster.compute = calibrate::measure_compute(&widths, self.batch_size as usize)?;
+            cluster.compute =
+                calibrate::measure_compute(&widths, self.batch_size as usize, &self.device)?;
             constants.apply_bytes_per_sec = calibrate::measure_apply(&self.optimizer)?;
             set_source(
                 constants,
@@ -185,10 +208,11 @@ impl PlanArgs {
                 ),
             );
             measured.push(format!(
-                "compute: {:.3} ms a step of {} with batches of {}, on this host ({made})",
+                "compute: {:.3} ms a step of {} with batches of {}, on this host's {} ({made})",
                 cluster.compute * 1e3,
                 self.model,
-                self.batch_size
+                self.batch_size,
+                self.device
             ));
         }
         Ok(measured)
@@ -201,6 +225,7 @@ impl PlanArgs {
             server_link: self.server_link.unwrap_or(self.link).bytes_per_sec(),
             rtt: self.rtt.as_secs_f64(),
             compute: self.compute.as_secs_f64(),
+            cores: self.cores.unwrap_or_else(this_hosts_cores),
         }
     }
 
@@ -218,6 +243,86 @@ impl PlanArgs {
             },
         }
     }
+}
+
+/// This host's cores (2 where they cannot be read).
+pub fn this_hosts_cores() -> u32 {
+    std::thread::available_parallelism().map_or(2, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
+}
+
+/// The cluster a `--resources` file describes, and the hosts it gives the
+/// servers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resources {
+    /// The cluster.
+    pub cluster: Cluster,
+    /// Hosts the servers may have to themselves, when the file says.
+    pub server_hosts: Option<u32>,
+}
+
+/// A `--resources` file as written.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourcesFile {
+    workers: u32,
+    link: String,
+    server_link: Option<String>,
+    rtt: Option<String>,
+    compute: Option<String>,
+    server_hosts: Option<u32>,
+    cores: Option<u32>,
+}
+
+/// Reads a `--resources` file (see `--help`): the workers and their link,
+/// and optionally the servers' link, the round trip (100us), the compute per
+/// step (10ms), the servers' own hosts and each host's cores (this host's).
+///
+/// # Errors
+/// The file cannot be read, is not such a JSON object, or holds a rate, a
+/// time or a count that does not read; each message names the field.
+pub fn read_resources(path: &std::path::Path) -> anyhow::Result<Resources> {
+    let shown = path.display();
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading --resources {shown}"))?;
+    let file: ResourcesFile = serde_json::from_str(&text).with_context(|| {
+        format!("--resources {shown}: give a JSON object with workers and link, and optionally server_link, rtt, compute, server_hosts and cores")
+    })?;
+    let rate = |field: &str, text: &str| -> anyhow::Result<f64> {
+        let rate: LinkRate = text
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--resources {shown}: {field} {text:?}: {e}"))?;
+        Ok(rate.bytes_per_sec())
+    };
+    let time = |field: &str, text: Option<&str>, default: &str| -> anyhow::Result<f64> {
+        let text = text.unwrap_or(default);
+        let time = humantime::parse_duration(text)
+            .map_err(|e| anyhow::anyhow!("--resources {shown}: {field} {text:?}: {e}"))?;
+        Ok(time.as_secs_f64())
+    };
+    anyhow::ensure!(
+        file.workers > 0,
+        "--resources {shown}: workers must be at least 1"
+    );
+    anyhow::ensure!(
+        file.cores != Some(0),
+        "--resources {shown}: cores must be at least 1"
+    );
+    let worker_link = rate("link", &file.link)?;
+    let cluster = Cluster {
+        workers: file.workers,
+        worker_link,
+        server_link: match &file.server_link {
+            Some(text) => rate("server_link", text)?,
+            None => worker_link,
+        },
+        rtt: time("rtt", file.rtt.as_deref(), "100us")?,
+        compute: time("compute", file.compute.as_deref(), "10ms")?,
+        cores: file.cores.unwrap_or_else(this_hosts_cores),
+    };
+    Ok(Resources {
+        cluster,
+        server_hosts: file.server_hosts,
+    })
 }
 
 /// Sets the source of constant `index` (in [`Constants`]'s order).
@@ -274,4 +379,43 @@ fn made_note() -> String {
     let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     format!("{date} on {}", host.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(dir: &tempfile::TempDir, text: &str) -> PathBuf {
+        let path = dir.path().join("resources.json");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_resources_file_reads_as_the_flags_would_and_bad_fields_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let given = r#"{"workers": 4, "link": "10gbit", "server_link": "25gbit",
+            "rtt": "200us", "compute": "40ms", "server_hosts": 2, "cores": 16}"#;
+        let read = read_resources(&file(&dir, given)).unwrap();
+        assert_eq!(read.server_hosts, Some(2));
+        let c = read.cluster;
+        assert_eq!((c.workers, c.cores), (4, 16));
+        assert!((c.worker_link - 1.25e9).abs() < 1.0 && (c.server_link - 3.125e9).abs() < 1.0);
+        assert!((c.rtt - 200e-6).abs() < 1e-12 && (c.compute - 0.04).abs() < 1e-12);
+        let least = read_resources(&file(&dir, r#"{"workers": 2, "link": "1gbit"}"#)).unwrap();
+        assert_eq!(least.cluster.server_link, least.cluster.worker_link);
+        assert_eq!(least.server_hosts, None);
+        for (text, named) in [
+            (r#"{"workers": 2, "link": "fast"}"#, "link \"fast\""),
+            (r#"{"workers": 2, "link": "1gbit", "rtt": "soon"}"#, "rtt"),
+            (r#"{"workers": 0, "link": "1gbit"}"#, "workers"),
+            (
+                r#"{"workers": 2, "link": "1gbit", "gpus": 1}"#,
+                "server_hosts and cores",
+            ),
+        ] {
+            let error = format!("{:#}", read_resources(&file(&dir, text)).unwrap_err());
+            assert!(error.contains(named), "{text}: {error}");
+        }
+    }
 }

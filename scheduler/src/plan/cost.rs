@@ -9,8 +9,9 @@
 //!
 //! - `compute`: the worker's forward and backward pass (given or measured).
 //! - `push`, `pull`: the busiest link's bytes each way over its rate, or the
-//!   busiest server's per-byte CPU for its share when that is slower, plus
-//!   the worker's per-byte CPU, plus one round trip each.
+//!   busiest server's per-byte CPU for its share when that is slower (its
+//!   workers' connections served on up to half the host's cores), plus the
+//!   worker's per-byte CPU, plus one round trip each.
 //! - `apply`: the busiest server's gradients (f32) over the apply rate, less
 //!   what arriving in pieces hides: a push to one server cut into `R`
 //!   requests (or, pipelined, `G / S` groups) arrives one piece after another
@@ -145,6 +146,21 @@ pub struct Cluster {
     pub rtt: f64,
     /// Seconds of compute per step.
     pub compute: f64,
+    /// Cores of each host. A server serves its workers' connections on half
+    /// of them (its runtime threads). Plan files from before it was an input
+    /// take 2, the machine the built-in constants were measured on.
+    #[serde(default = "two_cores")]
+    pub cores: u32,
+}
+
+fn two_cores() -> u32 {
+    2
+}
+
+/// Threads a server on a host of `cores` serves connections on: half the
+/// cores, at least one (`ps-server --runtime-threads`' default).
+pub fn server_threads(cores: u32) -> u32 {
+    (cores / 2).max(1)
 }
 
 /// A prediction: its terms in seconds, and their sum.
@@ -194,10 +210,11 @@ pub fn predict(
         busiest_link(setup, cluster, constants, wire, imbalance);
     let cpu_bytes = wire / constants.worker_bytes_per_sec;
     // The busiest server decodes its share of every worker's push (and
-    // encodes its pull) as the bytes arrive: it binds only when slower than
-    // the link.
+    // encodes its pull) as the bytes arrive, each worker's connection on one
+    // of its threads: it binds only when slower than the link.
+    let threads = server_threads(cluster.cores).min(cluster.workers.max(1));
     let server_cpu = f64::from(cluster.workers) * wire / f64::from(setup.servers) * imbalance
-        / constants.server_bytes_per_sec;
+        / (constants.server_bytes_per_sec * f64::from(threads));
     let carried = link_time.max(server_cpu);
     let push = carried + cpu_bytes + cluster.rtt;
     let pull = carried + cpu_bytes + cluster.rtt;
@@ -422,6 +439,7 @@ mod tests {
             server_link: 125e6,
             rtt: 0.0,
             compute: 0.1,
+            cores: 2,
         }
     }
 
@@ -494,6 +512,18 @@ mod tests {
         // The server's 0.4 s, then the worker's own 100 MB at 1 GB/s.
         assert!((terms.push - (0.4 + 0.1)).abs() < 1e-9, "{terms:?}");
         assert_eq!(terms.push, terms.pull);
+        // On 16 cores the server serves the four workers' connections on
+        // four of its eight threads: 0.1 s.
+        fast.cores = 16;
+        let wide = predict(
+            &setup(1, Placement::Dedicated),
+            &tensors,
+            &fast,
+            &constants(),
+        );
+        assert!((wide.push - (0.1 + 0.1)).abs() < 1e-9, "{wide:?}");
+        assert_eq!(server_threads(16), 8);
+        assert_eq!(server_threads(1), 1);
     }
 
     #[test]

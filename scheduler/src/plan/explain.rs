@@ -127,8 +127,9 @@ pub fn explanation(plan: &Plan) -> String {
              a worker's W; beside workers, a host with a server carries
              max(W - share, (N - 1) x share) each way (2 W (N-1)/N a step
              when S = N)
-  server   = N x W / S x imbalance / server rate  (the busiest server's
-             CPU for its share of every push, and again of every pull)
+  server   = N x W / S x imbalance / (server rate x threads)  (the busiest
+             server's CPU for its share of every push, and again of every
+             pull; threads = min(N, half the host's cores))
   push     = max(link, server) + W / worker rate + RTT
   pull     = max(link, server) + W / worker rate + RTT
   R        = requests per server when not pipelined: the setup's, at most
@@ -170,11 +171,12 @@ Constants:"
     let cl = &plan.cluster;
     let _ = writeln!(
         out,
-        "  RTT              {:.0} us\n  compute          {} ms\n  worker link      {}\n  server link      {}",
+        "  RTT              {:.0} us\n  compute          {} ms\n  worker link      {}\n  server link      {}\n  cores            {} a host",
         cl.rtt * 1e6,
         ms(cl.compute),
         format_rate(cl.worker_link),
-        format_rate(cl.server_link)
+        format_rate(cl.server_link),
+        cl.cores
     );
     for line in &plan.measured {
         let _ = writeln!(out, "  measured: {line}");

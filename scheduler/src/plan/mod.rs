@@ -295,6 +295,7 @@ mod tests {
             server_link: gbit * 125e6,
             rtt: 100e-6,
             compute,
+            cores: 2,
         }
     }
 
