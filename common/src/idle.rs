@@ -86,26 +86,22 @@ impl<I> Tracked<I> {
 /// The activity of the connection `request` came on, over plain TCP or a
 /// Unix-domain socket, or TLS over either.
 fn activity_of<B>(request: &Request<B>) -> Option<&Arc<Activity>> {
-    type Tcp = Tracked<tonic::transport::server::TcpConnectInfo>;
-    type Uds = Tracked<tonic::transport::server::UdsConnectInfo>;
     let extensions = request.extensions();
-    let tcp = || {
-        extensions.get::<Tcp>().or_else(|| {
+    activity::<tonic::transport::server::TcpConnectInfo>(extensions)
+        .or_else(|| activity::<tonic::transport::server::UdsConnectInfo>(extensions))
+}
+
+/// The activity in the connection information of kind `I` among
+/// `extensions`, plain or under TLS.
+fn activity<I: Send + Sync + 'static>(extensions: &http::Extensions) -> Option<&Arc<Activity>> {
+    extensions
+        .get::<Tracked<I>>()
+        .or_else(|| {
             extensions
-                .get::<TlsConnectInfo<Tcp>>()
+                .get::<TlsConnectInfo<Tracked<I>>>()
                 .map(|tls| tls.get_ref())
         })
-    };
-    let uds = || {
-        extensions.get::<Uds>().or_else(|| {
-            extensions
-                .get::<TlsConnectInfo<Uds>>()
-                .map(|tls| tls.get_ref())
-        })
-    };
-    tcp()
         .map(|tracked| &tracked.activity)
-        .or_else(|| uds().map(|tracked| &tracked.activity))
 }
 
 /// Counts every request as in flight on its connection until its answer's

@@ -82,7 +82,7 @@ pub async fn run_with_metrics(
         let (store, transport) = (Arc::clone(&store), config.transport.clone());
         tokio::spawn(follow(link, transport, store, shutdown_begun.clone()))
     });
-    let (health, health_service) = tonic_health::server::health_reporter();
+    let (health, _) = tonic_health::server::health_reporter();
     health
         .set_serving::<ParameterServerServer<ParameterService>>()
         .await;
@@ -104,18 +104,24 @@ pub async fn run_with_metrics(
             crate::shared_memory::accept(listener, offers, service.clone(), stopped.clone());
         tokio::spawn(accepting);
     }
-    let unix_serving = match unix_socket {
-        Some(socket) => {
-            let addr = format!("unix:{}", socket.path().display());
-            tracing::info!(%addr, "ps-server also serving gRPC on a Unix-domain socket");
-            let health_service =
-                HealthServer::new(HealthService::from_health_reporter(health.clone()));
-            let router = config
+    // The one stack each listener serves: the health service (one status for
+    // both) beside the shard's, counting requests per connection.
+    let routes = |service: ParameterService| {
+        let health_service = HealthServer::new(HealthService::from_health_reporter(health.clone()));
+        Ok::<_, ps_proto::tls::TlsError>(
+            config
                 .transport
                 .server()?
                 .layer(ps_common::idle::TrackRequestsLayer)
                 .add_service(health_service)
-                .add_service(config.transport.guarded(service.clone().into_server()));
+                .add_service(config.transport.guarded(service.into_server())),
+        )
+    };
+    let unix_serving = match unix_socket {
+        Some(socket) => {
+            let addr = format!("unix:{}", socket.path().display());
+            tracing::info!(%addr, "ps-server also serving gRPC on a Unix-domain socket");
+            let router = routes(service.clone())?;
             let (incoming, file) = socket.incoming(
                 config.transport.max_connections,
                 config.transport.idle_connection_timeout,
@@ -129,12 +135,7 @@ pub async fn run_with_metrics(
         }
         None => None,
     };
-    let router = config
-        .transport
-        .server()?
-        .layer(ps_common::idle::TrackRequestsLayer)
-        .add_service(health_service)
-        .add_service(config.transport.guarded(service.into_server()));
+    let router = routes(service)?;
     let incoming = ps_common::connections::bounded(
         TcpIncoming::from(listener).with_nodelay(Some(true)),
         config.transport.max_connections,
