@@ -28,6 +28,10 @@ use crate::framed::{FramedAnswer, start_framed};
 use crate::retry::RetryPolicy;
 use crate::session::{CallError, SessionLink};
 
+/// What came of a request on a session: its outcome, how long a pull waited
+/// (µs), and any large payloads still lent on a shared-memory ring.
+pub(crate) type Answered = (Outcome, u64, Option<ps_shm::LentPayloads>);
+
 /// One parameter server.
 #[derive(Clone)]
 pub(crate) struct Server {
@@ -249,22 +253,40 @@ impl Server {
         op: impl Fn() -> Op,
         fits_grpc: bool,
     ) -> Result<Option<(Outcome, u64)>, ClientError> {
+        let answered = self.in_session_lending(retry, what, op, fits_grpc, false);
+        Ok(answered
+            .await?
+            .map(|(outcome, waited_us, _)| (outcome, waited_us)))
+    }
+
+    /// [`Server::in_session`]; when `lend`, an answer's large payloads may
+    /// come still on a shared-memory ring (`Some`), for the caller to read
+    /// straight into its own memory.
+    pub(crate) async fn in_session_lending(
+        &self,
+        retry: &RetryPolicy,
+        what: Rpc,
+        op: impl Fn() -> Op,
+        fits_grpc: bool,
+        lend: bool,
+    ) -> Result<Option<Answered>, ClientError> {
         retry
-            .run(what.name(), || self.sent_on_session(&op, fits_grpc))
+            .run(what.name(), || self.sent_on_session(&op, fits_grpc, lend))
             .await
             .map_err(|status| self.failed(what, status))
     }
 
-    /// One attempt of [`Server::in_session`]. A session can end between
-    /// being found open and taking the request (the server closed it when it
-    /// had been idle, or the connection went): the request, which never went
-    /// out, is then sent on a new session, whatever its retry policy (a pull
-    /// is never retried otherwise).
+    /// One attempt of [`Server::in_session_lending`]. A session can end
+    /// between being found open and taking the request (the server closed it
+    /// when it had been idle, or the connection went): the request, which
+    /// never went out, is then sent on a new session, whatever its retry
+    /// policy (a pull is never retried otherwise).
     async fn sent_on_session(
         &self,
         op: &impl Fn() -> Op,
         fits_grpc: bool,
-    ) -> Result<Option<(Outcome, u64)>, Status> {
+        lend: bool,
+    ) -> Result<Option<Answered>, Status> {
         let mut sent_again = false;
         loop {
             // A message only shared memory carries is not sent on a gRPC
@@ -274,8 +296,14 @@ impl Server {
                 Some(link) if fits_grpc || link.is_shared_memory() => link,
                 _ => return Ok(None),
             };
-            match link.call(op()).await {
-                Ok(answer) => return Ok(Some(answer)),
+            let answered = if lend {
+                link.call_lending(op()).await
+            } else {
+                let answered = link.call(op()).await;
+                answered.map(|(outcome, waited_us)| (outcome, waited_us, None))
+            };
+            match answered {
+                Ok(answered) => return Ok(Some(answered)),
                 Err(CallError::NotSent(status)) if !sent_again => {
                     tracing::debug!(server = %self.addr, %status, "the session ended before the request went out; sending it on a new one");
                     sent_again = true;

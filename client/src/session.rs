@@ -26,6 +26,7 @@ use ps_proto::session_body::{Ending, SessionBody};
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
+use ps_shm::{Answer, LentPayloads};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::{Stream, StreamExt};
 use tonic::body::Body;
@@ -37,7 +38,7 @@ use crate::framed::{FramedAnswer, start_framed_body};
 /// Requests the client may have queued ahead of the stream taking them.
 const REQUESTS_AHEAD: usize = 64;
 
-type AnswerSlot = oneshot::Sender<Result<v1::SessionAnswer, Status>>;
+type AnswerSlot = oneshot::Sender<Result<Answer, Status>>;
 
 /// The requests waiting for answers, or why the stream ended.
 #[derive(Default)]
@@ -70,7 +71,8 @@ impl SessionLink {
             Err(status) if status.code() == Code::Unimplemented => return Ok(None),
             Err(status) => return Err(status),
         };
-        Ok(Some(Self::over(requests, answers_of(answer), false)))
+        let answers = answers_of(answer).map(|answer| answer.map(Answer::whole));
+        Ok(Some(Self::over(requests, answers, false)))
     }
 
     /// A session through the shared-memory region `end` hands over.
@@ -92,7 +94,7 @@ impl SessionLink {
     /// from `answers`.
     fn over(
         requests: mpsc::Sender<v1::SessionRequest>,
-        answers: impl Stream<Item = Result<v1::SessionAnswer, Status>> + Send + Unpin + 'static,
+        answers: impl Stream<Item = Result<Answer, Status>> + Send + Unpin + 'static,
         shared_memory: bool,
     ) -> Self {
         let waiting = Arc::new(Mutex::new(Waiting::default()));
@@ -123,6 +125,27 @@ impl SessionLink {
     /// the status the unary call would have ended with, or `UNAVAILABLE` when
     /// the stream ended before the answer came.
     pub(crate) async fn call(&self, op: Op) -> Result<(Outcome, u64), CallError> {
+        let answer = self.answer(op).await?;
+        let whole = answer.into_whole().await.map_err(CallError::Failed)?;
+        let (outcome, waited_us, _) = outcome_of(Answer::whole(whole))?;
+        Ok((outcome, waited_us))
+    }
+
+    /// [`SessionLink::call`], an answer's large payloads left on a
+    /// shared-memory ring for the caller to read straight into its own
+    /// memory (`Some`; the outcome's tensors then carry no bytes).
+    ///
+    /// # Errors
+    /// As [`SessionLink::call`].
+    pub(crate) async fn call_lending(
+        &self,
+        op: Op,
+    ) -> Result<(Outcome, u64, Option<LentPayloads>), CallError> {
+        outcome_of(self.answer(op).await?)
+    }
+
+    /// Sends `op` and waits for its answer.
+    async fn answer(&self, op: Op) -> Result<Answer, CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (slot, answer) = oneshot::channel();
         {
@@ -144,18 +167,24 @@ impl SessionLink {
             let ended = waiting.ended.get_or_insert(ended);
             return Err(CallError::NotSent(ended.clone()));
         }
-        let answer = answer
+        answer
             .await
             .map_err(|_| Status::unavailable("the session stream ended before the answer"))
             .and_then(|answer| answer)
-            .map_err(CallError::Failed)?;
-        match answer.outcome {
-            Some(Outcome::Refusal(refusal)) => Err(CallError::Failed(status_of(refusal))),
-            Some(outcome) => Ok((outcome, answer.pull_waited_us)),
-            None => Err(CallError::Failed(Status::internal(format!(
-                "the answer to session request {id} carries no outcome"
-            )))),
-        }
+            .map_err(CallError::Failed)
+    }
+}
+
+/// What came of a request: its outcome, how long a pull waited, and any
+/// payloads still lent; a refusal as the status it stands for.
+fn outcome_of(answer: Answer) -> Result<(Outcome, u64, Option<LentPayloads>), CallError> {
+    let id = answer.message.id;
+    match answer.message.outcome {
+        Some(Outcome::Refusal(refusal)) => Err(CallError::Failed(status_of(refusal))),
+        Some(outcome) => Ok((outcome, answer.message.pull_waited_us, answer.lent)),
+        None => Err(CallError::Failed(Status::internal(format!(
+            "the answer to session request {id} carries no outcome"
+        )))),
     }
 }
 
@@ -207,13 +236,13 @@ fn lock(waiting: &Mutex<Waiting>) -> MutexGuard<'_, Waiting> {
 /// Hands each answer on `answers` to the request waiting for it; when the
 /// stream ends, fails every request still waiting with `UNAVAILABLE`.
 async fn read_answers(
-    mut answers: impl Stream<Item = Result<v1::SessionAnswer, Status>> + Unpin,
+    mut answers: impl Stream<Item = Result<Answer, Status>> + Unpin,
     waiting: Arc<Mutex<Waiting>>,
 ) {
     let ended = loop {
         match answers.next().await.transpose() {
             Ok(Some(answer)) => {
-                if let Some(slot) = lock(&waiting).answers.remove(&answer.id) {
+                if let Some(slot) = lock(&waiting).answers.remove(&answer.message.id) {
                     let _ = slot.send(Ok(answer));
                 }
             }

@@ -31,7 +31,7 @@ use crate::placement::{Placed, Placement};
 use crate::retry::RetryPolicy;
 use crate::server::Server;
 use crate::wire::{
-    MalformedReply, ParamBytes, PartData, PartGrad, PartInit, PartSink, PulledParam,
+    MalformedReply, ParamBytes, PartData, PartGrad, PartInit, PartSink, PulledError, PulledParam,
     cut_into_parts, grad_chunks, part_grad, write_pull_chunk, write_pulled,
 };
 
@@ -450,8 +450,8 @@ impl Shards {
             reason,
         };
         let op = || Op::PushPull(request.clone());
-        let answer = server.in_session(&self.retry, Rpc::PushPull, op, fits_grpc);
-        let Some((outcome, waited_us)) = answer.await? else {
+        let answer = server.in_session_lending(&self.retry, Rpc::PushPull, op, fits_grpc, true);
+        let Some((outcome, waited_us, lent)) = answer.await? else {
             return Ok(None);
         };
         let Outcome::PushPull(response) = outcome else {
@@ -464,7 +464,17 @@ impl Shards {
                 "a push_pull answer without its push or its pull".to_string(),
             ));
         };
-        write_pulled(&mut sinks, pulled.tensors).map_err(|e| protocol(e.to_string()))?;
+        match write_pulled(&mut sinks, pulled.tensors, lent).await {
+            Ok(()) => {}
+            // The session broke while the pulled values were read off its
+            // ring: the push was taken, so the caller pushes again (taken
+            // once) and pulls.
+            Err(PulledError::Ring(status)) => {
+                tracing::debug!(server = %server.addr, %status, "a push_pull's values were cut off; pushing, then pulling");
+                return Ok(None);
+            }
+            Err(PulledError::Malformed(e)) => return Err(protocol(e.to_string())),
+        }
         let versions = finished(&sinks).map_err(|e| protocol(e.to_string()))?;
         let accepted = pushed.keys.iter().filter(|k| k.accepted).count();
         Ok(Some((accepted, versions, Duration::from_micros(waited_us))))
@@ -527,12 +537,14 @@ impl Shards {
         if self.session && self.in_one_message(server, bytes).await {
             let op = || Op::Pull(request.clone());
             let retry = self.pull_retry();
-            if let Some(answer) = server.in_session(&retry, Rpc::Pull, op, unary).await? {
-                let (Outcome::Pull(response), waited_us) = answer else {
+            let answered = server.in_session_lending(&retry, Rpc::Pull, op, unary, true);
+            if let Some(answer) = answered.await? {
+                let (Outcome::Pull(response), waited_us, lent) = answer else {
                     let reason = MalformedReply::Missing("a pull answered with another outcome");
                     return Err(protocol(Rpc::Pull, reason));
                 };
-                write_pulled(&mut sinks, response.tensors).map_err(|e| protocol(Rpc::Pull, e))?;
+                let written = write_pulled(&mut sinks, response.tensors, lent).await;
+                written.map_err(|e| pulled_failed(server, Rpc::Pull, e))?;
                 let versions = finished(&sinks).map_err(|e| protocol(Rpc::Pull, e))?;
                 return Ok((versions, Duration::from_micros(waited_us)));
             }
@@ -557,7 +569,8 @@ impl Shards {
             if unary {
                 let response = v1::PullResponse::decode(message.into_bytes())
                     .map_err(|e| protocol(what, e.into()))?;
-                write_pulled(&mut sinks, response.tensors).map_err(|e| protocol(what, e))?;
+                let written = write_pulled(&mut sinks, response.tensors, None).await;
+                written.map_err(|e| pulled_failed(server, what, e))?;
             } else {
                 let (chunk, data) =
                     decode_pull_chunk(message).map_err(|e| protocol(what, e.into()))?;
@@ -599,6 +612,20 @@ fn finished(sinks: &[PartSink<'_>]) -> Result<Vec<(ParamKey, Version)>, Malforme
         .iter()
         .map(|sink| Ok((sink.key().clone(), sink.finish()?)))
         .collect()
+}
+
+/// A pull whose tensors could not be written: a protocol error when the
+/// answer does not fit what was asked, the ring's status when the
+/// shared-memory session broke while they were read.
+fn pulled_failed(server: &Server, what: Rpc, error: PulledError) -> ClientError {
+    match error {
+        PulledError::Malformed(malformed) => ClientError::Protocol {
+            what,
+            addr: server.addr.clone(),
+            reason: malformed.to_string(),
+        },
+        PulledError::Ring(status) => server.failed(what, status),
+    }
 }
 
 #[cfg(test)]

@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use ps_proto::chunk::{ChunkCursor, ChunkError, to_wire_chunks, whole_elements};
 use ps_proto::chunk_decode::FieldError;
-use ps_proto::codec::{CodecError, TensorData, wire_shape};
+use ps_proto::codec::{CodecError, DType, TensorData, wire_shape};
 use ps_proto::header::TensorHeader;
 use ps_proto::ids::{MapVersion, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
+use ps_shm::LentPayloads;
 
 #[cfg(test)]
 use crate::placement::ParamInfo;
@@ -196,8 +197,41 @@ impl<'a> PartSink<'a> {
         let chunk = TensorData::from_segments(dtype, vec![len / dtype.size()], segments)?;
         let values = &mut self.values[first..first + chunk.len()];
         chunk.for_each_f32_run(|start, run| run.copy_to(&mut values[start..start + run.len()]));
-        self.version = Some(self.version.map_or(version, |v| v.min(version)));
+        self.note_version(version);
         Ok(())
+    }
+
+    /// Reads the whole part, sent as `header` at `version`, from the next of
+    /// `lent`'s payloads: straight from the ring into the part's values when
+    /// they travel as they are kept (`f32`, little-endian), otherwise into a
+    /// buffer first and decoded from there.
+    pub(crate) async fn read_lent(
+        &mut self,
+        header: &TensorHeader,
+        version: Version,
+        lent: &mut LentPayloads,
+    ) -> Result<(), PulledError> {
+        let len = lent.next_len().ok_or(MalformedReply::Missing(
+            "a pulled tensor without its payload",
+        ))?;
+        let as_kept = header.dtype == DType::F32
+            && cfg!(target_endian = "little")
+            && len == std::mem::size_of_val(self.values) as u64;
+        if !as_kept {
+            let data = lent.read_next_whole().await.map_err(PulledError::Ring)?;
+            return Ok(self.write(header, 0, vec![data], version)?);
+        }
+        let advanced = self.cursor.advance(header, 0, len as usize);
+        advanced.map_err(MalformedReply::from)?;
+        let into = bytemuck::cast_slice_mut::<f32, u8>(self.values);
+        lent.read_next(into).await.map_err(PulledError::Ring)?;
+        self.note_version(version);
+        Ok(())
+    }
+
+    /// Keeps the oldest version any of the part's chunks came at.
+    fn note_version(&mut self, version: Version) {
+        self.version = Some(self.version.map_or(version, |v| v.min(version)));
     }
 
     /// The version of the values written, once every byte arrived.
@@ -207,23 +241,37 @@ impl<'a> PartSink<'a> {
     }
 }
 
-/// Writes a unary pull's tensors into `sinks` (found by key).
-pub(crate) fn write_pulled(
+/// Why a pull's tensors could not be written into their sinks.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PulledError {
+    /// The answer does not fit what was asked.
+    #[error(transparent)]
+    Malformed(#[from] MalformedReply),
+    /// The shared-memory ring its payloads were lent on failed (`UNAVAILABLE`).
+    #[error("{}", .0.message())]
+    Ring(tonic::Status),
+}
+
+/// Writes a unary pull's tensors into `sinks` (found by key), their bytes in
+/// the tensors or, when `lent`, still on a shared-memory ring, in order.
+pub(crate) async fn write_pulled(
     sinks: &mut [PartSink<'_>],
     tensors: Vec<v1::PulledTensor>,
-) -> Result<(), MalformedReply> {
+    mut lent: Option<LentPayloads>,
+) -> Result<(), PulledError> {
     for pulled in tensors {
         let tensor = pulled
             .tensor
             .ok_or(MalformedReply::Missing("a PulledTensor without a tensor"))?;
         let header =
-            TensorHeader::from_wire(&tensor.name, tensor.part, tensor.dtype, &tensor.shape)?;
-        sink_for(sinks, &header.key)?.write(
-            &header,
-            0,
-            vec![tensor.data],
-            Version(pulled.version),
-        )?;
+            TensorHeader::from_wire(&tensor.name, tensor.part, tensor.dtype, &tensor.shape)
+                .map_err(MalformedReply::from)?;
+        let sink = sink_for(sinks, &header.key)?;
+        let version = Version(pulled.version);
+        match lent.as_mut() {
+            Some(lent) => sink.read_lent(&header, version, lent).await?,
+            None => sink.write(&header, 0, vec![tensor.data], version)?,
+        }
     }
     Ok(())
 }

@@ -14,11 +14,14 @@
 //!   sequence-numbered.
 //! - [`handshake`]: the server's socket and offers; handing a region over.
 //! - [`link`]: a session run over a region, as request and answer streams.
+//! - [`lent`]: an answer's large payloads lent to the request, to be copied
+//!   once, straight into its own memory.
 //! - [`pool`]: reused buffers for the payloads a reader copies out.
 //! - [`mode`]: `--data-path auto|grpc|shm`.
 
 pub mod bell;
 pub mod handshake;
+pub mod lent;
 pub mod link;
 pub mod message;
 pub mod mode;
@@ -27,6 +30,7 @@ pub mod region;
 pub mod ring;
 
 pub use handshake::{HandshakeError, Offers, admit, connect};
+pub use lent::{Answer, LentPayloads};
 pub use link::{ServerLink, WorkerLink, serve_link, worker_link};
 pub use mode::DataPathMode;
 

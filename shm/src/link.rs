@@ -24,7 +24,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::handshake::{ServerEnd, WorkerEnd};
-use crate::message::{Arrived, MessageError, Payloads, read_head, read_message, write_message};
+use crate::lent::{Answer, LEND_AT_BYTES, LentPayloads, Returned};
+use crate::message::{MessageError, Payloads, read_head, skip, write_message};
 use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingReader, RingWriter};
 
@@ -56,8 +57,9 @@ pub struct ServerLink {
 pub struct WorkerLink {
     /// The requests to write.
     pub requests: mpsc::Sender<v1::SessionRequest>,
-    /// The server's answers; an `Err` (`UNAVAILABLE`) when the session ended.
-    pub answers: ReceiverStream<Result<v1::SessionAnswer, Status>>,
+    /// The server's answers, large payloads lent ([`crate::lent`]); an `Err`
+    /// (`UNAVAILABLE`) when the session ended.
+    pub answers: ReceiverStream<Result<Answer, Status>>,
 }
 
 /// Starts the server's side of the session `end`, each request's payloads
@@ -95,9 +97,7 @@ pub fn worker_link(end: WorkerEnd, payload_limit: u64) -> WorkerLink {
     let (requests, requests_out) = mpsc::channel::<v1::SessionRequest>(AHEAD);
     let (answers_in, answers) = mpsc::channel(AHEAD);
     let ended = answers_in.clone();
-    let reader = read_into(end.answers, answers_in, payload_limit, |error| {
-        Status::unavailable(format!("the shared-memory session broke: {error}"))
-    });
+    let reader = read_answers(end.answers, answers_in, payload_limit);
     let writer = write_from(end.requests, requests_out, Some);
     tokio::spawn(async move {
         let why = watch(end.socket, reader, writer, std::future::pending()).await;
@@ -202,25 +202,66 @@ async fn ended<M>(
     "the ring or a message was corrupt"
 }
 
-/// Reads messages from `ring` into `into` until either fails; a failed read
-/// is sent on as `status_of` it.
-async fn read_into<M: Payloads + Send + 'static>(
+/// Reads answers from `ring` into `into` until either fails. An answer whose
+/// payloads come to [`LEND_AT_BYTES`] or more is handed on with them still
+/// on the ring ([`LentPayloads`]), and the next is read once they come back;
+/// smaller ones are read whole. An answer past `payload_limit`, or a failed
+/// read, ends the session.
+async fn read_answers(
     mut ring: RingReader,
-    into: mpsc::Sender<Result<M, Status>>,
+    into: mpsc::Sender<Result<Answer, Status>>,
     payload_limit: u64,
-    status_of: fn(MessageError) -> Status,
 ) -> &'static str {
     let (mut seq, pool) = (1, BufferPool::new());
+    let status_of = |error: MessageError| {
+        Status::unavailable(format!("the shared-memory session broke: {error}"))
+    };
     loop {
-        let message = match read_message::<M>(&mut ring, seq, payload_limit, &pool).await {
-            Ok(Arrived::Whole(message)) => message,
-            Ok(Arrived::PastLimit(_, why)) => {
-                return ended(MessageError::Malformed(why), &into, status_of).await;
-            }
+        let head = match read_head::<v1::SessionAnswer>(&mut ring, seq).await {
+            Ok(head) => head,
             Err(error) => return ended(error, &into, status_of).await,
         };
-        if into.send(Ok(message)).await.is_err() {
-            return "this side's session ended";
+        let total = head.payload_bytes();
+        if total > payload_limit {
+            let why = format!(
+                "an answer carrying {total} bytes of tensors is past the limit of {payload_limit}"
+            );
+            return ended(MessageError::Malformed(why), &into, status_of).await;
+        }
+        if total < LEND_AT_BYTES {
+            let answer = match head.read_payloads(&mut ring, &pool, None).await {
+                Ok(message) => Answer::whole(message),
+                Err(error) => return ended(error.into(), &into, status_of).await,
+            };
+            if into.send(Ok(answer)).await.is_err() {
+                return "this side's session ended";
+            }
+        } else {
+            let (message, lens) = head.into_parts();
+            let (lent, returned) = LentPayloads::new(ring, lens, pool.clone());
+            let answer = Answer {
+                message,
+                lent: Some(lent),
+            };
+            if into.send(Ok(answer)).await.is_err() {
+                return "this side's session ended";
+            }
+            let Ok(Returned {
+                ring: back,
+                unread,
+                broken,
+            }) = returned.await
+            else {
+                return "the lent payloads were lost";
+            };
+            ring = back;
+            if broken {
+                let why = "a lent payload's read was cut off midway".to_string();
+                return ended(MessageError::Malformed(why), &into, status_of).await;
+            }
+            if let Err(error) = skip(&mut ring, &unread).await {
+                return ended(error.into(), &into, status_of).await;
+            }
         }
         seq += 1;
     }

@@ -223,6 +223,12 @@ impl<M: Payloads> Head<M> {
         Ok(self.message)
     }
 
+    /// The message, its tensors' bytes empty, and the lengths of the payloads
+    /// still on the ring.
+    pub(crate) fn into_parts(self) -> (M, Vec<u64>) {
+        (self.message, self.lens)
+    }
+
     /// Reads past the payloads, leaving the message without them.
     ///
     /// # Errors
@@ -305,7 +311,7 @@ pub async fn read_message<M: Payloads>(
 }
 
 /// Reads past payloads of `lens` bytes (each padded to whole words).
-async fn skip(ring: &mut RingReader, lens: &[u64]) -> Result<(), RingError> {
+pub(crate) async fn skip(ring: &mut RingReader, lens: &[u64]) -> Result<(), RingError> {
     let mut scratch = vec![0u8; 64 << 10];
     for &len in lens {
         let mut left = len.div_ceil(8) * 8;

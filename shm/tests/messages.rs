@@ -259,7 +259,7 @@ mod handshake {
             .send(push(6, &[vec![1; 2_000_000]]))
             .await
             .unwrap();
-        let refused = working.answers.next().await.unwrap().unwrap();
+        let refused = working.answers.next().await.unwrap().unwrap().message;
         assert_eq!(refused.id, 6);
         let Some(Outcome::Refusal(refusal)) = refused.outcome else {
             panic!("a refusal: {refused:?}");
@@ -276,7 +276,8 @@ mod handshake {
             pull_waited_us: 9,
         };
         serving.answers.send(Ok(answer.clone())).await.unwrap();
-        assert_eq!(working.answers.next().await.unwrap().unwrap(), answer);
+        let answered = working.answers.next().await.unwrap().unwrap();
+        assert_eq!(answered.message, answer);
 
         // Nobody listens any more: a second connection is refused by the system.
         let again = connect(&offer).await;

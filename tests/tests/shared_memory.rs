@@ -1,6 +1,7 @@
 //! The same-host data path end to end, over real servers on loopback: a
 //! worker on the server's host pushes and pulls through shared memory, keys
-//! larger than a gRPC message included, with the values gRPC gives; a
+//! larger than a gRPC message included, in `f32` and in bf16, with the
+//! values gRPC gives; a
 //! repeated push is applied once; `--data-path shm` against a server that
 //! offers none fails naming why; the offer needs a worker's token; a server
 //! that stops ends the region, and the client's next step reopens a session.
@@ -115,6 +116,47 @@ async fn shared_memory_trains_to_the_values_grpc_gives() {
     let big = &through_shm[1]["big"];
     let expected = |i: usize| i as f32 - 0.5 * ((i % 7) as f32) - 0.5 * ((i % 7) as f32 + 1.0);
     assert!(big.iter().enumerate().all(|(i, &v)| v == expected(i)));
+}
+
+/// A key that travels as bf16 is not kept as it travels: through shared
+/// memory its payload is read off the ring into a buffer and widened, to the
+/// values gRPC gives (an `f32` key's is read straight into the pulled buffer,
+/// above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bf16_key_pulled_through_shared_memory_widens_to_the_values_grpc_gives() {
+    let mut pulled = Vec::new();
+    for mode in [DataPathMode::Shm, DataPathMode::Grpc] {
+        let servers = server(mode, TransportConfig::default()).await;
+        let config = ClientConfig {
+            data_path: mode,
+            ..ClientConfig::new(servers.addrs())
+        };
+        let mut client = PsClient::connect(config).await.expect("connect");
+        let info = ParamInfo {
+            name: "half".into(),
+            shape: vec![LARGE],
+            dtype: DType::BF16,
+        };
+        client.place(&[info]).await.expect("place");
+        // Whole numbers under 256 are exact in bf16: an f32's top half.
+        let bf16: Bytes = (0..LARGE)
+            .flat_map(|i| ((((i % 100) as f32).to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
+        let initial = [ParamBytes::new("half", bf16)];
+        client
+            .register(&initial, &optim::sgd(0.5))
+            .await
+            .expect("register");
+        let mut values = client.pull(Version(0)).await.expect("pull");
+        pulled.push(values.remove("half").expect("pulled").values);
+    }
+    assert_eq!(pulled[0], pulled[1]);
+    assert!(
+        pulled[0]
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| v == (i % 100) as f32)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,191 @@
+//! [`Answer`] and [`LentPayloads`]: a session answer as the worker receives
+//! it, its large payloads still on the ring and lent to the request that
+//! waits for them, so they are copied once, from the ring straight into the
+//! caller's own memory (a pulled parameter's buffer), instead of into a
+//! payload buffer first and from there into the parameter.
+//!
+//! While the payloads are lent, the session's reader waits: the ring holds
+//! one message after another, and the next answer starts where these
+//! payloads end. Whatever the borrower has not read when it lets go of them
+//! (dropped, read in part, or the borrower's future cancelled) goes back to
+//! the reader with the ring, which reads past it; a read cut off midway
+//! leaves the ring out of step, so the reader ends the session instead.
+
+use bytes::Bytes;
+use ps_proto::v1;
+use tokio::sync::oneshot;
+use tonic::Status;
+
+use crate::message::Payloads;
+use crate::pool::BufferPool;
+use crate::ring::{RingError, RingReader};
+
+/// Answers whose payloads come to at least this many bytes are lent to the
+/// request; smaller ones are read into payload buffers by the session's
+/// reader, where a second small copy costs less than the hand-over of the
+/// ring and back.
+pub const LEND_AT_BYTES: u64 = 256 << 10;
+
+/// A session answer as the worker receives it.
+#[derive(Debug)]
+pub struct Answer {
+    /// The answer; its tensors' bytes empty when they are `lent`.
+    pub message: v1::SessionAnswer,
+    /// Its payloads, still on the ring; `None` when they are in `message`
+    /// (small, or arrived over gRPC).
+    pub lent: Option<LentPayloads>,
+}
+
+impl Answer {
+    /// An answer whose payloads are in it.
+    pub fn whole(message: v1::SessionAnswer) -> Self {
+        Self {
+            message,
+            lent: None,
+        }
+    }
+
+    /// The answer with any lent payloads read into buffers and put back into
+    /// its tensors.
+    ///
+    /// # Errors
+    /// `UNAVAILABLE`: the ring failed while the payloads were read.
+    pub async fn into_whole(self) -> Result<v1::SessionAnswer, Status> {
+        let Some(lent) = self.lent else {
+            return Ok(self.message);
+        };
+        let mut message = self.message;
+        message.put_payloads(lent.read_all().await?);
+        Ok(message)
+    }
+}
+
+/// What goes back to the session's reader when the borrower lets go.
+pub(crate) struct Returned {
+    /// The ring, positioned after the payloads that were read.
+    pub(crate) ring: RingReader,
+    /// The lengths of the payloads not read, to read past.
+    pub(crate) unread: Vec<u64>,
+    /// A read was cut off or failed midway: the ring is out of step.
+    pub(crate) broken: bool,
+}
+
+/// An answer's payloads, in order, still on the ring.
+pub struct LentPayloads {
+    ring: Option<RingReader>,
+    lens: Vec<u64>,
+    next: usize,
+    broken: bool,
+    pool: BufferPool,
+    back: Option<oneshot::Sender<Returned>>,
+}
+
+impl std::fmt::Debug for LentPayloads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LentPayloads")
+            .field("lens", &self.lens)
+            .field("next", &self.next)
+            .field("broken", &self.broken)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LentPayloads {
+    /// Payloads of `lens` bytes on `ring`, and where the ring goes back;
+    /// `pool` gives buffers to payloads read whole.
+    pub(crate) fn new(
+        ring: RingReader,
+        lens: Vec<u64>,
+        pool: BufferPool,
+    ) -> (Self, oneshot::Receiver<Returned>) {
+        let (back, returned) = oneshot::channel();
+        let lent = Self {
+            ring: Some(ring),
+            lens,
+            next: 0,
+            broken: false,
+            pool,
+            back: Some(back),
+        };
+        (lent, returned)
+    }
+
+    /// The length in bytes of the next payload; `None` after the last.
+    pub fn next_len(&self) -> Option<u64> {
+        self.lens.get(self.next).copied()
+    }
+
+    /// Reads the next payload into `into`, which must be its length.
+    ///
+    /// # Errors
+    /// `INTERNAL` when no payload is left or `into` is not its length (the
+    /// ring is untouched); `UNAVAILABLE` when the ring failed (the session
+    /// then ends).
+    pub async fn read_next(&mut self, into: &mut [u8]) -> Result<(), Status> {
+        match self.next_len() {
+            Some(len) if len == into.len() as u64 => {}
+            Some(len) => {
+                return Err(Status::internal(format!(
+                    "a payload of {len} bytes read into {} bytes",
+                    into.len()
+                )));
+            }
+            None => return Err(Status::internal("no payload is left to read")),
+        }
+        let Some(ring) = self.ring.as_mut() else {
+            unreachable!("the ring goes back only when the payloads are dropped");
+        };
+        // Cut off between here and the end of the read (the borrower's future
+        // dropped), the ring is midway through a payload.
+        self.broken = true;
+        ring.read(into).await.map_err(broke)?;
+        self.broken = false;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Reads the next payload into a buffer of its own.
+    ///
+    /// # Errors
+    /// As [`LentPayloads::read_next`].
+    pub async fn read_next_whole(&mut self) -> Result<Bytes, Status> {
+        let len = self
+            .next_len()
+            .ok_or_else(|| Status::internal("no payload is left to read"))?;
+        let mut buffer = self.pool.take(len as usize);
+        self.read_next(&mut buffer).await?;
+        Ok(self.pool.bytes(buffer, None))
+    }
+
+    /// Reads every payload left, each into a buffer of its own.
+    ///
+    /// # Errors
+    /// As [`LentPayloads::read_next`].
+    pub async fn read_all(mut self) -> Result<Vec<Bytes>, Status> {
+        let mut payloads = Vec::with_capacity(self.lens.len() - self.next);
+        while self.next_len().is_some() {
+            payloads.push(self.read_next_whole().await?);
+        }
+        Ok(payloads)
+    }
+}
+
+impl Drop for LentPayloads {
+    fn drop(&mut self) {
+        let (Some(ring), Some(back)) = (self.ring.take(), self.back.take()) else {
+            return;
+        };
+        let unread = self.lens[self.next..].to_vec();
+        let broken = self.broken;
+        // The reader may have ended already; the ring then goes with it.
+        let _ = back.send(Returned {
+            ring,
+            unread,
+            broken,
+        });
+    }
+}
+
+fn broke(error: RingError) -> Status {
+    Status::unavailable(format!("the shared-memory session broke: {error}"))
+}
