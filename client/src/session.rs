@@ -7,7 +7,8 @@
 //! ([`crate::framed`]): a row push's ids and rows go as the buffers they are,
 //! and a row pull's rows come out as slices of the frames they arrived in.
 //!
-//! One task reads the answers and hands each to the request waiting for it.
+//! One task reads the answers and hands each to the request waiting for it
+//! (through shared memory, the link's own reader does, with no task between).
 //! When the stream breaks (the connection drops, the server restarts or ends
 //! an idle session), every request in flight fails with `UNAVAILABLE`, which
 //! the retry policy retries as it would a dropped connection; the next
@@ -15,6 +16,7 @@
 //! metadata) the same unary call would have ended with.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -72,13 +74,21 @@ impl SessionLink {
             Err(status) => return Err(status),
         };
         let answers = answers_of(answer).map(|answer| answer.map(Answer::whole));
-        Ok(Some(Self::over(requests, answers, false)))
+        Ok(Some(Self::over(requests, answers)))
     }
 
     /// A session through the shared-memory region `end` hands over.
+    /// The link's reader hands each answer straight to the request waiting
+    /// for it ([`Slots`]), with no task between.
     pub(crate) fn over_shared_memory(end: ps_shm::handshake::WorkerEnd) -> Self {
-        let link = ps_shm::worker_link(end, u64::MAX);
-        Self::over(link.requests, link.answers, true)
+        let waiting = Arc::new(Mutex::new(Waiting::default()));
+        let requests = ps_shm::worker_link_to(end, u64::MAX, Slots(Arc::clone(&waiting)));
+        Self {
+            requests,
+            waiting,
+            next_id: AtomicU64::new(1),
+            shared_memory: true,
+        }
     }
 
     /// A session whose stream has ended without its reader having seen it
@@ -87,15 +97,14 @@ impl SessionLink {
     #[cfg(test)]
     pub(crate) fn ended_unnoticed() -> Self {
         let (requests, _) = mpsc::channel(1);
-        Self::over(requests, futures::stream::pending(), false)
+        Self::over(requests, futures::stream::pending())
     }
 
-    /// A session sending requests to `requests` and matching the answers read
-    /// from `answers`.
+    /// A gRPC session sending requests to `requests` and matching the answers
+    /// read from `answers`.
     fn over(
         requests: mpsc::Sender<v1::SessionRequest>,
         answers: impl Stream<Item = Result<Answer, Status>> + Send + Unpin + 'static,
-        shared_memory: bool,
     ) -> Self {
         let waiting = Arc::new(Mutex::new(Waiting::default()));
         tokio::spawn(read_answers(answers, Arc::clone(&waiting)));
@@ -103,7 +112,7 @@ impl SessionLink {
             requests,
             waiting,
             next_id: AtomicU64::new(1),
-            shared_memory,
+            shared_memory: false,
         }
     }
 
@@ -241,11 +250,7 @@ async fn read_answers(
 ) {
     let ended = loop {
         match answers.next().await.transpose() {
-            Ok(Some(answer)) => {
-                if let Some(slot) = lock(&waiting).answers.remove(&answer.message.id) {
-                    let _ = slot.send(Ok(answer));
-                }
-            }
+            Ok(Some(answer)) => hand_over(&waiting, answer),
             Ok(None) => break Status::unavailable("the server ended the session stream"),
             Err(status) => {
                 break Status::unavailable(format!(
@@ -256,11 +261,46 @@ async fn read_answers(
             }
         }
     };
-    let mut waiting = lock(&waiting);
-    for (_, slot) in waiting.answers.drain() {
-        let _ = slot.send(Err(ended.clone()));
+    end(&waiting, ended);
+}
+
+/// Hands `answer` to the request waiting for it (none when it gave up).
+fn hand_over(waiting: &Mutex<Waiting>, answer: Answer) {
+    let slot = lock(waiting).answers.remove(&answer.message.id);
+    if let Some(slot) = slot {
+        let _ = slot.send(Ok(answer));
     }
-    waiting.ended = Some(ended);
+}
+
+/// Ends the session for `why`: every request still waiting fails with it,
+/// and so does every later one. The first reason stays.
+fn end(waiting: &Mutex<Waiting>, why: Status) {
+    let mut waiting = lock(waiting);
+    let why = waiting.ended.get_or_insert(why).clone();
+    for (_, slot) in waiting.answers.drain() {
+        let _ = slot.send(Err(why.clone()));
+    }
+}
+
+/// The waiting requests, as a shared-memory session's reader hands answers
+/// to them.
+#[derive(Clone)]
+struct Slots(Arc<Mutex<Waiting>>);
+
+impl ps_shm::AnswerSink for Slots {
+    fn take(&self, answer: Result<Answer, Status>) -> impl Future<Output = bool> + Send {
+        let taken = match answer {
+            Ok(answer) => {
+                hand_over(&self.0, answer);
+                true
+            }
+            Err(why) => {
+                end(&self.0, why);
+                false
+            }
+        };
+        std::future::ready(taken)
+    }
 }
 
 #[cfg(test)]
@@ -287,7 +327,6 @@ mod tests {
         let link = SessionLink::over(
             requests,
             tokio_stream::wrappers::ReceiverStream::new(answered),
-            false,
         );
         let call =
             tokio::spawn(async move { link.call(Op::Pull(v1::PullRequest::default())).await });

@@ -31,7 +31,7 @@ pub mod ring;
 
 pub use handshake::{HandshakeError, Offers, admit, connect};
 pub use lent::{Answer, LentPayloads};
-pub use link::{ServerLink, WorkerLink, serve_link, worker_link};
+pub use link::{AnswerSink, ServerLink, WorkerLink, serve_link, worker_link, worker_link_to};
 pub use mode::DataPathMode;
 
 /// The default capacity of each of a region's two rings: 1 MiB, small enough

@@ -91,25 +91,51 @@ pub fn serve_link(
     }
 }
 
+/// Where the worker's side of a session hands the server's answers, in
+/// order, and last the `UNAVAILABLE` its end brings: a channel
+/// ([`worker_link`]) or the waiting requests themselves
+/// ([`worker_link_to`], which spares each answer a hand-over between tasks).
+pub trait AnswerSink: Clone + Send + Sync + 'static {
+    /// Hands on `answer`; `false` when nobody takes answers any more.
+    fn take(&self, answer: Result<Answer, Status>) -> impl Future<Output = bool> + Send;
+}
+
+impl AnswerSink for mpsc::Sender<Result<Answer, Status>> {
+    async fn take(&self, answer: Result<Answer, Status>) -> bool {
+        self.send(answer).await.is_ok()
+    }
+}
+
 /// Starts the worker's side of the session `end`, taking answers whose
-/// tensors carry up to `payload_limit` bytes.
+/// tensors carry up to `payload_limit` bytes, as a stream.
 pub fn worker_link(end: WorkerEnd, payload_limit: u64) -> WorkerLink {
-    let (requests, requests_out) = mpsc::channel::<v1::SessionRequest>(AHEAD);
     let (answers_in, answers) = mpsc::channel(AHEAD);
-    let ended = answers_in.clone();
-    let reader = read_answers(end.answers, answers_in, payload_limit);
+    WorkerLink {
+        requests: worker_link_to(end, payload_limit, answers_in),
+        answers: ReceiverStream::new(answers),
+    }
+}
+
+/// Starts the worker's side of the session `end`, handing the answers
+/// (whose tensors carry up to `payload_limit` bytes) to `sink`; returns
+/// where to send the requests.
+pub fn worker_link_to(
+    end: WorkerEnd,
+    payload_limit: u64,
+    sink: impl AnswerSink,
+) -> mpsc::Sender<v1::SessionRequest> {
+    let (requests, requests_out) = mpsc::channel::<v1::SessionRequest>(AHEAD);
+    let ended = sink.clone();
+    let reader = read_answers(end.answers, sink, payload_limit);
     let writer = write_from(end.requests, requests_out, Some);
     tokio::spawn(async move {
         let why = watch(end.socket, reader, writer, std::future::pending()).await;
         let status = Status::unavailable(format!(
             "the shared-memory session ended ({why}); a new one is opened for the next request"
         ));
-        let _ = ended.send(Err(status)).await;
+        ended.take(Err(status)).await;
     });
-    WorkerLink {
-        requests,
-        answers: ReceiverStream::new(answers),
-    }
+    requests
 }
 
 /// Reads requests from `ring` into `into` until either fails. A request's
@@ -193,47 +219,59 @@ async fn ended<M>(
     into: &mpsc::Sender<Result<M, Status>>,
     status_of: fn(MessageError) -> Status,
 ) -> &'static str {
-    if error.is_peer_gone() {
-        let _ = into.send(Err(status_of(error))).await;
-        return "the other process closed its doorbell";
-    }
-    tracing::warn!(%error, "a shared-memory session is corrupt; ending it");
-    let _ = into.send(Err(status_of(error))).await;
-    "the ring or a message was corrupt"
+    let (why, status) = broke(error, status_of);
+    let _ = into.send(Err(status)).await;
+    why
 }
 
-/// Reads answers from `ring` into `into` until either fails. An answer whose
+/// Why a read failed (logged when the ring or a message was corrupt), and
+/// the status it is sent on as.
+fn broke(error: MessageError, status_of: fn(MessageError) -> Status) -> (&'static str, Status) {
+    if error.is_peer_gone() {
+        return ("the other process closed its doorbell", status_of(error));
+    }
+    tracing::warn!(%error, "a shared-memory session is corrupt; ending it");
+    ("the ring or a message was corrupt", status_of(error))
+}
+
+/// Says why the worker's reader failed, on `sink`.
+async fn answers_ended(error: MessageError, sink: &impl AnswerSink) -> &'static str {
+    let (why, status) = broke(error, |error| {
+        Status::unavailable(format!("the shared-memory session broke: {error}"))
+    });
+    sink.take(Err(status)).await;
+    why
+}
+
+/// Reads answers from `ring` into `sink` until either fails. An answer whose
 /// payloads come to [`LEND_AT_BYTES`] or more is handed on with them still
 /// on the ring ([`LentPayloads`]), and the next is read once they come back;
 /// smaller ones are read whole. An answer past `payload_limit`, or a failed
 /// read, ends the session.
 async fn read_answers(
     mut ring: RingReader,
-    into: mpsc::Sender<Result<Answer, Status>>,
+    sink: impl AnswerSink,
     payload_limit: u64,
 ) -> &'static str {
     let (mut seq, pool) = (1, BufferPool::new());
-    let status_of = |error: MessageError| {
-        Status::unavailable(format!("the shared-memory session broke: {error}"))
-    };
     loop {
         let head = match read_head::<v1::SessionAnswer>(&mut ring, seq).await {
             Ok(head) => head,
-            Err(error) => return ended(error, &into, status_of).await,
+            Err(error) => return answers_ended(error, &sink).await,
         };
         let total = head.payload_bytes();
         if total > payload_limit {
             let why = format!(
                 "an answer carrying {total} bytes of tensors is past the limit of {payload_limit}"
             );
-            return ended(MessageError::Malformed(why), &into, status_of).await;
+            return answers_ended(MessageError::Malformed(why), &sink).await;
         }
         if total < LEND_AT_BYTES {
             let answer = match head.read_payloads(&mut ring, &pool, None).await {
                 Ok(message) => Answer::whole(message),
-                Err(error) => return ended(error.into(), &into, status_of).await,
+                Err(error) => return answers_ended(error.into(), &sink).await,
             };
-            if into.send(Ok(answer)).await.is_err() {
+            if !sink.take(Ok(answer)).await {
                 return "this side's session ended";
             }
         } else {
@@ -243,7 +281,7 @@ async fn read_answers(
                 message,
                 lent: Some(lent),
             };
-            if into.send(Ok(answer)).await.is_err() {
+            if !sink.take(Ok(answer)).await {
                 return "this side's session ended";
             }
             let Ok(Returned {
@@ -257,10 +295,10 @@ async fn read_answers(
             ring = back;
             if broken {
                 let why = "a lent payload's read was cut off midway".to_string();
-                return ended(MessageError::Malformed(why), &into, status_of).await;
+                return answers_ended(MessageError::Malformed(why), &sink).await;
             }
             if let Err(error) = skip(&mut ring, &unread).await {
-                return ended(error.into(), &into, status_of).await;
+                return answers_ended(error.into(), &sink).await;
             }
         }
         seq += 1;
