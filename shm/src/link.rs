@@ -2,14 +2,17 @@
 //! [`worker_link`] (the worker's) turn the rings into the same request and
 //! answer streams a gRPC `Session` stream gives, so the server answers with
 //! the one session loop and the client matches answers with the one session
-//! link.
+//! link. [`worker_link_to`] hands the worker's answers to an [`AnswerSink`]
+//! instead (the client's waiting requests), with no task between.
 //!
-//! Each side runs a reader task (ring to stream) and a writer task (channel
-//! to ring), watched over by a third that holds the socket: when the socket
-//! closes (the other process ended, crashed included), when a ring or message
-//! is corrupt, or when this side's session ends, all three stop and the
-//! socket closes, which the other side sees in turn. A message only half
-//! written when its writer died is never handed on.
+//! Each side runs a reader task (ring to stream or sink) and a writer task
+//! (channel to ring), watched over by a third that holds the socket: when the
+//! socket closes (the other process ended, crashed included), when a ring or
+//! message is corrupt, or when this side's session ends, all three stop and
+//! the socket closes, which the other side sees in turn. A message only half
+//! written when its writer died is never handed on. The worker's reader lends
+//! a large answer's payloads to the request still on the ring
+//! ([`crate::lent`]) and reads on once they come back.
 
 use std::future::Future;
 use std::sync::Arc;
