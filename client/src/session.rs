@@ -142,7 +142,9 @@ impl SessionLink {
 
     /// [`SessionLink::call`], an answer's large payloads left on a
     /// shared-memory ring for the caller to read straight into its own
-    /// memory (`Some`; the outcome's tensors then carry no bytes).
+    /// memory (`Some`; the outcome's tensors then carry no bytes). The
+    /// session's next answer waits until they are dropped: the caller must
+    /// not wait for another answer of this session while it holds them.
     ///
     /// # Errors
     /// As [`SessionLink::call`].

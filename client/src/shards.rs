@@ -436,7 +436,9 @@ impl Shards {
 
     /// One server's `PushPull`: the keys that took the push, the version of
     /// each part pulled into `sinks`, and how long the pull waited; `None`
-    /// when its session cannot carry the request (`Server::in_session`).
+    /// when its session cannot carry the request (`Server::in_session`), or
+    /// broke while the pulled values were read off its ring (the push was
+    /// taken, so the caller pushes again, taken once, then pulls).
     async fn push_pull_on(
         &self,
         server: &Server,

@@ -6,10 +6,12 @@
 //!
 //! While the payloads are lent, the session's reader waits: the ring holds
 //! one message after another, and the next answer starts where these
-//! payloads end. Whatever the borrower has not read when it lets go of them
-//! (dropped, read in part, or the borrower's future cancelled) goes back to
-//! the reader with the ring, which reads past it; a read cut off midway
-//! leaves the ring out of step, so the reader ends the session instead.
+//! payloads end. So the session's next answer arrives only once the
+//! borrower lets go of them: a borrower must never wait for another answer
+//! of the same session while it holds them. Whatever the borrower has not
+//! read when it lets go (dropped, read in part, or a read cut off midway by
+//! its future being dropped) goes back to the reader with the ring, which
+//! reads past it; only a ring that failed ends the session.
 
 use bytes::Bytes;
 use ps_proto::v1;
@@ -62,11 +64,12 @@ impl Answer {
 
 /// What goes back to the session's reader when the borrower lets go.
 pub(crate) struct Returned {
-    /// The ring, positioned after the payloads that were read.
+    /// The ring, positioned where the borrower stopped reading.
     pub(crate) ring: RingReader,
-    /// The lengths of the payloads not read, to read past.
-    pub(crate) unread: Vec<u64>,
-    /// A read was cut off or failed midway: the ring is out of step.
+    /// The words of payload still on the ring, to read past: the rest of a
+    /// read cut off midway, and the payloads not read.
+    pub(crate) unread_words: u64,
+    /// A read failed: the ring cannot be trusted.
     pub(crate) broken: bool,
 }
 
@@ -75,6 +78,8 @@ pub struct LentPayloads {
     ring: Option<RingReader>,
     lens: Vec<u64>,
     next: usize,
+    /// While a read is under way: where the ring stood when it began.
+    reading_from: Option<u64>,
     broken: bool,
     pool: BufferPool,
     back: Option<oneshot::Sender<Returned>>,
@@ -85,6 +90,7 @@ impl std::fmt::Debug for LentPayloads {
         f.debug_struct("LentPayloads")
             .field("lens", &self.lens)
             .field("next", &self.next)
+            .field("reading_from", &self.reading_from)
             .field("broken", &self.broken)
             .finish_non_exhaustive()
     }
@@ -103,6 +109,7 @@ impl LentPayloads {
             ring: Some(ring),
             lens,
             next: 0,
+            reading_from: None,
             broken: false,
             pool,
             back: Some(back),
@@ -135,11 +142,15 @@ impl LentPayloads {
         let Some(ring) = self.ring.as_mut() else {
             unreachable!("the ring goes back only when the payloads are dropped");
         };
-        // Cut off between here and the end of the read (the borrower's future
-        // dropped), the ring is midway through a payload.
-        self.broken = true;
-        ring.read(into).await.map_err(broke)?;
-        self.broken = false;
+        // Cut off at one of the read's awaits (the borrower's future
+        // dropped), the ring has read exactly up to its position; `Drop`
+        // hands the rest of this payload back to be read past.
+        self.reading_from = Some(ring.position());
+        if let Err(error) = ring.read(into).await {
+            self.broken = true;
+            return Err(broke(error));
+        }
+        self.reading_from = None;
         self.next += 1;
         Ok(())
     }
@@ -175,14 +186,18 @@ impl Drop for LentPayloads {
         let (Some(ring), Some(back)) = (self.ring.take(), self.back.take()) else {
             return;
         };
-        let unread = self.lens[self.next..].to_vec();
-        let broken = self.broken;
-        // The reader may have ended already; the ring then goes with it.
-        let _ = back.send(Returned {
+        let words = |len: &u64| len.div_ceil(8);
+        let unread: u64 = self.lens.iter().skip(self.next).map(words).sum();
+        // A read cut off midway counts its payload among the unread: take
+        // off the words it did read.
+        let read = self.reading_from.map_or(0, |from| ring.position() - from);
+        let returned = Returned {
             ring,
-            unread,
-            broken,
-        });
+            unread_words: unread - read,
+            broken: self.broken,
+        };
+        // The reader may have ended already; the ring then goes with it.
+        let _ = back.send(returned);
     }
 }
 

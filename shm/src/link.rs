@@ -12,7 +12,8 @@
 //! the socket closes, which the other side sees in turn. A message only half
 //! written when its writer died is never handed on. The worker's reader lends
 //! a large answer's payloads to the request still on the ring
-//! ([`crate::lent`]) and reads on once they come back.
+//! ([`crate::lent`]) and reads on once they come back, past whatever was
+//! left unread.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -28,7 +29,7 @@ use tonic::Status;
 
 use crate::handshake::{ServerEnd, WorkerEnd};
 use crate::lent::{Answer, LEND_AT_BYTES, LentPayloads, Returned};
-use crate::message::{MessageError, Payloads, read_head, skip, write_message};
+use crate::message::{MessageError, Payloads, read_head, skip_words, write_message};
 use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingReader, RingWriter};
 
@@ -289,18 +290,18 @@ async fn read_answers(
             }
             let Ok(Returned {
                 ring: back,
-                unread,
+                unread_words,
                 broken,
             }) = returned.await
             else {
                 return "the lent payloads were lost";
             };
             ring = back;
+            // The borrower has its error already; the watcher tells the rest.
             if broken {
-                let why = "a lent payload's read was cut off midway".to_string();
-                return answers_ended(MessageError::Malformed(why), &sink).await;
+                return "a lent payload's read failed";
             }
-            if let Err(error) = skip(&mut ring, &unread).await {
+            if let Err(error) = skip_words(&mut ring, unread_words).await {
                 return answers_ended(error.into(), &sink).await;
             }
         }

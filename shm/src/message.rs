@@ -311,15 +311,18 @@ pub async fn read_message<M: Payloads>(
 }
 
 /// Reads past payloads of `lens` bytes (each padded to whole words).
-pub(crate) async fn skip(ring: &mut RingReader, lens: &[u64]) -> Result<(), RingError> {
+async fn skip(ring: &mut RingReader, lens: &[u64]) -> Result<(), RingError> {
+    skip_words(ring, lens.iter().map(|len| len.div_ceil(8)).sum()).await
+}
+
+/// Reads past `words` words.
+pub(crate) async fn skip_words(ring: &mut RingReader, words: u64) -> Result<(), RingError> {
     let mut scratch = vec![0u8; 64 << 10];
-    for &len in lens {
-        let mut left = len.div_ceil(8) * 8;
-        while left > 0 {
-            let now = left.min(scratch.len() as u64) as usize;
-            ring.read(&mut scratch[..now]).await?;
-            left -= now as u64;
-        }
+    let mut left = words * 8;
+    while left > 0 {
+        let now = left.min(scratch.len() as u64) as usize;
+        ring.read(&mut scratch[..now]).await?;
+        left -= now as u64;
     }
     Ok(())
 }

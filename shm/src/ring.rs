@@ -376,6 +376,13 @@ impl RingReader {
         Ok(())
     }
 
+    /// The words read so far. [`RingReader::read`] counts each span only once
+    /// it is copied, and waits only between spans, so a read cut off at any
+    /// await has read exactly this far.
+    pub(crate) fn position(&self) -> u64 {
+        self.head
+    }
+
     /// Reads one word.
     ///
     /// # Errors
