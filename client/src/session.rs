@@ -136,7 +136,7 @@ impl SessionLink {
     pub(crate) async fn call(&self, op: Op) -> Result<(Outcome, u64), CallError> {
         let answer = self.answer(op).await?;
         let whole = answer.into_whole().await.map_err(CallError::Failed)?;
-        let (outcome, waited_us, _) = outcome_of(Answer::whole(whole))?;
+        let (outcome, waited_us, _) = outcome_of(whole, None)?;
         Ok((outcome, waited_us))
     }
 
@@ -152,7 +152,8 @@ impl SessionLink {
         &self,
         op: Op,
     ) -> Result<(Outcome, u64, Option<LentPayloads>), CallError> {
-        outcome_of(self.answer(op).await?)
+        let answer = self.answer(op).await?;
+        outcome_of(answer.message, answer.lent)
     }
 
     /// Sends `op` and waits for its answer.
@@ -188,11 +189,14 @@ impl SessionLink {
 
 /// What came of a request: its outcome, how long a pull waited, and any
 /// payloads still lent; a refusal as the status it stands for.
-fn outcome_of(answer: Answer) -> Result<(Outcome, u64, Option<LentPayloads>), CallError> {
-    let id = answer.message.id;
-    match answer.message.outcome {
+fn outcome_of(
+    answer: v1::SessionAnswer,
+    lent: Option<LentPayloads>,
+) -> Result<(Outcome, u64, Option<LentPayloads>), CallError> {
+    let id = answer.id;
+    match answer.outcome {
         Some(Outcome::Refusal(refusal)) => Err(CallError::Failed(status_of(refusal))),
-        Some(outcome) => Ok((outcome, answer.message.pull_waited_us, answer.lent)),
+        Some(outcome) => Ok((outcome, answer.pull_waited_us, lent)),
         None => Err(CallError::Failed(Status::internal(format!(
             "the answer to session request {id} carries no outcome"
         )))),
