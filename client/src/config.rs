@@ -89,9 +89,12 @@ pub struct ClientConfig {
     /// directions of each link at once); false: push everything, then pull.
     pub pipeline: bool,
     /// Least bytes of one pipelined group (a part larger than this is a group
-    /// on its own): smaller groups start the pulls sooner, at one request
-    /// each.
-    pub pipeline_group_bytes: usize,
+    /// on its own): smaller groups start the pulls sooner and leave less of
+    /// the step with one direction idle, at one request each. `None` (the
+    /// default): the shard map's largest part, at most 1 MiB, so a map cut
+    /// into smaller parts (the scheduler's `--partition-bytes`) is pipelined
+    /// in smaller groups.
+    pub pipeline_group_bytes: Option<usize>,
     /// Sessions with a server on this host go through shared memory (`auto`,
     /// the default, falling back to gRPC; `shm`, failing without it), or
     /// always over gRPC (`grpc`).
@@ -113,7 +116,7 @@ impl ClientConfig {
             scheduler: None,
             session: true,
             pipeline: true,
-            pipeline_group_bytes: MIN_GROUP_BYTES,
+            pipeline_group_bytes: None,
             data_path: DataPathMode::Auto,
         }
     }

@@ -1,6 +1,7 @@
 //! A training step's push and pull, pipelined: each server's share of the
-//! gradients is cut into groups of at least `pipeline_group_bytes` (1 MiB by
-//! default; a part on its own when it is that large), and each group's pull
+//! gradients is cut into groups of at least `pipeline_group_bytes` (by
+//! default the shard map's largest part, at most 1 MiB; a part on its own
+//! when it is that large), and each group's pull
 //! is sent as soon as its push is answered, while later groups are still
 //! being pushed. A push travels worker → server and a pull server → worker,
 //! the two directions of a full-duplex link, so on a link-bound step the
@@ -181,7 +182,7 @@ impl Shards {
 
     /// The groups of one segment, in the order they are pushed: each server's
     /// parts in the order of `grads`, cut into runs of at least
-    /// `ClientConfig::pipeline_group_bytes`, each run with the sinks (taken
+    /// [`Shards::pipeline_group_bytes`], each run with the sinks (taken
     /// from `sinks`) of the parts it pushes. Groups of different servers
     /// interleave by where their first part is in `grads`.
     fn segment_groups<'a>(
@@ -194,12 +195,13 @@ impl Shards {
             .enumerate()
             .map(|(i, g)| (g.name.as_str(), i))
             .collect();
+        let group_bytes = self.pipeline_group_bytes();
         let mut groups = Vec::new();
         for (server, parts) in self.parts_by_server(grads)?.iter().enumerate() {
             let mut parts: Vec<_> = parts.iter().collect();
             parts.sort_by_key(|(placed, part, _)| (order[placed.info.name.as_str()], part.start));
             let bytes = |(_, _, data): &&PartData<'_>| data.len();
-            for run in runs_of_at_least(parts, bytes, self.pipeline_group_bytes) {
+            for run in runs_of_at_least(parts, bytes, group_bytes) {
                 let first_grad = order[run[0].0.info.name.as_str()];
                 let grads: Vec<PartGrad> = run.into_iter().map(part_grad).collect();
                 let sinks = grads

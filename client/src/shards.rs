@@ -44,6 +44,17 @@ fn in_groups<T>(items: Vec<T>, bytes: impl Fn(&T) -> usize, groups: usize) -> Ve
     runs_of_at_least(items, bytes, target)
 }
 
+/// Least bytes of one pipelined group: `configured`, or by default one part
+/// of at most `largest_part` bytes, and never under one byte. A map cut into
+/// small parts is meant to move in small pieces: on a slow link a group's
+/// time is what the step spends with only one direction busy, at its start
+/// (the first push) and at its end (the last pull).
+fn group_floor(configured: Option<usize>, largest_part: usize) -> usize {
+    configured
+        .unwrap_or_else(|| largest_part.min(MIN_GROUP_BYTES))
+        .max(1)
+}
+
 /// `items`, in order, cut into runs of at least `target` bytes (but for the
 /// last run). Nothing for no items.
 pub(crate) fn runs_of_at_least<T>(
@@ -75,7 +86,7 @@ pub(crate) struct Shards {
     pub(crate) retry: RetryPolicy,
     pub(crate) session: bool,
     pub(crate) pipeline: bool,
-    pub(crate) pipeline_group_bytes: usize,
+    pipeline_group_bytes: Option<usize>,
     chunk_bytes: usize,
     requests_per_server: usize,
     sizes: SizeRules,
@@ -92,12 +103,21 @@ impl Shards {
             retry: config.retry.clone(),
             session: config.session,
             pipeline: config.pipeline,
-            pipeline_group_bytes: config.pipeline_group_bytes.max(1),
+            pipeline_group_bytes: config.pipeline_group_bytes,
             chunk_bytes: config.chunk_bytes,
             requests_per_server: config.requests_per_server,
             sizes: SizeRules::of(config),
             pull_timeout: config.pull_timeout,
         }
+    }
+
+    /// Least bytes of one pipelined group: as configured, or the placement's
+    /// largest part, at most [`MIN_GROUP_BYTES`].
+    pub(crate) fn pipeline_group_bytes(&self) -> usize {
+        group_floor(
+            self.pipeline_group_bytes,
+            self.placement.largest_part_bytes(),
+        )
     }
 
     /// The retries of a pull: none. A pull is never retried by itself: when its
@@ -649,5 +669,19 @@ mod tests {
         assert_eq!(groups.concat(), mixed, "every key once, in order");
         assert_eq!(groups.len(), 2);
         assert!(in_groups(Vec::<usize>::new(), |b| *b, 4).is_empty());
+    }
+
+    #[test]
+    fn pipelined_groups_follow_the_maps_parts_unless_configured() {
+        let (kib, mib) = (1 << 10, 1 << 20);
+        // The default map (1 MiB parts) and larger parts: 1 MiB groups.
+        assert_eq!(group_floor(None, mib), mib);
+        assert_eq!(group_floor(None, 4 * mib), mib);
+        // A map cut into 128 KiB parts: a part a group.
+        assert_eq!(group_floor(None, 128 * kib), 128 * kib);
+        // Configured, whatever the map; never zero.
+        assert_eq!(group_floor(Some(8 * kib), 4 * mib), 8 * kib);
+        assert_eq!(group_floor(Some(0), mib), 1);
+        assert_eq!(group_floor(None, 0), 1);
     }
 }

@@ -37,8 +37,9 @@ enum Path {
     Pipelined,
     /// Every key pushed, then every key pulled, as unary calls.
     SerialUnary,
-    /// Pipelined as `Pipelined`, the backward pass in two segments, each
-    /// segment's gradients pushed as soon as it is differentiated.
+    /// Pipelined in groups of one part (the default for a map of small
+    /// parts), the backward pass in two segments, each segment's gradients
+    /// pushed as soon as it is differentiated.
     Segmented,
 }
 
@@ -59,9 +60,14 @@ impl Path {
                 partition_bytes: 1024,
                 ..defaults
             },
-            Path::Pipelined | Path::Segmented => ClientConfig {
+            Path::Pipelined => ClientConfig {
                 partition_bytes: 4096,
-                pipeline_group_bytes: 8192,
+                pipeline_group_bytes: Some(8192),
+                ..defaults
+            },
+            // Groups as the default cuts them: one 4 KiB part each.
+            Path::Segmented => ClientConfig {
+                partition_bytes: 4096,
                 ..defaults
             },
             Path::SerialUnary => ClientConfig {

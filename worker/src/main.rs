@@ -84,6 +84,13 @@ struct Cli {
     /// being pushed (for comparing the two).
     #[arg(long, env = "PS_NO_PIPELINE", value_parser = env_flag())]
     no_pipeline: bool,
+    /// Least bytes of one pipelined group of keys (for example 128KiB): the
+    /// default is the shard map's largest part, at most 1MiB. Smaller groups
+    /// keep both directions of a slow link busy for more of the step, at one
+    /// request each.
+    #[arg(long, env = "PS_PIPELINE_GROUP_BYTES", conflicts_with = "no_pipeline",
+          value_parser = parse_group_bytes)]
+    pipeline_group_bytes: Option<usize>,
     /// How pushes and pulls reach a server: auto (through shared memory when
     /// the server is on this host, gRPC otherwise), shm (shared memory, or
     /// fail naming why not), or grpc.
@@ -176,6 +183,14 @@ fn probe_compute(train: &TrainArgs, data: &ps_worker::data::Dataset) -> anyhow::
     Ok(())
 }
 
+/// `--pipeline-group-bytes`: a size of at least one byte.
+fn parse_group_bytes(text: &str) -> Result<usize, String> {
+    match parse_size(text)? {
+        0 => Err("a pipelined group needs at least one byte".into()),
+        bytes => Ok(bytes),
+    }
+}
+
 /// jemalloc keeps freed buffers for reuse: with the system allocator each
 /// message-sized buffer went back to the kernel and came again page by page,
 /// which cost 1 MiB pushes a third of their throughput (docs/benchmarks.md).
@@ -217,6 +232,7 @@ async fn main() -> anyhow::Result<()> {
     client_config.scheduler = cli.scheduler.clone();
     client_config.session = !cli.unary;
     client_config.pipeline = !cli.no_pipeline;
+    client_config.pipeline_group_bytes = cli.pipeline_group_bytes;
     client_config.data_path = cli.data_path;
     client_config.partition_bytes = cli.partition_bytes;
     client_config.requests_per_server = usize::from(cli.requests_per_server);
@@ -254,5 +270,17 @@ mod tests {
         let command = <Cli as clap::CommandFactory>::command();
         let refusing = ps_common::flag::env_flags_refusing_one(&command);
         assert!(refusing.is_empty(), "{refusing:?}");
+    }
+
+    #[test]
+    fn a_pipelined_group_size_is_taken_and_zero_refused() {
+        let parse = |args: &[&str]| Cli::try_parse_from([&["ps-worker"], args].concat());
+        let cli = parse(&["--pipeline-group-bytes", "128KiB"]).unwrap();
+        assert_eq!(cli.pipeline_group_bytes, Some(128 << 10));
+        assert_eq!(parse(&[]).unwrap().pipeline_group_bytes, None);
+        let zero = parse(&["--pipeline-group-bytes", "0"]).unwrap_err();
+        assert!(zero.to_string().contains("at least one byte"), "{zero}");
+        let both = parse(&["--pipeline-group-bytes", "1MiB", "--no-pipeline"]).unwrap_err();
+        assert_eq!(both.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 }
