@@ -307,3 +307,43 @@ async fn a_worker_writes_its_epochs_steps_and_charts_with_out() {
     }
     server.stop().await;
 }
+
+/// The `ps-worker --probe-compute` JSON of a run with `RAYON_NUM_THREADS`
+/// set to `threads`, or removed.
+async fn probe_with_threads(threads: Option<&str>) -> serde_json::Value {
+    let mut command = tokio::process::Command::new(binary("ps-worker"));
+    command
+        .args(["--probe-compute", "--batch-size", "8"])
+        .env("NO_COLOR", "1")
+        .kill_on_drop(true);
+    match threads {
+        Some(threads) => command.env("RAYON_NUM_THREADS", threads),
+        None => command.env_remove("RAYON_NUM_THREADS"),
+    };
+    let output = tokio::time::timeout(LIMIT, command.output())
+        .await
+        .expect("ps-worker --probe-compute in time")
+        .expect("ps-worker runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "ps-worker failed:\n{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().last().expect("a JSON line");
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {last}"))
+}
+
+/// candle counts the host's cores on every matrix product unless
+/// `RAYON_NUM_THREADS` is set: `ps-worker` sets it for itself (running itself
+/// again) and keeps a count the user gave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ps_worker_pins_its_compute_threads_and_keeps_a_given_count() {
+    let pinned = probe_with_threads(None).await;
+    let threads = pinned["rayon_num_threads"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no thread count pinned: {pinned}"));
+    let threads: usize = threads.parse().expect("a count");
+    assert!(threads >= 1, "{pinned}");
+    assert!(pinned["step_seconds"].as_f64().unwrap() > 0.0, "{pinned}");
+
+    let given = probe_with_threads(Some("1")).await;
+    assert_eq!(given["rayon_num_threads"], "1", "{given}");
+}

@@ -18,6 +18,7 @@
 
 pub mod cli;
 pub mod compute_probe;
+pub mod compute_threads;
 pub mod ctr;
 pub mod data;
 pub mod device;

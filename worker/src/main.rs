@@ -178,6 +178,8 @@ fn probe_compute(train: &TrainArgs, data: &ps_worker::data::Dataset) -> anyhow::
         "hidden": train.hidden,
         "classes": data.classes,
         "batch_size": train.batch_size,
+        // As pinned at start (`compute_threads`): null if it could not be.
+        "rayon_num_threads": std::env::var(ps_worker::compute_threads::VARIABLE).ok(),
     });
     println!("{probe}");
     Ok(())
@@ -197,8 +199,13 @@ fn parse_group_bytes(text: &str) -> Result<usize, String> {
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+fn main() -> anyhow::Result<()> {
+    ps_worker::compute_threads::pin_compute_threads();
+    run()
+}
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Err(message) = cli.validate() {
         Cli::command()

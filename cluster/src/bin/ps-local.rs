@@ -101,8 +101,13 @@ fn print_summary(summary: &LocalSummary, json: bool) -> anyhow::Result<()> {
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+fn main() -> anyhow::Result<()> {
+    ps_worker::compute_threads::pin_compute_threads();
+    run()
+}
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Err(message) = cli.train.validate() {
         Cli::command()
