@@ -2,7 +2,8 @@
 //! client sends and receives.
 //!
 //! On the CPU each tensor is copied once into its own buffer, which is already
-//! the least copying there is. On a GPU every copy between device and host is a
+//! the least copying there is, and pulled values are written into an `f32`
+//! variable's own storage in one copy ([`WriteValues`]). On a GPU every copy between device and host is a
 //! transfer with a fixed cost of its own, so a step's gradients are first joined
 //! on the device and come off it in **one** transfer, and the pulled values of
 //! the small variables go onto it in one transfer and are split there
@@ -65,11 +66,65 @@ impl CopyPlan {
     ) -> candle_core::Result<()> {
         match (self, vars.first()) {
             (Self::Joined, Some(first)) => joined_to_vars(first.device(), vars, values, staging),
-            _ => vars.iter().zip(values).try_for_each(|(var, values)| {
-                let tensor = Tensor::from_slice(values, var.shape(), var.device())?;
-                var.set(&tensor.to_dtype(var.dtype())?)
-            }),
+            _ => vars
+                .iter()
+                .zip(values)
+                .try_for_each(|(var, values)| write_var(var, values)),
         }
+    }
+}
+
+/// Writes `values` into `var`: an `f32` variable on the CPU in place, in one
+/// copy ([`WriteValues`]); any other through a new tensor and `Var::set`.
+fn write_var(var: &Var, values: &[f32]) -> candle_core::Result<()> {
+    if var.device().is_cpu() && var.dtype() == DType::F32 && var.is_contiguous() {
+        if values.len() != var.elem_count() {
+            return Err(candle_core::Error::Msg(format!(
+                "{} pulled values for a variable of shape {:?}",
+                values.len(),
+                var.shape()
+            )));
+        }
+        return var.as_tensor().inplace_op1(&WriteValues(values));
+    }
+    let tensor = Tensor::from_slice(values, var.shape(), var.device())?;
+    var.set(&tensor.to_dtype(var.dtype())?)
+}
+
+/// Pulled values written straight into a CPU variable's storage: one copy.
+/// `Tensor::from_slice` then `Var::set` made two, and the new tensor's pages
+/// were faulted in and zeroed afresh every step (docs/benchmarks.md: 48 ms a
+/// step for 84 MB). A variable shares its storage with the model's uses of
+/// it, as `Var::set` does, so they see the new values.
+struct WriteValues<'a>(&'a [f32]);
+
+impl candle_core::InplaceOp1 for WriteValues<'_> {
+    fn name(&self) -> &'static str {
+        "write-pulled-values"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &mut candle_core::CpuStorage,
+        layout: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        let candle_core::CpuStorage::F32(data) = storage else {
+            return Err(candle_core::Error::Msg(
+                "pulled f32 values for a variable of another dtype".into(),
+            ));
+        };
+        let target = layout
+            .contiguous_offsets()
+            .and_then(|(start, end)| data.get_mut(start..end))
+            .filter(|target| target.len() == self.0.len())
+            .ok_or_else(|| {
+                candle_core::Error::Msg(format!(
+                    "{} pulled values do not fit the variable's layout {layout:?}",
+                    self.0.len()
+                ))
+            })?;
+        target.copy_from_slice(self.0);
+        Ok(())
     }
 }
 
@@ -446,6 +501,31 @@ mod tests {
                     .is_err()
             );
         }
+    }
+
+    #[test]
+    fn a_cpu_variable_is_written_in_place_where_the_model_sees_it() {
+        let var = Var::zeros((2, 3), DType::F32, &Device::Cpu).unwrap();
+        // What a layer holds: the variable's tensor, sharing its storage.
+        let held = var.as_tensor().clone();
+        let values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        CopyPlan::PerTensor
+            .to_vars(&[&var], &[&values], &mut Vec::new())
+            .unwrap();
+        assert_eq!(
+            held.to_vec2::<f32>().unwrap(),
+            [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+        );
+        assert!(
+            CopyPlan::PerTensor
+                .to_vars(&[&var], &[&values[..5]], &mut Vec::new())
+                .is_err()
+        );
+        assert_eq!(
+            held.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            values,
+            "a refused write changes nothing"
+        );
     }
 
     #[test]
