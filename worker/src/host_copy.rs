@@ -3,9 +3,10 @@
 //!
 //! On the CPU each tensor is copied once into its own buffer, which is already
 //! the least copying there is, and pulled values are written into an `f32`
-//! variable's own storage in one copy (`WriteValues`). On a GPU every copy between device and host is a
-//! transfer with a fixed cost of its own, so a step's gradients are first joined
-//! on the device and come off it in **one** transfer, and the pulled values of
+//! variable's own storage in one copy (`WriteValues`). On a GPU every copy
+//! between device and host is a transfer with a fixed cost of its own, so a
+//! step's gradients are first joined on the device and come off it in **one**
+//! transfer, and the pulled values of
 //! the small variables go onto it in one transfer and are split there
 //! ([`CopyPlan::Joined`]); a variable of 1 MiB or more goes on in a transfer
 //! of its own, straight from its pulled buffer. The gradients come off into a
