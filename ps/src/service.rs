@@ -228,8 +228,15 @@ impl ParameterService {
             .register(params, Version(request.restore_version))
     }
 
-    /// A unary push's gradients, admitted by map version, decoded and applied.
-    pub(crate) async fn push_grads(&self, request: &v1::PushRequest) -> Result<Vec<Pushed>> {
+    /// A push's gradients, admitted by map version, decoded and applied; not
+    /// scanned for NaN and infinity again when they were as they arrived
+    /// (`scanned`: a shared-memory session's, checked piece by piece off the
+    /// ring by [`Self::gradient_checker`]).
+    pub(crate) async fn push_grads(
+        &self,
+        request: &v1::PushRequest,
+        scanned: bool,
+    ) -> Result<Vec<Pushed>> {
         let admitted = Admitted::map(&self.store, request.map_version).await?;
         let grads = request
             .grads
@@ -239,7 +246,26 @@ impl ParameterService {
         let (worker, step) = (Rank(request.worker_id), Step(request.step));
         let bytes = grads.iter().map(|(_, grad)| grad.byte_len()).sum();
         let _held = admitted.charge(bytes, || format!("a push of {} gradients", grads.len()))?;
-        self.apply_push(worker, step, grads, false).await
+        self.apply_push(worker, step, grads, scanned).await
+    }
+
+    /// Scans a piece of a gradient for NaN and infinity as a shared-memory
+    /// session copies it off the ring, refusing the push with the status a
+    /// whole scan would give (a header that does not parse is left to the
+    /// push's own checks).
+    pub(crate) fn gradient_checker(&self) -> ps_shm::link::Checker {
+        let service = self.clone();
+        std::sync::Arc::new(move |grad: &v1::Tensor, offset: u64, piece: &[u8]| {
+            let Ok(header) = ps_proto::header::TensorHeader::from_wire(
+                &grad.name,
+                grad.part,
+                grad.dtype,
+                &grad.shape,
+            ) else {
+                return Ok(());
+            };
+            service.refusal(service.store.check_gradient_chunk(&header, offset, piece))
+        })
     }
 
     /// A pull's values, their share of the memory budget, and how long the pull
@@ -366,7 +392,7 @@ impl ParameterServer for ParameterService {
         &self,
         request: Request<v1::PushRequest>,
     ) -> Result<Response<v1::PushResponse>, Status> {
-        let result = self.push_grads(request.get_ref()).await;
+        let result = self.push_grads(request.get_ref(), false).await;
         self.answer(result.map(wire::push_response))
     }
 

@@ -45,6 +45,34 @@ const ANSWERS_AHEAD: usize = 64;
 /// What a session stream's task sends back: answers, or the status that ends it.
 pub(crate) type AnswerSender = mpsc::Sender<Result<v1::SessionAnswer, Status>>;
 
+/// How a session's requests reach it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reading {
+    /// The most bytes a pull's values may take.
+    pub(crate) largest: usize,
+    /// Pushes carrying at least this many bytes of gradients were scanned for
+    /// NaN and infinity as they were read (a shared-memory session's, piece
+    /// by piece off the ring: `ps_shm::link::SCAN_FROM_BYTES`), and the
+    /// store does not scan them again.
+    pub(crate) scanned_from: Option<u64>,
+}
+
+impl Reading {
+    /// A gRPC session's: pulls up to `largest` bytes, nothing scanned yet.
+    pub(crate) fn grpc(largest: usize) -> Self {
+        Self {
+            largest,
+            scanned_from: None,
+        }
+    }
+
+    /// Whether `push`'s gradients were scanned as they were read.
+    fn scanned(self, push: &v1::PushRequest) -> bool {
+        let bytes: u64 = push.grads.iter().map(|grad| grad.data.len() as u64).sum();
+        self.scanned_from.is_some_and(|from| bytes >= from)
+    }
+}
+
 type Operation<'a> = Pin<Box<dyn Future<Output = v1::SessionAnswer> + Send + 'a>>;
 
 /// Serves a session whose requests are `requests` (a gRPC `Session` stream)
@@ -56,20 +84,27 @@ pub(crate) fn open(
     let (answers, answered) = mpsc::channel(ANSWERS_AHEAD);
     let idle = service.config().transport.idle_connection_timeout;
     let limit = service.max_message_bytes();
-    tokio::spawn(serve(service.clone(), requests, answers, idle, limit));
+    tokio::spawn(serve(
+        service.clone(),
+        requests,
+        answers,
+        idle,
+        Reading::grpc(limit),
+    ));
     answered
 }
 
 /// Serves one session until it ends: reads `requests` (a gRPC `Session`
 /// stream, or a shared-memory session's), runs each operation on `service`,
-/// and sends every answer to `answers`. A pull's values may take up to
-/// `largest` bytes (the message limit on gRPC; none in shared memory).
+/// and sends every answer to `answers`. `read_as` says how many bytes a
+/// pull's values may take (the message limit on gRPC; none in shared memory)
+/// and which pushes were scanned for NaN and infinity as they were read.
 pub(crate) async fn serve(
     service: ParameterService,
     mut requests: impl Stream<Item = Result<v1::SessionRequest, Status>> + Unpin,
     answers: AnswerSender,
     idle: Option<Duration>,
-    largest: usize,
+    read_as: Reading,
 ) {
     let mut in_flight: FuturesUnordered<Operation<'_>> = FuturesUnordered::new();
     let mut ids = HashSet::new();
@@ -87,7 +122,7 @@ pub(crate) async fn serve(
                         }
                         continue;
                     }
-                    in_flight.push(Box::pin(operate(&service, request, largest)));
+                    in_flight.push(Box::pin(operate(&service, request, read_as)));
                 }
                 Ok(None) => reading = false,
                 Err(status) => {
@@ -145,15 +180,16 @@ type Done = Result<(Outcome, Duration), Status>;
 async fn operate(
     service: &ParameterService,
     request: v1::SessionRequest,
-    largest: usize,
+    reading: Reading,
 ) -> v1::SessionAnswer {
+    let largest = reading.largest;
     let started = Instant::now();
     let (method, work): (_, Pin<Box<dyn Future<Output = Done> + Send + '_>>) = match request.op {
-        Some(Op::Push(push)) => ("Push", Box::pin(push_answer(service, push))),
+        Some(Op::Push(push)) => ("Push", Box::pin(push_answer(service, push, reading))),
         Some(Op::Pull(pull)) => ("Pull", Box::pin(pull_answer(service, pull, largest))),
         Some(Op::PushPull(both)) => (
             "PushPull",
-            Box::pin(push_pull_answer(service, both, largest)),
+            Box::pin(push_pull_answer(service, both, reading)),
         ),
         Some(Op::PullRows(pull)) => (
             "PullRows",
@@ -199,8 +235,13 @@ async fn within(deadline_ms: u64, work: impl Future<Output = Done>) -> Done {
 }
 
 /// A push's answer, as `Push` gives it.
-async fn push_answer(service: &ParameterService, request: v1::PushRequest) -> Done {
-    let pushed = service.refusal(service.push_grads(&request).await)?;
+async fn push_answer(
+    service: &ParameterService,
+    request: v1::PushRequest,
+    reading: Reading,
+) -> Done {
+    let scanned = reading.scanned(&request);
+    let pushed = service.refusal(service.push_grads(&request, scanned).await)?;
     Ok((
         Outcome::Push(crate::wire::push_response(pushed)),
         Duration::ZERO,
@@ -233,16 +274,16 @@ async fn push_rows_answer(service: &ParameterService, request: v1::PushRowsReque
 async fn push_pull_answer(
     service: &ParameterService,
     request: v1::PushPull,
-    largest: usize,
+    reading: Reading,
 ) -> Done {
     let missing = |half| Status::invalid_argument(format!("a push_pull without its {half}"));
     let push = request.push.ok_or_else(|| missing("push"))?;
     let pull = request.pull.ok_or_else(|| missing("pull"))?;
-    let pushed = service.refusal(service.push_grads(&push).await)?;
+    let pushed = service.refusal(service.push_grads(&push, reading.scanned(&push)).await)?;
     // The push's tensors go before the pull waits: nothing of them is needed
     // now, and a shared-memory session's read-ahead is held while they live.
     drop(push);
-    let (pulled, waited) = service.refusal(service.pull_response(&pull, largest).await)?;
+    let (pulled, waited) = service.refusal(service.pull_response(&pull, reading.largest).await)?;
     let response = v1::PushPullResponse {
         push: Some(crate::wire::push_response(pushed)),
         pull: Some(pulled),
@@ -297,7 +338,13 @@ mod tests {
         let request = pull_of_w(7, 0, 0);
         let (answers, mut answered) = mpsc::channel(1);
         let requests = Box::pin(futures::stream::iter([Ok(request)]));
-        let serving = tokio::spawn(serve(service, requests, answers, None, 1 << 20));
+        let serving = tokio::spawn(serve(
+            service,
+            requests,
+            answers,
+            None,
+            Reading::grpc(1 << 20),
+        ));
         let answer = answered
             .recv()
             .await
@@ -323,7 +370,13 @@ mod tests {
         let request = pull_of_w(1, 1, 600_000);
         let requests = futures::stream::iter([Ok(request)]).chain(futures::stream::pending());
         let (answers, answered) = mpsc::channel(1);
-        let serving = tokio::spawn(serve(service, Box::pin(requests), answers, None, 1 << 20));
+        let serving = tokio::spawn(serve(
+            service,
+            Box::pin(requests),
+            answers,
+            None,
+            Reading::grpc(1 << 20),
+        ));
         tokio::task::yield_now().await;
         drop(answered);
         tokio::time::timeout(Duration::from_secs(30), serving)

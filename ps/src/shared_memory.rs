@@ -116,7 +116,8 @@ async fn serve(
     stopped: CancellationToken,
 ) {
     let peer = end.peer_pid;
-    let link = serve_link(end, charger(&service), pool, async move {
+    let admit = (charger(&service), Some(service.gradient_checker()));
+    let link = serve_link(end, admit, pool, async move {
         stopped.cancelled().await;
     });
     tracing::info!(
@@ -124,7 +125,11 @@ async fn serve(
         "a worker on this host took a shared-memory session"
     );
     let idle = service.config().transport.idle_connection_timeout;
-    session::serve(service, link.requests, link.answers, idle, usize::MAX).await;
+    let reading = session::Reading {
+        largest: usize::MAX,
+        scanned_from: Some(ps_shm::link::SCAN_FROM_BYTES),
+    };
+    session::serve(service, link.requests, link.answers, idle, reading).await;
 }
 
 /// Refuses a request whose tensors could never fit `service`'s memory budget,

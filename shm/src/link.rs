@@ -29,7 +29,9 @@ use tonic::Status;
 
 use crate::handshake::{ServerEnd, WorkerEnd};
 use crate::lent::{Answer, LEND_AT_BYTES, LentPayloads, Returned};
-use crate::message::{MessageError, Payloads, read_head, skip_words, write_message};
+use crate::message::{
+    MessageError, Payloads, gradient_headers, read_head, skip_words, write_message,
+};
 use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingReader, RingWriter};
 
@@ -47,6 +49,19 @@ pub const AHEAD_BYTES: u64 = 32 << 20;
 /// it returns, such as a memory charge, is held until they are dropped), or
 /// says why not (the request is then read past and refused).
 pub type Charger = Arc<dyn Fn(u64) -> Result<Hold, String> + Send + Sync>;
+
+/// A request carrying at least this many bytes of gradients has them checked
+/// by the session's [`Checker`] as they are copied off the ring; a smaller
+/// one is still in cache when its server scans it whole.
+pub const SCAN_FROM_BYTES: u64 = 1 << 20;
+
+/// Checks a piece of a request's gradient as it is copied off the ring,
+/// still in cache: the gradient (as a header; its bytes are still being
+/// read), the piece's offset in its bytes, and the piece. An `Err` refuses
+/// the request with that status; its payloads are still read to their end,
+/// so the ring stays aligned, and the session goes on. The pieces checked
+/// are the server's own copies: the worker cannot change them afterwards.
+pub type Checker = Arc<dyn Fn(&v1::Tensor, u64, &[u8]) -> Result<(), Status> + Send + Sync>;
 
 /// The server's side of a session: the requests read from the region, and
 /// where to send the answers (an `Err` ends the session).
@@ -71,7 +86,7 @@ pub struct WorkerLink {
 /// sessions share); `stop` ends it early.
 pub fn serve_link(
     end: ServerEnd,
-    charge: Charger,
+    (charge, check): (Charger, Option<Checker>),
     pool: BufferPool,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> ServerLink {
@@ -82,7 +97,7 @@ pub fn serve_link(
         end.requests,
         requests_in,
         answers.downgrade(),
-        (charge, pool),
+        (charge, check, pool),
     );
     let writer = write_from(end.answers, answers_out, |answer| answer.ok());
     tokio::spawn(async move {
@@ -153,15 +168,15 @@ async fn read_requests(
     mut ring: RingReader,
     into: mpsc::Sender<Result<v1::SessionRequest, Status>>,
     answers: mpsc::WeakSender<Result<v1::SessionAnswer, Status>>,
-    (charge, pool): (Charger, BufferPool),
+    (charge, check, pool): (Charger, Option<Checker>, BufferPool),
 ) -> &'static str {
     let mut seq = 1;
     let ahead = Arc::new(Semaphore::new(AHEAD_BYTES as usize));
+    let admit = (&charge, check.as_ref());
     loop {
-        let sent = match read_request(&mut ring, seq, &pool, &ahead, &charge).await {
+        let sent = match read_request(&mut ring, seq, &pool, &ahead, admit).await {
             Ok(Ok(request)) => into.send(Ok(request)).await.is_ok(),
-            Ok(Err((request, why))) => {
-                let status = Status::resource_exhausted(why);
+            Ok(Err((request, status))) => {
                 let refusal = v1::SessionAnswer {
                     id: request.id,
                     outcome: Some(Outcome::Refusal(refusal_of(&status))),
@@ -186,18 +201,20 @@ async fn read_requests(
     }
 }
 
-/// A request read off the ring, or its header and why its payloads were
-/// refused (and read past).
-type Admitted = Result<v1::SessionRequest, (v1::SessionRequest, String)>;
+/// A request read off the ring, or the request and the status it is refused
+/// with (its payloads read past, or read and dropped).
+type Admitted = Result<v1::SessionRequest, (v1::SessionRequest, Status)>;
 
 /// Reads request `seq`, its payloads holding a share of `ahead` and what
-/// `charge` returned until the last of them drops.
+/// `charge` returned until the last of them drops, each piece of its
+/// gradients checked by `check` (when given, and the request carries at
+/// least [`SCAN_FROM_BYTES`]) as it is copied.
 async fn read_request(
     ring: &mut RingReader,
     seq: u64,
     pool: &BufferPool,
     ahead: &Arc<Semaphore>,
-    charge: &Charger,
+    (charge, check): (&Charger, Option<&Checker>),
 ) -> Result<Admitted, MessageError> {
     let head = read_head::<v1::SessionRequest>(ring, seq).await?;
     let bytes = head.payload_bytes();
@@ -208,13 +225,34 @@ async fn read_request(
     let Ok(read_ahead) = Arc::clone(ahead).acquire_many_owned(share).await else {
         unreachable!("the read-ahead semaphore is never closed");
     };
-    match charge(bytes) {
-        Ok(charged) => {
-            let hold: Hold = Arc::new((read_ahead, charged));
-            Ok(Ok(head.read_payloads(ring, pool, Some(hold)).await?))
+    let hold: Hold = match charge(bytes) {
+        Ok(charged) => Arc::new((read_ahead, charged)),
+        Err(why) => {
+            return Ok(Err((
+                head.skip(ring).await?,
+                Status::resource_exhausted(why),
+            )));
         }
-        Err(why) => Ok(Err((head.skip(ring).await?, why))),
-    }
+    };
+    let Some(check) = check.filter(|_| bytes >= SCAN_FROM_BYTES) else {
+        return Ok(Ok(head.read_payloads(ring, pool, Some(hold)).await?));
+    };
+    let grads = gradient_headers(&head.message);
+    let mut refused = None;
+    let mut inspect = |index: usize, offset: usize, piece: &[u8]| {
+        if refused.is_none()
+            && let Some(grad) = grads.get(index)
+        {
+            refused = check(grad, offset as u64, piece).err();
+        }
+    };
+    let request = head
+        .read_payloads_inspecting(ring, pool, Some(hold), &mut inspect)
+        .await?;
+    Ok(match refused {
+        None => Ok(request),
+        Some(status) => Err((request, status)),
+    })
 }
 
 /// Says why a read failed, on `into` as `status_of` it.

@@ -66,6 +66,24 @@ pub trait Payloads: Message + Default {
     fn put_payloads(&mut self, payloads: Vec<Bytes>);
 }
 
+/// A request's gradients in the order of its payloads, as headers (their
+/// bytes, still on the ring, left out).
+pub(crate) fn gradient_headers(request: &v1::SessionRequest) -> Vec<v1::Tensor> {
+    let push = match &request.op {
+        Some(Op::Push(push)) => Some(push),
+        Some(Op::PushPull(both)) => both.push.as_ref(),
+        _ => None,
+    };
+    let grads = push.map(|push| push.grads.as_slice()).unwrap_or_default();
+    grads
+        .iter()
+        .map(|grad| v1::Tensor {
+            data: Bytes::new(),
+            ..grad.clone()
+        })
+        .collect()
+}
+
 fn tensors_of_push(push: &mut v1::PushRequest) -> impl Iterator<Item = &mut v1::Tensor> {
     push.grads.iter_mut()
 }
@@ -208,15 +226,33 @@ impl<M: Payloads> Head<M> {
     /// # Errors
     /// The ring failed.
     pub async fn read_payloads(
-        mut self,
+        self,
         ring: &mut RingReader,
         pool: &BufferPool,
         hold: Option<Hold>,
     ) -> Result<M, RingError> {
+        self.read_payloads_inspecting(ring, pool, hold, &mut |_, _, _| {})
+            .await
+    }
+
+    /// [`Head::read_payloads`], handing `inspect` each piece of each payload
+    /// as it is copied (see [`RingReader::read_inspecting`]): the payload's
+    /// index, the piece's offset in it, and its bytes.
+    ///
+    /// # Errors
+    /// The ring failed.
+    pub async fn read_payloads_inspecting(
+        mut self,
+        ring: &mut RingReader,
+        pool: &BufferPool,
+        hold: Option<Hold>,
+        inspect: &mut (dyn FnMut(usize, usize, &[u8]) + Send),
+    ) -> Result<M, RingError> {
         let mut payloads = Vec::with_capacity(self.lens.len());
-        for &len in &self.lens {
+        for (index, &len) in self.lens.iter().enumerate() {
             let mut payload = pool.take(len as usize);
-            ring.read(&mut payload).await?;
+            let mut piece = |offset: usize, bytes: &[u8]| inspect(index, offset, bytes);
+            ring.read_inspecting(&mut payload, &mut piece).await?;
             payloads.push(pool.bytes(payload, hold.clone()));
         }
         self.message.put_payloads(payloads);

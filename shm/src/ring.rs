@@ -353,6 +353,21 @@ impl RingReader {
     /// # Errors
     /// The writer's `tail` is corrupt, or the bell failed.
     pub async fn read(&mut self, into: &mut [u8]) -> Result<(), RingError> {
+        self.read_inspecting(into, &mut |_, _| {}).await
+    }
+
+    /// [`RingReader::read`], handing `inspect` each piece as soon as it is
+    /// copied, while it is still in this core's cache: its offset in `into`
+    /// and its bytes. Pieces are at most [`PUBLISH_WORDS`] words and, but for
+    /// the last, whole words.
+    ///
+    /// # Errors
+    /// As [`RingReader::read`].
+    pub async fn read_inspecting(
+        &mut self,
+        into: &mut [u8],
+        inspect: &mut (dyn FnMut(usize, &[u8]) + Send),
+    ) -> Result<(), RingError> {
         let mut done = 0;
         while done < into.len() {
             let left = (into.len() - done).div_ceil(8) as u64;
@@ -367,6 +382,7 @@ impl RingReader {
                 region.copy_out(first + whole / 8, &mut last);
                 into[done + whole..done + now].copy_from_slice(&last[..now - whole]);
             }
+            inspect(done, &into[done..done + now]);
             done += now;
             self.head += len as u64;
             let layout = self.end.layout;

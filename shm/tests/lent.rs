@@ -30,7 +30,12 @@ async fn linked() -> (ServerLink, WorkerLink) {
     let worker = connect(&offer).await.unwrap();
     let (server, ()) = server.await.unwrap().unwrap();
     let charge: Charger = Arc::new(|_| Ok(Arc::new(())));
-    let serving = serve_link(server, charge, BufferPool::new(), std::future::pending());
+    let serving = serve_link(
+        server,
+        (charge, None),
+        BufferPool::new(),
+        std::future::pending(),
+    );
     (serving, worker_link(worker, u64::MAX))
 }
 

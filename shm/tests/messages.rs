@@ -238,7 +238,12 @@ mod handshake {
                 Ok(Arc::new(Release(Arc::clone(&held), bytes)) as Hold)
             })
         };
-        let mut serving = serve_link(server, charge, BufferPool::new(), std::future::pending());
+        let mut serving = serve_link(
+            server,
+            (charge, None),
+            BufferPool::new(),
+            std::future::pending(),
+        );
         let mut working = worker_link(worker, u64::MAX);
         let request = push(5, &[vec![3; 300_000], vec![4; 1000]]);
         working.requests.send(request.clone()).await.unwrap();
@@ -418,4 +423,35 @@ mod handshake {
             );
         });
     }
+}
+
+/// `read_inspecting` hands on every byte it copies exactly once, in order,
+/// in pieces no larger than what one publication carries, through a ring
+/// much smaller than the payload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inspected_read_sees_every_piece_once_in_order() {
+    let (mut writer, mut reader, _, _) = in_process(16 << 10).unwrap();
+    let payload: Vec<u8> = (0..300_001u32).map(|i| (i % 251) as u8).collect();
+    let sent = payload.clone();
+    let writing = tokio::spawn(async move {
+        writer.write(&sent).await.unwrap();
+        writer.flush();
+    });
+    let mut into = vec![0u8; payload.len()];
+    let mut seen = Vec::new();
+    let mut pieces = 0;
+    let mut inspect = |offset: usize, piece: &[u8]| {
+        assert_eq!(offset, seen.len(), "pieces come in order, none skipped");
+        assert!(piece.len() <= ps_shm::ring::PUBLISH_WORDS as usize * 8);
+        seen.extend_from_slice(piece);
+        pieces += 1;
+    };
+    reader
+        .read_inspecting(&mut into, &mut inspect)
+        .await
+        .unwrap();
+    writing.await.unwrap();
+    assert_eq!(seen, payload);
+    assert_eq!(into, payload);
+    assert!(pieces > 1, "a payload past the ring comes in pieces");
 }

@@ -398,3 +398,75 @@ async fn a_push_past_the_budget_is_refused_and_the_session_goes_on() {
         1
     );
 }
+
+/// A push whose gradients hold NaN or infinity, through shared memory: the
+/// server scans each piece of a large push as it copies it off the ring, and
+/// a small one whole. The push is refused
+/// naming the key and element, as over gRPC, whether the bad element is in
+/// the first piece or far into a 6 MiB key; nothing of it is applied, and
+/// the session goes on to take the same step's finite push. (A push the
+/// client cuts into several requests is refused request by request.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_finite_gradient_through_shared_memory_is_refused_where_it_lies_and_changes_nothing()
+{
+    let shm = server(DataPathMode::Shm, TransportConfig::default()).await;
+    let client = client(shm.addrs(), DataPathMode::Shm).await;
+    let initial = [
+        ParamBytes::new("big", values(LARGE, |i| i as f32)),
+        ParamBytes::new("small", values(4, |_| 1.0)),
+    ];
+    client
+        .register(&initial, &optim::sgd(0.5))
+        .await
+        .expect("register");
+    let finite = |i: usize| (i % 5) as f32;
+    // The first piece and far into the 6 MiB key (scanned off the ring), and
+    // a 16-byte key (under `SCAN_FROM_BYTES`: scanned by the store).
+    let cases = [
+        ("big", LARGE, 3, f32::NAN),
+        ("big", LARGE, 1_234_567, f32::INFINITY),
+        ("small", 4, 2, f32::NAN),
+    ];
+    for (name, len, bad, value) in cases {
+        let grads = [ParamBytes::new(
+            name,
+            values(len, |i| if i == bad { value } else { finite(i) }),
+        )];
+        let text = client
+            .push(Rank(0), Step(0), &grads)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains(name) && text.contains(&format!("at element {bad}")),
+            "{text}"
+        );
+        assert!(
+            text.contains("InvalidArgument") || text.contains("invalid"),
+            "{text}"
+        );
+    }
+    let unchanged = client.pull(Version(0)).await.expect("pull");
+    assert!(
+        unchanged["big"]
+            .values
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| v == i as f32)
+    );
+    assert_eq!(unchanged["small"].values, [1.0; 4]);
+
+    let grads = [
+        ParamBytes::new("big", values(LARGE, finite)),
+        ParamBytes::new("small", values(4, finite)),
+    ];
+    let taken = client.push(Rank(0), Step(0), &grads).await.expect("a push");
+    assert_eq!(taken, 2, "the refused pushes took nothing of step 0");
+    let pulled = client.pull(Version(1)).await.expect("pull");
+    let big = &pulled["big"].values;
+    assert!(
+        big.iter()
+            .enumerate()
+            .all(|(i, &v)| v == i as f32 - 0.5 * finite(i))
+    );
+}
