@@ -91,9 +91,8 @@ pub struct ClientConfig {
     /// Least bytes of one pipelined group (a part larger than this is a group
     /// on its own): smaller groups start the pulls sooner and leave less of
     /// the step with one direction idle, at one request each. `None` (the
-    /// default): the shard map's largest part, at most 1 MiB, so a map cut
-    /// into smaller parts (the scheduler's `--partition-bytes`) is pipelined
-    /// in smaller groups.
+    /// default): 1 MiB. On a slow link, cut the map finer as well (the
+    /// scheduler's `--partition-bytes`): a part is never split.
     pub pipeline_group_bytes: Option<usize>,
     /// Sessions with a server on this host go through shared memory (`auto`,
     /// the default, falling back to gRPC; `shm`, failing without it), or

@@ -1,7 +1,6 @@
 //! A training step's push and pull, pipelined: each server's share of the
-//! gradients is cut into groups of at least `pipeline_group_bytes` (by
-//! default the shard map's largest part, at most 1 MiB; a part on its own
-//! when it is that large), and each group's pull
+//! gradients is cut into groups of at least `pipeline_group_bytes` (1 MiB by
+//! default; a part on its own when it is that large), and each group's pull
 //! is sent as soon as its push is answered, while later groups are still
 //! being pushed. A push travels worker → server and a pull server → worker,
 //! the two directions of a full-duplex link, so on a link-bound step the

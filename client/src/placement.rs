@@ -158,20 +158,6 @@ impl Placement {
         self.params.values()
     }
 
-    /// The bytes of the largest part (0 with nothing placed): about the
-    /// partition size the map was cut with (a tensor's parts are even), or
-    /// its largest tensor when all are smaller.
-    pub fn largest_part_bytes(&self) -> usize {
-        self.params
-            .values()
-            .flat_map(|placed| {
-                let size = placed.info.dtype.size();
-                placed.parts.iter().map(move |part| part.len * size)
-            })
-            .max()
-            .unwrap_or(0)
-    }
-
     /// The placement a scheduler's shard map describes: `parts` as
     /// `(name, part)`, the part naming its server's index.
     ///
@@ -281,19 +267,6 @@ mod tests {
                 .part_shape(&plan.get("a").unwrap().parts[0]),
             vec![10_000_000]
         );
-    }
-
-    #[test]
-    fn the_largest_part_is_the_partition_size_or_the_largest_tensor() {
-        let params = [info("big", 3_000_000), info("small", 100)];
-        // Parts of one tensor are cut evenly, up to the partition size.
-        let largest = Placement::plan(&params, 2, 64 << 10).largest_part_bytes();
-        assert!((60 << 10..=64 << 10).contains(&largest), "{largest}");
-        assert_eq!(
-            Placement::plan(&params[1..], 2, 64 << 10).largest_part_bytes(),
-            400
-        );
-        assert_eq!(Placement::default().largest_part_bytes(), 0);
     }
 
     #[test]

@@ -44,17 +44,6 @@ fn in_groups<T>(items: Vec<T>, bytes: impl Fn(&T) -> usize, groups: usize) -> Ve
     runs_of_at_least(items, bytes, target)
 }
 
-/// Least bytes of one pipelined group: `configured`, or by default one part
-/// of at most `largest_part` bytes, and never under one byte. A map cut into
-/// small parts is meant to move in small pieces: on a slow link a group's
-/// time is what the step spends with only one direction busy, at its start
-/// (the first push) and at its end (the last pull).
-fn group_floor(configured: Option<usize>, largest_part: usize) -> usize {
-    configured
-        .unwrap_or_else(|| largest_part.min(MIN_GROUP_BYTES))
-        .max(1)
-}
-
 /// `items`, in order, cut into runs of at least `target` bytes (but for the
 /// last run). Nothing for no items.
 pub(crate) fn runs_of_at_least<T>(
@@ -111,13 +100,10 @@ impl Shards {
         }
     }
 
-    /// Least bytes of one pipelined group: as configured, or the placement's
-    /// largest part, at most [`MIN_GROUP_BYTES`].
+    /// Least bytes of one pipelined group: as configured (at least one), or
+    /// [`MIN_GROUP_BYTES`].
     pub(crate) fn pipeline_group_bytes(&self) -> usize {
-        group_floor(
-            self.pipeline_group_bytes,
-            self.placement.largest_part_bytes(),
-        )
+        self.pipeline_group_bytes.unwrap_or(MIN_GROUP_BYTES).max(1)
     }
 
     /// The retries of a pull: none. A pull is never retried by itself: when its
@@ -672,16 +658,14 @@ mod tests {
     }
 
     #[test]
-    fn pipelined_groups_follow_the_maps_parts_unless_configured() {
-        let (kib, mib) = (1 << 10, 1 << 20);
-        // The default map (1 MiB parts) and larger parts: 1 MiB groups.
-        assert_eq!(group_floor(None, mib), mib);
-        assert_eq!(group_floor(None, 4 * mib), mib);
-        // A map cut into 128 KiB parts: a part a group.
-        assert_eq!(group_floor(None, 128 * kib), 128 * kib);
-        // Configured, whatever the map; never zero.
-        assert_eq!(group_floor(Some(8 * kib), 4 * mib), 8 * kib);
-        assert_eq!(group_floor(Some(0), mib), 1);
-        assert_eq!(group_floor(None, 0), 1);
+    fn a_pipelined_group_is_1_mib_unless_configured() {
+        let config = |bytes| ClientConfig {
+            pipeline_group_bytes: bytes,
+            ..ClientConfig::new(Vec::new())
+        };
+        let floor = |bytes| Shards::new(Vec::new(), &config(bytes)).pipeline_group_bytes();
+        assert_eq!(floor(None), MIN_GROUP_BYTES);
+        assert_eq!(floor(Some(128 << 10)), 128 << 10);
+        assert_eq!(floor(Some(0)), 1, "never empty");
     }
 }

@@ -228,10 +228,10 @@ impl ParameterService {
             .register(params, Version(request.restore_version))
     }
 
-    /// A push's gradients, admitted by map version, decoded and applied; not
-    /// scanned for NaN and infinity again when they were as they arrived
-    /// (`scanned`: a shared-memory session's, checked piece by piece off the
-    /// ring by [`Self::gradient_checker`]).
+    /// A push's gradients, admitted by map version, decoded and applied. With
+    /// `scanned` they were already checked for NaN and infinity as they
+    /// arrived (a shared-memory session's, piece by piece off the ring by
+    /// [`Self::gradient_checker`]) and are not scanned again.
     pub(crate) async fn push_grads(
         &self,
         request: &v1::PushRequest,

@@ -160,8 +160,8 @@ pub fn worker_link_to(
 /// Reads requests from `ring` into `into` until either fails. A request's
 /// payloads are read only once they fit the session's read-ahead
 /// ([`AHEAD_BYTES`]) and `charge` admits them; a request `charge` refuses is
-/// answered on `answers` with
-/// `RESOURCE_EXHAUSTED` (the session goes on), and a failed read ends the
+/// answered on `answers` with `RESOURCE_EXHAUSTED`, and one `check` refuses
+/// with its status (the session goes on either way); a failed read ends the
 /// session. `answers` is weak: the session ends when its loop lets go of the
 /// answers, not when this reader does.
 async fn read_requests(
@@ -177,8 +177,12 @@ async fn read_requests(
         let sent = match read_request(&mut ring, seq, &pool, &ahead, admit).await {
             Ok(Ok(request)) => into.send(Ok(request)).await.is_ok(),
             Ok(Err((request, status))) => {
+                // Its payloads, read-ahead and charge go before the answer
+                // waits for room.
+                let id = request.id;
+                drop(request);
                 let refusal = v1::SessionAnswer {
-                    id: request.id,
+                    id,
                     outcome: Some(Outcome::Refusal(refusal_of(&status))),
                     pull_waited_us: 0,
                 };

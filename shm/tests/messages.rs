@@ -426,12 +426,12 @@ mod handshake {
 }
 
 /// `read_inspecting` hands on every byte it copies exactly once, in order,
-/// in pieces no larger than what one publication carries, through a ring
-/// much smaller than the payload.
+/// in pieces of whole words (but the last) no larger than what one
+/// publication carries, through a ring smaller than the payload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inspected_read_sees_every_piece_once_in_order() {
-    let (mut writer, mut reader, _, _) = in_process(16 << 10).unwrap();
-    let payload: Vec<u8> = (0..300_001u32).map(|i| (i % 251) as u8).collect();
+    let (mut writer, mut reader, _, _) = in_process(256 << 10).unwrap();
+    let payload: Vec<u8> = (0..1_000_001u32).map(|i| (i % 251) as u8).collect();
     let sent = payload.clone();
     let writing = tokio::spawn(async move {
         writer.write(&sent).await.unwrap();
@@ -443,6 +443,8 @@ async fn an_inspected_read_sees_every_piece_once_in_order() {
     let mut inspect = |offset: usize, piece: &[u8]| {
         assert_eq!(offset, seen.len(), "pieces come in order, none skipped");
         assert!(piece.len() <= ps_shm::ring::PUBLISH_WORDS as usize * 8);
+        let last = offset + piece.len() == 1_000_001;
+        assert!(piece.len() % 8 == 0 || last, "a piece of whole words");
         seen.extend_from_slice(piece);
         pieces += 1;
     };

@@ -37,9 +37,8 @@ enum Path {
     Pipelined,
     /// Every key pushed, then every key pulled, as unary calls.
     SerialUnary,
-    /// Pipelined in groups of one part (the default for a map of small
-    /// parts), the backward pass in two segments, each segment's gradients
-    /// pushed as soon as it is differentiated.
+    /// Pipelined in groups of one part, the backward pass in two segments,
+    /// each segment's gradients pushed as soon as it is differentiated.
     Segmented,
 }
 
@@ -65,9 +64,10 @@ impl Path {
                 pipeline_group_bytes: Some(8192),
                 ..defaults
             },
-            // Groups as the default cuts them: one 4 KiB part each.
+            // A group for each 4 KiB part.
             Path::Segmented => ClientConfig {
                 partition_bytes: 4096,
+                pipeline_group_bytes: Some(4096),
                 ..defaults
             },
             Path::SerialUnary => ClientConfig {

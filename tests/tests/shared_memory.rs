@@ -470,3 +470,58 @@ async fn a_non_finite_gradient_through_shared_memory_is_refused_where_it_lies_an
             .all(|(i, &v)| v == i as f32 - 0.5 * finite(i))
     );
 }
+
+/// One request carrying two gradients, the NaN in the second (past 1 MiB, so
+/// scanned off the ring): refused naming that key, and neither applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nan_in_a_requests_second_gradient_refuses_the_whole_request() {
+    let shm = server(DataPathMode::Shm, TransportConfig::default()).await;
+    let config = ClientConfig {
+        data_path: DataPathMode::Shm,
+        ..ClientConfig::new(shm.addrs())
+    };
+    let mut client = PsClient::connect(config).await.expect("connect");
+    // `a` sorts first and is small, so it and `big` make one request.
+    let infos = [("a", 4), ("big", LARGE)].map(|(name, len)| ParamInfo {
+        name: name.into(),
+        shape: vec![len],
+        dtype: DType::F32,
+    });
+    client.place(&infos).await.expect("place");
+    let initial = [
+        ParamBytes::new("a", values(4, |_| 1.0)),
+        ParamBytes::new("big", values(LARGE, |i| i as f32)),
+    ];
+    client
+        .register(&initial, &optim::sgd(0.5))
+        .await
+        .expect("register");
+    let grads = [
+        ParamBytes::new("a", values(4, |_| 1.0)),
+        ParamBytes::new(
+            "big",
+            values(LARGE, |i| if i == 77 { f32::NAN } else { 1.0 }),
+        ),
+    ];
+    let text = client
+        .push(Rank(0), Step(0), &grads)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        text.contains("big") && text.contains("at element 77"),
+        "{text}"
+    );
+    let unchanged = client.pull(Version(0)).await.expect("pull");
+    assert_eq!(
+        unchanged["a"].values, [1.0; 4],
+        "the request's first gradient is not applied either"
+    );
+    assert!(
+        unchanged["big"]
+            .values
+            .iter()
+            .enumerate()
+            .all(|(i, &v)| v == i as f32)
+    );
+}

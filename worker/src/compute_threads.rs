@@ -9,30 +9,30 @@
 //! reading the environment), so a binary calls [`pin_compute_threads`] first
 //! thing in `main`, before any thread starts: with the variable unset, the
 //! process runs itself again (`exec`: the same pid, arguments and open files)
-//! with it set to the count candle would have found. A value the user set is
-//! kept as it is.
+//! with it set to the count candle would have found. A count the user set is
+//! kept; a value candle would ignore (empty, zero, not a number) is replaced.
+//! rayon's global pool takes the same count (it reads the same variable),
+//! where it would otherwise have taken the logical CPUs.
 
-use std::ffi::OsString;
+use std::ffi::OsStr;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 /// The variable candle (and rayon) read the thread count from.
 pub const VARIABLE: &str = "RAYON_NUM_THREADS";
 
-/// With `RAYON_NUM_THREADS` unset, runs this program again with it set to
-/// candle's own count and does not return; otherwise, or when the program
-/// cannot be run again (said on stderr), returns and the process goes on as
-/// it is. Call it first in `main`, before a runtime or any thread starts.
+/// With `RAYON_NUM_THREADS` unset (or a value candle ignores), runs this
+/// program again with it set to candle's own count and does not return;
+/// otherwise, or when the program cannot be run again (said on stderr),
+/// returns and the process goes on as it is. Call it first in `main`, before
+/// a runtime or any thread starts.
 pub fn pin_compute_threads() {
-    let Some(threads) = threads_to_pin(std::env::var_os(VARIABLE)) else {
+    let Some(threads) = threads_to_pin(std::env::var_os(VARIABLE).as_deref()) else {
         return;
     };
-    let program = match std::env::current_exe() {
-        Ok(program) => program,
-        Err(error) => return not_pinned(&error),
-    };
     let mut args = std::env::args_os();
-    let mut again = Command::new(program);
+    // The running file itself, even if its path was since replaced.
+    let mut again = Command::new("/proc/self/exe");
     if let Some(name) = args.next() {
         again.arg0(name);
     }
@@ -40,13 +40,14 @@ pub fn pin_compute_threads() {
     not_pinned(&error);
 }
 
-/// The count to run again with: candle's own when the variable is unset
-/// (`None`: it is set, to anything, and left alone).
-fn threads_to_pin(current: Option<OsString>) -> Option<usize> {
-    match current {
-        Some(_) => None,
-        None => Some(candle_core::utils::get_num_threads()),
-    }
+/// The count to run again with: candle's own when the variable is unset or
+/// not a count candle takes (`None`: it holds one, left alone).
+fn threads_to_pin(current: Option<&OsStr>) -> Option<usize> {
+    let taken = current
+        .and_then(OsStr::to_str)
+        .and_then(|value| value.parse::<usize>().ok())
+        .is_some_and(|threads| threads > 0);
+    (!taken).then(candle_core::utils::get_num_threads)
 }
 
 /// Says why the process goes on without the variable (before tracing is up).
@@ -61,10 +62,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_set_variable_is_kept_and_an_unset_one_gets_candles_count() {
-        assert_eq!(threads_to_pin(Some("3".into())), None);
-        assert_eq!(threads_to_pin(Some("".into())), None);
-        let count = threads_to_pin(None).unwrap();
-        assert!(count >= 1, "{count}");
+    fn a_count_is_kept_and_anything_else_gets_candles() {
+        assert_eq!(threads_to_pin(Some(OsStr::new("3"))), None);
+        for ignored in [None, Some(""), Some("0"), Some("many")] {
+            let count = threads_to_pin(ignored.map(OsStr::new)).unwrap();
+            assert!(count >= 1, "{ignored:?}: {count}");
+        }
     }
 }

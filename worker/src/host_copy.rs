@@ -94,7 +94,7 @@ fn write_var(var: &Var, values: &[f32]) -> candle_core::Result<()> {
 
 /// Pulled values written straight into a CPU variable's storage: one copy.
 /// `Tensor::from_slice` then `Var::set` made two, and the new tensor's pages
-/// were faulted in and zeroed afresh every step (docs/benchmarks.md: 48 ms a
+/// were faulted in and zeroed afresh every step (docs/benchmarks.md: 46 ms a
 /// step for 84 MB). A variable shares its storage with the model's uses of
 /// it, as `Var::set` does, so they see the new values.
 struct WriteValues<'a>(&'a [f32]);

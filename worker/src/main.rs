@@ -84,10 +84,10 @@ struct Cli {
     /// being pushed (for comparing the two).
     #[arg(long, env = "PS_NO_PIPELINE", value_parser = env_flag())]
     no_pipeline: bool,
-    /// Least bytes of one pipelined group of keys (for example 128KiB): the
-    /// default is the shard map's largest part, at most 1MiB. Smaller groups
-    /// keep both directions of a slow link busy for more of the step, at one
-    /// request each.
+    /// Least bytes of one pipelined group of keys (default 1MiB). Smaller
+    /// groups keep both directions of a slow link busy for more of the step,
+    /// at one request each; a part is never split, so cut the shard map as
+    /// finely (the scheduler's --partition-bytes).
     #[arg(long, env = "PS_PIPELINE_GROUP_BYTES", conflicts_with = "no_pipeline",
           value_parser = parse_group_bytes)]
     pipeline_group_bytes: Option<usize>,
