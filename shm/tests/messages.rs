@@ -196,7 +196,7 @@ mod handshake {
 
     use ps_proto::v1::session_answer::Outcome;
     use ps_shm::handshake::{Offers, admit, connect};
-    use ps_shm::link::Charger;
+    use ps_shm::link::{Charger, Checker};
     use ps_shm::pool::Hold;
     use ps_shm::{HandshakeError, serve_link, worker_link};
     use tokio_stream::StreamExt;
@@ -293,6 +293,82 @@ mod handshake {
         drop(serving);
         let ended = working.answers.next().await.unwrap().unwrap_err();
         assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    }
+
+    /// A push of 1 MiB or more goes through the session's checker piece by
+    /// piece; one it refuses (here in its second gradient, far in) is
+    /// answered with the checker's status by the reader itself, smaller
+    /// pushes are not shown to it, and the session goes on in step: the next
+    /// request arrives whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_push_the_checker_refuses_is_answered_and_the_session_goes_on() {
+        let (offers, listener) = Offers::bind(1 << 16).unwrap();
+        let offer = offers.offer().unwrap();
+        let server = {
+            let offers = offers.clone();
+            tokio::spawn(async move {
+                let (socket, _) = listener.accept().await.unwrap();
+                admit(&offers, socket, |_| Ok::<_, String>(())).await
+            })
+        };
+        let worker = connect(&offer).await.unwrap();
+        let (server, ()) = server.await.unwrap().unwrap();
+        let charge: Charger = Arc::new(|_| Ok(Arc::new(()) as Hold));
+        let seen = Arc::new(AtomicU64::new(0));
+        let check: Checker = {
+            let seen = Arc::clone(&seen);
+            Arc::new(move |grad: &v1::Tensor, offset, piece: &[u8]| {
+                seen.fetch_add(piece.len() as u64, Ordering::SeqCst);
+                match piece.iter().position(|&b| b == 0xee) {
+                    Some(at) => Err(tonic::Status::invalid_argument(format!(
+                        "{} byte {}",
+                        grad.name,
+                        offset + at as u64
+                    ))),
+                    None => Ok(()),
+                }
+            })
+        };
+        let mut serving = serve_link(
+            server,
+            (charge, Some(check)),
+            BufferPool::new(),
+            std::future::pending(),
+        );
+        let mut working = worker_link(worker, u64::MAX);
+
+        let mut bad = vec![1u8; 1 << 20];
+        bad[700_001] = 0xee;
+        working
+            .requests
+            .send(push(1, &[vec![1; 1000], bad]))
+            .await
+            .unwrap();
+        let refused = working.answers.next().await.unwrap().unwrap().message;
+        assert_eq!(refused.id, 1);
+        let Some(Outcome::Refusal(refusal)) = refused.outcome else {
+            panic!("a refusal: {refused:?}");
+        };
+        assert_eq!(refusal.message, "w1 byte 700001", "{refusal:?}");
+        // Checked up to the piece holding the byte, and no further.
+        let checked = seen.load(Ordering::SeqCst);
+        assert!(
+            (1000 + 700_002..1000 + (1 << 20)).contains(&checked),
+            "{checked}"
+        );
+
+        // A small push is not shown to the checker, even with the byte.
+        let small = push(2, &[vec![0xee; 64]]);
+        working.requests.send(small.clone()).await.unwrap();
+        assert_eq!(serving.requests.next().await.unwrap().unwrap(), small);
+        let whole = push(3, &[vec![5; 2 << 20]]);
+        working.requests.send(whole.clone()).await.unwrap();
+        assert_eq!(serving.requests.next().await.unwrap().unwrap(), whole);
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            checked + (2 << 20),
+            "each byte once"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
