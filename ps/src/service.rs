@@ -251,20 +251,11 @@ impl ParameterService {
 
     /// Scans a piece of a gradient for NaN and infinity as a shared-memory
     /// session copies it off the ring, refusing the push with the status a
-    /// whole scan would give (a header that does not parse is left to the
-    /// push's own checks).
+    /// whole scan would give.
     pub(crate) fn gradient_checker(&self) -> ps_shm::link::Checker {
         let service = self.clone();
-        std::sync::Arc::new(move |grad: &v1::Tensor, offset: u64, piece: &[u8]| {
-            let Ok(header) = ps_proto::header::TensorHeader::from_wire(
-                &grad.name,
-                grad.part,
-                grad.dtype,
-                &grad.shape,
-            ) else {
-                return Ok(());
-            };
-            service.refusal(service.store.check_gradient_chunk(&header, offset, piece))
+        std::sync::Arc::new(move |header: &_, offset, piece: &[u8]| {
+            service.refusal(service.store.check_gradient_chunk(header, offset, piece))
         })
     }
 

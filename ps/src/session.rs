@@ -52,8 +52,8 @@ pub(crate) struct Reading {
     pub(crate) largest: usize,
     /// Pushes carrying at least this many bytes of gradients were scanned for
     /// NaN and infinity as they were read (a shared-memory session's, piece
-    /// by piece off the ring: `ps_shm::link::SCAN_FROM_BYTES`), and the
-    /// store does not scan them again.
+    /// by piece off the ring: `ps_shm::link::ServerLink::checked_from`), and
+    /// the store does not scan them again.
     pub(crate) scanned_from: Option<u64>,
 }
 

@@ -127,7 +127,7 @@ async fn serve(
     let idle = service.config().transport.idle_connection_timeout;
     let reading = session::Reading {
         largest: usize::MAX,
-        scanned_from: Some(ps_shm::link::SCAN_FROM_BYTES),
+        scanned_from: link.checked_from,
     };
     session::serve(service, link.requests, link.answers, idle, reading).await;
 }

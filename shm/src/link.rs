@@ -18,6 +18,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use ps_proto::header::TensorHeader;
 use ps_proto::refusal::refusal_of;
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
@@ -56,12 +57,13 @@ pub type Charger = Arc<dyn Fn(u64) -> Result<Hold, String> + Send + Sync>;
 pub const SCAN_FROM_BYTES: u64 = 1 << 20;
 
 /// Checks a piece of a request's gradient as it is copied off the ring,
-/// still in cache: the gradient (as a header; its bytes are still being
-/// read), the piece's offset in its bytes, and the piece. An `Err` refuses
+/// still in cache: the gradient's header (a header that does not parse is
+/// not checked, and is left to the push's own checks), the piece's offset
+/// in its bytes, and the piece. An `Err` refuses
 /// the request with that status; its payloads are still read to their end,
 /// so the ring stays aligned, and the session goes on. The pieces checked
 /// are the server's own copies: the worker cannot change them afterwards.
-pub type Checker = Arc<dyn Fn(&v1::Tensor, u64, &[u8]) -> Result<(), Status> + Send + Sync>;
+pub type Checker = Arc<dyn Fn(&TensorHeader, u64, &[u8]) -> Result<(), Status> + Send + Sync>;
 
 /// The server's side of a session: the requests read from the region, and
 /// where to send the answers (an `Err` ends the session).
@@ -70,6 +72,10 @@ pub struct ServerLink {
     pub requests: ReceiverStream<Result<v1::SessionRequest, Status>>,
     /// The answers to write.
     pub answers: mpsc::Sender<Result<v1::SessionAnswer, Status>>,
+    /// Requests carrying at least this many bytes of gradients were checked
+    /// by the session's [`Checker`] as they were read ([`SCAN_FROM_BYTES`];
+    /// `None` without a checker).
+    pub checked_from: Option<u64>,
 }
 
 /// The worker's side of a session.
@@ -93,6 +99,7 @@ pub fn serve_link(
     let (requests_in, requests) = mpsc::channel(AHEAD);
     let (answers, answers_out) = mpsc::channel::<Result<v1::SessionAnswer, Status>>(AHEAD);
     let peer = end.peer_pid;
+    let checked_from = check.as_ref().map(|_| SCAN_FROM_BYTES);
     let reader = read_requests(
         end.requests,
         requests_in,
@@ -107,6 +114,7 @@ pub fn serve_link(
     ServerLink {
         requests: ReceiverStream::new(requests),
         answers,
+        checked_from,
     }
 }
 
@@ -245,7 +253,7 @@ async fn read_request(
     let mut refused = None;
     let mut inspect = |index: usize, offset: usize, piece: &[u8]| {
         if refused.is_none()
-            && let Some(grad) = grads.get(index)
+            && let Some(Some(grad)) = grads.get(index)
         {
             refused = check(grad, offset as u64, piece).err();
         }

@@ -15,6 +15,7 @@
 
 use bytes::Bytes;
 use prost::Message;
+use ps_proto::header::TensorHeader;
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
@@ -66,9 +67,9 @@ pub trait Payloads: Message + Default {
     fn put_payloads(&mut self, payloads: Vec<Bytes>);
 }
 
-/// A request's gradients in the order of its payloads, as headers (their
-/// bytes, still on the ring, left out).
-pub(crate) fn gradient_headers(request: &v1::SessionRequest) -> Vec<v1::Tensor> {
+/// A request's gradients' headers in the order of its payloads, each parsed
+/// once (`None` where it does not parse: left to the push's own checks).
+pub(crate) fn gradient_headers(request: &v1::SessionRequest) -> Vec<Option<TensorHeader>> {
     let push = match &request.op {
         Some(Op::Push(push)) => Some(push),
         Some(Op::PushPull(both)) => both.push.as_ref(),
@@ -77,10 +78,7 @@ pub(crate) fn gradient_headers(request: &v1::SessionRequest) -> Vec<v1::Tensor> 
     let grads = push.map(|push| push.grads.as_slice()).unwrap_or_default();
     grads
         .iter()
-        .map(|grad| v1::Tensor {
-            data: Bytes::new(),
-            ..grad.clone()
-        })
+        .map(|grad| TensorHeader::from_wire(&grad.name, grad.part, grad.dtype, &grad.shape).ok())
         .collect()
 }
 

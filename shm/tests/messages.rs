@@ -195,7 +195,7 @@ mod handshake {
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use ps_proto::v1::session_answer::Outcome;
-    use ps_shm::handshake::{Offers, admit, connect};
+    use ps_shm::handshake::{Offers, ServerEnd, WorkerEnd, admit, connect};
     use ps_shm::link::{Charger, Checker};
     use ps_shm::pool::Hold;
     use ps_shm::{HandshakeError, serve_link, worker_link};
@@ -212,8 +212,9 @@ mod handshake {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_offer_taken_over_the_socket_carries_a_session_both_ways() {
+    /// A session offered, taken over the socket and admitted: the offers
+    /// (kept alive), the offer, and the server's and worker's ends.
+    async fn admitted() -> (Arc<Offers>, v1::SharedMemoryOffer, ServerEnd, WorkerEnd) {
         let (offers, listener) = Offers::bind(1 << 16).unwrap();
         let offer = offers.offer().unwrap();
         let server = {
@@ -225,6 +226,12 @@ mod handshake {
         };
         let worker = connect(&offer).await.unwrap();
         let (server, ()) = server.await.unwrap().unwrap();
+        (offers, offer, server, worker)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_offer_taken_over_the_socket_carries_a_session_both_ways() {
+        let (_offers, offer, server, worker) = admitted().await;
         // The server charges each request's payloads while they live, and
         // refuses a request past 1 MB.
         let held = Arc::new(AtomicU64::new(0));
@@ -302,32 +309,24 @@ mod handshake {
     /// request arrives whole.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_push_the_checker_refuses_is_answered_and_the_session_goes_on() {
-        let (offers, listener) = Offers::bind(1 << 16).unwrap();
-        let offer = offers.offer().unwrap();
-        let server = {
-            let offers = offers.clone();
-            tokio::spawn(async move {
-                let (socket, _) = listener.accept().await.unwrap();
-                admit(&offers, socket, |_| Ok::<_, String>(())).await
-            })
-        };
-        let worker = connect(&offer).await.unwrap();
-        let (server, ()) = server.await.unwrap().unwrap();
+        let (_offers, _offer, server, worker) = admitted().await;
         let charge: Charger = Arc::new(|_| Ok(Arc::new(()) as Hold));
         let seen = Arc::new(AtomicU64::new(0));
         let check: Checker = {
             let seen = Arc::clone(&seen);
-            Arc::new(move |grad: &v1::Tensor, offset, piece: &[u8]| {
-                seen.fetch_add(piece.len() as u64, Ordering::SeqCst);
-                match piece.iter().position(|&b| b == 0xee) {
-                    Some(at) => Err(tonic::Status::invalid_argument(format!(
-                        "{} byte {}",
-                        grad.name,
-                        offset + at as u64
-                    ))),
-                    None => Ok(()),
-                }
-            })
+            Arc::new(
+                move |grad: &ps_proto::header::TensorHeader, offset, piece: &[u8]| {
+                    seen.fetch_add(piece.len() as u64, Ordering::SeqCst);
+                    match piece.iter().position(|&b| b == 0xee) {
+                        Some(at) => Err(tonic::Status::invalid_argument(format!(
+                            "{} byte {}",
+                            grad.key.name,
+                            offset + at as u64
+                        ))),
+                        None => Ok(()),
+                    }
+                },
+            )
         };
         let mut serving = serve_link(
             server,

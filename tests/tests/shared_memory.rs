@@ -60,9 +60,8 @@ async fn client(addrs: Vec<String>, mode: DataPathMode) -> PsClient {
     client
 }
 
-/// Registers `big` and `small` and runs two SGD steps (lr 0.5) of gradients
-/// `i`-dependent, the second pushed twice; the values pulled after each step.
-async fn train(client: &PsClient) -> Vec<BTreeMap<String, Vec<f32>>> {
+/// Registers `big` (`i` at element `i`) and `small` (ones), with SGD at lr 0.5.
+async fn register_big_and_small(client: &PsClient) {
     let initial = [
         ParamBytes::new("big", values(LARGE, |i| i as f32)),
         ParamBytes::new("small", values(4, |_| 1.0)),
@@ -71,6 +70,12 @@ async fn train(client: &PsClient) -> Vec<BTreeMap<String, Vec<f32>>> {
         .register(&initial, &optim::sgd(0.5))
         .await
         .expect("register");
+}
+
+/// Registers `big` and `small` and runs two SGD steps (lr 0.5) of gradients
+/// `i`-dependent, the second pushed twice; the values pulled after each step.
+async fn train(client: &PsClient) -> Vec<BTreeMap<String, Vec<f32>>> {
+    register_big_and_small(client).await;
     let mut seen = Vec::new();
     for step in 0..2u64 {
         let grads = [
@@ -411,14 +416,7 @@ async fn a_non_finite_gradient_through_shared_memory_is_refused_where_it_lies_an
 {
     let shm = server(DataPathMode::Shm, TransportConfig::default()).await;
     let client = client(shm.addrs(), DataPathMode::Shm).await;
-    let initial = [
-        ParamBytes::new("big", values(LARGE, |i| i as f32)),
-        ParamBytes::new("small", values(4, |_| 1.0)),
-    ];
-    client
-        .register(&initial, &optim::sgd(0.5))
-        .await
-        .expect("register");
+    register_big_and_small(&client).await;
     let finite = |i: usize| (i % 5) as f32;
     // The first piece and far into the 6 MiB key (scanned off the ring), and
     // a 16-byte key (under `SCAN_FROM_BYTES`: scanned by the store).
