@@ -321,10 +321,10 @@ impl TensorData {
 /// `(index, value)`, testing each element's exponent bits where it lies, however
 /// aligned: no copy and no conversion. A trailing partial element is ignored.
 pub fn first_non_finite(dtype: DType, bytes: &[u8]) -> Option<(usize, f32)> {
-    let found = match dtype {
-        DType::F32 => first_all_ones::<4>(bytes, F32_EXPONENT),
-        DType::F16 => first_all_ones::<2>(bytes, F16_EXPONENT),
-        DType::BF16 => first_all_ones::<2>(bytes, BF16_EXPONENT),
+    let mask = exponent_bits(dtype);
+    let found = match dtype.size() {
+        4 => first_all_ones::<4>(bytes, mask),
+        _ => first_all_ones::<2>(bytes, mask),
     }?;
     let size = dtype.size();
     let mut value = None;
@@ -332,6 +332,16 @@ pub fn first_non_finite(dtype: DType, bytes: &[u8]) -> Option<(usize, f32)> {
         value = v.first().copied();
     });
     value.map(|v| (found, v))
+}
+
+/// The bits of a little-endian `dtype` element (its exponent) that are all
+/// ones exactly when it is NaN or infinite.
+pub fn exponent_bits(dtype: DType) -> u32 {
+    match dtype {
+        DType::F32 => F32_EXPONENT,
+        DType::F16 => F16_EXPONENT,
+        DType::BF16 => BF16_EXPONENT,
+    }
 }
 
 /// The exponent bits of a little-endian element that are all ones exactly when

@@ -249,14 +249,20 @@ impl ParameterService {
         self.apply_push(worker, step, grads, scanned).await
     }
 
-    /// Scans a piece of a gradient for NaN and infinity as a shared-memory
-    /// session copies it off the ring, refusing the push with the status a
-    /// whole scan would give.
-    pub(crate) fn gradient_checker(&self) -> ps_shm::link::Checker {
+    /// Refuses a push whose gradient a shared-memory session found to hold
+    /// NaN or infinity as it copied it off the ring, with the status a whole
+    /// scan would give; `None` where such values are allowed, and nothing
+    /// is looked for.
+    pub(crate) fn gradient_checker(&self) -> Option<ps_shm::link::Checker> {
+        if !self.store.rules().reject_non_finite {
+            return None;
+        }
         let service = self.clone();
-        std::sync::Arc::new(move |header: &_, offset, piece: &[u8]| {
-            service.refusal(service.store.check_gradient_chunk(header, offset, piece))
-        })
+        Some(std::sync::Arc::new(
+            move |header: &_, offset, piece: &[u8]| {
+                service.refusal(service.store.check_gradient_chunk(header, offset, piece))
+            },
+        ))
     }
 
     /// A pull's values, their share of the memory budget, and how long the pull

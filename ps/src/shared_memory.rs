@@ -116,7 +116,7 @@ async fn serve(
     stopped: CancellationToken,
 ) {
     let peer = end.peer_pid;
-    let admit = (charger(&service), Some(service.gradient_checker()));
+    let admit = (charger(&service), service.gradient_checker());
     let link = serve_link(end, admit, pool, async move {
         stopped.cancelled().await;
     });

@@ -6,7 +6,9 @@
 //! the fallback.
 //!
 //! - [`region`]: the sealed memfd: atomic control words and bulk copies of
-//!   data (this crate's only `unsafe`).
+//!   data (with [`mark`], this crate's only `unsafe`).
+//! - [`mark`]: elements (NaN, infinity) looked for in the same pass as a
+//!   copy off the ring.
 //! - [`bell`]: pipe doorbells, rung only for a side that sleeps.
 //! - [`ring`]: a single-producer, single-consumer ring of words with spinning,
 //!   then sleeping, waits.
@@ -23,6 +25,7 @@ pub mod bell;
 pub mod handshake;
 pub mod lent;
 pub mod link;
+pub mod mark;
 pub mod message;
 pub mod mode;
 pub mod pool;

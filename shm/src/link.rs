@@ -18,6 +18,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use ps_proto::codec::exponent_bits;
 use ps_proto::header::TensorHeader;
 use ps_proto::refusal::refusal_of;
 use ps_proto::v1;
@@ -30,6 +31,7 @@ use tonic::Status;
 
 use crate::handshake::{ServerEnd, WorkerEnd};
 use crate::lent::{Answer, LEND_AT_BYTES, LentPayloads, Returned};
+use crate::mark::Mark;
 use crate::message::{
     MessageError, Payloads, gradient_headers, read_head, skip_words, write_message,
 };
@@ -51,18 +53,21 @@ pub const AHEAD_BYTES: u64 = 32 << 20;
 /// says why not (the request is then read past and refused).
 pub type Charger = Arc<dyn Fn(u64) -> Result<Hold, String> + Send + Sync>;
 
-/// A request carrying at least this many bytes of gradients has them checked
-/// by the session's [`Checker`] as they are copied off the ring; a smaller
-/// one is still in cache when its server scans it whole.
+/// A request carrying at least this many bytes of gradients has them tested
+/// for NaN and infinity as they are copied off the ring (its [`Checker`]
+/// shown any piece holding one); a smaller one is still in cache when its
+/// server scans it whole.
 pub const SCAN_FROM_BYTES: u64 = 1 << 20;
 
-/// Checks a piece of a request's gradient as it is copied off the ring,
-/// still in cache: the gradient's header (a header that does not parse is
-/// not checked, and is left to the push's own checks), the piece's offset
-/// in its bytes, and the piece. An `Err` refuses
-/// the request with that status; its payloads are still read to their end,
-/// so the ring stays aligned, and the session goes on. The pieces checked
-/// are the server's own copies: the worker cannot change them afterwards.
+/// Refuses a request whose gradient holds a NaN or an infinity, found as
+/// its bytes were copied off the ring, in the same pass ([`crate::mark`]):
+/// it is given the gradient's header (a header that does not parse is not
+/// tested, and is left to the push's own checks), the offset in its bytes of
+/// the piece that holds one, and that piece, still in cache. An `Err`
+/// refuses the request with that status; its payloads are still read to
+/// their end, so the ring stays aligned, and the session goes on. The pieces
+/// tested are the server's own copies: the worker cannot change them
+/// afterwards.
 pub type Checker = Arc<dyn Fn(&TensorHeader, u64, &[u8]) -> Result<(), Status> + Send + Sync>;
 
 /// The server's side of a session: the requests read from the region, and
@@ -72,9 +77,9 @@ pub struct ServerLink {
     pub requests: ReceiverStream<Result<v1::SessionRequest, Status>>,
     /// The answers to write.
     pub answers: mpsc::Sender<Result<v1::SessionAnswer, Status>>,
-    /// Requests carrying at least this many bytes of gradients were checked
-    /// by the session's [`Checker`] as they were read ([`SCAN_FROM_BYTES`];
-    /// `None` without a checker).
+    /// Requests carrying at least this many bytes of gradients were tested
+    /// for NaN and infinity as they were read, and refused through the
+    /// session's [`Checker`] ([`SCAN_FROM_BYTES`]; `None` without one).
     pub checked_from: Option<u64>,
 }
 
@@ -250,8 +255,12 @@ async fn read_request(
         return Ok(Ok(head.read_payloads(ring, pool, Some(hold)).await?));
     };
     let grads = gradient_headers(&head.message);
+    let marks: Vec<_> = grads
+        .iter()
+        .map(|grad| grad.as_ref().and_then(non_finite))
+        .collect();
     let mut refused = None;
-    let mut inspect = |index: usize, offset: usize, piece: &[u8]| {
+    let mut marked = |index: usize, offset: usize, piece: &[u8]| {
         if refused.is_none()
             && let Some(Some(grad)) = grads.get(index)
         {
@@ -259,12 +268,18 @@ async fn read_request(
         }
     };
     let request = head
-        .read_payloads_inspecting(ring, pool, Some(hold), &mut inspect)
+        .read_payloads_marked(ring, pool, Some(hold), &marks, &mut marked)
         .await?;
     Ok(match refused {
         None => Ok(request),
         Some(status) => Err((request, status)),
     })
+}
+
+/// The elements a gradient of `header`'s dtype is refused for: NaN and the
+/// infinities, whose exponent bits are all ones.
+fn non_finite(header: &TensorHeader) -> Option<Mark> {
+    Mark::of_width(header.dtype.size(), exponent_bits(header.dtype))
 }
 
 /// Says why a read failed, on `into` as `status_of` it.

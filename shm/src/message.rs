@@ -20,6 +20,7 @@ use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 
+use crate::mark::Mark;
 use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingError, RingReader, RingWriter};
 
@@ -229,28 +230,32 @@ impl<M: Payloads> Head<M> {
         pool: &BufferPool,
         hold: Option<Hold>,
     ) -> Result<M, RingError> {
-        self.read_payloads_inspecting(ring, pool, hold, &mut |_, _, _| {})
+        self.read_payloads_marked(ring, pool, hold, &[], &mut |_, _, _| {})
             .await
     }
 
-    /// [`Head::read_payloads`], handing `inspect` each piece of each payload
-    /// as it is copied (see [`RingReader::read_inspecting`]): the payload's
-    /// index, the piece's offset in it, and its bytes.
+    /// [`Head::read_payloads`], testing payload `i` for `marks[i]`'s
+    /// elements as it is copied (see [`RingReader::read_marked`]; a payload
+    /// past `marks` or with `None` is not tested), and handing `marked` each
+    /// piece that holds one: the payload's index, the piece's offset in it,
+    /// and its bytes.
     ///
     /// # Errors
     /// The ring failed.
-    pub async fn read_payloads_inspecting(
+    pub async fn read_payloads_marked(
         mut self,
         ring: &mut RingReader,
         pool: &BufferPool,
         hold: Option<Hold>,
-        inspect: &mut (dyn FnMut(usize, usize, &[u8]) + Send),
+        marks: &[Option<Mark>],
+        marked: &mut (dyn FnMut(usize, usize, &[u8]) + Send),
     ) -> Result<M, RingError> {
         let mut payloads = Vec::with_capacity(self.lens.len());
         for (index, &len) in self.lens.iter().enumerate() {
             let mut payload = pool.take(len as usize);
-            let mut piece = |offset: usize, bytes: &[u8]| inspect(index, offset, bytes);
-            ring.read_inspecting(&mut payload, &mut piece).await?;
+            let mark = marks.get(index).copied().flatten();
+            let mut piece = |offset: usize, bytes: &[u8]| marked(index, offset, bytes);
+            ring.read_marked(&mut payload, mark, &mut piece).await?;
             payloads.push(pool.bytes(payload, hold.clone()));
         }
         self.message.put_payloads(payloads);

@@ -10,9 +10,9 @@
 //! The other process may write any word at any time, so this crate never
 //! makes a Rust reference to the region's bytes: a control word is an atomic
 //! load or store ([`Region::words`]), and a ring's data is copied in and out
-//! in bulk through raw pointers ([`Region::copy_in`], [`Region::copy_out`])
-//! into this process's own buffers. What arrives is checked before it is
-//! trusted (`ring.rs`, `message.rs`).
+//! in bulk through raw pointers ([`Region::copy_in`], [`Region::copy_out`],
+//! [`Region::copy_out_marked`]) into this process's own buffers. What
+//! arrives is checked before it is trusted (`ring.rs`, `message.rs`).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -20,6 +20,8 @@ use std::sync::atomic::AtomicU64;
 
 use memmap2::MmapRaw;
 use rustix::fs::{MemfdFlags, SealFlags};
+
+use crate::mark::{self, Mark};
 
 /// The seals every region carries: its size is fixed, and so are its seals.
 const SEALS: SealFlags = SealFlags::SHRINK
@@ -154,6 +156,20 @@ impl Region {
             let from = self.map.as_ptr().add(at);
             std::ptr::copy_nonoverlapping(from, into.as_mut_ptr(), into.len());
         }
+    }
+
+    /// [`Region::copy_out`], saying whether a whole element of what was
+    /// copied (read from `into`'s start) is marked by `mark`, tested in the
+    /// same pass ([`crate::mark`]).
+    ///
+    /// # Panics
+    /// As [`Region::copy_in`].
+    #[allow(unsafe_code)]
+    pub fn copy_out_marked(&self, word: usize, into: &mut [u8], mark: Mark) -> bool {
+        let at = self.byte_span(word, into.len());
+        // SAFETY: as in `copy_out`: `byte_span` checked the span, and only a
+        // raw pointer reads the shared bytes; what is tested is the copy.
+        unsafe { mark::copy_marked(self.map.as_ptr().add(at), into, mark) }
     }
 
     /// The byte offset of word `word`, checked to have `len` bytes of the

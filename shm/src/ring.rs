@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use crate::bell::{Bell, Ringer};
+use crate::mark::Mark;
 use crate::region::Region;
 
 /// How long a side with nothing to do polls before it sleeps on its bell.
@@ -353,20 +354,22 @@ impl RingReader {
     /// # Errors
     /// The writer's `tail` is corrupt, or the bell failed.
     pub async fn read(&mut self, into: &mut [u8]) -> Result<(), RingError> {
-        self.read_inspecting(into, &mut |_, _| {}).await
+        self.read_marked(into, None, &mut |_, _| {}).await
     }
 
-    /// [`RingReader::read`], handing `inspect` each piece as soon as it is
-    /// copied, while it is still in this core's cache: its offset in `into`
-    /// and its bytes. Pieces are at most [`PUBLISH_WORDS`] words and, but for
-    /// the last, whole words.
+    /// [`RingReader::read`], testing for `mark`'s elements in the same pass
+    /// as the copy (`into` read as elements from its start), and handing
+    /// `marked` each piece that holds one, while it is still in this core's
+    /// cache: its offset in `into` and its bytes. Pieces are at most
+    /// [`PUBLISH_WORDS`] words and, but for the last, whole words.
     ///
     /// # Errors
     /// As [`RingReader::read`].
-    pub async fn read_inspecting(
+    pub async fn read_marked(
         &mut self,
         into: &mut [u8],
-        inspect: &mut (dyn FnMut(usize, &[u8]) + Send),
+        mark: Option<Mark>,
+        marked: &mut (dyn FnMut(usize, &[u8]) + Send),
     ) -> Result<(), RingError> {
         let mut done = 0;
         while done < into.len() {
@@ -376,13 +379,23 @@ impl RingReader {
             let now = (len * 8).min(into.len() - done);
             let whole = now - now % 8;
             let region = &self.end.region;
-            region.copy_out(first, &mut into[done..done + whole]);
+            let mut found = match mark {
+                Some(mark) => region.copy_out_marked(first, &mut into[done..done + whole], mark),
+                None => {
+                    region.copy_out(first, &mut into[done..done + whole]);
+                    false
+                }
+            };
             if whole < now {
                 let mut last = [0u8; 8];
                 region.copy_out(first + whole / 8, &mut last);
-                into[done + whole..done + now].copy_from_slice(&last[..now - whole]);
+                let tail = &mut into[done + whole..done + now];
+                tail.copy_from_slice(&last[..now - whole]);
+                found |= mark.is_some_and(|mark| mark.any_in(tail));
             }
-            inspect(done, &into[done..done + now]);
+            if found {
+                marked(done, &into[done..done + now]);
+            }
             done += now;
             self.head += len as u64;
             let layout = self.end.layout;

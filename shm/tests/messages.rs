@@ -11,6 +11,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use ps_proto::v1;
 use ps_proto::v1::session_request::Op;
+use ps_shm::mark::Mark;
 use ps_shm::message::{Arrived, MessageError, read_message, write_message};
 use ps_shm::pool::BufferPool;
 use ps_shm::ring::in_process;
@@ -194,6 +195,7 @@ mod handshake {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
 
+    use ps_proto::codec::first_non_finite;
     use ps_proto::v1::session_answer::Outcome;
     use ps_shm::handshake::{Offers, ServerEnd, WorkerEnd, admit, connect};
     use ps_shm::link::{Charger, Checker};
@@ -302,26 +304,30 @@ mod handshake {
         assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
     }
 
-    /// A push of 1 MiB or more goes through the session's checker piece by
-    /// piece; one it refuses (here in its second gradient, far in) is
-    /// answered with the checker's status by the reader itself, smaller
-    /// pushes are not shown to it, and the session goes on in step: the next
-    /// request arrives whole.
+    /// A push of 1 MiB or more is tested for NaN as it is copied off the
+    /// ring, and the session's checker is shown the piece that holds one;
+    /// a push it refuses (here in its second gradient, far in) is answered
+    /// with the checker's status by the reader itself, finite pushes and
+    /// smaller ones are not shown to it, and the session goes on in step:
+    /// the next requests arrive whole.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_push_the_checker_refuses_is_answered_and_the_session_goes_on() {
         let (_offers, _offer, server, worker) = admitted().await;
         let charge: Charger = Arc::new(|_| Ok(Arc::new(()) as Hold));
-        let seen = Arc::new(AtomicU64::new(0));
+        let pieces = Arc::new(std::sync::Mutex::new(Vec::new()));
         let check: Checker = {
-            let seen = Arc::clone(&seen);
+            let pieces = Arc::clone(&pieces);
             Arc::new(
                 move |grad: &ps_proto::header::TensorHeader, offset, piece: &[u8]| {
-                    seen.fetch_add(piece.len() as u64, Ordering::SeqCst);
-                    match piece.iter().position(|&b| b == 0xee) {
-                        Some(at) => Err(tonic::Status::invalid_argument(format!(
-                            "{} byte {}",
+                    pieces
+                        .lock()
+                        .unwrap()
+                        .push(offset..offset + piece.len() as u64);
+                    match first_non_finite(grad.dtype, piece) {
+                        Some((at, _)) => Err(tonic::Status::invalid_argument(format!(
+                            "{} element {}",
                             grad.key.name,
-                            offset + at as u64
+                            offset / 4 + at as u64
                         ))),
                         None => Ok(()),
                     }
@@ -335,9 +341,13 @@ mod handshake {
             std::future::pending(),
         );
         let mut working = worker_link(worker, u64::MAX);
+        let with_nan = |len: usize, at: usize| {
+            let mut bytes = vec![1u8; len];
+            bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+            bytes
+        };
 
-        let mut bad = vec![1u8; 1 << 20];
-        bad[700_001] = 0xee;
+        let bad = with_nan(1 << 20, 700_000);
         working
             .requests
             .send(push(1, &[vec![1; 1000], bad]))
@@ -348,26 +358,21 @@ mod handshake {
         let Some(Outcome::Refusal(refusal)) = refused.outcome else {
             panic!("a refusal: {refused:?}");
         };
-        assert_eq!(refusal.message, "w1 byte 700001", "{refusal:?}");
-        // Checked up to the piece holding the byte, and no further.
-        let checked = seen.load(Ordering::SeqCst);
+        assert_eq!(refusal.message, "w1 element 175000", "{refusal:?}");
+        let shown = std::mem::take(&mut *pieces.lock().unwrap());
         assert!(
-            (1000 + 700_002..1000 + (1 << 20)).contains(&checked),
-            "{checked}"
+            matches!(shown.as_slice(), [piece] if piece.contains(&700_000)),
+            "only the piece holding the NaN: {shown:?}"
         );
 
-        // A small push is not shown to the checker, even with the byte.
-        let small = push(2, &[vec![0xee; 64]]);
+        // A small push is not tested, even with a NaN, nor a finite large one.
+        let small = push(2, &[with_nan(64, 0)]);
         working.requests.send(small.clone()).await.unwrap();
         assert_eq!(serving.requests.next().await.unwrap().unwrap(), small);
-        let whole = push(3, &[vec![5; 2 << 20]]);
-        working.requests.send(whole.clone()).await.unwrap();
-        assert_eq!(serving.requests.next().await.unwrap().unwrap(), whole);
-        assert_eq!(
-            seen.load(Ordering::SeqCst),
-            checked + (2 << 20),
-            "each byte once"
-        );
+        let finite = push(3, &[vec![5; 2 << 20]]);
+        working.requests.send(finite.clone()).await.unwrap();
+        assert_eq!(serving.requests.next().await.unwrap().unwrap(), finite);
+        assert!(pieces.lock().unwrap().is_empty(), "nothing shown");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -500,35 +505,64 @@ mod handshake {
     }
 }
 
-/// `read_inspecting` hands on every byte it copies exactly once, in order,
-/// in pieces of whole words (but the last) no larger than what one
-/// publication carries, through a ring smaller than the payload.
+/// `read_marked` copies a payload larger than the ring whole, and hands on
+/// exactly the pieces that hold a marked element (NaN, by its exponent bits),
+/// in order, each in whole words (but the last) no larger than what one
+/// publication carries; one of them is the last element, in the payload's
+/// trailing half word.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_inspected_read_sees_every_piece_once_in_order() {
-    let (mut writer, mut reader, _, _) = in_process(256 << 10).unwrap();
-    let payload: Vec<u8> = (0..1_000_001u32).map(|i| (i % 251) as u8).collect();
-    let sent = payload.clone();
-    let writing = tokio::spawn(async move {
-        writer.write(&sent).await.unwrap();
-        writer.flush();
-    });
-    let mut into = vec![0u8; payload.len()];
-    let mut seen = Vec::new();
-    let mut pieces = 0;
-    let mut inspect = |offset: usize, piece: &[u8]| {
-        assert_eq!(offset, seen.len(), "pieces come in order, none skipped");
-        assert!(piece.len() <= ps_shm::ring::PUBLISH_WORDS as usize * 8);
-        let last = offset + piece.len() == 1_000_001;
-        assert!(piece.len() % 8 == 0 || last, "a piece of whole words");
-        seen.extend_from_slice(piece);
-        pieces += 1;
+async fn a_marked_read_hands_on_the_pieces_holding_a_mark() {
+    const ELEMENTS: usize = 250_001;
+    let bad = [3, 100_000, 100_001, ELEMENTS - 1];
+    let values = (0..ELEMENTS).map(|i| if bad.contains(&i) { f32::NAN } else { i as f32 });
+    let payload: Vec<u8> = values.flat_map(f32::to_le_bytes).collect();
+    let read = |payload: Vec<u8>| async move {
+        let (mut writer, mut reader, _, _) = in_process(256 << 10).unwrap();
+        let sent = payload.clone();
+        let writing = tokio::spawn(async move {
+            writer.write(&sent).await.unwrap();
+            writer.flush();
+        });
+        let mut into = vec![0u8; payload.len()];
+        let mut pieces = Vec::new();
+        let mut marked = |offset: usize, piece: &[u8]| {
+            assert!(piece.len() <= ps_shm::ring::PUBLISH_WORDS as usize * 8);
+            let last = offset + piece.len() == payload.len();
+            assert!(piece.len() % 8 == 0 || last, "a piece of whole words");
+            assert_eq!(piece, &payload[offset..offset + piece.len()]);
+            pieces.push(offset..offset + piece.len());
+        };
+        let nan = Some(Mark::U32(0x7f80_0000));
+        reader
+            .read_marked(&mut into, nan, &mut marked)
+            .await
+            .unwrap();
+        writing.await.unwrap();
+        assert_eq!(into, payload, "the copy is whole");
+        pieces
     };
-    reader
-        .read_inspecting(&mut into, &mut inspect)
-        .await
-        .unwrap();
-    writing.await.unwrap();
-    assert_eq!(seen, payload);
-    assert_eq!(into, payload);
-    assert!(pieces > 1, "a payload past the ring comes in pieces");
+    let pieces = read(payload.clone()).await;
+    assert!(
+        pieces.windows(2).all(|two| two[0].end <= two[1].start),
+        "in order: {pieces:?}"
+    );
+    let holds_a_mark =
+        |piece: &std::ops::Range<usize>| bad.iter().any(|&i| piece.contains(&(i * 4)));
+    assert!(
+        pieces.iter().all(holds_a_mark),
+        "only pieces with a mark: {pieces:?}"
+    );
+    for i in bad {
+        assert!(
+            pieces.iter().any(|piece| piece.contains(&(i * 4))),
+            "element {i} in {pieces:?}"
+        );
+    }
+    let finite: Vec<u8> = (0..ELEMENTS)
+        .flat_map(|i| (i as f32).to_le_bytes())
+        .collect();
+    assert!(
+        read(finite).await.is_empty(),
+        "finite values hand on nothing"
+    );
 }

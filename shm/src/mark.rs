@@ -1,0 +1,243 @@
+//! [`Mark`]: elements looked for while bytes are copied off the ring, in the
+//! same pass as the copy, so that a large gradient is checked for NaN and
+//! infinity without reading it a second time.
+//!
+//! On x86-64 with AVX2 the copy is 32-byte loads and stores with the test on
+//! the loaded registers ([`copy_marked`]); elsewhere it is a copy, then a
+//! scan of the copy while it is still in cache.
+
+/// Little-endian elements of one width whose bits under a mask are all ones
+/// (for a float, the exponent: NaN and the infinities).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// 2-byte elements, and the bits that mark one.
+    U16(u16),
+    /// 4-byte elements, and the bits that mark one.
+    U32(u32),
+}
+
+impl Mark {
+    /// The mark for `width`-byte elements (2 or 4; any other width has no
+    /// mark) with the bits `mask`.
+    pub fn of_width(width: usize, mask: u32) -> Option<Self> {
+        match width {
+            2 => u16::try_from(mask).ok().map(Mark::U16),
+            4 => Some(Mark::U32(mask)),
+            _ => None,
+        }
+    }
+
+    /// The element's width in bytes.
+    pub fn width(self) -> usize {
+        match self {
+            Mark::U16(_) => 2,
+            Mark::U32(_) => 4,
+        }
+    }
+
+    /// Whether a whole element of `bytes` (from its start; a trailing
+    /// partial one is ignored) is marked. Branch-free, so that it vectorises.
+    pub fn any_in(self, bytes: &[u8]) -> bool {
+        match self {
+            Mark::U16(mask) => bytes.chunks_exact(2).fold(false, |any, e| {
+                any | (u16::from_le_bytes([e[0], e[1]]) & mask == mask)
+            }),
+            Mark::U32(mask) => bytes.chunks_exact(4).fold(false, |any, e| {
+                any | (u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & mask == mask)
+            }),
+        }
+    }
+}
+
+/// Copies `into.len()` bytes from `from` into `into`, and says whether a
+/// whole element of what was copied is marked, as [`Mark::any_in`] on the
+/// copy would.
+///
+/// # Safety
+/// `from` is valid for reads of `into.len()` bytes, which do not overlap
+/// `into`. (The bytes may change under the copy, as a region's can: what
+/// is tested is what was copied, register by register.)
+#[allow(unsafe_code)]
+pub(crate) unsafe fn copy_marked(from: *const u8, into: &mut [u8], mark: Mark) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 is present; the caller's promise is passed on.
+        return unsafe {
+            match mark {
+                Mark::U16(mask) => avx2::copy_marked::<false>(from, into, u32::from(mask)),
+                Mark::U32(mask) => avx2::copy_marked::<true>(from, into, mask),
+            }
+        };
+    }
+    // SAFETY: the caller's promise.
+    unsafe { std::ptr::copy_nonoverlapping(from, into.as_mut_ptr(), into.len()) };
+    mark.any_in(into)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx2 {
+    //! The copy and the test in one pass of 32-byte registers.
+
+    use std::arch::x86_64::{
+        __m256i, _mm256_and_si256, _mm256_cmpeq_epi16, _mm256_cmpeq_epi32, _mm256_loadu_si256,
+        _mm256_or_si256, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_setzero_si256,
+        _mm256_storeu_si256, _mm256_testz_si256,
+    };
+
+    use super::Mark;
+
+    /// [`super::copy_marked`] for 4-byte elements (`WIDE`) or 2-byte ones,
+    /// `mask` their marking bits.
+    ///
+    /// # Safety
+    /// AVX2 is present, and as [`super::copy_marked`].
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn copy_marked<const WIDE: bool>(
+        from: *const u8,
+        into: &mut [u8],
+        mask: u32,
+    ) -> bool {
+        const LANE: usize = 32;
+        let len = into.len();
+        let to = into.as_mut_ptr();
+        let masks = if WIDE {
+            _mm256_set1_epi32(mask as i32)
+        } else {
+            _mm256_set1_epi16(mask as u16 as i16)
+        };
+        let marked = |v: __m256i| {
+            let bits = _mm256_and_si256(v, masks);
+            if WIDE {
+                _mm256_cmpeq_epi32(bits, masks)
+            } else {
+                _mm256_cmpeq_epi16(bits, masks)
+            }
+        };
+        let mut any = _mm256_setzero_si256();
+        let mut at = 0;
+        // SAFETY (every load and store below): `at + LANE * k <= len`, the
+        // caller's `from` holds `len` readable bytes and `into` `len`
+        // writable ones; the loads and stores are unaligned ones.
+        while at + 4 * LANE <= len {
+            unsafe {
+                let [a, b, c, d] = [0, 1, 2, 3]
+                    .map(|k| _mm256_loadu_si256(from.add(at + k * LANE).cast::<__m256i>()));
+                for (k, v) in [a, b, c, d].into_iter().enumerate() {
+                    _mm256_storeu_si256(to.add(at + k * LANE).cast::<__m256i>(), v);
+                }
+                let ab = _mm256_or_si256(marked(a), marked(b));
+                let cd = _mm256_or_si256(marked(c), marked(d));
+                any = _mm256_or_si256(any, _mm256_or_si256(ab, cd));
+            }
+            at += 4 * LANE;
+        }
+        while at + LANE <= len {
+            unsafe {
+                let v = _mm256_loadu_si256(from.add(at).cast::<__m256i>());
+                _mm256_storeu_si256(to.add(at).cast::<__m256i>(), v);
+                any = _mm256_or_si256(any, marked(v));
+            }
+            at += LANE;
+        }
+        // SAFETY: as above, for the last `len - at` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(from.add(at), to.add(at), len - at) };
+        let rest = if WIDE {
+            Mark::U32(mask)
+        } else {
+            Mark::U16(mask as u16)
+        };
+        _mm256_testz_si256(any, any) == 0 || rest.any_in(&into[at..])
+    }
+}
+
+#[cfg(test)]
+#[allow(unsafe_code)]
+mod tests {
+    use super::*;
+
+    const F32_EXPONENT: u32 = 0x7f80_0000;
+    const F16_EXPONENT: u32 = 0x7c00;
+
+    fn copied(from: &[u8], mark: Mark) -> (Vec<u8>, bool) {
+        let mut into = vec![0u8; from.len()];
+        // SAFETY: `from` is a slice of `into.len()` bytes of its own.
+        let found = unsafe { copy_marked(from.as_ptr(), &mut into, mark) };
+        (into, found)
+    }
+
+    fn finite_f32s(n: usize) -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| (i as f32 * 0.25 - 3.0).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn a_copy_is_exact_and_finds_nothing_in_finite_values() {
+        for n in [0, 1, 7, 8, 9, 31, 32, 33, 40, 64, 100, 1000, 16 * 1024 + 3] {
+            let bytes = finite_f32s(n);
+            for start in [0, 1, 4] {
+                let from = &bytes[start.min(bytes.len())..];
+                let (into, found) = copied(from, Mark::U32(F32_EXPONENT));
+                assert_eq!(into, from, "{n} values from byte {start}");
+                assert!(!found, "{n} finite values from byte {start}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_position_of_a_non_finite_value_is_found() {
+        let n = 300; // past two 128-byte blocks, a 32-byte lane and a tail
+        for at in 0..n {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut bytes = finite_f32s(n);
+                bytes[at * 4..at * 4 + 4].copy_from_slice(&bad.to_le_bytes());
+                let (into, found) = copied(&bytes, Mark::U32(F32_EXPONENT));
+                assert_eq!(into, bytes);
+                assert!(found, "{bad} at element {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn half_precision_is_tested_element_by_element() {
+        let n = 200;
+        let finite: Vec<u8> = (0..n)
+            .flat_map(|i| (i as u16 % 0x7000).to_le_bytes())
+            .collect();
+        assert!(!copied(&finite, Mark::U16(0x7c00)).1);
+        for at in 0..n {
+            let mut bytes = finite.clone();
+            bytes[at * 2..at * 2 + 2].copy_from_slice(&0xfc00u16.to_le_bytes());
+            let (into, found) = copied(&bytes, Mark::U16(0x7c00));
+            assert_eq!(into, bytes);
+            assert!(found, "-inf at half element {at}");
+            // The same bytes read as f32 put the mark across two halves'
+            // boundary, where a 4-byte test must not see it whole.
+            let as_wide = copied(&bytes, Mark::U32(F32_EXPONENT)).1;
+            assert_eq!(as_wide, Mark::U32(F32_EXPONENT).any_in(&bytes), "{at}");
+        }
+    }
+
+    #[test]
+    fn a_trailing_partial_element_is_ignored() {
+        let mut bytes = finite_f32s(40);
+        bytes.extend_from_slice(&[0xff, 0xff, 0xff]);
+        assert!(!copied(&bytes, Mark::U32(F32_EXPONENT)).1);
+        assert!(Mark::U16(F16_EXPONENT as u16).any_in(&[0x00, 0x7c]));
+        assert!(!Mark::U16(F16_EXPONENT as u16).any_in(&[0x00]));
+    }
+
+    #[test]
+    fn marks_exist_for_two_and_four_byte_elements_only() {
+        assert_eq!(Mark::of_width(2, 0x7c00), Some(Mark::U16(0x7c00)));
+        assert_eq!(
+            Mark::of_width(4, F32_EXPONENT),
+            Some(Mark::U32(F32_EXPONENT))
+        );
+        assert_eq!(Mark::of_width(2, F32_EXPONENT), None);
+        assert_eq!(Mark::of_width(8, 1), None);
+        assert_eq!(Mark::U16(1).width(), 2);
+        assert_eq!(Mark::U32(1).width(), 4);
+    }
+}
