@@ -4,7 +4,15 @@
 //! `memcpy` of the key ([`memcpy_bytes_per_sec`]); a push is at best a copy
 //! into a buffer and the server's SGD over it ([`copy_apply_bytes_per_sec`],
 //! the same kernel the server runs, split over the same cores).
+//!
+//! Both floors stay on one core, where a shared-memory path cannot: its
+//! bytes are written on one core and read on another. [`ring_bytes_per_sec`]
+//! measures that part alone, with the data path's own ring and nothing else
+//! done with the bytes. On a virtual machine it moves with where the host
+//! runs the two cores at the moment, by several times, so a row is read
+//! against it too.
 
+use std::io;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,15 +26,35 @@ pub struct Floors {
     pub memcpy_bytes_per_sec: f64,
     /// A copy into a buffer and SGD over it, bytes per second.
     pub copy_apply_bytes_per_sec: f64,
+    /// The key carried through a shared-memory ring from one thread to
+    /// another, bytes per second.
+    pub ring_bytes_per_sec: f64,
 }
 
 impl Floors {
-    /// Both floors at `size` bytes, each run for `seconds`.
-    pub fn measure(size: usize, seconds: f64) -> Self {
+    /// The floors at `size` bytes, each run for `seconds`.
+    ///
+    /// # Errors
+    /// The system refused the ring's region or doorbells.
+    pub fn measure(size: usize, seconds: f64) -> io::Result<Self> {
         let phase = Duration::from_secs_f64(seconds);
-        Self {
+        Ok(Self {
             memcpy_bytes_per_sec: memcpy_bytes_per_sec(size, phase),
             copy_apply_bytes_per_sec: copy_apply_bytes_per_sec(size, phase),
+            ring_bytes_per_sec: ring_bytes_per_sec(size, phase)?,
+        })
+    }
+
+    /// The mean of these floors and `other`'s.
+    pub fn mean_with(self, other: Self) -> Self {
+        let mean = |a: f64, b: f64| (a + b) / 2.0;
+        Self {
+            memcpy_bytes_per_sec: mean(self.memcpy_bytes_per_sec, other.memcpy_bytes_per_sec),
+            copy_apply_bytes_per_sec: mean(
+                self.copy_apply_bytes_per_sec,
+                other.copy_apply_bytes_per_sec,
+            ),
+            ring_bytes_per_sec: mean(self.ring_bytes_per_sec, other.ring_bytes_per_sec),
         }
     }
 }
@@ -62,6 +90,48 @@ pub fn copy_apply_bytes_per_sec(size: usize, phase: Duration) -> f64 {
         drop(data);
         buffer = bytes.try_into_mut().map(Vec::from).unwrap_or_default();
     })
+}
+
+/// Writes `size` bytes at a time into a shared-memory ring of the servers'
+/// default size ([`ps_shm::DEFAULT_RING_BYTES`]) on one thread and reads them
+/// out into a buffer on another, for `phase`: what the data path's own copies
+/// in and out move between two cores, with nothing else done; bytes per
+/// second.
+///
+/// # Errors
+/// As [`Floors::measure`].
+pub fn ring_bytes_per_sec(size: usize, phase: Duration) -> io::Result<f64> {
+    let (mut writer, mut reader, _, _) = ps_shm::ring::in_process(ps_shm::DEFAULT_RING_BYTES)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let source = vec![0x5au8; size];
+    let writing = runtime.spawn(async move {
+        loop {
+            if writer.write(&source).await.is_err() {
+                return;
+            }
+            writer.flush();
+        }
+    });
+    let mut target = vec![0u8; size];
+    let rate = runtime.block_on(async {
+        let mut once = async || reader.read(&mut target).await.map_err(io::Error::other);
+        once().await?;
+        let start = Instant::now();
+        let mut runs = 0u64;
+        while start.elapsed() < phase || runs == 0 {
+            once().await?;
+            runs += 1;
+        }
+        io::Result::Ok((runs * size as u64) as f64 / start.elapsed().as_secs_f64())
+    });
+    // The writer waits for room that will not come: it is dropped with
+    // the runtime, and the ring with it.
+    writing.abort();
+    runtime.shutdown_background();
+    rate
 }
 
 /// Runs `once` (which moves `size` bytes) repeatedly for `phase`; bytes per second.

@@ -404,7 +404,7 @@ impl Baselines {
         let floors = match shm {
             true => {
                 let seconds = plan.seconds;
-                Some(tokio::task::spawn_blocking(move || Floors::measure(size, seconds)).await?)
+                Some(tokio::task::spawn_blocking(move || Floors::measure(size, seconds)).await??)
             }
             false => None,
         };
@@ -425,11 +425,7 @@ impl Baselines {
             tcp: TcpFigures::mean(&[self.tcp, after.tcp]),
             tls_tcp: mean(self.tls_tcp, after.tls_tcp),
             tcp_sgd: mean(self.tcp_sgd, after.tcp_sgd),
-            floors: self.floors.zip(after.floors).map(|(a, b)| Floors {
-                memcpy_bytes_per_sec: (a.memcpy_bytes_per_sec + b.memcpy_bytes_per_sec) / 2.0,
-                copy_apply_bytes_per_sec: (a.copy_apply_bytes_per_sec + b.copy_apply_bytes_per_sec)
-                    / 2.0,
-            }),
+            floors: self.floors.zip(after.floors).map(|(a, b)| a.mean_with(b)),
         }
     }
 }
@@ -482,6 +478,10 @@ fn row(
         figures["copy_sgd_bytes_per_sec"] = floors.copy_apply_bytes_per_sec.into();
         figures["floor_bytes_per_sec"] = floor.into();
         figures["ratio_vs_floor"] = (throughput / floor.max(1e-9)).into();
+        // Bytes that cross between two cores, as every shared-memory row's
+        // do, move no faster than the ring alone carries them.
+        figures["ring_bytes_per_sec"] = floors.ring_bytes_per_sec.into();
+        figures["ratio_vs_ring"] = (throughput / floors.ring_bytes_per_sec.max(1e-9)).into();
     }
     let tls = if plan.tls { " tls" } else { "" };
     ResultRow {

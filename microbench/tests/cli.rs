@@ -424,7 +424,7 @@ fn kv_with_the_sgd_floor_reads_each_push_against_raw_tcp_that_applies_sgd() {
 }
 
 #[test]
-fn kv_measures_both_data_paths_in_one_run_against_one_cores_floors() {
+fn kv_measures_both_data_paths_in_one_run_against_one_cores_floors_and_the_ring() {
     let rows = kv_of_one_small_key("--data-path=grpc,shm");
     let paths: Vec<(&str, &str)> = rows
         .iter()
@@ -463,6 +463,13 @@ fn kv_measures_both_data_paths_in_one_run_against_one_cores_floors() {
         let ratio = figures["ratio_vs_floor"].as_f64().unwrap();
         assert!(
             throughput > 0.0 && (ratio - throughput / floor).abs() <= 1e-9 * ratio,
+            "{row}"
+        );
+        // Every row is read against the ring between two threads, too.
+        let ring = figures["ring_bytes_per_sec"].as_f64().unwrap();
+        let ratio = figures["ratio_vs_ring"].as_f64().unwrap();
+        assert!(
+            ring > 0.0 && (ratio - throughput / ring).abs() <= 1e-9 * ratio,
             "{row}"
         );
     }
