@@ -6,9 +6,9 @@
 //! the fallback.
 //!
 //! - [`region`]: the sealed memfd: atomic control words and bulk copies of
-//!   data (with [`mark`], this crate's only `unsafe`).
-//! - [`mark`]: elements (NaN, infinity) looked for in the same pass as a
-//!   copy off the ring.
+//!   data (with [`copy`], this crate's only `unsafe`).
+//! - [`copy`]: those copies, in AVX2 registers where present, and elements
+//!   (NaN, infinity) looked for in the same pass as a copy off the ring.
 //! - [`bell`]: pipe doorbells, rung only for a side that sleeps.
 //! - [`ring`]: a single-producer, single-consumer ring of words with spinning,
 //!   then sleeping, waits.
@@ -22,10 +22,10 @@
 //! - [`mode`]: `--data-path auto|grpc|shm`.
 
 pub mod bell;
+pub mod copy;
 pub mod handshake;
 pub mod lent;
 pub mod link;
-pub mod mark;
 pub mod message;
 pub mod mode;
 pub mod pool;

@@ -29,9 +29,9 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
+use crate::copy::Mark;
 use crate::handshake::{ServerEnd, WorkerEnd};
 use crate::lent::{Answer, LEND_AT_BYTES, LentPayloads, Returned};
-use crate::mark::Mark;
 use crate::message::{
     MessageError, Payloads, gradient_headers, read_head, skip_words, write_message,
 };
@@ -60,7 +60,7 @@ pub type Charger = Arc<dyn Fn(u64) -> Result<Hold, String> + Send + Sync>;
 pub const SCAN_FROM_BYTES: u64 = 1 << 20;
 
 /// Refuses a request whose gradient holds a NaN or an infinity, found as
-/// its bytes were copied off the ring, in the same pass ([`crate::mark`]):
+/// its bytes were copied off the ring, in the same pass ([`crate::copy`]):
 /// it is given the gradient's header (a header that does not parse is not
 /// tested, and is left to the push's own checks), the offset in its bytes of
 /// the piece that holds one, and that piece, still in cache. An `Err`

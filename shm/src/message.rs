@@ -20,7 +20,7 @@ use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 
-use crate::mark::Mark;
+use crate::copy::Mark;
 use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingError, RingReader, RingWriter};
 

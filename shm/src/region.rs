@@ -21,7 +21,7 @@ use std::sync::atomic::AtomicU64;
 use memmap2::MmapRaw;
 use rustix::fs::{MemfdFlags, SealFlags};
 
-use crate::mark::{self, Mark};
+use crate::copy::{self, Mark};
 
 /// The seals every region carries: its size is fixed, and so are its seals.
 const SEALS: SealFlags = SealFlags::SHRINK
@@ -132,10 +132,7 @@ impl Region {
         // mapping, which stays mapped (and sealed at its size) while `self`
         // lives. Only raw pointers touch the shared bytes, never a reference,
         // and `from` is this process's own memory, so the two cannot overlap.
-        unsafe {
-            let to = self.map.as_mut_ptr().add(at);
-            std::ptr::copy_nonoverlapping(from.as_ptr(), to, from.len());
-        }
+        unsafe { copy::copy(from.as_ptr(), self.map.as_mut_ptr().add(at), from.len()) };
     }
 
     /// Copies the region's bytes from word `word` on into `into`.
@@ -152,15 +149,12 @@ impl Region {
         // process; what it can change is which bytes arrive (the copy is into
         // this process's own buffer, and any bytes are a valid `u8`), and
         // what arrives is checked before it is trusted.
-        unsafe {
-            let from = self.map.as_ptr().add(at);
-            std::ptr::copy_nonoverlapping(from, into.as_mut_ptr(), into.len());
-        }
+        unsafe { copy::copy(self.map.as_ptr().add(at), into.as_mut_ptr(), into.len()) };
     }
 
     /// [`Region::copy_out`], saying whether a whole element of what was
     /// copied (read from `into`'s start) is marked by `mark`, tested in the
-    /// same pass ([`crate::mark`]).
+    /// same pass ([`crate::copy`]).
     ///
     /// # Panics
     /// As [`Region::copy_in`].
@@ -169,7 +163,7 @@ impl Region {
         let at = self.byte_span(word, into.len());
         // SAFETY: as in `copy_out`: `byte_span` checked the span, and only a
         // raw pointer reads the shared bytes; what is tested is the copy.
-        unsafe { mark::copy_marked(self.map.as_ptr().add(at), into, mark) }
+        unsafe { copy::copy_marked(self.map.as_ptr().add(at), into, mark) }
     }
 
     /// The byte offset of word `word`, checked to have `len` bytes of the

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use crate::bell::{Bell, Ringer};
-use crate::mark::Mark;
+use crate::copy::Mark;
 use crate::region::Region;
 
 /// How long a side with nothing to do polls before it sleeps on its bell.

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use ps_proto::v1;
 use ps_proto::v1::session_request::Op;
-use ps_shm::mark::Mark;
+use ps_shm::copy::Mark;
 use ps_shm::message::{Arrived, MessageError, read_message, write_message};
 use ps_shm::pool::BufferPool;
 use ps_shm::ring::in_process;
