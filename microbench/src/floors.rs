@@ -113,6 +113,8 @@ pub fn ring_bytes_per_sec(size: usize, phase: Duration) -> io::Result<f64> {
                 return;
             }
             writer.flush();
+            // A write that never waits (an empty key) must still see the abort.
+            tokio::task::yield_now().await;
         }
     });
     let mut target = vec![0u8; size];

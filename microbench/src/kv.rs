@@ -383,7 +383,8 @@ struct Baselines {
     tls_tcp: Option<TcpFigures>,
     /// Plain TCP with SGD applied by the receiver, in `--sgd-floor` runs.
     tcp_sgd: Option<TcpFigures>,
-    /// One core's memcpy and copy-then-SGD, in runs with shared memory.
+    /// One core's memcpy and copy-then-SGD, and the ring between two
+    /// threads, in runs with shared memory.
     floors: Option<Floors>,
 }
 
@@ -478,8 +479,8 @@ fn row(
         figures["copy_sgd_bytes_per_sec"] = floors.copy_apply_bytes_per_sec.into();
         figures["floor_bytes_per_sec"] = floor.into();
         figures["ratio_vs_floor"] = (throughput / floor.max(1e-9)).into();
-        // Bytes that cross between two cores, as every shared-memory row's
-        // do, move no faster than the ring alone carries them.
+        // A shared-memory row's bytes cross between two cores, no faster
+        // than the ring alone carries them (shown on every row of the run).
         figures["ring_bytes_per_sec"] = floors.ring_bytes_per_sec.into();
         figures["ratio_vs_ring"] = (throughput / floors.ring_bytes_per_sec.max(1e-9)).into();
     }

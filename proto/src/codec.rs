@@ -322,9 +322,9 @@ impl TensorData {
 /// aligned: no copy and no conversion. A trailing partial element is ignored.
 pub fn first_non_finite(dtype: DType, bytes: &[u8]) -> Option<(usize, f32)> {
     let mask = exponent_bits(dtype);
-    let found = match dtype.size() {
-        4 => first_all_ones::<4>(bytes, mask),
-        _ => first_all_ones::<2>(bytes, mask),
+    let found = match dtype {
+        DType::F32 => first_all_ones::<4>(bytes, mask),
+        DType::F16 | DType::BF16 => first_all_ones::<2>(bytes, mask),
     }?;
     let size = dtype.size();
     let mut value = None;

@@ -230,8 +230,9 @@ impl ParameterService {
 
     /// A push's gradients, admitted by map version, decoded and applied. With
     /// `scanned` they were already checked for NaN and infinity as they
-    /// arrived (a shared-memory session's, piece by piece off the ring by
-    /// [`Self::gradient_checker`]) and are not scanned again.
+    /// arrived (a shared-memory session's, tested in the pass that copied
+    /// them off the ring, and refused through [`Self::gradient_checker`])
+    /// and are not scanned again.
     pub(crate) async fn push_grads(
         &self,
         request: &v1::PushRequest,

@@ -444,8 +444,10 @@ impl Store {
         self.push_with(worker, step, grads, Finite::Unchecked)
     }
 
-    /// [`Store::push`] of gradients whose every chunk passed
-    /// [`Store::check_gradient_chunk`]: they are not scanned again.
+    /// [`Store::push`] of gradients already checked for NaN and infinity
+    /// (every chunk of a stream by [`Store::check_gradient_chunk`]; a
+    /// shared-memory push tested as it was copied off the ring, any piece
+    /// holding one given to it): they are not scanned again.
     ///
     /// # Errors
     /// As [`Store::push`], but never `NonFinite`.

@@ -18,7 +18,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use ps_proto::codec::exponent_bits;
+use ps_proto::codec::{DType, exponent_bits};
 use ps_proto::header::TensorHeader;
 use ps_proto::refusal::refusal_of;
 use ps_proto::v1;
@@ -223,9 +223,10 @@ async fn read_requests(
 type Admitted = Result<v1::SessionRequest, (v1::SessionRequest, Status)>;
 
 /// Reads request `seq`, its payloads holding a share of `ahead` and what
-/// `charge` returned until the last of them drops, each piece of its
-/// gradients checked by `check` (when given, and the request carries at
-/// least [`SCAN_FROM_BYTES`]) as it is copied.
+/// `charge` returned until the last of them drops, its gradients tested for
+/// NaN and infinity as they are copied, any piece holding one given to
+/// `check` (when given, and the request carries at least
+/// [`SCAN_FROM_BYTES`]).
 async fn read_request(
     ring: &mut RingReader,
     seq: u64,
@@ -257,7 +258,7 @@ async fn read_request(
     let grads = gradient_headers(&head.message);
     let marks: Vec<_> = grads
         .iter()
-        .map(|grad| grad.as_ref().and_then(non_finite))
+        .map(|grad| grad.as_ref().map(non_finite))
         .collect();
     let mut refused = None;
     let mut marked = |index: usize, offset: usize, piece: &[u8]| {
@@ -277,9 +278,14 @@ async fn read_request(
 }
 
 /// The elements a gradient of `header`'s dtype is refused for: NaN and the
-/// infinities, whose exponent bits are all ones.
-fn non_finite(header: &TensorHeader) -> Option<Mark> {
-    Mark::of_width(header.dtype.size(), exponent_bits(header.dtype))
+/// infinities, whose exponent bits are all ones. Every dtype has one, so
+/// no gradient of a scanned request goes untested.
+fn non_finite(header: &TensorHeader) -> Mark {
+    let bits = exponent_bits(header.dtype);
+    match header.dtype {
+        DType::F32 => Mark::U32(bits),
+        DType::F16 | DType::BF16 => Mark::U16(bits as u16),
+    }
 }
 
 /// Says why a read failed, on `into` as `status_of` it.
@@ -415,4 +421,42 @@ async fn watch(
     reader.abort();
     writer.abort();
     why
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(dtype: DType) -> TensorHeader {
+        TensorHeader::from_wire("w", 0, dtype.to_proto(), &[4]).expect("a header")
+    }
+
+    /// Each dtype's mark finds its NaN and infinities, and not its largest
+    /// finite values, at any element of a payload.
+    #[test]
+    fn every_dtype_is_tested_for_its_own_nan_and_infinity() {
+        let f32s = |a: f32, b: f32| [a.to_le_bytes().to_vec(), b.to_le_bytes().to_vec()];
+        let halves = |a: u16, b: u16| [a.to_le_bytes().to_vec(), b.to_le_bytes().to_vec()];
+        // Each dtype, two of its non-finite elements, two of its finite ones.
+        let cases = [
+            (
+                DType::F32,
+                f32s(f32::NAN, f32::NEG_INFINITY),
+                f32s(f32::MAX, f32::MIN),
+            ),
+            (DType::F16, halves(0x7e00, 0xfc00), halves(0x7bff, 0xfbff)),
+            (DType::BF16, halves(0x7fc0, 0x7f80), halves(0x7f7f, 0xff7f)),
+        ];
+        for (dtype, bad, finite) in cases {
+            let mark = non_finite(&header(dtype));
+            for element in &finite {
+                assert!(!mark.any_in(&element.repeat(9)), "{dtype:?} {element:?}");
+            }
+            for element in &bad {
+                let mut bytes = finite[0].repeat(9);
+                bytes.extend_from_slice(element);
+                assert!(mark.any_in(&bytes), "{dtype:?} {element:?}");
+            }
+        }
+    }
 }

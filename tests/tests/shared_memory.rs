@@ -469,6 +469,38 @@ async fn a_non_finite_gradient_through_shared_memory_is_refused_where_it_lies_an
     );
 }
 
+/// A server that allows non-finite values takes a large NaN through shared
+/// memory (no test off the ring) and applies it, as over gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_allowing_non_finite_values_applies_a_large_nan_through_shared_memory() {
+    let config = ServerConfig {
+        workers: 1,
+        reject_non_finite: false,
+        shared_memory: SharedMemoryConfig {
+            mode: DataPathMode::Shm,
+            ring_bytes: 64 << 10,
+        },
+        ..ServerConfig::default()
+    };
+    let shm = LocalServers::start(1, config).await.expect("a server");
+    let client = client(shm.addrs(), DataPathMode::Shm).await;
+    register_big_and_small(&client).await;
+    let bad = 1_234_567;
+    let grads = [
+        ParamBytes::new(
+            "big",
+            values(LARGE, |i| if i == bad { f32::NAN } else { 1.0 }),
+        ),
+        ParamBytes::new("small", values(4, |_| 1.0)),
+    ];
+    let taken = client.push(Rank(0), Step(0), &grads).await.expect("a push");
+    assert_eq!(taken, 2);
+    let pulled = client.pull(Version(1)).await.expect("pull");
+    let big = &pulled["big"].values;
+    assert!(big[bad].is_nan(), "{}", big[bad]);
+    assert_eq!((big[0], big[bad + 1]), (-0.5, bad as f32 + 0.5));
+}
+
 /// One request carrying two gradients, the NaN in the second (past 1 MiB, so
 /// scanned off the ring): refused naming that key, and neither applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
