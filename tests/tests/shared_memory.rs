@@ -60,6 +60,15 @@ async fn client(addrs: Vec<String>, mode: DataPathMode) -> PsClient {
     client
 }
 
+/// The error of a step-0 push of `grads` that must be refused, as text.
+async fn refusal(client: &PsClient, grads: &[ParamBytes]) -> String {
+    client
+        .push(Rank(0), Step(0), grads)
+        .await
+        .expect_err("the push is refused")
+        .to_string()
+}
+
 /// Registers `big` (`i` at element `i`) and `small` (ones), with SGD at lr 0.5.
 async fn register_big_and_small(client: &PsClient) {
     let initial = [
@@ -430,11 +439,7 @@ async fn a_non_finite_gradient_through_shared_memory_is_refused_where_it_lies_an
             name,
             values(len, |i| if i == bad { value } else { finite(i) }),
         )];
-        let text = client
-            .push(Rank(0), Step(0), &grads)
-            .await
-            .unwrap_err()
-            .to_string();
+        let text = refusal(&client, &grads).await;
         assert!(
             text.contains(name) && text.contains(&format!("at element {bad}")),
             "{text}"
@@ -533,11 +538,7 @@ async fn a_nan_in_a_requests_second_gradient_refuses_the_whole_request() {
             values(LARGE, |i| if i == 77 { f32::NAN } else { 1.0 }),
         ),
     ];
-    let text = client
-        .push(Rank(0), Step(0), &grads)
-        .await
-        .unwrap_err()
-        .to_string();
+    let text = refusal(&client, &grads).await;
     assert!(
         text.contains("big") && text.contains("at element 77"),
         "{text}"
