@@ -26,9 +26,8 @@ pub const KEPT_BYTES: usize = 32 << 20;
 /// How long the most a pool had lent out at once sizes what it keeps.
 pub const REMEMBERED: Duration = Duration::from_secs(10);
 
-/// The most buffers one pool keeps for reuse: one session's read-ahead of
-/// [`crate::link::AHEAD_BYTES`] in 512 KiB payloads (a server's sessions
-/// share the pool).
+/// The most buffers one pool keeps for reuse (a server's sessions share the
+/// pool).
 pub const KEPT_BUFFERS: usize = 64;
 
 /// Payloads this small may take a kept buffer of up to twice this size.

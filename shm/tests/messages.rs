@@ -375,6 +375,51 @@ mod handshake {
         assert!(pieces.lock().unwrap().is_empty(), "nothing shown");
     }
 
+    /// The server reads a request's payloads only once they fit the
+    /// session's read-ahead: while a request of three quarters of it is
+    /// held, the next one's payloads are not read (nor charged), and it
+    /// arrives once the first is let go.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_past_the_read_ahead_waits_for_the_one_held() {
+        use ps_shm::link::AHEAD_BYTES;
+
+        let (_offers, _offer, server, worker) = admitted().await;
+        let charged = Arc::new(AtomicU64::new(0));
+        let charge: Charger = {
+            let charged = Arc::clone(&charged);
+            Arc::new(move |_| {
+                charged.fetch_add(1, Ordering::SeqCst);
+                Ok(Arc::new(()) as Hold)
+            })
+        };
+        let mut serving = serve_link(
+            server,
+            (charge, None),
+            BufferPool::new(),
+            std::future::pending(),
+        );
+        let mut working = worker_link(worker, u64::MAX);
+        let size = (AHEAD_BYTES * 3 / 4) as usize;
+        let (first, second) = (push(1, &[vec![1; size]]), push(2, &[vec![2; size]]));
+        working.requests.send(first.clone()).await.unwrap();
+        working.requests.send(second.clone()).await.unwrap();
+
+        let held = serving.requests.next().await.unwrap().unwrap();
+        assert_eq!(held, first);
+        // A negative, so bounded by time: correct code never fails it.
+        let early = tokio::time::timeout(Duration::from_millis(300), serving.requests.next()).await;
+        assert!(early.is_err(), "read while the first was held: {early:?}");
+        assert_eq!(
+            charged.load(Ordering::SeqCst),
+            1,
+            "the second not charged yet"
+        );
+
+        drop(held);
+        assert_eq!(serving.requests.next().await.unwrap().unwrap(), second);
+        assert_eq!(charged.load(Ordering::SeqCst), 2);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_nonce_not_offered_or_used_twice_gets_no_region_and_holds_no_charge() {
         let (offers, listener) = Offers::bind(1 << 16).unwrap();
