@@ -398,7 +398,7 @@ mod handshake {
             BufferPool::new(),
             std::future::pending(),
         );
-        let mut working = worker_link(worker, u64::MAX);
+        let working = worker_link(worker, u64::MAX);
         let size = (AHEAD_BYTES * 3 / 4) as usize;
         let (first, second) = (push(1, &[vec![1; size]]), push(2, &[vec![2; size]]));
         working.requests.send(first.clone()).await.unwrap();
