@@ -7,9 +7,15 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=PS_GIT_COMMIT");
-    // HEAD moves to another branch, or the branch to another commit.
+    println!("cargo:rerun-if-changed=build.rs");
+    // HEAD moves to another branch, or the branch to another commit. Only the
+    // paths that exist are named: cargo counts a missing one as changed on
+    // every build, which recompiled every crate of the workspace above this
+    // one at each cargo command (a fresh clone has no packed-refs).
     for path in ["../.git/HEAD", "../.git/refs/heads", "../.git/packed-refs"] {
-        println!("cargo:rerun-if-changed={path}");
+        if std::path::Path::new(path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
     }
     if std::env::var_os("PS_GIT_COMMIT").is_some() {
         return;
