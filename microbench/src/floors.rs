@@ -11,6 +11,12 @@
 //! done with the bytes. On a virtual machine it moves with where the host
 //! runs the two cores at the moment, by several times, so a row is read
 //! against it too.
+//!
+//! A small operation's latency is bound by neither: it is the round trip
+//! through the rings and their doorbells, and with more servers and workers
+//! than cores, by how the system shares the cores between them.
+//! [`round_trip_p50_us`] measures that round trip with the run's own number
+//! of servers and workers, each a thread, and nothing else done.
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -18,6 +24,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ps_proto::codec::{DType, TensorData};
 use ps_server::optimizer::{Gradient, Optimizer, OptimizerSpec};
+use ps_shm::ring::{RingReader, RingWriter};
 
 /// The floors at one key size.
 #[derive(Debug, Clone, Copy)]
@@ -29,19 +36,28 @@ pub struct Floors {
     /// The key carried through a shared-memory ring from one thread to
     /// another, bytes per second.
     pub ring_bytes_per_sec: f64,
+    /// The median round trip of the key through the rings between the run's
+    /// servers and workers, one operation at a time, in microseconds.
+    pub round_trip_p50_us: f64,
 }
 
 impl Floors {
-    /// The floors at `size` bytes, each run for `seconds`.
+    /// The floors at `size` bytes, each run for `seconds`, the round trip
+    /// between `servers` and `workers` threads.
     ///
     /// # Errors
-    /// The system refused the ring's region or doorbells.
-    pub fn measure(size: usize, seconds: f64) -> io::Result<Self> {
+    /// The system refused a ring's region or doorbells, or a thread.
+    pub fn measure(
+        size: usize,
+        seconds: f64,
+        (servers, workers): (usize, usize),
+    ) -> io::Result<Self> {
         let phase = Duration::from_secs_f64(seconds);
         Ok(Self {
             memcpy_bytes_per_sec: memcpy_bytes_per_sec(size, phase),
             copy_apply_bytes_per_sec: copy_apply_bytes_per_sec(size, phase),
             ring_bytes_per_sec: ring_bytes_per_sec(size, phase)?,
+            round_trip_p50_us: round_trip_p50_us(size, (servers, workers), phase)?,
         })
     }
 
@@ -55,6 +71,7 @@ impl Floors {
                 other.copy_apply_bytes_per_sec,
             ),
             ring_bytes_per_sec: mean(self.ring_bytes_per_sec, other.ring_bytes_per_sec),
+            round_trip_p50_us: mean(self.round_trip_p50_us, other.round_trip_p50_us),
         }
     }
 }
@@ -136,6 +153,140 @@ pub fn ring_bytes_per_sec(size: usize, phase: Duration) -> io::Result<f64> {
     rate
 }
 
+/// A request's ends at a worker: where it writes, where it reads the answer.
+type WorkerEnds = (RingWriter, RingReader);
+
+/// A request's ends at a server: where it reads, where it answers.
+type ServerEnds = (RingReader, RingWriter);
+
+/// Round trips through the data path's own rings and doorbells between
+/// `servers` and `workers` threads, each with a one-thread runtime as the
+/// processes have on two cores, for `phase`: every worker, one operation at
+/// a time, writes its share of `size` bytes (`size / servers`) to every
+/// server and waits for a word back from each, as a push of a key split over
+/// the servers does; each server reads the share and answers, nothing else.
+/// The median over all workers' operations, in microseconds.
+///
+/// # Errors
+/// As [`Floors::measure`].
+pub fn round_trip_p50_us(
+    size: usize,
+    (servers, workers): (usize, usize),
+    phase: Duration,
+) -> io::Result<f64> {
+    if servers == 0 || workers == 0 {
+        return Err(io::Error::other("a round trip needs a worker and a server"));
+    }
+    let share = size.div_ceil(servers).max(8);
+    // Every runtime and ring is made before any thread starts, so that no
+    // worker waits on a server that could not start; each side's doorbells
+    // wait on its own thread's runtime.
+    let one_thread = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let server_runtimes = (0..servers)
+        .map(|_| one_thread())
+        .collect::<io::Result<Vec<_>>>()?;
+    let worker_runtimes = (0..workers)
+        .map(|_| one_thread())
+        .collect::<io::Result<Vec<_>>>()?;
+    let mut at_servers: Vec<Vec<ServerEnds>> = (0..servers).map(|_| Vec::new()).collect();
+    let mut at_workers: Vec<Vec<WorkerEnds>> = (0..workers).map(|_| Vec::new()).collect();
+    for (worker, worker_runtime) in at_workers.iter_mut().zip(&worker_runtimes) {
+        for (server, server_runtime) in at_servers.iter_mut().zip(&server_runtimes) {
+            let (requests, requests_in, answers, answers_in) = ps_shm::ring::in_process_on(
+                ps_shm::DEFAULT_RING_BYTES,
+                (worker_runtime.handle(), server_runtime.handle()),
+            )?;
+            worker.push((requests, answers_in));
+            server.push((requests_in, answers));
+        }
+    }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let serving: Vec<_> = server_runtimes
+        .into_iter()
+        .zip(at_servers)
+        .map(|(runtime, sessions)| {
+            let mut stopped = stopped.clone();
+            std::thread::spawn(move || {
+                for session in sessions {
+                    runtime.spawn(answer_each(session, share));
+                }
+                runtime.block_on(async {
+                    let _ = stopped.wait_for(|stop| *stop).await;
+                });
+                // Sessions wait on rings nobody writes any more.
+                runtime.shutdown_background();
+            })
+        })
+        .collect();
+    let timing: Vec<_> = worker_runtimes
+        .into_iter()
+        .zip(at_workers)
+        .map(|(runtime, sessions)| {
+            std::thread::spawn(move || runtime.block_on(time_each(sessions, share, phase)))
+        })
+        .collect();
+    let mut micros = Vec::new();
+    let mut failed = None;
+    for worker in timing {
+        match worker.join().expect("a round-trip worker panicked") {
+            Ok(times) => micros.extend(times),
+            Err(error) => failed = Some(error),
+        }
+    }
+    let _ = stop.send(true);
+    for server in serving {
+        server.join().expect("a round-trip server panicked");
+    }
+    if let Some(error) = failed {
+        return Err(io::Error::other(error));
+    }
+    Ok(crate::report::median(&mut micros).expect("every worker times an operation"))
+}
+
+/// A server's side of one ring pair: reads `share` bytes, answers a word,
+/// until a ring fails.
+async fn answer_each((mut requests, mut answers): ServerEnds, share: usize) {
+    let mut buffer = vec![0u8; share];
+    while requests.read(&mut buffer).await.is_ok() {
+        if answers.write_word(1).await.is_err() {
+            return;
+        }
+        answers.flush();
+    }
+}
+
+/// A worker's operations for `phase` (after one not timed): `share` bytes to
+/// every server, then a word from each; each one's time in microseconds.
+async fn time_each(
+    mut sessions: Vec<WorkerEnds>,
+    share: usize,
+    phase: Duration,
+) -> Result<Vec<f64>, ps_shm::ring::RingError> {
+    let source = vec![0x5au8; share];
+    let mut once = async || {
+        let began = Instant::now();
+        for (requests, _) in &mut sessions {
+            requests.write(&source).await?;
+            requests.flush();
+        }
+        for (_, answers) in &mut sessions {
+            answers.read_word().await?;
+        }
+        Ok::<_, ps_shm::ring::RingError>(began.elapsed().as_secs_f64() * 1e6)
+    };
+    once().await?;
+    let start = Instant::now();
+    let mut times = Vec::new();
+    while start.elapsed() < phase || times.is_empty() {
+        times.push(once().await?);
+    }
+    Ok(times)
+}
+
 /// Runs `once` (which moves `size` bytes) repeatedly for `phase`; bytes per second.
 fn rate(size: usize, phase: Duration, mut once: impl FnMut()) -> f64 {
     once();
@@ -146,4 +297,26 @@ fn rate(size: usize, phase: Duration, mut once: impl FnMut()) -> f64 {
         runs += 1;
     }
     (runs * size as u64) as f64 / start.elapsed().as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_trip_between_two_servers_and_two_workers_is_timed_and_every_thread_ends() {
+        let p50 = round_trip_p50_us(4096, (2, 2), Duration::from_millis(50)).unwrap();
+        assert!(p50 > 0.0 && p50.is_finite(), "{p50}");
+    }
+
+    #[test]
+    fn a_round_trip_without_workers_is_an_error_not_a_figure() {
+        for shape in [(1, 0), (0, 1)] {
+            let error = round_trip_p50_us(4096, shape, Duration::from_millis(10)).unwrap_err();
+            assert!(
+                error.to_string().contains("a worker and a server"),
+                "{error}"
+            );
+        }
+    }
 }

@@ -404,8 +404,11 @@ impl Baselines {
         let shm = plan.data_paths.iter().any(|path| path.tries_shm());
         let floors = match shm {
             true => {
-                let seconds = plan.seconds;
-                Some(tokio::task::spawn_blocking(move || Floors::measure(size, seconds)).await??)
+                let (seconds, shape) = (plan.seconds, (plan.servers, plan.workers));
+                Some(
+                    tokio::task::spawn_blocking(move || Floors::measure(size, seconds, shape))
+                        .await??,
+                )
             }
             false => None,
         };
@@ -445,6 +448,7 @@ fn row(
     let seconds = reports.iter().map(|r| r.seconds).fold(0.0, f64::max);
     let throughput = (ops as f64 * size as f64) / seconds.max(1e-9);
     let mut p50: Vec<f64> = reports.iter().map(|r| r.p50_us).collect();
+    let p50_us = crate::report::median(&mut p50);
     let mut p99: Vec<f64> = reports.iter().map(|r| r.p99_us).collect();
     let workers: Vec<serde_json::Value> = reports
         .iter()
@@ -483,6 +487,12 @@ fn row(
         // than the ring alone carries them (shown on every row of the run).
         figures["ring_bytes_per_sec"] = floors.ring_bytes_per_sec.into();
         figures["ratio_vs_ring"] = (throughput / floors.ring_bytes_per_sec.max(1e-9)).into();
+        // A small operation's p50 is no lower than the rings' round trip
+        // between as many threads as the run has servers and workers.
+        figures["round_trip_p50_us"] = floors.round_trip_p50_us.into();
+        if let Some(p50_us) = p50_us {
+            figures["p50_vs_round_trip"] = (p50_us / floors.round_trip_p50_us.max(1e-9)).into();
+        }
     }
     let tls = if plan.tls { " tls" } else { "" };
     ResultRow {
@@ -502,7 +512,7 @@ fn row(
         tcp_throughput_bytes_per_sec: Some(tcp.bytes_per_sec),
         ratio_vs_tcp: Some(throughput / tcp.bytes_per_sec.max(1e-9)),
         rpcs_per_sec: Some(ops as f64 / seconds.max(1e-9)),
-        p50_us: crate::report::median(&mut p50),
+        p50_us,
         p99_us: crate::report::median(&mut p99),
         tcp_p50_us: Some(tcp.p50_us),
         reps: 1,

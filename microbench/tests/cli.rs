@@ -424,7 +424,7 @@ fn kv_with_the_sgd_floor_reads_each_push_against_raw_tcp_that_applies_sgd() {
 }
 
 #[test]
-fn kv_measures_both_data_paths_in_one_run_against_one_cores_floors_and_the_ring() {
+fn kv_measures_both_data_paths_in_one_run_against_one_cores_floors_and_the_rings() {
     let rows = kv_of_one_small_key("--data-path=grpc,shm");
     let paths: Vec<(&str, &str)> = rows
         .iter()
@@ -470,6 +470,14 @@ fn kv_measures_both_data_paths_in_one_run_against_one_cores_floors_and_the_ring(
         let ratio = figures["ratio_vs_ring"].as_f64().unwrap();
         assert!(
             ring > 0.0 && (ratio - throughput / ring).abs() <= 1e-9 * ratio,
+            "{row}"
+        );
+        // And its p50 against the rings' round trip alone.
+        let round_trip = figures["round_trip_p50_us"].as_f64().unwrap();
+        let p50 = row["p50_us"].as_f64().unwrap();
+        let ratio = figures["p50_vs_round_trip"].as_f64().unwrap();
+        assert!(
+            round_trip > 0.0 && (ratio - p50 / round_trip).abs() <= 1e-9 * ratio,
             "{row}"
         );
     }

@@ -442,19 +442,42 @@ impl RingReader {
 
 /// Both ends of both rings over one region in this process, for tests:
 /// `(worker's request writer, server's request reader, server's answer
-/// writer, worker's answer reader)`.
+/// writer, worker's answer reader)`. Their doorbells wait on the current
+/// runtime.
 ///
 /// # Errors
 /// The system refused the region or a doorbell.
+///
+/// # Panics
+/// Outside a runtime.
 pub fn in_process(
     ring_bytes: u64,
+) -> std::io::Result<(RingWriter, RingReader, RingWriter, RingReader)> {
+    let here = tokio::runtime::Handle::current();
+    in_process_on(ring_bytes, (&here, &here))
+}
+
+/// [`in_process`], the worker's doorbells waiting on runtime `worker` and
+/// the server's on `server`, as two processes' would each on their own.
+///
+/// # Errors
+/// As [`in_process`].
+pub fn in_process_on(
+    ring_bytes: u64,
+    (worker, server): (&tokio::runtime::Handle, &tokio::runtime::Handle),
 ) -> std::io::Result<(RingWriter, RingReader, RingWriter, RingReader)> {
     let region = Arc::new(Region::create(region_bytes(ring_bytes) as usize)?);
     write_header(&region, ring_bytes);
     let capacity = (ring_bytes / 8) as usize;
     let bells = crate::handshake::Bells::create()?;
-    let worker = bells.worker_side()?;
-    let server = bells.server_side()?;
+    let worker = {
+        let _on = worker.enter();
+        bells.worker_side()?
+    };
+    let server = {
+        let _on = server.enter();
+        bells.server_side()?
+    };
     Ok((
         RingWriter::new(
             Arc::clone(&region),
