@@ -487,10 +487,12 @@ fn row(
         // than the ring alone carries them (shown on every row of the run).
         figures["ring_bytes_per_sec"] = floors.ring_bytes_per_sec.into();
         figures["ratio_vs_ring"] = (throughput / floors.ring_bytes_per_sec.max(1e-9)).into();
-        // A small operation's p50 is no lower than the rings' round trip
-        // between as many threads as the run has servers and workers.
+        // A push's p50 is no lower than the rings' round trip carrying the
+        // key to the servers, between as many threads as the run has
+        // servers and workers. (A pull carries it the other way: at small
+        // sizes the same, but not read against it.)
         figures["round_trip_p50_us"] = floors.round_trip_p50_us.into();
-        if let Some(p50_us) = p50_us {
+        if let Some(p50_us) = p50_us.filter(|_| op == Op::Push) {
             figures["p50_vs_round_trip"] = (p50_us / floors.round_trip_p50_us.max(1e-9)).into();
         }
     }

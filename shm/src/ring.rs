@@ -13,8 +13,9 @@
 //! `head`. Large writes are published every [`PUBLISH_WORDS`], so the reader
 //! copies out while the writer still copies in. A side with nothing to do
 //! spins for [`SPIN`] (only when its last wait was short: a peer that
-//! computes between operations would only lose its core to the spinning),
-//! then sets its waiting word, checks once more, and sleeps on its [`Bell`];
+//! computes between operations would only lose its core to the spinning;
+//! and yielding its core to the system at each turn only after the first
+//! few microseconds), then sets its waiting word, checks once more, and sleeps on its [`Bell`];
 //! the other side rings that bell only when it finds the waiting word set, so
 //! two busy processes exchange words with no system call.
 //!
@@ -31,6 +32,15 @@ use crate::region::Region;
 
 /// How long a side with nothing to do polls before it sleeps on its bell.
 pub const SPIN: Duration = Duration::from_micros(50);
+
+/// How long a spinning side lets only its own runtime's tasks run before it
+/// also gives its core to the system at each turn. An operation passes
+/// through several tasks on each side, and a system yield at each of their
+/// turns handed the core to another process: with 2 servers and 2 workers
+/// on 2 cores, 4 KiB operations took 28-30 µs p50 yielding at once, against
+/// 16-18 µs from 5 µs on (docs/benchmarks.md, "When a spinning side gives
+/// its core away").
+const YIELD_CORE_AFTER: Duration = Duration::from_micros(5);
 
 /// A wait this short makes the next one spin first. It is twice [`SPIN`]
 /// because a wait that slept also counts the other side's own waking: two
@@ -193,10 +203,12 @@ impl End {
                 return Ok(value);
             }
             if spin && started.elapsed() < SPIN {
-                // The system's yield lets the peer run on this core when
-                // there are more busy processes than cores; the runtime's
-                // lets this thread's other tasks run.
-                std::thread::yield_now();
+                // The runtime's yield lets this thread's other tasks run; the
+                // system's, from YIELD_CORE_AFTER on, lets the peer run on
+                // this core when there are more busy processes than cores.
+                if started.elapsed() >= YIELD_CORE_AFTER {
+                    std::thread::yield_now();
+                }
                 tokio::task::yield_now().await;
                 continue;
             }
