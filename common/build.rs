@@ -11,7 +11,7 @@ fn main() {
     // HEAD moves to another branch, or the branch to another commit. Only the
     // paths that exist are named: cargo counts a missing one as changed on
     // every build, which recompiled every crate of the workspace above this
-    // one at each cargo command (a fresh clone has no packed-refs).
+    // one at each cargo command in a checkout without packed-refs.
     for path in ["../.git/HEAD", "../.git/refs/heads", "../.git/packed-refs"] {
         if std::path::Path::new(path).exists() {
             println!("cargo:rerun-if-changed={path}");
