@@ -3,6 +3,7 @@
 //! unset, and the metric says `unknown`. A `PS_GIT_COMMIT` set in the build's
 //! environment wins (for builds from a source archive).
 
+use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
@@ -12,23 +13,48 @@ fn main() {
     // paths that exist are named: cargo counts a missing one as changed on
     // every build, which recompiled every crate of the workspace above this
     // one at each cargo command in a checkout without packed-refs.
-    for path in ["../.git/HEAD", "../.git/refs/heads", "../.git/packed-refs"] {
-        if std::path::Path::new(path).exists() {
-            println!("cargo:rerun-if-changed={path}");
-        }
+    for path in moved_by_a_commit() {
+        println!("cargo:rerun-if-changed={}", path.display());
     }
     if std::env::var_os("PS_GIT_COMMIT").is_some() {
         return;
     }
-    let commit = Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
+    if let Some(commit) = git(&["rev-parse", "--short=12", "HEAD"])
+        .filter(|text| !text.is_empty() && text.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        println!("cargo:rustc-env=PS_GIT_COMMIT={commit}");
+    }
+}
+
+/// The files a commit or a checkout changes: this checkout's `HEAD`, and the
+/// repository's branch heads, loose and packed (a worktree's or a
+/// submodule's included, whose `.git` is a file); those that exist.
+fn moved_by_a_commit() -> Vec<PathBuf> {
+    let (Some(own), Some(common)) = (
+        git(&["rev-parse", "--git-dir"]),
+        git(&["rev-parse", "--git-common-dir"]),
+    ) else {
+        return Vec::new();
+    };
+    let (own, common) = (PathBuf::from(own), PathBuf::from(common));
+    [
+        own.join("HEAD"),
+        common.join("refs/heads"),
+        common.join("packed-refs"),
+    ]
+    .into_iter()
+    .filter(|path| path.exists())
+    .collect()
+}
+
+/// What `git ARGS` prints, trimmed, run in this package's folder; `None`
+/// without git or outside a checkout.
+fn git(args: &[&str]) -> Option<String> {
+    Command::new("git")
+        .args(args)
         .output()
         .ok()
         .filter(|out| out.status.success())
         .and_then(|out| String::from_utf8(out.stdout).ok())
         .map(|text| text.trim().to_string())
-        .filter(|text| !text.is_empty() && text.bytes().all(|b| b.is_ascii_hexdigit()));
-    if let Some(commit) = commit {
-        println!("cargo:rustc-env=PS_GIT_COMMIT={commit}");
-    }
 }

@@ -118,11 +118,13 @@ pub fn copy_apply_bytes_per_sec(size: usize, phase: Duration) -> f64 {
 /// # Errors
 /// As [`Floors::measure`].
 pub fn ring_bytes_per_sec(size: usize, phase: Duration) -> io::Result<f64> {
-    let (mut writer, mut reader, _, _) = ps_shm::ring::in_process(ps_shm::DEFAULT_RING_BYTES)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
+    let on = runtime.handle();
+    let (mut writer, mut reader, _, _) =
+        ps_shm::ring::in_process_on(ps_shm::DEFAULT_RING_BYTES, (on, on))?;
     let source = vec![0x5au8; size];
     let writing = runtime.spawn(async move {
         loop {
@@ -205,12 +207,12 @@ pub fn round_trip_p50_us(
         }
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let serving: Vec<_> = server_runtimes
+    let serving: Vec<std::thread::JoinHandle<()>> = server_runtimes
         .into_iter()
         .zip(at_servers)
         .map(|(runtime, sessions)| {
             let mut stopped = stopped.clone();
-            std::thread::spawn(move || {
+            std::thread::Builder::new().spawn(move || {
                 for session in sessions {
                     runtime.spawn(answer_each(session, share));
                 }
@@ -221,14 +223,16 @@ pub fn round_trip_p50_us(
                 runtime.shutdown_background();
             })
         })
-        .collect();
-    let timing: Vec<_> = worker_runtimes
+        .collect::<io::Result<_>>()?;
+    // A thread refused from here on drops `stop`, which ends the servers.
+    let timing: Vec<std::thread::JoinHandle<_>> = worker_runtimes
         .into_iter()
         .zip(at_workers)
         .map(|(runtime, sessions)| {
-            std::thread::spawn(move || runtime.block_on(time_each(sessions, share, phase)))
+            std::thread::Builder::new()
+                .spawn(move || runtime.block_on(time_each(sessions, share, phase)))
         })
-        .collect();
+        .collect::<io::Result<_>>()?;
     let mut micros = Vec::new();
     let mut failed = None;
     for worker in timing {

@@ -27,7 +27,7 @@ pub const KEPT_BYTES: usize = 32 << 20;
 pub const REMEMBERED: Duration = Duration::from_secs(10);
 
 /// The most buffers one pool keeps for reuse (a server's sessions share the
-/// pool).
+/// pool): [`KEPT_BYTES`] in 512 KiB payloads.
 pub const KEPT_BUFFERS: usize = 64;
 
 /// Payloads this small may take a kept buffer of up to twice this size.

@@ -37,9 +37,9 @@ pub const SPIN: Duration = Duration::from_micros(50);
 /// also gives its core to the system at each turn. An operation passes
 /// through several tasks on each side, and a system yield at each of their
 /// turns handed the core to another process: with 2 servers and 2 workers
-/// on 2 cores, 4 KiB operations took 28-30 µs p50 yielding at once, against
-/// 16-18 µs from 5 µs on (docs/benchmarks.md, "When a spinning side gives
-/// its core away").
+/// on 2 cores, 4 KiB pushes took 27-29.5 µs p50 yielding at once, against
+/// 15-16 µs (pulls 18-19) from 5 µs on (docs/benchmarks.md, "The rings'
+/// round trip, and when a spinning side gives its core away").
 const YIELD_CORE_AFTER: Duration = Duration::from_micros(5);
 
 /// A wait this short makes the next one spin first. It is twice [`SPIN`]

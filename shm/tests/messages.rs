@@ -376,11 +376,11 @@ mod handshake {
     }
 
     /// The server reads a request's payloads only once they fit the
-    /// session's read-ahead: while a request of three quarters of it is
-    /// held, the next one's payloads are not read (nor charged), and it
-    /// arrives once the first is let go.
+    /// session's read-ahead: two requests of a quarter of it are both read
+    /// while the first is held, but one of three quarters is not read (nor
+    /// charged) while those two are, and arrives once they are let go.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_request_past_the_read_ahead_waits_for_the_one_held() {
+    async fn a_request_past_the_read_ahead_waits_for_the_ones_held() {
         use ps_shm::link::AHEAD_BYTES;
 
         let (_offers, _offer, server, worker) = admitted().await;
@@ -399,25 +399,41 @@ mod handshake {
             std::future::pending(),
         );
         let working = worker_link(worker, u64::MAX);
-        let size = (AHEAD_BYTES * 3 / 4) as usize;
-        let (first, second) = (push(1, &[vec![1; size]]), push(2, &[vec![2; size]]));
-        working.requests.send(first.clone()).await.unwrap();
-        working.requests.send(second.clone()).await.unwrap();
+        let (quarter, three_quarters) =
+            ((AHEAD_BYTES / 4) as usize, (AHEAD_BYTES * 3 / 4) as usize);
+        let requests = [
+            push(1, &[vec![1; quarter]]),
+            push(2, &[vec![2; quarter]]),
+            push(3, &[vec![3; three_quarters]]),
+        ];
+        for request in &requests {
+            working.requests.send(request.clone()).await.unwrap();
+        }
 
-        let held = serving.requests.next().await.unwrap().unwrap();
-        assert_eq!(held, first);
+        // Requests that should arrive are waited for at most 10 s, so that a
+        // bound too strict fails the test instead of hanging it.
+        let arrives = async |serving: &mut ps_shm::link::ServerLink| {
+            tokio::time::timeout(Duration::from_secs(10), serving.requests.next())
+                .await
+                .expect("within the read-ahead, yet not read")
+                .unwrap()
+                .unwrap()
+        };
+        let first = arrives(&mut serving).await;
+        let second = arrives(&mut serving).await;
+        assert_eq!([&first, &second], [&requests[0], &requests[1]]);
         // A negative, so bounded by time: correct code never fails it.
         let early = tokio::time::timeout(Duration::from_millis(300), serving.requests.next()).await;
-        assert!(early.is_err(), "read while the first was held: {early:?}");
+        assert!(early.is_err(), "read while the others were held: {early:?}");
         assert_eq!(
             charged.load(Ordering::SeqCst),
-            1,
-            "the second not charged yet"
+            2,
+            "the third not charged yet"
         );
 
-        drop(held);
-        assert_eq!(serving.requests.next().await.unwrap().unwrap(), second);
-        assert_eq!(charged.load(Ordering::SeqCst), 2);
+        drop((first, second));
+        assert_eq!(arrives(&mut serving).await, requests[2]);
+        assert_eq!(charged.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
