@@ -15,9 +15,10 @@
 //! spins for [`SPIN`] (only when its last wait was short: a peer that
 //! computes between operations would only lose its core to the spinning;
 //! and yielding its core to the system at each turn only after the first
-//! few microseconds), then sets its waiting word, checks once more, and sleeps on its [`Bell`];
-//! the other side rings that bell only when it finds the waiting word set, so
-//! two busy processes exchange words with no system call.
+//! few microseconds), then sets its waiting word, checks once more, and
+//! sleeps on its [`Bell`]; the other side rings that bell only when it finds
+//! the waiting word set, so two busy processes exchange words with no system
+//! call.
 //!
 //! The other process is not trusted: a `tail` or `head` that could not come
 //! from a well-behaved peer is [`RingError::Corrupt`], and the session ends.
@@ -202,11 +203,12 @@ impl End {
                     .store(started.elapsed() < SHORT_WAIT, Ordering::Relaxed);
                 return Ok(value);
             }
-            if spin && started.elapsed() < SPIN {
+            let waited = started.elapsed();
+            if spin && waited < SPIN {
                 // The runtime's yield lets this thread's other tasks run; the
                 // system's, from YIELD_CORE_AFTER on, lets the peer run on
                 // this core when there are more busy processes than cores.
-                if started.elapsed() >= YIELD_CORE_AFTER {
+                if waited >= YIELD_CORE_AFTER {
                     std::thread::yield_now();
                 }
                 tokio::task::yield_now().await;
