@@ -11,8 +11,14 @@ use ps_worker::model::Mlp;
 use ps_worker::train::accuracy;
 use ps_worker::{PsTrainer, adam};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // First, before any thread starts: candle counts the host's cores on every
+    // matrix product unless RAYON_NUM_THREADS is set (see `compute_threads`).
+    ps_worker::compute_threads::pin_compute_threads();
+    tokio::runtime::Runtime::new()?.block_on(train())
+}
+
+async fn train() -> anyhow::Result<()> {
     let server = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:7070".into());

@@ -10,6 +10,8 @@ use ps_worker::model::Mlp;
 use ps_worker::train::accuracy;
 
 fn main() -> anyhow::Result<()> {
+    // As in `data_parallel.rs`, so that the two loops compute alike.
+    ps_worker::compute_threads::pin_compute_threads();
     let data = digits::load()?;
     let varmap = VarMap::new();
     let model = Mlp::new(
