@@ -13,7 +13,7 @@
 //! `head`. Large writes are published every [`PUBLISH_WORDS`], so the reader
 //! copies out while the writer still copies in. A side with nothing to do
 //! spins for [`SPIN`] (only when its last wait was short: a peer that
-//! computes between operations would only lose its core to the spinning;
+//! computes long between operations would only lose its core to the spinning;
 //! and yielding its core to the system at each turn only after the first
 //! few microseconds), then sets its waiting word, checks once more, and
 //! sleeps on its [`Bell`]; the other side rings that bell only when it finds
@@ -32,7 +32,13 @@ use crate::copy::Mark;
 use crate::region::Region;
 
 /// How long a side with nothing to do polls before it sleeps on its bell.
-pub const SPIN: Duration = Duration::from_micros(50);
+/// A training step's exchange comes after its compute: on digits a worker
+/// computes for about 65 µs between exchanges, so at 50 µs the server had
+/// always gone to sleep when the push came, and each exchange paid two
+/// wake-ups. At 200 µs one worker's `data_parallel` took 0.23-0.34 s
+/// against 0.43-0.44 s (docs/benchmarks.md, "A longer spin for the pause
+/// between steps").
+pub const SPIN: Duration = Duration::from_micros(200);
 
 /// How long a spinning side lets only its own runtime's tasks run before it
 /// also gives its core to the system at each turn. An operation passes
@@ -43,10 +49,10 @@ pub const SPIN: Duration = Duration::from_micros(50);
 /// round trip, and when a spinning side gives its core away").
 const YIELD_CORE_AFTER: Duration = Duration::from_micros(5);
 
-/// A wait this short makes the next one spin first. It is twice [`SPIN`]
+/// A wait this short makes the next one spin first. It is well over [`SPIN`]
 /// because a wait that slept also counts the other side's own waking: two
 /// sides that both slept would otherwise never spin again.
-const SHORT_WAIT: Duration = Duration::from_micros(200);
+const SHORT_WAIT: Duration = Duration::from_micros(800);
 
 /// How many words a writer copies before publishing them to the reader.
 pub const PUBLISH_WORDS: u64 = 8 * 1024;
@@ -157,7 +163,7 @@ struct End {
     theirs: Ringer,
     /// Whether the last wait was shorter than [`SHORT_WAIT`]: only then does
     /// the next one spin first (a peer that keeps this end waiting longer, such as a
-    /// worker computing between steps, would only have its core taken).
+    /// worker computing a large model's step, would only have its core taken).
     spin: AtomicBool,
 }
 
