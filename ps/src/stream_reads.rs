@@ -78,7 +78,7 @@ pub(crate) async fn read_register_stream(
         // buffer that is larger than the chunk: kept as they are, the buffered
         // bytes held more memory than the budget charged (six 1 GiB
         // registrations on a 256 MiB budget peaked at 376-456 MiB, and at
-        // 338-353 MiB with this copy). A copy of exactly the charged length
+        // 334-355 MiB with this copy). A copy of exactly the charged length
         // bounds it; registration is once per key, so the copy is cheap.
         let data = Bytes::copy_from_slice(&message.data);
         assembler.add(spec.header.clone(), message.offset, data)?;

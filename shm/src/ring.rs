@@ -31,13 +31,12 @@ use crate::bell::{Bell, Ringer};
 use crate::copy::Mark;
 use crate::region::Region;
 
-/// How long a side with nothing to do polls before it sleeps on its bell.
-/// A training step's exchange comes after its compute: on digits a worker
-/// computes for about 65 µs between exchanges, so at 50 µs the server had
-/// always gone to sleep when the push came, and each exchange paid two
-/// wake-ups. At 200 µs one worker's `data_parallel` took 0.23-0.34 s
-/// against 0.43-0.44 s (docs/benchmarks.md, "A longer spin for the pause
-/// between steps").
+/// How long a side with nothing to do polls before it sleeps on its bell:
+/// longer than a small model's compute between two exchanges (about 65 µs
+/// on digits), so that neither side sleeps through it. At 50 µs each
+/// exchange paid two wake-ups, and one worker's `data_parallel` took
+/// 0.33-0.44 s against 0.19-0.30 s now (docs/benchmarks.md, "A longer spin
+/// for the pause between steps").
 pub const SPIN: Duration = Duration::from_micros(200);
 
 /// How long a spinning side lets only its own runtime's tasks run before it

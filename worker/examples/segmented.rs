@@ -14,8 +14,13 @@ use ps_worker::segmented::Cuts;
 use ps_worker::train::accuracy;
 use ps_worker::{PsTrainer, adam};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // First, before any thread starts, as in `data_parallel.rs`.
+    ps_worker::compute_threads::pin_compute_threads();
+    tokio::runtime::Runtime::new()?.block_on(train())
+}
+
+async fn train() -> anyhow::Result<()> {
     let server = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:7070".into());

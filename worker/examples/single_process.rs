@@ -10,7 +10,10 @@ use ps_worker::model::Mlp;
 use ps_worker::train::accuracy;
 
 fn main() -> anyhow::Result<()> {
-    // As in `data_parallel.rs`, so that the two loops compute alike.
+    // First: with RAYON_NUM_THREADS unset, runs this program again with it set
+    // to candle's own count, as `data_parallel.rs` does, so that candle does
+    // not count the cores on every matrix product and the two loops compute
+    // alike.
     ps_worker::compute_threads::pin_compute_threads();
     let data = digits::load()?;
     let varmap = VarMap::new();
