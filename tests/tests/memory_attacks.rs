@@ -173,8 +173,8 @@ async fn a_server_stays_within_its_budget_under_push_stream_attacks() {
 
     // Six whole-gradient pushes at once, 288 MiB in all, interleaved on one
     // connection: each is applied or refused for the budget, and what is held
-    // stays within it. (Peaked at
-    // 252-268 MiB over six runs, three pushes applied in each.)
+    // stays within it (peaked at 252-268 MiB over six runs, three pushes
+    // applied in each).
     let pushes = (0..6).map(|worker| {
         let mut client = client.clone();
         async move {
