@@ -19,6 +19,36 @@ const BUDGET: u64 = 256 * MIB;
 /// decode buffer; before, at 376-456 MiB, and one CI run failed at 456.
 const MARGIN: u64 = 192 * MIB;
 
+/// A `ps-server` under ASP with a `BUDGET` memory budget: the process, its pid,
+/// and a client of it.
+async fn budgeted_server() -> (
+    ServerProcess,
+    u32,
+    ParameterServerClient<tonic::transport::Channel>,
+) {
+    let budget = BUDGET.to_string();
+    let server = ServerProcess::start(&["--consistency", "asp", "--memory-budget", &budget]).await;
+    let pid = server.pid().expect("running");
+    let client = ParameterServerClient::connect(http_uri(&server.addr))
+        .await
+        .expect("reach the server");
+    (server, pid, client)
+}
+
+/// The process's peak resident memory, checked to be under the budget plus
+/// the margin.
+fn assert_within_budget(pid: u32) -> u64 {
+    let peak = peak_rss_bytes(pid);
+    assert!(
+        peak < BUDGET + MARGIN,
+        "peak RSS {} MiB past the {} MiB budget plus {} MiB",
+        peak / MIB,
+        BUDGET / MIB,
+        MARGIN / MIB
+    );
+    peak
+}
+
 fn spec(name: &str, elements: u64) -> v1::ParameterSpec {
     v1::ParameterSpec {
         name: name.into(),
@@ -73,12 +103,7 @@ fn pull(name: &str) -> v1::PullRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_stays_within_its_budget_under_registration_and_pull_attacks() {
-    let budget = BUDGET.to_string();
-    let server = ServerProcess::start(&["--consistency", "asp", "--memory-budget", &budget]).await;
-    let pid = server.pid().expect("running");
-    let mut client = ParameterServerClient::connect(http_uri(&server.addr))
-        .await
-        .expect("reach the server");
+    let (server, pid, mut client) = budgeted_server().await;
 
     // Seven zero-initialised 1 GiB keys in one 224-byte request.
     let bomb = (0..7).map(|i| key(&format!("z{i}"), 1 << 28)).collect();
@@ -108,15 +133,8 @@ async fn a_server_stays_within_its_budget_under_registration_and_pull_attacks() 
     let status = client.pull(pull("big")).await.expect_err("32 MiB unary");
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
 
-    let peak = peak_rss_bytes(pid);
+    let peak = assert_within_budget(pid);
     println!("peak RSS {} MiB", peak / MIB);
-    assert!(
-        peak < BUDGET + MARGIN,
-        "peak RSS {} MiB past the {} MiB budget plus {} MiB",
-        peak / MIB,
-        BUDGET / MIB,
-        MARGIN / MIB
-    );
     let stats = client
         .stats(v1::StatsRequest {})
         .await
@@ -157,12 +175,7 @@ fn gradient_stream(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_stays_within_its_budget_under_push_stream_attacks() {
-    let budget = BUDGET.to_string();
-    let server = ServerProcess::start(&["--consistency", "asp", "--memory-budget", &budget]).await;
-    let pid = server.pid().expect("running");
-    let mut client = ParameterServerClient::connect(http_uri(&server.addr))
-        .await
-        .expect("reach the server");
+    let (server, pid, mut client) = budgeted_server().await;
     // A 48 MiB key is charged 96 MiB (its values and their wire copy), which
     // leaves 160 MiB of the budget for buffered pushes.
     let elements = 12 * MIB;
@@ -190,18 +203,11 @@ async fn a_server_stays_within_its_budget_under_push_stream_attacks() {
             Err(status) => assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}"),
         }
     }
-    let peak = peak_rss_bytes(pid);
+    let peak = assert_within_budget(pid);
     println!("peak RSS {} MiB, {applied} of 6 pushes applied", peak / MIB);
     assert!(
         applied < 6,
         "six pushes of 48 MiB at once did not all fit in the 160 MiB left"
-    );
-    assert!(
-        peak < BUDGET + MARGIN,
-        "peak RSS {} MiB past the {} MiB budget plus {} MiB",
-        peak / MIB,
-        BUDGET / MIB,
-        MARGIN / MIB
     );
     let stats = client
         .stats(v1::StatsRequest {})
