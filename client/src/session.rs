@@ -7,16 +7,20 @@
 //! ([`crate::framed`]): a row push's ids and rows go as the buffers they are,
 //! and a row pull's rows come out as slices of the frames they arrived in.
 //!
-//! One task reads the answers and hands each to the request waiting for it
-//! (through shared memory, the link's own reader does, with no task between).
-//! When the stream breaks (the connection drops, the server restarts or ends
+//! On a gRPC stream, one task reads the answers and hands each to the request
+//! waiting for it. Through shared memory there is no task between: each
+//! request writes itself onto the ring, and a request waiting for its answer
+//! reads answers off the ring itself, handing the others' to their requests,
+//! until its own comes; the others wait for the ring or for their answer,
+//! whichever comes first ([`SessionLink::answer_on_rings`]). A training loop's
+//! exchange then runs on its own thread from the request's write to the
+//! answer's read, with no other thread woken. When the stream breaks (the connection drops, the server restarts or ends
 //! an idle session), every request in flight fails with `UNAVAILABLE`, which
 //! the retry policy retries as it would a dropped connection; the next
 //! request opens a new stream. A refusal comes back as the status (with its
 //! metadata) the same unary call would have ended with.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -28,7 +32,7 @@ use ps_proto::session_body::{Ending, SessionBody};
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
-use ps_shm::{Answer, LentPayloads};
+use ps_shm::{Answer, AnswerRing, LentPayloads, RequestRing};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::{Stream, StreamExt};
 use tonic::body::Body;
@@ -49,13 +53,22 @@ struct Waiting {
     ended: Option<Status>,
 }
 
+/// How a session's requests go out and its answers come back.
+enum Transport {
+    /// A `Session` stream: the requests queued for it; a task reads the
+    /// answers.
+    Stream(mpsc::Sender<v1::SessionRequest>),
+    /// A shared-memory session (`ps_shm`): each request writes itself onto
+    /// the one ring and reads answers off the other.
+    Rings(Box<RequestRing>, AnswerRing),
+}
+
 /// One open session to a server: a `Session` stream, or a shared-memory
-/// session (`ps_shm`).
+/// session.
 pub(crate) struct SessionLink {
-    requests: mpsc::Sender<v1::SessionRequest>,
+    transport: Transport,
     waiting: Arc<Mutex<Waiting>>,
     next_id: AtomicU64,
-    shared_memory: bool,
 }
 
 impl SessionLink {
@@ -77,17 +90,24 @@ impl SessionLink {
         Ok(Some(Self::over(requests, answers)))
     }
 
-    /// A session through the shared-memory region `end` hands over.
-    /// The link's reader hands each answer straight to the request waiting
-    /// for it ([`Slots`]), with no task between.
-    pub(crate) fn over_shared_memory(end: ps_shm::handshake::WorkerEnd) -> Self {
+    /// A session through the shared-memory region `end` hands over. A task
+    /// waits for it to end (the server's process gone, a ring broken, or this
+    /// link dropped), and then fails every request still waiting.
+    pub(crate) fn over_shared_memory(region: ps_shm::handshake::WorkerEnd) -> Self {
         let waiting = Arc::new(Mutex::new(Waiting::default()));
-        let requests = ps_shm::worker_link_to(end, u64::MAX, Slots(Arc::clone(&waiting)));
+        let (requests, answers, closed) = ps_shm::worker_rings(region, u64::MAX);
+        let watched = Arc::clone(&waiting);
+        tokio::spawn(async move {
+            let why = closed.wait().await;
+            let status = Status::unavailable(format!(
+                "the shared-memory session ended ({why}); a new one is opened for the next request"
+            ));
+            end(&watched, status);
+        });
         Self {
-            requests,
+            transport: Transport::Rings(Box::new(requests), answers),
             waiting,
             next_id: AtomicU64::new(1),
-            shared_memory: true,
         }
     }
 
@@ -109,16 +129,15 @@ impl SessionLink {
         let waiting = Arc::new(Mutex::new(Waiting::default()));
         tokio::spawn(read_answers(answers, Arc::clone(&waiting)));
         Self {
-            requests,
+            transport: Transport::Stream(requests),
             waiting,
             next_id: AtomicU64::new(1),
-            shared_memory: false,
         }
     }
 
     /// Whether this session runs through shared memory.
     pub(crate) fn is_shared_memory(&self) -> bool {
-        self.shared_memory
+        matches!(self.transport, Transport::Rings(..))
     }
 
     /// Whether the stream has ended (a new request would fail at once).
@@ -159,7 +178,7 @@ impl SessionLink {
     /// Sends `op` and waits for its answer.
     async fn answer(&self, op: Op) -> Result<Answer, CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (slot, answer) = oneshot::channel();
+        let (slot, mut answer) = oneshot::channel();
         {
             let mut waiting = lock(&self.waiting);
             if let Some(ended) = &waiting.ended {
@@ -172,19 +191,107 @@ impl SessionLink {
             deadline_ms: 0,
             op: Some(op),
         };
-        if self.requests.send(request).await.is_err() {
-            let mut waiting = lock(&self.waiting);
-            waiting.answers.remove(&id);
-            let ended = Status::unavailable("the session stream has ended");
-            let ended = waiting.ended.get_or_insert(ended);
-            return Err(CallError::NotSent(ended.clone()));
-        }
-        answer
-            .await
-            .map_err(|_| Status::unavailable("the session stream ended before the answer"))
-            .and_then(|answer| answer)
-            .map_err(CallError::Failed)
+        let answered = match &self.transport {
+            Transport::Stream(requests) => {
+                if requests.send(request).await.is_err() {
+                    return Err(self.not_sent(id));
+                }
+                delivered(answer.await)
+            }
+            Transport::Rings(requests, answers) => {
+                // An answer before the request is written whole can only be
+                // the session's end: the server never had the request.
+                let sent = tokio::select! {
+                    biased;
+                    _ = &mut answer => return Err(self.not_sent(id)),
+                    sent = requests.send(request) => sent,
+                };
+                if let Err(error) = sent {
+                    end(&self.waiting, broken(&error));
+                    return Err(self.not_sent(id));
+                }
+                self.answer_on_rings(answers, answer).await
+            }
+        };
+        answered.map_err(CallError::Failed)
     }
+
+    /// Waits for the answer `mine` is the slot of, reading answers off
+    /// `answers` whenever no other request does: each one read goes to the
+    /// request it answers, until this one's comes. While another request
+    /// reads, this one waits for the ring or for its answer, whichever
+    /// comes first.
+    async fn answer_on_rings(
+        &self,
+        answers: &AnswerRing,
+        mut mine: oneshot::Receiver<Result<Answer, Status>>,
+    ) -> Result<Answer, Status> {
+        loop {
+            let mut holding = tokio::select! {
+                biased;
+                answer = &mut mine => return delivered(answer),
+                reader = answers.lock() => Some(reader),
+            };
+            while let Some(reader) = holding.take() {
+                if let Some(answer) = taken(&mut mine) {
+                    return answer;
+                }
+                let next = tokio::select! {
+                    biased;
+                    answer = &mut mine => return delivered(answer),
+                    next = reader.next() => next,
+                };
+                match next {
+                    Ok((answer, still)) => {
+                        hand_over(&self.waiting, answer);
+                        holding = still;
+                    }
+                    Err(error) => end(&self.waiting, broken(&error)),
+                }
+            }
+            if let Some(answer) = taken(&mut mine) {
+                return answer;
+            }
+        }
+    }
+
+    /// Takes request `id` out of the waiting ones: it never went out whole,
+    /// because the session had ended (with the status that ended it).
+    fn not_sent(&self, id: u64) -> CallError {
+        let mut waiting = lock(&self.waiting);
+        waiting.answers.remove(&id);
+        let ended = Status::unavailable("the session stream has ended");
+        CallError::NotSent(waiting.ended.get_or_insert(ended).clone())
+    }
+}
+
+/// What a request's slot brought: its answer, or why it has none.
+fn delivered(
+    answer: Result<Result<Answer, Status>, oneshot::error::RecvError>,
+) -> Result<Answer, Status> {
+    answer.unwrap_or_else(|_| Err(unanswered()))
+}
+
+/// What `slot` brought, if it has.
+fn taken(slot: &mut oneshot::Receiver<Result<Answer, Status>>) -> Option<Result<Answer, Status>> {
+    match slot.try_recv() {
+        Ok(answer) => Some(answer),
+        Err(oneshot::error::TryRecvError::Empty) => None,
+        Err(oneshot::error::TryRecvError::Closed) => Some(Err(unanswered())),
+    }
+}
+
+/// Why a request whose slot closed unfilled has no answer.
+fn unanswered() -> Status {
+    Status::unavailable("the session stream ended before the answer")
+}
+
+/// The status a shared-memory session ends with when one of its rings
+/// fails: `UNAVAILABLE`, which the retry policy retries on a new session.
+fn broken(error: &ps_shm::message::MessageError) -> Status {
+    Status::unavailable(format!(
+        "the shared-memory session broke ({error}); a new one is opened for the next request"
+    ))
 }
 
 /// What came of a request: its outcome, how long a pull waited, and any
@@ -288,27 +395,6 @@ fn end(waiting: &Mutex<Waiting>, why: Status) {
     }
 }
 
-/// The waiting requests, as a shared-memory session's reader hands answers
-/// to them.
-#[derive(Clone)]
-struct Slots(Arc<Mutex<Waiting>>);
-
-impl ps_shm::AnswerSink for Slots {
-    fn take(&self, answer: Result<Answer, Status>) -> impl Future<Output = bool> + Send {
-        let taken = match answer {
-            Ok(answer) => {
-                hand_over(&self.0, answer);
-                true
-            }
-            Err(why) => {
-                end(&self.0, why);
-                false
-            }
-        };
-        std::future::ready(taken)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,3 +430,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "session_rings_tests.rs"]
+mod rings_tests;

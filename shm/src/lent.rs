@@ -4,23 +4,23 @@
 //! caller's own memory (a pulled parameter's buffer), instead of into a
 //! payload buffer first and from there into the parameter.
 //!
-//! While the payloads are lent, the session's reader waits: the ring holds
-//! one message after another, and the next answer starts where these
-//! payloads end. So the session's next answer arrives only once the
+//! The payloads hold the answer ring ([`crate::caller::AnswerRing`]): the
+//! ring holds one message after another, and the next answer starts where
+//! these payloads end. So the session's next answer is read only once the
 //! borrower lets go of them: a borrower must never wait for another answer
 //! of the same session while it holds them. Whatever the borrower has not
 //! read when it lets go (dropped, read in part, or a read cut off midway by
-//! its future being dropped) goes back to the reader with the ring, which
-//! reads past it; only a ring that failed ends the session.
+//! its future being dropped) the ring's next reader reads past; only a ring
+//! that failed ends the session.
 
 use bytes::Bytes;
 use ps_proto::v1;
-use tokio::sync::oneshot;
+use tokio::sync::OwnedMutexGuard;
 use tonic::Status;
 
+use crate::caller::Reading;
 use crate::message::Payloads;
-use crate::pool::BufferPool;
-use crate::ring::{RingError, RingReader};
+use crate::ring::RingError;
 
 /// Answers whose payloads come to at least this many bytes are lent to the
 /// request; smaller ones are read into payload buffers by the session's
@@ -62,27 +62,15 @@ impl Answer {
     }
 }
 
-/// What goes back to the session's reader when the borrower lets go.
-pub(crate) struct Returned {
-    /// The ring, positioned where the borrower stopped reading.
-    pub(crate) ring: RingReader,
-    /// The words of payload still on the ring, to read past: the rest of a
-    /// read cut off midway, and the payloads not read.
-    pub(crate) unread_words: u64,
-    /// A read failed: the ring cannot be trusted.
-    pub(crate) broken: bool,
-}
-
-/// An answer's payloads, in order, still on the ring.
+/// An answer's payloads, in order, still on the ring; the ring is held
+/// ([`crate::caller::AnswerRing`]) until they drop.
 pub struct LentPayloads {
-    ring: Option<RingReader>,
+    reading: OwnedMutexGuard<Reading>,
     lens: Vec<u64>,
     next: usize,
     /// While a read is under way: where the ring stood when it began.
     reading_from: Option<u64>,
     broken: bool,
-    pool: BufferPool,
-    back: Option<oneshot::Sender<Returned>>,
 }
 
 impl std::fmt::Debug for LentPayloads {
@@ -97,24 +85,16 @@ impl std::fmt::Debug for LentPayloads {
 }
 
 impl LentPayloads {
-    /// Payloads of `lens` bytes on `ring`, and where the ring goes back;
-    /// `pool` gives buffers to payloads read whole.
-    pub(crate) fn new(
-        ring: RingReader,
-        lens: Vec<u64>,
-        pool: BufferPool,
-    ) -> (Self, oneshot::Receiver<Returned>) {
-        let (back, returned) = oneshot::channel();
-        let lent = Self {
-            ring: Some(ring),
+    /// Payloads of `lens` bytes on the ring `reading` holds, which it
+    /// holds until they drop.
+    pub(crate) fn new(reading: OwnedMutexGuard<Reading>, lens: Vec<u64>) -> Self {
+        Self {
+            reading,
             lens,
             next: 0,
             reading_from: None,
             broken: false,
-            pool,
-            back: Some(back),
-        };
-        (lent, returned)
+        }
     }
 
     /// The length in bytes of the next payload; `None` after the last.
@@ -139,9 +119,7 @@ impl LentPayloads {
             }
             None => return Err(Status::internal("no payload is left to read")),
         }
-        let Some(ring) = self.ring.as_mut() else {
-            unreachable!("the ring goes back only when the payloads are dropped");
-        };
+        let ring = &mut self.reading.ring;
         // Cut off at one of the read's awaits (the borrower's future
         // dropped), the ring has read exactly up to its position; `Drop`
         // hands the rest of this payload back to be read past.
@@ -163,9 +141,10 @@ impl LentPayloads {
         let len = self
             .next_len()
             .ok_or_else(|| Status::internal("no payload is left to read"))?;
-        let mut buffer = self.pool.take(len as usize);
+        let pool = self.reading.pool.clone();
+        let mut buffer = pool.take(len as usize);
         self.read_next(&mut buffer).await?;
-        Ok(self.pool.bytes(buffer, None))
+        Ok(pool.bytes(buffer, None))
     }
 
     /// Reads every payload left, each into a buffer of its own.
@@ -182,22 +161,22 @@ impl LentPayloads {
 }
 
 impl Drop for LentPayloads {
+    /// Leaves the ring to the next reader: where these payloads end, for it
+    /// to read past what was not read, and whether a read failed.
     fn drop(&mut self) {
-        let (Some(ring), Some(back)) = (self.ring.take(), self.back.take()) else {
-            return;
-        };
         let words = |len: &u64| len.div_ceil(8);
         let unread: u64 = self.lens.iter().skip(self.next).map(words).sum();
         // A read cut off midway counts its payload among the unread: take
         // off the words it did read.
-        let read = self.reading_from.map_or(0, |from| ring.position() - from);
-        let returned = Returned {
-            ring,
-            unread_words: unread - read,
-            broken: self.broken,
-        };
-        // The reader may have ended already; the ring then goes with it.
-        let _ = back.send(returned);
+        let position = self.reading.ring.position();
+        let read = self.reading_from.map_or(0, |from| position - from);
+        self.reading.skip_to = position + unread - read;
+        if self.broken {
+            self.reading
+                .broken
+                .get_or_insert_with(|| "a lent payload's read failed".to_string());
+            self.reading.stop.notify_one();
+        }
     }
 }
 

@@ -15,6 +15,8 @@
 //! - [`message`]: session requests and answers on a ring, tensors as raw bytes,
 //!   sequence-numbered.
 //! - [`handshake`]: the server's socket and offers; handing a region over.
+//! - [`caller`]: the worker's side of a session, its requests writing
+//!   themselves onto the ring and reading answers off it themselves.
 //! - [`link`]: a session run over a region, as request and answer streams.
 //! - [`lent`]: an answer's large payloads lent to the request, to be copied
 //!   once, straight into its own memory.
@@ -22,6 +24,7 @@
 //! - [`mode`]: `--data-path auto|grpc|shm`.
 
 pub mod bell;
+pub mod caller;
 pub mod copy;
 pub mod handshake;
 pub mod lent;
@@ -32,9 +35,10 @@ pub mod pool;
 pub mod region;
 pub mod ring;
 
+pub use caller::{AnswerReader, AnswerRing, Closed, RequestRing, worker_rings};
 pub use handshake::{HandshakeError, Offers, admit, connect};
 pub use lent::{Answer, LentPayloads};
-pub use link::{AnswerSink, ServerLink, WorkerLink, serve_link, worker_link, worker_link_to};
+pub use link::{ServerLink, WorkerLink, serve_link, worker_link};
 pub use mode::DataPathMode;
 
 /// The default capacity of each of a region's two rings: 1 MiB, small enough

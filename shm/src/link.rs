@@ -1,18 +1,17 @@
-//! Running a session over a region: [`serve_link`] (the server's side) and
-//! [`worker_link`] (the worker's) turn the rings into the same request and
-//! answer streams a gRPC `Session` stream gives, so the server answers with
-//! the one session loop and the client matches answers with the one session
-//! link. [`worker_link_to`] hands the worker's answers to an [`AnswerSink`]
-//! instead (the client's waiting requests), with no task between.
+//! Running a session over a region as streams: [`serve_link`] (the server's
+//! side) turns the rings into the same request and answer streams a gRPC
+//! `Session` stream gives, so the server answers with the one session loop;
+//! [`worker_link`] does the same for a worker, over the worker's rings
+//! ([`crate::caller`], which a client drives from its requests themselves).
 //!
-//! Each side runs a reader task (ring to stream or sink) and a writer task
+//! The server's side runs a reader task (ring to stream) and a writer task
 //! (channel to ring), watched over by a third that holds the socket: when the
 //! socket closes (the other process ended, crashed included), when a ring or
 //! message is corrupt, or when this side's session ends, all three stop and
 //! the socket closes, which the other side sees in turn. A message only half
-//! written when its writer died is never handed on. The worker's reader lends
-//! a large answer's payloads to the request still on the ring
-//! ([`crate::lent`]) and reads on once they come back, past whatever was
+//! written when its writer died is never handed on. [`worker_link`]'s reader
+//! hands a large answer on with its payloads still on the ring
+//! ([`crate::lent`]) and reads on once they are dropped, past whatever was
 //! left unread.
 
 use std::future::Future;
@@ -29,12 +28,11 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
+use crate::caller::{AnswerRing, RequestRing, worker_rings};
 use crate::copy::Mark;
 use crate::handshake::{ServerEnd, WorkerEnd};
-use crate::lent::{Answer, LEND_AT_BYTES, LentPayloads, Returned};
-use crate::message::{
-    MessageError, Payloads, gradient_headers, read_head, skip_words, write_message,
-};
+use crate::lent::Answer;
+use crate::message::{MessageError, Payloads, gradient_headers, read_head, write_message};
 use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingReader, RingWriter};
 
@@ -131,51 +129,29 @@ pub fn serve_link(
     }
 }
 
-/// Where the worker's side of a session hands the server's answers, in
-/// order, and last the `UNAVAILABLE` its end brings: a channel
-/// ([`worker_link`]) or the waiting requests themselves
-/// ([`worker_link_to`], which spares each answer a hand-over between tasks).
-pub trait AnswerSink: Clone + Send + Sync + 'static {
-    /// Hands on `answer`; `false` when nobody takes answers any more.
-    fn take(&self, answer: Result<Answer, Status>) -> impl Future<Output = bool> + Send;
-}
-
-impl AnswerSink for mpsc::Sender<Result<Answer, Status>> {
-    async fn take(&self, answer: Result<Answer, Status>) -> bool {
-        self.send(answer).await.is_ok()
-    }
-}
-
 /// Starts the worker's side of the session `end`, taking answers whose
 /// tensors carry up to `payload_limit` bytes, as a stream.
 pub fn worker_link(end: WorkerEnd, payload_limit: u64) -> WorkerLink {
+    let (requests, requests_out) = mpsc::channel(AHEAD);
     let (answers_in, answers) = mpsc::channel(AHEAD);
-    WorkerLink {
-        requests: worker_link_to(end, payload_limit, answers_in),
-        answers: ReceiverStream::new(answers),
-    }
-}
-
-/// Starts the worker's side of the session `end`, handing the answers
-/// (whose tensors carry up to `payload_limit` bytes) to `sink`; returns
-/// where to send the requests.
-pub fn worker_link_to(
-    end: WorkerEnd,
-    payload_limit: u64,
-    sink: impl AnswerSink,
-) -> mpsc::Sender<v1::SessionRequest> {
-    let (requests, requests_out) = mpsc::channel::<v1::SessionRequest>(AHEAD);
-    let ended = sink.clone();
-    let reader = read_answers(end.answers, sink, payload_limit);
-    let writer = write_from(end.requests, requests_out, Some);
+    let (request_ring, answer_ring, closed) = worker_rings(end, payload_limit);
+    let reader = forward_answers(answer_ring, answers_in.clone());
+    let writer = forward_requests(requests_out, request_ring);
     tokio::spawn(async move {
-        let why = watch(end.socket, reader, writer, std::future::pending()).await;
+        let why = tokio::select! {
+            why = reader => why,
+            why = writer => why,
+            why = closed.wait() => why,
+        };
         let status = Status::unavailable(format!(
             "the shared-memory session ended ({why}); a new one is opened for the next request"
         ));
-        ended.take(Err(status)).await;
+        let _ = answers_in.send(Err(status)).await;
     });
-    requests
+    WorkerLink {
+        requests,
+        answers: ReceiverStream::new(answers),
+    }
 }
 
 /// Reads requests from `ring` into `into` until either fails. A request's
@@ -317,75 +293,46 @@ fn broke(error: MessageError, status_of: fn(MessageError) -> Status) -> (&'stati
     ("the ring or a message was corrupt", status_of(error))
 }
 
-/// Says why the worker's reader failed, on `sink`.
-async fn answers_ended(error: MessageError, sink: &impl AnswerSink) -> &'static str {
-    let (why, status) = broke(error, |error| {
-        Status::unavailable(format!("the shared-memory session broke: {error}"))
-    });
-    sink.take(Err(status)).await;
-    why
+/// Reads answers from `ring` into `into` until either fails. An answer
+/// whose payloads are lent ([`crate::lent`]) holds the ring until it drops.
+async fn forward_answers(
+    ring: AnswerRing,
+    into: mpsc::Sender<Result<Answer, Status>>,
+) -> &'static str {
+    loop {
+        let mut reader = Some(ring.lock().await);
+        while let Some(holding) = reader.take() {
+            match holding.next().await {
+                Ok((answer, still)) => {
+                    if into.send(Ok(answer)).await.is_err() {
+                        return "this side's session ended";
+                    }
+                    reader = still;
+                }
+                Err(error) => {
+                    return ended(error, &into, |error| {
+                        Status::unavailable(format!("the shared-memory session broke: {error}"))
+                    })
+                    .await;
+                }
+            }
+        }
+    }
 }
 
-/// Reads answers from `ring` into `sink` until either fails. An answer whose
-/// payloads come to [`LEND_AT_BYTES`] or more is handed on with them still
-/// on the ring ([`LentPayloads`]), and the next is read once they come back;
-/// smaller ones are read whole. An answer past `payload_limit`, or a failed
-/// read, ends the session.
-async fn read_answers(
-    mut ring: RingReader,
-    sink: impl AnswerSink,
-    payload_limit: u64,
+/// Writes every request from `from` onto `ring`, until the channel closes
+/// or the ring fails.
+async fn forward_requests(
+    mut from: mpsc::Receiver<v1::SessionRequest>,
+    ring: RequestRing,
 ) -> &'static str {
-    let (mut seq, pool) = (1, BufferPool::new());
-    loop {
-        let head = match read_head::<v1::SessionAnswer>(&mut ring, seq).await {
-            Ok(head) => head,
-            Err(error) => return answers_ended(error, &sink).await,
-        };
-        let total = head.payload_bytes();
-        if total > payload_limit {
-            let why = format!(
-                "an answer carrying {total} bytes of tensors is past the limit of {payload_limit}"
-            );
-            return answers_ended(MessageError::Malformed(why), &sink).await;
+    while let Some(request) = from.recv().await {
+        if let Err(error) = ring.send(request).await {
+            tracing::warn!(%error, "a shared-memory ring is corrupt; ending the session");
+            return "the ring was corrupt";
         }
-        if total < LEND_AT_BYTES {
-            let answer = match head.read_payloads(&mut ring, &pool, None).await {
-                Ok(message) => Answer::whole(message),
-                Err(error) => return answers_ended(error.into(), &sink).await,
-            };
-            if !sink.take(Ok(answer)).await {
-                return "this side's session ended";
-            }
-        } else {
-            let (message, lens) = head.into_parts();
-            let (lent, returned) = LentPayloads::new(ring, lens, pool.clone());
-            let answer = Answer {
-                message,
-                lent: Some(lent),
-            };
-            if !sink.take(Ok(answer)).await {
-                return "this side's session ended";
-            }
-            let Ok(Returned {
-                ring: back,
-                unread_words,
-                broken,
-            }) = returned.await
-            else {
-                return "the lent payloads were lost";
-            };
-            ring = back;
-            // The borrower has its error already; the watcher tells the rest.
-            if broken {
-                return "a lent payload's read failed";
-            }
-            if let Err(error) = skip_words(&mut ring, unread_words).await {
-                return answers_ended(error.into(), &sink).await;
-            }
-        }
-        seq += 1;
     }
+    "this side's session ended"
 }
 
 /// Writes every message from `from` (those `keep` passes) to `ring`, until

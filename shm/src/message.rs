@@ -48,6 +48,10 @@ pub enum MessageError {
     /// The message's sizes, header or payloads do not fit together.
     #[error("a malformed shared-memory message: {0}")]
     Malformed(String),
+    /// The ring broke before, or a read or write on it was cut off midway:
+    /// the session cannot go on.
+    #[error("the shared-memory session broke earlier: {0}")]
+    Broken(String),
 }
 
 impl MessageError {

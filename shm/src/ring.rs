@@ -314,6 +314,13 @@ impl RingWriter {
         self.write(&word.to_le_bytes()).await
     }
 
+    /// The words written so far. [`RingWriter::write`] counts each span
+    /// once it is copied, and waits only between spans, so a write cut off
+    /// at any await has written exactly this far.
+    pub(crate) fn position(&self) -> u64 {
+        self.tail
+    }
+
     /// Publishes every word written so far to the reader.
     pub fn flush(&mut self) {
         if self.published != self.tail {

@@ -1,0 +1,167 @@
+//! A [`SessionLink`] over a real shared-memory session (handshake, region,
+//! rings) against a hand-driven server side: requests in flight together each
+//! get their own answer whichever of them reads the ring and in whatever
+//! order the server answers, large answers lent to others included; a
+//! request given up while it waited leaves the session to the others; and a
+//! session whose server went fails what waits and sends nothing more.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ps_proto::v1;
+use ps_shm::handshake::{Offers, admit, connect};
+use ps_shm::link::Charger;
+use ps_shm::pool::BufferPool;
+use ps_shm::{ServerLink, serve_link};
+use tokio_stream::StreamExt;
+
+use super::*;
+
+/// A link over a region whose rings hold 64 KiB, and the server's side of
+/// it, answered by hand.
+async fn linked() -> (Arc<SessionLink>, ServerLink) {
+    let (offers, listener) = Offers::bind(1 << 16).unwrap();
+    let offer = offers.offer().unwrap();
+    let server = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await.unwrap();
+        admit(&offers, socket, |_| Ok::<_, String>(())).await
+    });
+    let worker = connect(&offer).await.unwrap();
+    let (server, ()) = server.await.unwrap().unwrap();
+    let charge: Charger = Arc::new(|_| Ok(Arc::new(())));
+    let serving = serve_link(
+        server,
+        (charge, None),
+        BufferPool::new(),
+        std::future::pending(),
+    );
+    (Arc::new(SessionLink::over_shared_memory(worker)), serving)
+}
+
+/// Request `n`: a pull, told apart from the others by its minimum version.
+fn pull(n: u64) -> Op {
+    Op::Pull(v1::PullRequest {
+        min_version: n,
+        ..Default::default()
+    })
+}
+
+/// The bytes answering request `n`: 300 KB (lent) for even `n`, 4 KiB
+/// (read whole) for odd, in a pattern of `n`'s own.
+fn values(n: u64) -> Vec<u8> {
+    let len = if n % 2 == 0 { 300_000 } else { 4096 };
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(7) ^ n as u8)
+        .collect()
+}
+
+/// The server's answer to `request`, carrying [`values`] of the `n` it
+/// asked with.
+fn answer_to(request: &v1::SessionRequest) -> v1::SessionAnswer {
+    let Some(Op::Pull(pull)) = &request.op else {
+        panic!("not a pull: {request:?}");
+    };
+    let n = pull.min_version;
+    let data = values(n);
+    let tensor = v1::Tensor {
+        name: "w".into(),
+        part: 0,
+        dtype: v1::DType::DtypeF32 as i32,
+        shape: vec![data.len() as u64 / 4],
+        data: Bytes::from(data),
+    };
+    v1::SessionAnswer {
+        id: request.id,
+        outcome: Some(Outcome::Pull(v1::PullResponse {
+            tensors: vec![v1::PulledTensor {
+                version: n,
+                tensor: Some(tensor),
+            }],
+        })),
+        pull_waited_us: 0,
+    }
+}
+
+/// Checks that `outcome` answers request `n`.
+fn assert_answers(n: u64, outcome: &Outcome) {
+    let Outcome::Pull(pulled) = outcome else {
+        panic!("request {n} got {outcome:?}");
+    };
+    assert_eq!(
+        pulled.tensors[0].version, n,
+        "request {n} got another's answer"
+    );
+    let data = &pulled.tensors[0].tensor.as_ref().unwrap().data;
+    assert!(*data == values(n), "request {n}'s bytes differ");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_together_each_get_their_own_answer_in_any_order() {
+    let (link, mut serving) = linked().await;
+    const CALLS: u64 = 16;
+    let calls: Vec<_> = (1..=CALLS)
+        .map(|n| {
+            let link = Arc::clone(&link);
+            tokio::spawn(async move { (n, link.call(pull(n)).await) })
+        })
+        .collect();
+    let mut requests = Vec::new();
+    for _ in 0..CALLS {
+        requests.push(serving.requests.next().await.unwrap().unwrap());
+    }
+    // Last asked, first answered: every request but the last reads answers
+    // meant for others, large ones among them.
+    for request in requests.iter().rev() {
+        serving.answers.send(Ok(answer_to(request))).await.unwrap();
+    }
+    for call in calls {
+        let (n, answered) = call.await.unwrap();
+        let (outcome, _) = answered.unwrap_or_else(|e| panic!("request {n}: {e:?}"));
+        assert_answers(n, &outcome);
+    }
+    assert!(!link.has_ended());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_given_up_while_it_read_the_ring_leaves_the_session_to_the_others() {
+    let (link, mut serving) = linked().await;
+    // Boxed, so that dropping it drops the request itself.
+    let mut given_up = Box::pin(link.call(pull(2)));
+    // Driven until the server has it: it then reads the ring, waiting.
+    let request = tokio::select! {
+        answered = &mut given_up => panic!("answered before the server saw it: {answered:?}"),
+        request = serving.requests.next() => request.unwrap().unwrap(),
+    };
+    drop(given_up);
+    // Its answer, nobody's now (and lent), comes before the next one's.
+    serving.answers.send(Ok(answer_to(&request))).await.unwrap();
+    let next = tokio::spawn({
+        let link = Arc::clone(&link);
+        async move { link.call(pull(3)).await }
+    });
+    let request = serving.requests.next().await.unwrap().unwrap();
+    serving.answers.send(Ok(answer_to(&request))).await.unwrap();
+    let (outcome, _) = next.await.unwrap().unwrap();
+    assert_answers(3, &outcome);
+    assert!(!link.has_ended(), "nothing was cut off midway");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_server_went_fails_what_waits_and_sends_nothing_more() {
+    let (link, mut serving) = linked().await;
+    let waiting = tokio::spawn({
+        let link = Arc::clone(&link);
+        async move { link.call(pull(1)).await }
+    });
+    serving.requests.next().await.unwrap().unwrap();
+    drop(serving);
+    match waiting.await.unwrap() {
+        Err(CallError::Failed(status)) => assert_eq!(status.code(), Code::Unavailable),
+        other => panic!("{other:?}"),
+    }
+    assert!(link.has_ended());
+    match link.call(pull(2)).await {
+        Err(CallError::NotSent(status)) => assert_eq!(status.code(), Code::Unavailable),
+        other => panic!("sent on an ended session: {other:?}"),
+    }
+}
