@@ -8,13 +8,10 @@
 //! and a row pull's rows come out as slices of the frames they arrived in.
 //!
 //! On a gRPC stream, one task reads the answers and hands each to the request
-//! waiting for it. Through shared memory there is no task between: each
-//! request writes itself onto the ring, and a request waiting for its answer
-//! reads answers off the ring itself, handing the others' to their requests,
-//! until its own comes; the others wait for the ring or for their answer,
-//! whichever comes first ([`SessionLink::answer_on_rings`]). A training loop's
-//! exchange then runs on its own thread from the request's write to the
-//! answer's read, with no other thread woken. When the stream breaks (the connection drops, the server restarts or ends
+//! waiting for it. Through shared memory there is no task between a lone
+//! request and the rings: it writes itself onto the ring and reads its own
+//! answer off the other, on its own thread; while several wait, one of them
+//! or a task reads for all ([`rings`]). When the stream breaks (the connection drops, the server restarts or ends
 //! an idle session), every request in flight fails with `UNAVAILABLE`, which
 //! the retry policy retries as it would a dropped connection; the next
 //! request opens a new stream. A refusal comes back as the status (with its
@@ -33,6 +30,7 @@ use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 use ps_shm::{Answer, AnswerRing, LentPayloads, RequestRing};
+use rings::OwnReading;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::{Stream, StreamExt};
 use tonic::body::Body;
@@ -51,6 +49,8 @@ type AnswerSlot = oneshot::Sender<Result<Answer, Status>>;
 struct Waiting {
     answers: HashMap<u64, AnswerSlot>,
     ended: Option<Status>,
+    /// Who reads a shared-memory session's answers.
+    reader: rings::Reader,
 }
 
 /// How a session's requests go out and its answers come back.
@@ -199,6 +199,9 @@ impl SessionLink {
                 delivered(answer.await)
             }
             Transport::Rings(requests, answers) => {
+                // Claimed before the request goes out, so that whoever reads
+                // the ring when its answer comes knows it waits.
+                let reading = OwnReading::claim(&self.waiting, answers);
                 // An answer before the request is written whole can only be
                 // the session's end: the server never had the request.
                 let sent = tokio::select! {
@@ -210,49 +213,13 @@ impl SessionLink {
                     end(&self.waiting, broken(&error));
                     return Err(self.not_sent(id));
                 }
-                self.answer_on_rings(answers, answer).await
+                match reading {
+                    Some(reading) => reading.answer(answer).await,
+                    None => delivered(answer.await),
+                }
             }
         };
         answered.map_err(CallError::Failed)
-    }
-
-    /// Waits for the answer `mine` is the slot of, reading answers off
-    /// `answers` whenever no other request does: each one read goes to the
-    /// request it answers, until this one's comes. While another request
-    /// reads, this one waits for the ring or for its answer, whichever
-    /// comes first.
-    async fn answer_on_rings(
-        &self,
-        answers: &AnswerRing,
-        mut mine: oneshot::Receiver<Result<Answer, Status>>,
-    ) -> Result<Answer, Status> {
-        loop {
-            let mut holding = tokio::select! {
-                biased;
-                answer = &mut mine => return delivered(answer),
-                reader = answers.lock() => Some(reader),
-            };
-            while let Some(reader) = holding.take() {
-                if let Some(answer) = taken(&mut mine) {
-                    return answer;
-                }
-                let next = tokio::select! {
-                    biased;
-                    answer = &mut mine => return delivered(answer),
-                    next = reader.next() => next,
-                };
-                match next {
-                    Ok((answer, still)) => {
-                        hand_over(&self.waiting, answer);
-                        holding = still;
-                    }
-                    Err(error) => end(&self.waiting, broken(&error)),
-                }
-            }
-            if let Some(answer) = taken(&mut mine) {
-                return answer;
-            }
-        }
     }
 
     /// Takes request `id` out of the waiting ones: it never went out whole,
@@ -430,6 +397,9 @@ mod tests {
         }
     }
 }
+
+#[path = "session_rings.rs"]
+mod rings;
 
 #[cfg(test)]
 #[path = "session_rings_tests.rs"]

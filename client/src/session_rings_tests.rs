@@ -1,9 +1,10 @@
 //! A [`SessionLink`] over a real shared-memory session (handshake, region,
 //! rings) against a hand-driven server side: requests in flight together each
-//! get their own answer whichever of them reads the ring and in whatever
-//! order the server answers, large answers lent to others included; a
-//! request given up while it waited leaves the session to the others; and a
-//! session whose server went fails what waits and sends nothing more.
+//! get their own answer in whatever order the server answers, large answers
+//! lent to others included, whether the request reading the ring hands them
+//! over or, once its own answer came, a task does; a request given up while
+//! it read the ring leaves the session to the others; and a session whose
+//! server went fails what waits and sends nothing more.
 
 use std::sync::Arc;
 
@@ -95,6 +96,13 @@ fn assert_answers(n: u64, outcome: &Outcome) {
     assert!(*data == values(n), "request {n}'s bytes differ");
 }
 
+/// Waits for `future`, failing the test instead of hanging it.
+async fn within<T>(future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(10), future)
+        .await
+        .expect("no answer within 10 s")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_in_flight_together_each_get_their_own_answer_in_any_order() {
     let (link, mut serving) = linked().await;
@@ -115,10 +123,46 @@ async fn requests_in_flight_together_each_get_their_own_answer_in_any_order() {
         serving.answers.send(Ok(answer_to(request))).await.unwrap();
     }
     for call in calls {
-        let (n, answered) = call.await.unwrap();
+        let (n, answered) = within(call).await.unwrap();
         let (outcome, _) = answered.unwrap_or_else(|e| panic!("request {n}: {e:?}"));
         assert_answers(n, &outcome);
     }
+    assert!(!link.has_ended());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reading_request_answered_first_leaves_the_ring_to_a_task_for_the_others() {
+    let (link, mut serving) = linked().await;
+    let call = |n| {
+        let link = Arc::clone(&link);
+        tokio::spawn(async move { (n, link.call(pull(n)).await) })
+    };
+    // Alone when it went out: it reads the ring.
+    let reader = call(100);
+    let first = serving.requests.next().await.unwrap().unwrap();
+    let others: Vec<_> = (1..=15).map(call).collect();
+    let mut requests = Vec::new();
+    for _ in &others {
+        requests.push(serving.requests.next().await.unwrap().unwrap());
+    }
+    serving.answers.send(Ok(answer_to(&first))).await.unwrap();
+    let (n, answered) = within(reader).await.unwrap();
+    assert_answers(n, &answered.unwrap().0);
+    // Fifteen still wait, large answers among them: a task reads for them.
+    for request in requests.iter().rev() {
+        serving.answers.send(Ok(answer_to(request))).await.unwrap();
+    }
+    for call in others {
+        let (n, answered) = within(call).await.unwrap();
+        let (outcome, _) = answered.unwrap_or_else(|e| panic!("request {n}: {e:?}"));
+        assert_answers(n, &outcome);
+    }
+    // Nobody waits: the task has ended, and the next request reads for itself.
+    let last = call(7);
+    let request = serving.requests.next().await.unwrap().unwrap();
+    serving.answers.send(Ok(answer_to(&request))).await.unwrap();
+    let (n, answered) = within(last).await.unwrap();
+    assert_answers(n, &answered.unwrap().0);
     assert!(!link.has_ended());
 }
 
@@ -141,7 +185,7 @@ async fn a_request_given_up_while_it_read_the_ring_leaves_the_session_to_the_oth
     });
     let request = serving.requests.next().await.unwrap().unwrap();
     serving.answers.send(Ok(answer_to(&request))).await.unwrap();
-    let (outcome, _) = next.await.unwrap().unwrap();
+    let (outcome, _) = within(next).await.unwrap().unwrap();
     assert_answers(3, &outcome);
     assert!(!link.has_ended(), "nothing was cut off midway");
 }
@@ -155,7 +199,7 @@ async fn a_session_whose_server_went_fails_what_waits_and_sends_nothing_more() {
     });
     serving.requests.next().await.unwrap().unwrap();
     drop(serving);
-    match waiting.await.unwrap() {
+    match within(waiting).await.unwrap() {
         Err(CallError::Failed(status)) => assert_eq!(status.code(), Code::Unavailable),
         other => panic!("{other:?}"),
     }

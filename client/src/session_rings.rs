@@ -1,0 +1,143 @@
+//! Who reads a shared-memory session's answer ring: the request waiting for
+//! an answer when it is the only one that waits ([`OwnReading`]), and a task
+//! while several wait ([`read_for_others`]).
+//!
+//! A training loop has one request in flight at a time: it reads its own
+//! answer on its own thread, spinning there, and no other thread is woken
+//! on the way. With many in flight (a benchmark's window, many keys at
+//! once), a request that read the ring would have to hand it to the next
+//! when its own answer came, a wake-up for every answer; a task that reads
+//! for all of them until none waits hands each answer over and is never
+//! handed anything. The request that reads passes the ring to such a task
+//! when it leaves others waiting (its answer came, or it was dropped); the
+//! task ends when nobody waits, and the next request reads for itself.
+
+use std::sync::{Arc, Mutex};
+
+use ps_shm::{Answer, AnswerRing};
+use tokio::sync::oneshot;
+use tonic::Status;
+
+use super::{Waiting, broken, delivered, end, hand_over, lock, taken};
+
+/// Who reads the answer ring now.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reader {
+    /// Nobody: the next request to wait reads it.
+    #[default]
+    Nobody,
+    /// A request, for itself (others that wait meanwhile are handed their
+    /// answers by it).
+    Request,
+    /// A task, for every request that waits.
+    Task,
+}
+
+/// The ring read by the one request waiting: held from before its request
+/// goes out until it leaves, when the ring passes to a task if others
+/// wait, or to nobody.
+pub(super) struct OwnReading<'a> {
+    waiting: &'a Arc<Mutex<Waiting>>,
+    answers: &'a AnswerRing,
+}
+
+impl<'a> OwnReading<'a> {
+    /// The ring for this request to read when nobody reads it, else `None`
+    /// (the reader hands this request its answer).
+    pub(super) fn claim(waiting: &'a Arc<Mutex<Waiting>>, answers: &'a AnswerRing) -> Option<Self> {
+        let mut state = lock(waiting);
+        if state.reader != Reader::Nobody {
+            return None;
+        }
+        state.reader = Reader::Request;
+        Some(Self { waiting, answers })
+    }
+
+    /// Reads answers, handing each to the request it belongs to, until the
+    /// one `mine` is the slot of comes (or the session ends).
+    pub(super) async fn answer(
+        self,
+        mut mine: oneshot::Receiver<Result<Answer, Status>>,
+    ) -> Result<Answer, Status> {
+        loop {
+            // Only lent payloads, or the session's end, keep the ring.
+            let mut holding = tokio::select! {
+                biased;
+                answer = &mut mine => return delivered(answer),
+                reader = self.answers.lock() => Some(reader),
+            };
+            while let Some(reader) = holding.take() {
+                if let Some(answer) = taken(&mut mine) {
+                    return answer;
+                }
+                let next = tokio::select! {
+                    biased;
+                    answer = &mut mine => return delivered(answer),
+                    next = reader.next() => next,
+                };
+                match next {
+                    Ok((answer, still)) => {
+                        hand_over(self.waiting, answer);
+                        holding = still;
+                    }
+                    Err(error) => end(self.waiting, broken(&error)),
+                }
+            }
+            if let Some(answer) = taken(&mut mine) {
+                return answer;
+            }
+        }
+    }
+}
+
+impl Drop for OwnReading<'_> {
+    /// Passes the ring to a task when others wait, else to nobody.
+    fn drop(&mut self) {
+        let mut state = lock(self.waiting);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            state.reader = Reader::Nobody;
+            return;
+        };
+        if state.answers.is_empty() || state.ended.is_some() {
+            state.reader = Reader::Nobody;
+            return;
+        }
+        state.reader = Reader::Task;
+        drop(state);
+        runtime.spawn(read_for_others(
+            Arc::clone(self.waiting),
+            self.answers.clone(),
+        ));
+    }
+}
+
+/// Reads answers for the requests waiting, handing each over, until none
+/// waits or the session ends; the next request then reads for itself.
+pub(super) async fn read_for_others(waiting: Arc<Mutex<Waiting>>, answers: AnswerRing) {
+    while !done(&waiting) {
+        let mut holding = Some(answers.lock().await);
+        while let Some(reader) = holding.take() {
+            match reader.next().await {
+                Ok((answer, still)) => {
+                    hand_over(&waiting, answer);
+                    holding = still;
+                }
+                Err(error) => end(&waiting, broken(&error)),
+            }
+            if holding.is_some() && done(&waiting) {
+                return;
+            }
+        }
+    }
+}
+
+/// Whether nobody waits (or the session ended): the ring then passes to
+/// nobody.
+fn done(waiting: &Mutex<Waiting>) -> bool {
+    let mut state = lock(waiting);
+    let done = state.answers.is_empty() || state.ended.is_some();
+    if done {
+        state.reader = Reader::Nobody;
+    }
+    done
+}
