@@ -204,10 +204,19 @@ impl SessionLink {
                 let reading = OwnReading::claim(&self.waiting, answers);
                 // An answer before the request is written whole can only be
                 // the session's end: the server never had the request.
+                // A lone request writes itself; one sent while others are in
+                // flight goes to the writer task, which writes them in turn.
+                let alone = reading.is_some();
                 let sent = tokio::select! {
                     biased;
                     _ = &mut answer => return Err(self.not_sent(id)),
-                    sent = requests.send(request) => sent,
+                    sent = async {
+                        if alone {
+                            requests.send(request).await
+                        } else {
+                            requests.queue(request).await
+                        }
+                    } => sent,
                 };
                 if let Err(error) = sent {
                     end(&self.waiting, broken(&error));

@@ -115,10 +115,22 @@ impl RequestRing {
     pub async fn send(&self, request: v1::SessionRequest) -> Result<(), MessageError> {
         match self.writing.try_lock() {
             Ok(mut writing) => writing.write_or_break(request).await,
-            Err(_) => self.queued.send(request).await.map_err(|_| {
-                MessageError::Broken("the session's writer task has ended".to_string())
-            }),
+            Err(_) => self.queue(request).await,
         }
+    }
+
+    /// Queues `request` for the ring's writer task, which writes it after
+    /// those queued before it: the way for a request sent while others are
+    /// in flight, which the task writes one after another with no hand-over
+    /// between them.
+    ///
+    /// # Errors
+    /// The writer task has ended: a write failed, and the session is over.
+    pub async fn queue(&self, request: v1::SessionRequest) -> Result<(), MessageError> {
+        self.queued
+            .send(request)
+            .await
+            .map_err(|_| MessageError::Broken("the session's writer task has ended".to_string()))
     }
 }
 
