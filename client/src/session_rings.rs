@@ -136,9 +136,8 @@ pub(super) async fn read_for_others(waiting: Arc<Mutex<Waiting>>, answers: Answe
 /// How long a reading task stays once nobody waits, in case more requests
 /// come: requests sent in bursts (a window of them driven from one task,
 /// or a step's keys) would otherwise start a task for each burst, a
-/// wake-up of another thread every time; eight 4 KiB pushes in flight at
-/// 2x2 ran at 0.7-0.8 of the rate with no stay. A lone request leaves no
-/// task, so a training loop's exchanges never meet one.
+/// wake-up of another thread every time. A lone request leaves no task, so
+/// a training loop's exchanges never meet one.
 const LINGER: Duration = ps_shm::ring::SPIN;
 
 /// Whether a request waits now or within `linger` (this task spinning

@@ -157,7 +157,8 @@ async fn the_reading_request_answered_first_leaves_the_ring_to_a_task_for_the_ot
         let (outcome, _) = answered.unwrap_or_else(|e| panic!("request {n}: {e:?}"));
         assert_answers(n, &outcome);
     }
-    // Nobody waits: the task has ended, and the next request reads for itself.
+    // Nobody waits: the next request is answered, by the task if it still
+    // stays, else reading for itself.
     let last = call(7);
     let request = serving.requests.next().await.unwrap().unwrap();
     serving.answers.send(Ok(answer_to(&request))).await.unwrap();

@@ -79,10 +79,9 @@ const QUEUED: usize = 64;
 /// when nobody else is writing, else queued for a task that writes them one
 /// after another while it holds the ring.
 ///
-/// Requests that each waited for the ring in turn paid a wake-up of the
-/// next at every hand-over: with eight 1 MiB pushes in flight, pushes ran
-/// at 0.6-0.7 of the rate the queue gives (docs/benchmarks.md, "Requests
-/// that read their own answers").
+/// Requests that each waited for the ring's lock in turn would pay a
+/// wake-up of the next at every hand-over; the task writes a queue of them
+/// while it holds the ring, as the writer task before it did.
 #[derive(Debug)]
 pub struct RequestRing {
     writing: Arc<Mutex<Writing>>,
