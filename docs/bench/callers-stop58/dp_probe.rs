@@ -1,4 +1,6 @@
-//! scratch probe (not committed)
+//! data_parallel.rs with timers: the load, the connect and the training loop
+//! alone, per step. Built as an example of worker/ for the stop-58 runs (RT=current
+//! or RT=N picks the runtime; SPAWN=1 runs the loop as a spawned task).
 use candle_core::{DType, Device, Module};
 use candle_nn::{VarBuilder, VarMap};
 use ps_worker::data::digits;

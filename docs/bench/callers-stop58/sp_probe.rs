@@ -1,7 +1,5 @@
-//! A plain single-process candle training loop: an MLP on the UCI digits with
-//! candle-nn's AdamW. `data_parallel.rs` is the same loop trained on candle-ps.
-//!
-//! cargo run --release --example single_process
+//! single_process.rs with timers: the load and the training loop alone.
+//! Built as an example of worker/ for the stop-58 runs.
 
 use candle_core::{DType, Device, Module};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
