@@ -11,9 +11,11 @@
 //! waiting for it. Through shared memory there is no task between a lone
 //! request and the rings: it writes itself onto the ring and reads its own
 //! answer off the other, on its own thread; while several wait, one of them
-//! or a task reads for all ([`rings`]). When the stream breaks (the connection drops, the server restarts or ends
-//! an idle session), every request in flight fails with `UNAVAILABLE`, which
-//! the retry policy retries as it would a dropped connection; the next
+//! or a task reads for all ([`rings`]).
+//!
+//! When the stream breaks (the connection drops, the server restarts or
+//! ends an idle session), every request in flight fails with `UNAVAILABLE`,
+//! which the retry policy retries as it would a dropped connection; the next
 //! request opens a new stream. A refusal comes back as the status (with its
 //! metadata) the same unary call would have ended with.
 
@@ -58,8 +60,9 @@ enum Transport {
     /// A `Session` stream: the requests queued for it; a task reads the
     /// answers.
     Stream(mpsc::Sender<v1::SessionRequest>),
-    /// A shared-memory session (`ps_shm`): each request writes itself onto
-    /// the one ring and reads answers off the other.
+    /// A shared-memory session (`ps_shm`): a lone request writes itself onto
+    /// the one ring and reads its answer off the other; others are queued
+    /// and read for ([`rings`]).
     Rings(Box<RequestRing>, AnswerRing),
 }
 
@@ -202,6 +205,14 @@ impl SessionLink {
                 // Claimed before the request goes out, so that whoever reads
                 // the ring when its answer comes knows it waits.
                 let reading = OwnReading::claim(&self.waiting, answers);
+                // Dropped before it is written or queued, the request takes
+                // its slot back (before the ring passes on), as nobody will
+                // answer it.
+                let mut unsent = Unsent {
+                    waiting: &self.waiting,
+                    id,
+                    armed: true,
+                };
                 // An answer before the request is written whole can only be
                 // the session's end: the server never had the request.
                 // A lone request writes itself; one sent while others are in
@@ -222,6 +233,7 @@ impl SessionLink {
                     end(&self.waiting, broken(&error));
                     return Err(self.not_sent(id));
                 }
+                unsent.armed = false;
                 match reading {
                     Some(reading) => reading.answer(answer).await,
                     None => delivered(answer.await),
@@ -238,6 +250,22 @@ impl SessionLink {
         waiting.answers.remove(&id);
         let ended = Status::unavailable("the session stream has ended");
         CallError::NotSent(waiting.ended.get_or_insert(ended).clone())
+    }
+}
+
+/// A request's slot, taken back out of the waiting ones if this is dropped
+/// while `armed` (before the request was written or queued).
+struct Unsent<'a> {
+    waiting: &'a Mutex<Waiting>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Unsent<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(self.waiting).answers.remove(&self.id);
+        }
     }
 }
 

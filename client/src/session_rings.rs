@@ -96,7 +96,12 @@ impl Drop for OwnReading<'_> {
     fn drop(&mut self) {
         let mut state = lock(self.waiting);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No task can read for the others: they fail rather than wait.
             state.reader = Reader::Nobody;
+            drop(state);
+            let why =
+                Status::unavailable("the shared-memory session's reader left with no runtime");
+            end(self.waiting, why);
             return;
         };
         if state.answers.is_empty() || state.ended.is_some() {

@@ -128,6 +128,9 @@ async fn requests_in_flight_together_each_get_their_own_answer_in_any_order() {
         assert_answers(n, &outcome);
     }
     assert!(!link.has_ended());
+    // The request that read was answered last, with nobody left waiting: no
+    // task was started, and the next request reads for itself.
+    assert_eq!(lock(&link.waiting).reader, rings::Reader::Nobody);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

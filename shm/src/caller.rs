@@ -5,13 +5,15 @@
 //! its own comes, and a [`Closed`], which a task awaits to learn when the
 //! session ends.
 //!
-//! No task stands between a request and the rings, so a worker whose step
-//! runs on one thread (the thread that called `block_on`, as a training loop
-//! does) writes, spins and reads on that thread, and nothing wakes another
-//! thread on the way. With a task reading the ring and handing each answer
-//! over, every exchange paid two wake-ups of another thread, which made one
-//! worker's `data_parallel` on digits 1.6-2.5x the single process
-//! (docs/benchmarks.md, "Requests that read their own answers").
+//! A lone request has no task between it and the rings: a worker whose
+//! step runs on one thread (the thread that called `block_on`, as a
+//! training loop does) writes, spins and reads on that thread, and nothing
+//! wakes another thread on the way. With a reader task and a writer task
+//! between, every exchange woke two threads, and one worker's
+//! `data_parallel` on digits took 1.5-1.8x the single process
+//! (docs/benchmarks.md, "Requests that read their own answers"). Requests
+//! sent while others are in flight are queued for a writer task
+//! ([`RequestRing::queue`]).
 //!
 //! A request's future may be dropped at any await (a timeout, or its caller
 //! giving up): a write or read cut off before it moved the ring leaves the

@@ -23,9 +23,9 @@ use crate::message::Payloads;
 use crate::ring::RingError;
 
 /// Answers whose payloads come to at least this many bytes are lent to the
-/// request; smaller ones are read into payload buffers by the session's
-/// reader, where a second small copy costs less than the hand-over of the
-/// ring and back.
+/// request; smaller ones are read into payload buffers by whoever reads the
+/// ring, where a second small copy costs less than lending the ring to the
+/// request and taking it back.
 pub const LEND_AT_BYTES: u64 = 256 << 10;
 
 /// A session answer as the worker receives it.
