@@ -31,7 +31,7 @@ use ps_proto::session_body::{Ending, SessionBody};
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
-use ps_shm::{Answer, AnswerRing, LentPayloads, RequestRing};
+use ps_shm::{Answer, AnswerRing, LentPayloads, RequestRing, Sent};
 use rings::OwnReading;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::{Stream, StreamExt};
@@ -225,19 +225,30 @@ impl SessionLink {
                         if alone {
                             requests.send(request).await
                         } else {
-                            requests.queue(request).await
+                            requests.queue(request).await.map(Sent::Queued)
                         }
                     } => sent,
                 };
-                if let Err(error) = sent {
-                    end(&self.waiting, broken(&error));
-                    return Err(self.not_sent(id));
-                }
+                let sent = match sent {
+                    Ok(sent) => sent,
+                    Err(error) => {
+                        end(&self.waiting, broken(&error));
+                        return Err(self.not_sent(id));
+                    }
+                };
                 unsent.armed = false;
-                match reading {
+                let answered = match reading {
                     Some(reading) => reading.answer(answer).await,
                     None => delivered(answer.await),
+                };
+                // The session ended with the request still queued: the
+                // server never had it, and it may go on a new session.
+                if let (Err(_), Sent::Queued(queued)) = (&answered, &sent)
+                    && queued.withdraw()
+                {
+                    return Err(self.not_sent(id));
                 }
+                answered
             }
         };
         answered.map_err(CallError::Failed)

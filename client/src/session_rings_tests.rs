@@ -3,14 +3,15 @@
 //! get their own answer in whatever order the server answers, large answers
 //! lent to others included, whether the request reading the ring hands them
 //! over or, once its own answer came, a task does; a request given up while
-//! it read the ring leaves the session to the others; and a session whose
-//! server went fails what waits and sends nothing more.
+//! it read the ring leaves the session to the others; a session whose
+//! server went fails what waits and sends nothing more; and a request
+//! still queued when it went is not sent, so it may go again.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use ps_proto::v1;
-use ps_shm::handshake::{Offers, admit, connect};
+use ps_shm::handshake::in_process_ends;
 use ps_shm::link::Charger;
 use ps_shm::pool::BufferPool;
 use ps_shm::{ServerLink, serve_link};
@@ -21,14 +22,7 @@ use super::*;
 /// A link over a region whose rings hold 64 KiB, and the server's side of
 /// it, answered by hand.
 async fn linked() -> (Arc<SessionLink>, ServerLink) {
-    let (offers, listener) = Offers::bind(1 << 16).unwrap();
-    let offer = offers.offer().unwrap();
-    let server = tokio::spawn(async move {
-        let (socket, _) = listener.accept().await.unwrap();
-        admit(&offers, socket, |_| Ok::<_, String>(())).await
-    });
-    let worker = connect(&offer).await.unwrap();
-    let (server, ()) = server.await.unwrap().unwrap();
+    let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
     let charge: Charger = Arc::new(|_| Ok(Arc::new(())));
     let serving = serve_link(
         server,
@@ -211,5 +205,52 @@ async fn a_session_whose_server_went_fails_what_waits_and_sends_nothing_more() {
     match link.call(pull(2)).await {
         Err(CallError::NotSent(status)) => assert_eq!(status.code(), Code::Unavailable),
         other => panic!("sent on an ended session: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_still_queued_when_the_server_went_is_not_sent() {
+    let (mut server, worker, _) = in_process_ends(1 << 16).await.unwrap();
+    let link = Arc::new(SessionLink::over_shared_memory(worker));
+    // 200 KB through a 64 KiB ring nobody reads: the writer task takes it
+    // and waits for room; a pull sent meanwhile waits in its queue.
+    let gradient = v1::Tensor {
+        name: "w".into(),
+        part: 0,
+        dtype: v1::DType::DtypeF32 as i32,
+        shape: vec![50_000],
+        data: Bytes::from(vec![1u8; 200_000]),
+    };
+    let large = Op::Push(v1::PushRequest {
+        worker_id: 1,
+        step: 1,
+        map_version: 0,
+        grads: vec![gradient],
+    });
+    let call = |op| {
+        let link = Arc::clone(&link);
+        tokio::spawn(async move { link.call(op).await })
+    };
+    let pushing = call(large);
+    within(server.requests.read_word()).await.unwrap();
+    let queued = call(pull(2));
+    within(async {
+        while lock(&link.waiting).answers.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    drop(server);
+    // The push was partly written: failed or not sent, as the session's
+    // end or the writer's failure came first; the pull never went out.
+    match within(pushing).await.unwrap() {
+        Err(CallError::Failed(status) | CallError::NotSent(status)) => {
+            assert_eq!(status.code(), Code::Unavailable);
+        }
+        other => panic!("{other:?}"),
+    }
+    match within(queued).await.unwrap() {
+        Err(CallError::NotSent(status)) => assert_eq!(status.code(), Code::Unavailable),
+        other => panic!("a request never written counts as sent: {other:?}"),
     }
 }

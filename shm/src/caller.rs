@@ -16,12 +16,18 @@
 //! ([`RequestRing::queue`]).
 //!
 //! A request's future may be dropped at any await (a timeout, or its caller
-//! giving up): a write or read cut off before it moved the ring leaves the
-//! ring as it was; one cut off midway breaks the session, which the next
-//! user of that ring learns as an error, and [`Closed`] then closes the
+//! giving up), and that must leave the session as it was. A request writes
+//! itself only when it fits the room free on the ring, so its write never
+//! waits; a larger one goes to the writer task. A reader waits, reading
+//! nothing, until an answer below [`LEND_AT_BYTES`] is on the ring whole,
+//! so reading it never waits either; a larger one's payloads are lent, and
+//! what the borrower leaves unread is read past. Only a read of an answer
+//! larger than the ring is cut off midway: that breaks the session, which
+//! the next reader learns as an error, and [`Closed`] then closes the
 //! socket so the server ends its side too.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use ps_proto::v1;
 use tokio::io::AsyncReadExt;
@@ -30,7 +36,7 @@ use tokio::sync::{Mutex, Notify, OwnedMutexGuard, mpsc};
 
 use crate::handshake::WorkerEnd;
 use crate::lent::{Answer, LEND_AT_BYTES, LentPayloads};
-use crate::message::{MessageError, read_head, skip_words, write_message};
+use crate::message::{Encoded, MessageError, read_head, skip_words, wait_whole};
 use crate::pool::BufferPool;
 use crate::ring::{RingReader, RingWriter};
 
@@ -78,16 +84,19 @@ pub fn worker_rings(end: WorkerEnd, payload_limit: u64) -> (RequestRing, AnswerR
 const QUEUED: usize = 64;
 
 /// The ring the worker's requests go onto: written by the request itself
-/// when nobody else is writing, else queued for a task that writes them one
-/// after another while it holds the ring.
+/// when nobody else is writing it and the request fits the room free on
+/// it, else queued for a task that writes them one after another while it
+/// holds the ring.
 ///
 /// Requests that each waited for the ring's lock in turn would pay a
 /// wake-up of the next at every hand-over; the task writes a queue of them
-/// while it holds the ring, as the writer task before it did.
+/// while it holds the ring, as the writer task before it did. A request
+/// written directly never waits for room, so it cannot be cut off midway:
+/// one that would have to wait goes to the task, which nothing cuts off.
 #[derive(Debug)]
 pub struct RequestRing {
     writing: Arc<Mutex<Writing>>,
-    queued: mpsc::Sender<v1::SessionRequest>,
+    queued: mpsc::Sender<(Encoded, Queued)>,
     /// Held so that [`Closed`] learns when both rings are dropped.
     _alive: mpsc::Sender<()>,
 }
@@ -96,7 +105,8 @@ pub struct RequestRing {
 struct Writing {
     ring: RingWriter,
     seq: u64,
-    /// While a write is under way: where the ring stood when it began.
+    /// While a write is under way: where the ring stood when it began (a
+    /// write cut off only when the writer task is dropped with its runtime).
     writing_from: Option<u64>,
     /// Why the ring cannot be written any more.
     broken: Option<String>,
@@ -104,19 +114,75 @@ struct Writing {
     stop: Arc<Notify>,
 }
 
+/// How a request went out ([`RequestRing::send`]).
+#[derive(Debug)]
+pub enum Sent {
+    /// Written onto the ring whole.
+    Written,
+    /// Queued for the writer task.
+    Queued(Queued),
+}
+
+/// A request queued for the ring's writer task: [`Queued::withdraw`] says,
+/// once its session has ended, whether the server can have seen it.
+#[derive(Debug, Clone)]
+pub struct Queued(Arc<AtomicU8>);
+
+/// A queued request not yet taken by the writer task (or whose write
+/// failed: the server never had it whole).
+const WAITS: u8 = 0;
+/// A queued request the writer task took to write.
+const TAKEN: u8 = 1;
+/// A queued request withdrawn before the writer task took it.
+const WITHDRAWN: u8 = 2;
+
+impl Queued {
+    fn new() -> Self {
+        Self(Arc::new(AtomicU8::new(WAITS)))
+    }
+
+    /// Withdraws the request unless the writer task has taken it (it then
+    /// never will): `true` when it did, and the server never had it whole,
+    /// so it may go again on a new session, whatever it is.
+    pub fn withdraw(&self) -> bool {
+        let withdrawn =
+            self.0
+                .compare_exchange(WAITS, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire);
+        withdrawn.is_ok() || withdrawn == Err(WITHDRAWN)
+    }
+
+    /// Takes the request to write it, unless it was withdrawn.
+    fn take(&self) -> bool {
+        let taken = self
+            .0
+            .compare_exchange(WAITS, TAKEN, Ordering::AcqRel, Ordering::Acquire);
+        taken.is_ok()
+    }
+
+    /// Gives back a request whose write failed: the server never had it whole.
+    fn not_written(&self) {
+        self.0.store(WAITS, Ordering::Release);
+    }
+}
+
 impl RequestRing {
-    /// Writes `request` onto the ring when nobody else is writing it, else
-    /// queues it for the ring's writer task.
+    /// Writes `request` onto the ring when nobody else is writing it and it
+    /// fits the room free there (so the write never waits), else queues it
+    /// for the ring's writer task.
     ///
     /// # Errors
     /// The ring failed now or before, or a write was cut off midway before;
     /// the server did not get this request whole, and the session is over.
     /// A queued request whose write fails ends the session instead, which
     /// fails the requests waiting for answers.
-    pub async fn send(&self, request: v1::SessionRequest) -> Result<(), MessageError> {
+    pub async fn send(&self, request: v1::SessionRequest) -> Result<Sent, MessageError> {
+        let message = Encoded::of(request);
         match self.writing.try_lock() {
-            Ok(mut writing) => writing.write_or_break(request).await,
-            Err(_) => self.queue(request).await,
+            Ok(mut writing) if writing.fits(&message) => {
+                writing.write_or_break(message).await?;
+                Ok(Sent::Written)
+            }
+            _ => self.queue_encoded(message).await.map(Sent::Queued),
         }
     }
 
@@ -127,22 +193,31 @@ impl RequestRing {
     ///
     /// # Errors
     /// The writer task has ended: a write failed, and the session is over.
-    pub async fn queue(&self, request: v1::SessionRequest) -> Result<(), MessageError> {
+    pub async fn queue(&self, request: v1::SessionRequest) -> Result<Queued, MessageError> {
+        self.queue_encoded(Encoded::of(request)).await
+    }
+
+    async fn queue_encoded(&self, message: Encoded) -> Result<Queued, MessageError> {
+        let queued = Queued::new();
         self.queued
-            .send(request)
+            .send((message, queued.clone()))
             .await
-            .map_err(|_| MessageError::Broken("the session's writer task has ended".to_string()))
+            .map_err(|_| MessageError::Broken("the session's writer task has ended".to_string()))?;
+        Ok(queued)
     }
 }
 
 /// Writes the requests queued on `queue`, each batch while it holds the
-/// ring, until the queue closes or a write fails.
-async fn write_queued(writing: Arc<Mutex<Writing>>, mut queue: mpsc::Receiver<v1::SessionRequest>) {
+/// ring, until the queue closes or a write fails. Those it did not write
+/// whole (left in the queue, or the one whose write failed) can be
+/// withdrawn ([`Queued::withdraw`]).
+async fn write_queued(writing: Arc<Mutex<Writing>>, mut queue: mpsc::Receiver<(Encoded, Queued)>) {
     while let Some(first) = queue.recv().await {
         let mut writing = writing.lock().await;
         let mut next = Some(first);
-        while let Some(request) = next.take() {
-            if writing.write_or_break(request).await.is_err() {
+        while let Some((message, queued)) = next.take() {
+            if queued.take() && writing.write_or_break(message).await.is_err() {
+                queued.not_written();
                 return;
             }
             next = queue.try_recv().ok();
@@ -151,10 +226,17 @@ async fn write_queued(writing: Arc<Mutex<Writing>>, mut queue: mpsc::Receiver<v1
 }
 
 impl Writing {
+    /// Whether `message` fits the room free on the ring now, so that its
+    /// write never waits (a ring that broke or failed says yes: the write
+    /// then says why).
+    fn fits(&self, message: &Encoded) -> bool {
+        self.broken.is_some() || !matches!(self.ring.free(), Ok(free) if message.words() > free)
+    }
+
     /// [`Writing::write`]; a failure marks the ring broken and stops the
     /// session.
-    async fn write_or_break(&mut self, request: v1::SessionRequest) -> Result<(), MessageError> {
-        let written = self.write(request).await;
+    async fn write_or_break(&mut self, message: Encoded) -> Result<(), MessageError> {
+        let written = self.write(message).await;
         if let Err(error) = &written {
             self.broken.get_or_insert_with(|| error.to_string());
             self.stop.notify_one();
@@ -162,9 +244,9 @@ impl Writing {
         written
     }
 
-    /// Writes `request` as the next message, unless the ring broke or a
+    /// Writes `message` as the next message, unless the ring broke or a
     /// write was cut off midway before.
-    async fn write(&mut self, request: v1::SessionRequest) -> Result<(), MessageError> {
+    async fn write(&mut self, message: Encoded) -> Result<(), MessageError> {
         if let Some(from) = self.writing_from.take()
             && self.ring.position() != from
         {
@@ -174,7 +256,7 @@ impl Writing {
             return Err(MessageError::Broken(why.clone()));
         }
         self.writing_from = Some(self.ring.position());
-        write_message(&mut self.ring, self.seq, request).await?;
+        message.write(&mut self.ring, self.seq).await?;
         self.writing_from = None;
         self.seq += 1;
         Ok(())
@@ -264,6 +346,9 @@ impl AnswerReader {
     async fn read_next(&mut self) -> Result<Read, MessageError> {
         let reading = &mut *self.reading;
         reading.catch_up().await?;
+        // Waiting reads nothing; a small answer's read then never waits, and
+        // cannot be cut off midway (one larger than the ring can).
+        wait_whole(&reading.ring, LEND_AT_BYTES).await?;
         reading.reading_from = Some(reading.ring.position());
         let head = read_head::<v1::SessionAnswer>(&mut reading.ring, reading.seq).await?;
         let total = head.payload_bytes();

@@ -393,6 +393,30 @@ pub async fn admit<C>(
     Ok((end, charged))
 }
 
+/// Both ends of a session admitted through a socket of this process, its
+/// rings holding `ring_bytes` each, and the offer it took (spent): what a
+/// test of anything that runs over a session starts from.
+///
+/// # Errors
+/// The system refused the socket, the region or a doorbell.
+///
+/// # Panics
+/// Outside a runtime.
+pub async fn in_process_ends(
+    ring_bytes: u64,
+) -> Result<(ServerEnd, WorkerEnd, v1::SharedMemoryOffer), HandshakeError> {
+    let (offers, listener) = Offers::bind(ring_bytes)?;
+    let offer = offers.offer()?;
+    let server = tokio::spawn(async move {
+        let (socket, _) = listener.accept().await?;
+        admit(&offers, socket, |_| Ok::<_, String>(())).await
+    });
+    let worker = connect(&offer).await?;
+    let joined = server.await.map_err(io::Error::other)?;
+    let (server, ()) = joined?;
+    Ok((server, worker, offer))
+}
+
 /// Takes up `offer`: checks it was made on this host to this user, connects
 /// and receives the region.
 ///

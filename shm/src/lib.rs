@@ -35,7 +35,7 @@ pub mod pool;
 pub mod region;
 pub mod ring;
 
-pub use caller::{AnswerReader, AnswerRing, Closed, RequestRing, worker_rings};
+pub use caller::{AnswerReader, AnswerRing, Closed, Queued, RequestRing, Sent, worker_rings};
 pub use handshake::{HandshakeError, Offers, admit, connect};
 pub use lent::{Answer, LentPayloads};
 pub use link::{ServerLink, WorkerLink, serve_link, worker_link};

@@ -176,22 +176,55 @@ fn pulled(pull: &v1::PullResponse) -> usize {
 pub async fn write_message<M: Payloads>(
     ring: &mut RingWriter,
     seq: u64,
-    mut message: M,
+    message: M,
 ) -> Result<(), RingError> {
-    let payloads = message.take_payloads();
-    let header = message.encode_to_vec();
-    ring.write_word(header.len() as u64 | (payloads.len() as u64) << 32)
-        .await?;
-    ring.write_word(seq).await?;
-    for payload in &payloads {
-        ring.write_word(payload.len() as u64).await?;
+    Encoded::of(message).write(ring, seq).await
+}
+
+/// A message encoded for a ring: its header and its payloads, and so the
+/// words it takes there, known before any is written.
+#[derive(Debug)]
+pub(crate) struct Encoded {
+    header: Vec<u8>,
+    payloads: Vec<Bytes>,
+}
+
+impl Encoded {
+    pub(crate) fn of<M: Payloads>(mut message: M) -> Self {
+        let payloads = message.take_payloads();
+        Self {
+            header: message.encode_to_vec(),
+            payloads,
+        }
     }
-    ring.write(&header).await?;
-    for payload in &payloads {
-        ring.write(payload).await?;
+
+    /// The words the message takes on a ring: its sizes, its sequence
+    /// number, its payloads' lengths, its header and its payloads.
+    pub(crate) fn words(&self) -> u64 {
+        let words = |bytes: usize| bytes.div_ceil(8) as u64;
+        let payloads: u64 = self.payloads.iter().map(|p| words(p.len())).sum();
+        2 + self.payloads.len() as u64 + words(self.header.len()) + payloads
     }
-    ring.flush();
-    Ok(())
+
+    /// Writes the message as message `seq`, and publishes it.
+    ///
+    /// # Errors
+    /// The ring failed.
+    pub(crate) async fn write(self, ring: &mut RingWriter, seq: u64) -> Result<(), RingError> {
+        let Self { header, payloads } = self;
+        ring.write_word(header.len() as u64 | (payloads.len() as u64) << 32)
+            .await?;
+        ring.write_word(seq).await?;
+        for payload in &payloads {
+            ring.write_word(payload.len() as u64).await?;
+        }
+        ring.write(&header).await?;
+        for payload in &payloads {
+            ring.write(payload).await?;
+        }
+        ring.flush();
+        Ok(())
+    }
 }
 
 /// A message read off a ring.
@@ -280,6 +313,39 @@ impl<M: Payloads> Head<M> {
         skip(ring, &self.lens).await?;
         Ok(self.message)
     }
+}
+
+/// Waits, reading nothing, until the next message's head (its sizes, its
+/// payloads' lengths and its header) is on the ring whole, and, when its
+/// payloads come to less than `whole_below` bytes, until the whole message
+/// is: reading that much then never waits, so it cannot be cut off midway.
+/// A head or message larger than the ring is not waited for (it can only
+/// be read as it comes).
+///
+/// # Errors
+/// The ring failed.
+pub(crate) async fn wait_whole(ring: &RingReader, whole_below: u64) -> Result<(), RingError> {
+    let capacity = ring.capacity();
+    ring.ready_at_least(1).await?;
+    let sizes = ring.peek_word(0);
+    let (header_len, count) = (sizes & 0xffff_ffff, sizes >> 32);
+    let head_words = 2 + count + header_len.div_ceil(8);
+    if head_words > capacity {
+        return Ok(());
+    }
+    ring.ready_at_least(head_words).await?;
+    let lens = (0..count).map(|i| ring.peek_word(2 + i));
+    let (bytes, words) = lens.fold((0u64, 0u64), |(bytes, words), len| {
+        (
+            bytes.saturating_add(len),
+            words.saturating_add(len.div_ceil(8)),
+        )
+    });
+    let whole = head_words.saturating_add(words);
+    if bytes < whole_below && whole <= capacity {
+        ring.ready_at_least(whole).await?;
+    }
+    Ok(())
 }
 
 /// Reads message `seq`'s header, leaving its payloads on the ring.

@@ -331,25 +331,31 @@ impl RingWriter {
         }
     }
 
+    /// Free words now, without waiting: a write of no more than these
+    /// many words never waits, so it cannot be cut off midway.
+    ///
+    /// # Errors
+    /// The reader's `head` is corrupt.
+    pub(crate) fn free(&self) -> Result<u64, RingError> {
+        let (tail, layout) = (self.tail, self.end.layout);
+        let head = self.end.word(layout.head).load(Ordering::Acquire);
+        if head > tail || tail - head > layout.capacity {
+            return Err(RingError::Corrupt(format!(
+                "the reader's head {head} is not within the ring behind the tail {tail}"
+            )));
+        }
+        Ok(layout.capacity - (tail - head))
+    }
+
     /// Free words, waiting (with what was written published) until there are some.
     async fn room(&mut self) -> Result<u64, RingError> {
-        let (tail, layout) = (self.tail, self.end.layout);
-        let free = |end: &End| {
-            let head = end.word(layout.head).load(Ordering::Acquire);
-            if head > tail || tail - head > layout.capacity {
-                return Err(RingError::Corrupt(format!(
-                    "the reader's head {head} is not within the ring behind the tail {tail}"
-                )));
-            }
-            Ok(Some(layout.capacity - (tail - head)).filter(|&free| free > 0))
-        };
-        if let Some(room) = free(&self.end)? {
+        let some = |writer: &Self| Ok(Some(writer.free()?).filter(|&free| free > 0));
+        if let Some(room) = some(self)? {
             return Ok(room);
         }
         self.flush();
-        self.end
-            .wait(layout.writer_waiting, || free(&self.end))
-            .await
+        let layout = self.end.layout;
+        self.end.wait(layout.writer_waiting, || some(self)).await
     }
 }
 
@@ -450,7 +456,17 @@ impl RingReader {
 
     /// Words written and not yet read, waiting until there are some.
     async fn ready(&self) -> Result<u64, RingError> {
+        self.ready_at_least(1).await
+    }
+
+    /// Words written and not yet read, waiting until there are at least
+    /// `words` (no more than the ring holds); reads nothing.
+    ///
+    /// # Errors
+    /// As [`RingReader::read`].
+    pub(crate) async fn ready_at_least(&self, words: u64) -> Result<u64, RingError> {
         let (head, layout) = (self.head, self.end.layout);
+        let words = words.clamp(1, layout.capacity);
         let ready = |end: &End| {
             let tail = end.word(layout.tail).load(Ordering::Acquire);
             if tail < head || tail - head > layout.capacity {
@@ -458,11 +474,25 @@ impl RingReader {
                     "the writer's tail {tail} is not within the ring ahead of the head {head}"
                 )));
             }
-            Ok(Some(tail - head).filter(|&ready| ready > 0))
+            Ok(Some(tail - head).filter(|&ready| ready >= words))
         };
         self.end
             .wait(layout.reader_waiting, || ready(&self.end))
             .await
+    }
+
+    /// The word `offset` words past those read, which must be among those
+    /// [`RingReader::ready_at_least`] found written; reads nothing.
+    pub(crate) fn peek_word(&self, offset: u64) -> u64 {
+        let (first, _) = self.end.span(self.head + offset, 1);
+        let mut word = [0u8; 8];
+        self.end.region.copy_out(first, &mut word);
+        u64::from_le_bytes(word)
+    }
+
+    /// The words the ring holds.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.end.layout.capacity
     }
 }
 

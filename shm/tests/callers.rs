@@ -1,31 +1,31 @@
-//! The worker's rings driven by requests themselves ([`ps_shm::caller`]): a
-//! read cut off before it moved its ring leaves the session as it was; a
-//! read or a write cut off midway breaks it: the ring's next user gets an
+//! The worker's rings driven by requests themselves ([`ps_shm::caller`]):
+//! a request's future dropped at any await leaves the session as it was.
+//! A request larger than the room free on the ring goes to the writer
+//! task, which nothing cuts off; a read waits until an answer is whole
+//! before it reads it. Only a read of an answer larger than the ring can be
+//! cut off midway: that breaks the session, whose next reader gets an
 //! error, and the session closes, so the server ends its side too.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::FutureExt;
+use prost::Message;
 use ps_proto::v1;
 use ps_proto::v1::session_request::Op;
-use ps_shm::handshake::{Offers, ServerEnd, WorkerEnd, admit, connect};
-use ps_shm::message::{MessageError, read_message, write_message};
+use ps_shm::handshake::{ServerEnd, WorkerEnd, in_process_ends};
+use ps_shm::message::{Arrived, MessageError, read_message, write_message};
 use ps_shm::pool::BufferPool;
-use ps_shm::worker_rings;
+use ps_shm::{Sent, worker_rings};
 
 /// Both ends of a session over a region whose rings hold 64 KiB.
 async fn ends() -> (ServerEnd, WorkerEnd) {
-    let (offers, listener) = Offers::bind(1 << 16).unwrap();
-    let offer = offers.offer().unwrap();
-    let server = tokio::spawn(async move {
-        let (socket, _) = listener.accept().await.unwrap();
-        admit(&offers, socket, |_| Ok::<_, String>(())).await
-    });
-    let worker = connect(&offer).await.unwrap();
-    let (server, ()) = server.await.unwrap().unwrap();
+    let (server, worker, _) = in_process_ends(RING_BYTES).await.unwrap();
     (server, worker)
 }
+
+const RING_BYTES: u64 = 64 << 10;
 
 /// A push of one gradient of `bytes` bytes, as request `id`.
 fn push(id: u64, bytes: usize) -> v1::SessionRequest {
@@ -80,18 +80,94 @@ async fn a_read_cut_off_before_it_moved_the_ring_leaves_the_session_as_it_was() 
     assert!(still.is_some(), "a small answer gives the ring back");
 }
 
+/// The answer to pull `id`: one tensor of `bytes` bytes.
+fn pulled(id: u64, bytes: usize) -> v1::SessionAnswer {
+    let tensor = v1::PulledTensor {
+        version: id,
+        tensor: Some(v1::Tensor {
+            name: "w".into(),
+            part: 0,
+            dtype: v1::DType::DtypeF32 as i32,
+            shape: vec![bytes as u64 / 4],
+            data: Bytes::from(vec![5u8; bytes]),
+        }),
+    };
+    v1::SessionAnswer {
+        id,
+        outcome: Some(v1::session_answer::Outcome::Pull(v1::PullResponse {
+            tensors: vec![tensor],
+        })),
+        pull_waited_us: 0,
+    }
+}
+
+/// `answer` as message `seq` on a ring, word for word: its sizes, its
+/// sequence number, its payloads' lengths, its header and its payloads,
+/// each padded to whole words.
+fn as_written(seq: u64, answer: &v1::SessionAnswer) -> Vec<u8> {
+    let mut header = answer.clone();
+    let payloads: Vec<Bytes> = match &mut header.outcome {
+        Some(v1::session_answer::Outcome::Pull(pull)) => pull
+            .tensors
+            .iter_mut()
+            .map(|t| std::mem::take(&mut t.tensor.as_mut().unwrap().data))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let header = header.encode_to_vec();
+    let count = payloads.len() as u64;
+    let mut words = Vec::new();
+    words.extend_from_slice(&(header.len() as u64 | count << 32).to_le_bytes());
+    words.extend_from_slice(&seq.to_le_bytes());
+    for payload in &payloads {
+        words.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    }
+    for part in std::iter::once(&header[..]).chain(payloads.iter().map(|p| &p[..])) {
+        words.extend_from_slice(part);
+        words.resize(words.len().next_multiple_of(8), 0);
+    }
+    words
+}
+
+/// Writes `bytes` (whole words) onto the server's answer ring and
+/// publishes them.
+async fn publish(server: &mut ServerEnd, bytes: &[u8]) {
+    server.answers.write(bytes).await.unwrap();
+    server.answers.flush();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_cut_off_midway_breaks_the_session_and_closes_it() {
+async fn a_read_cut_off_while_its_answer_was_half_written_leaves_the_session_as_it_was() {
+    let (mut server, worker) = ends().await;
+    let (_requests, answers, _closed) = worker_rings(worker, u64::MAX);
+    // Cut after the sizes and sequence number (in the head), and after a
+    // head and 9,000 bytes of a 20,000-byte payload: each read waits for
+    // the whole answer without reading any of it, and is cut off there.
+    let halves = [(answer(1), Some(16)), (pulled(2, 20_000), None)];
+    for (seq, (whole, cut)) in (1..).zip(halves) {
+        let bytes = as_written(seq, &whole);
+        let cut = cut.unwrap_or_else(|| bytes.len() - 20_000 + 9_000);
+        let (first, rest) = bytes.split_at(cut);
+        publish(&mut server, first).await;
+        let cut_off = answers.lock().await.next().now_or_never();
+        assert!(cut_off.is_none(), "read an answer only half written");
+        publish(&mut server, rest).await;
+        let (read, still) = within(answers.lock().await.next()).await.unwrap();
+        assert_eq!(read.message, whole, "message {seq} read whole");
+        assert!(still.is_some(), "a small answer gives the ring back");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_an_answer_larger_than_the_ring_cut_off_midway_breaks_the_session_and_closes_it()
+{
     let (mut server, worker) = ends().await;
     let (requests, answers, closed) = worker_rings(worker, u64::MAX);
-    // Half an answer: its sizes, its sequence number, and a header cut short.
-    let header_bytes = 64u64;
-    server.answers.write_word(header_bytes).await.unwrap();
-    server.answers.write_word(1).await.unwrap();
-    server.answers.write(&[0u8; 16]).await.unwrap();
-    server.answers.flush();
+    // 100 KB through a 64 KiB ring is read as it comes: 30 KB of it there.
+    let bytes = as_written(1, &pulled(1, 100_000));
+    publish(&mut server, &bytes[..30_000]).await;
     let cut_off = answers.lock().await.next().now_or_never();
-    assert!(cut_off.is_none(), "read an answer only half written");
+    assert!(cut_off.is_none(), "read an answer only partly written");
 
     let broken = within(answers.lock().await.next()).await.unwrap_err();
     assert!(matches!(broken, MessageError::Broken(_)), "{broken}");
@@ -108,18 +184,65 @@ async fn a_read_cut_off_midway_breaks_the_session_and_closes_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_cut_off_midway_breaks_the_request_ring() {
+async fn a_request_larger_than_the_free_room_goes_to_the_writer_task_and_the_ring_stays_whole() {
     let (mut server, worker) = ends().await;
     let (requests, _answers, closed) = worker_rings(worker, u64::MAX);
-    within(requests.send(push(1, 4096))).await.unwrap();
+    let first = within(requests.send(push(1, 4096))).await.unwrap();
+    assert!(matches!(first, Sent::Written), "{first:?}");
+    // 200 KB through a 64 KiB ring nobody reads yet: it would have to wait
+    // for room, so it is queued, and dropping its caller cuts nothing off.
+    let large = requests.send(push(2, 200_000)).now_or_never();
+    assert!(
+        matches!(large, Some(Ok(Sent::Queued(_)))),
+        "not queued at once: {large:?}"
+    );
+    within(requests.send(push(3, 4096))).await.unwrap();
     let pool = BufferPool::new();
-    let first = read_message::<v1::SessionRequest>(&mut server.requests, 1, u64::MAX, &pool);
-    within(first).await.unwrap();
-    // 200 KB through a 64 KiB ring nobody reads: it fills the ring, then
-    // waits for room.
-    let cut_off = requests.send(push(2, 200_000)).now_or_never();
-    assert!(cut_off.is_none(), "wrote 200 KB into 64 KiB");
-    let broken = within(requests.send(push(3, 4096))).await.unwrap_err();
-    assert!(matches!(broken, MessageError::Broken(_)), "{broken}");
-    assert_eq!(within(closed.wait()).await, "a ring broke");
+    let mut ids = BTreeSet::new();
+    for seq in 1..=3 {
+        let read = read_message::<v1::SessionRequest>(&mut server.requests, seq, u64::MAX, &pool);
+        let Arrived::Whole(request) = within(read).await.unwrap() else {
+            panic!("request {seq} past the limit");
+        };
+        let bytes = if request.id == 2 { 200_000 } else { 4096 };
+        assert_eq!(request, push(request.id, bytes), "message {seq}");
+        ids.insert(request.id);
+    }
+    assert_eq!(ids, BTreeSet::from([1, 2, 3]));
+    assert!(
+        closed.wait().now_or_never().is_none(),
+        "the session goes on"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_the_writer_task_has_not_taken_can_be_withdrawn_and_is_never_written() {
+    let (mut server, worker) = ends().await;
+    let (requests, _answers, _closed) = worker_rings(worker, u64::MAX);
+    // The writer task takes the first and waits for room, holding the ring;
+    // the second waits in the queue behind it.
+    let first = within(requests.queue(push(1, 200_000))).await.unwrap();
+    let second = within(requests.queue(push(2, 4096))).await.unwrap();
+    let ring = &mut server.requests;
+    let sizes = within(ring.read_word()).await.unwrap();
+    assert!(!first.withdraw(), "the writer task is writing the first");
+    assert!(second.withdraw(), "the second waited in the queue");
+    assert!(second.withdraw(), "withdrawn stays withdrawn");
+    let third = within(requests.queue(push(3, 4096))).await.unwrap();
+    // The rest of the first: its sequence number, its one payload's
+    // length, its header and its payload, each padded to whole words.
+    assert_eq!(within(ring.read_word()).await.unwrap(), 1);
+    let payload = within(ring.read_word()).await.unwrap();
+    let header = sizes & 0xffff_ffff;
+    let padded = |bytes: u64| bytes.next_multiple_of(8) as usize;
+    let mut rest = vec![0u8; padded(header) + padded(payload)];
+    within(ring.read(&mut rest)).await.unwrap();
+    // Next comes the third, as the session's second message.
+    let pool = BufferPool::new();
+    let read = read_message::<v1::SessionRequest>(ring, 2, u64::MAX, &pool);
+    let Arrived::Whole(request) = within(read).await.unwrap() else {
+        panic!("past the limit");
+    };
+    assert_eq!(request, push(3, 4096), "the withdrawn request was written");
+    assert!(!third.withdraw(), "the third was written");
 }

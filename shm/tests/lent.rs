@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures::FutureExt;
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
-use ps_shm::handshake::{Offers, admit, connect};
+use ps_shm::handshake::in_process_ends;
 use ps_shm::lent::LEND_AT_BYTES;
 use ps_shm::link::Charger;
 use ps_shm::message::Payloads;
@@ -21,14 +21,7 @@ use tokio_stream::StreamExt;
 /// A server's and a worker's link over one region whose rings hold 64 KiB,
 /// much less than the answers sent through them.
 async fn linked() -> (ServerLink, WorkerLink) {
-    let (offers, listener) = Offers::bind(1 << 16).unwrap();
-    let offer = offers.offer().unwrap();
-    let server = tokio::spawn(async move {
-        let (socket, _) = listener.accept().await.unwrap();
-        admit(&offers, socket, |_| Ok::<_, String>(())).await
-    });
-    let worker = connect(&offer).await.unwrap();
-    let (server, ()) = server.await.unwrap().unwrap();
+    let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
     let charge: Charger = Arc::new(|_| Ok(Arc::new(())));
     let serving = serve_link(
         server,

@@ -197,7 +197,7 @@ mod handshake {
 
     use ps_proto::codec::first_non_finite;
     use ps_proto::v1::session_answer::Outcome;
-    use ps_shm::handshake::{Offers, ServerEnd, WorkerEnd, admit, connect};
+    use ps_shm::handshake::{Offers, admit, connect, in_process_ends};
     use ps_shm::link::{Charger, Checker};
     use ps_shm::pool::Hold;
     use ps_shm::{HandshakeError, serve_link, worker_link};
@@ -214,26 +214,9 @@ mod handshake {
         }
     }
 
-    /// A session offered, taken over the socket and admitted: the offers
-    /// (kept alive), the offer, and the server's and worker's ends.
-    async fn admitted() -> (Arc<Offers>, v1::SharedMemoryOffer, ServerEnd, WorkerEnd) {
-        let (offers, listener) = Offers::bind(1 << 16).unwrap();
-        let offer = offers.offer().unwrap();
-        let server = {
-            let offers = offers.clone();
-            tokio::spawn(async move {
-                let (socket, _) = listener.accept().await.unwrap();
-                admit(&offers, socket, |_| Ok::<_, String>(())).await
-            })
-        };
-        let worker = connect(&offer).await.unwrap();
-        let (server, ()) = server.await.unwrap().unwrap();
-        (offers, offer, server, worker)
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_offer_taken_over_the_socket_carries_a_session_both_ways() {
-        let (_offers, offer, server, worker) = admitted().await;
+        let (server, worker, offer) = in_process_ends(1 << 16).await.unwrap();
         // The server charges each request's payloads while they live, and
         // refuses a request past 1 MB.
         let held = Arc::new(AtomicU64::new(0));
@@ -312,7 +295,7 @@ mod handshake {
     /// the next requests arrive whole.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_push_the_checker_refuses_is_answered_and_the_session_goes_on() {
-        let (_offers, _offer, server, worker) = admitted().await;
+        let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
         let charge: Charger = Arc::new(|_| Ok(Arc::new(()) as Hold));
         let pieces = Arc::new(std::sync::Mutex::new(Vec::new()));
         let check: Checker = {
@@ -383,7 +366,7 @@ mod handshake {
     async fn a_request_past_the_read_ahead_waits_for_the_ones_held() {
         use ps_shm::link::AHEAD_BYTES;
 
-        let (_offers, _offer, server, worker) = admitted().await;
+        let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
         let charged = Arc::new(AtomicU64::new(0));
         let charge: Charger = {
             let charged = Arc::clone(&charged);
