@@ -16,7 +16,10 @@
 //! through the rings and their doorbells, and with more servers and workers
 //! than cores, by how the system shares the cores between them.
 //! [`round_trip_p50_us`] measures that round trip with the run's own number
-//! of servers and workers, each a thread, and nothing else done.
+//! of servers and workers, each a thread, and nothing else done; and
+//! [`round_trips_per_sec`] the rate of those round trips with a window of
+//! them in flight per worker, as `kv`'s throughput phase keeps, the floor
+//! its small operations per second are read against.
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -39,11 +42,15 @@ pub struct Floors {
     /// The median round trip of the key through the rings between the run's
     /// servers and workers, one operation at a time, in microseconds.
     pub round_trip_p50_us: f64,
+    /// Those round trips per second, all workers together, each keeping the
+    /// run's window of them in flight.
+    pub round_trips_per_sec: f64,
 }
 
 impl Floors {
-    /// The floors at `size` bytes, each run for `seconds`, the round trip
-    /// between `servers` and `workers` threads.
+    /// The floors at `size` bytes, each run for `seconds`, the round trips
+    /// between `servers` and `workers` threads (`window` in flight per
+    /// worker for their rate).
     ///
     /// # Errors
     /// The system refused a ring's region or doorbells, or a thread.
@@ -51,6 +58,7 @@ impl Floors {
         size: usize,
         seconds: f64,
         (servers, workers): (usize, usize),
+        window: usize,
     ) -> io::Result<Self> {
         let phase = Duration::from_secs_f64(seconds);
         Ok(Self {
@@ -58,6 +66,7 @@ impl Floors {
             copy_apply_bytes_per_sec: copy_apply_bytes_per_sec(size, phase),
             ring_bytes_per_sec: ring_bytes_per_sec(size, phase)?,
             round_trip_p50_us: round_trip_p50_us(size, (servers, workers), phase)?,
+            round_trips_per_sec: round_trips_per_sec(size, (servers, workers), window, phase)?,
         })
     }
 
@@ -72,6 +81,7 @@ impl Floors {
             ),
             ring_bytes_per_sec: mean(self.ring_bytes_per_sec, other.ring_bytes_per_sec),
             round_trip_p50_us: mean(self.round_trip_p50_us, other.round_trip_p50_us),
+            round_trips_per_sec: mean(self.round_trips_per_sec, other.round_trips_per_sec),
         }
     }
 }
@@ -162,20 +172,54 @@ type WorkerEnds = (RingWriter, RingReader);
 type ServerEnds = (RingReader, RingWriter);
 
 /// Round trips through the data path's own rings and doorbells between
-/// `servers` and `workers` threads, each with a one-thread runtime as the
-/// processes have on two cores, for `phase`: every worker, one operation at
-/// a time, writes its share of `size` bytes (`size / servers`) to every
-/// server and waits for a word back from each, as a push of a key split over
-/// the servers does; each server reads the share and answers, nothing else.
-/// The median over all workers' operations, in microseconds.
+/// `servers` and `workers` threads for `phase`, one operation at a time
+/// (see [`round_trips`]): the median over all workers' operations, in
+/// microseconds.
 ///
 /// # Errors
 /// As [`Floors::measure`].
-pub fn round_trip_p50_us(
+pub fn round_trip_p50_us(size: usize, shape: (usize, usize), phase: Duration) -> io::Result<f64> {
+    let times = round_trips(size, shape, move |sessions, share| {
+        time_each(sessions, share, phase)
+    })?;
+    let mut micros: Vec<f64> = times.into_iter().flatten().collect();
+    Ok(crate::report::median(&mut micros).expect("every worker times an operation"))
+}
+
+/// The same round trips for `phase` with `window` of them in flight per
+/// worker: every worker's operations per second, added up.
+///
+/// # Errors
+/// As [`Floors::measure`].
+pub fn round_trips_per_sec(
     size: usize,
-    (servers, workers): (usize, usize),
+    shape: (usize, usize),
+    window: usize,
     phase: Duration,
 ) -> io::Result<f64> {
+    let window = window.max(1);
+    let rates = round_trips(size, shape, move |sessions, share| {
+        count_windowed(sessions, share, window, phase)
+    })?;
+    Ok(rates.into_iter().sum())
+}
+
+/// Runs `each_worker` on each of `workers` threads against `servers`
+/// threads, each with a one-thread runtime as the processes have on two
+/// cores: every worker writes its share of `size` bytes (`size / servers`)
+/// to every server and waits for a word back from each, as a push of a key
+/// split over the servers does; each server reads the share and answers,
+/// nothing else. What each worker returned.
+fn round_trips<T, F, Fut>(
+    size: usize,
+    (servers, workers): (usize, usize),
+    each_worker: F,
+) -> io::Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: Fn(Vec<WorkerEnds>, usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<T, ps_shm::ring::RingError>>,
+{
     if servers == 0 || workers == 0 {
         return Err(io::Error::other("a round trip needs a worker and a server"));
     }
@@ -225,19 +269,20 @@ pub fn round_trip_p50_us(
         })
         .collect::<io::Result<_>>()?;
     // A thread refused from here on drops `stop`, which ends the servers.
-    let timing: Vec<std::thread::JoinHandle<_>> = worker_runtimes
+    let working: Vec<std::thread::JoinHandle<_>> = worker_runtimes
         .into_iter()
         .zip(at_workers)
         .map(|(runtime, sessions)| {
+            let each_worker = each_worker.clone();
             std::thread::Builder::new()
-                .spawn(move || runtime.block_on(time_each(sessions, share, phase)))
+                .spawn(move || runtime.block_on(each_worker(sessions, share)))
         })
         .collect::<io::Result<_>>()?;
-    let mut micros = Vec::new();
+    let mut results = Vec::new();
     let mut failed = None;
-    for worker in timing {
+    for worker in working {
         match worker.join().expect("a round-trip worker panicked") {
-            Ok(times) => micros.extend(times),
+            Ok(result) => results.push(result),
             Err(error) => failed = Some(error),
         }
     }
@@ -245,10 +290,10 @@ pub fn round_trip_p50_us(
     for server in serving {
         server.join().expect("a round-trip server panicked");
     }
-    if let Some(error) = failed {
-        return Err(io::Error::other(error));
+    match failed {
+        Some(error) => Err(io::Error::other(error)),
+        None => Ok(results),
     }
-    Ok(crate::report::median(&mut micros).expect("every worker times an operation"))
 }
 
 /// A server's side of one ring pair: reads `share` bytes, answers a word,
@@ -291,6 +336,38 @@ async fn time_each(
     Ok(times)
 }
 
+/// A worker's operations for `phase` with `window` in flight (each
+/// operation `share` bytes to every server, then a word from each; the
+/// next one goes out as each comes back): operations per second.
+async fn count_windowed(
+    mut sessions: Vec<WorkerEnds>,
+    share: usize,
+    window: usize,
+    phase: Duration,
+) -> Result<f64, ps_shm::ring::RingError> {
+    let source = vec![0x5au8; share];
+    let send = async |sessions: &mut Vec<WorkerEnds>| {
+        for (requests, _) in sessions.iter_mut() {
+            requests.write(&source).await?;
+            requests.flush();
+        }
+        Ok::<_, ps_shm::ring::RingError>(())
+    };
+    for _ in 0..window {
+        send(&mut sessions).await?;
+    }
+    let start = Instant::now();
+    let mut operations = 0u64;
+    while start.elapsed() < phase || operations == 0 {
+        for (_, answers) in &mut sessions {
+            answers.read_word().await?;
+        }
+        send(&mut sessions).await?;
+        operations += 1;
+    }
+    Ok(operations as f64 / start.elapsed().as_secs_f64())
+}
+
 /// Runs `once` (which moves `size` bytes) repeatedly for `phase`; bytes per second.
 fn rate(size: usize, phase: Duration, mut once: impl FnMut()) -> f64 {
     once();
@@ -314,13 +391,23 @@ mod tests {
     }
 
     #[test]
+    fn round_trips_with_a_window_in_flight_are_counted_and_every_thread_ends() {
+        let rate = round_trips_per_sec(4096, (2, 2), 8, Duration::from_millis(50)).unwrap();
+        assert!(rate > 0.0 && rate.is_finite(), "{rate}");
+    }
+
+    #[test]
     fn a_round_trip_without_workers_is_an_error_not_a_figure() {
         for shape in [(1, 0), (0, 1)] {
-            let error = round_trip_p50_us(4096, shape, Duration::from_millis(10)).unwrap_err();
-            assert!(
-                error.to_string().contains("a worker and a server"),
-                "{error}"
-            );
+            let phase = Duration::from_millis(10);
+            let errors = [
+                round_trip_p50_us(4096, shape, phase).unwrap_err(),
+                round_trips_per_sec(4096, shape, 8, phase).unwrap_err(),
+            ];
+            for error in errors {
+                let error = error.to_string();
+                assert!(error.contains("a worker and a server"), "{error}");
+            }
         }
     }
 }

@@ -404,10 +404,13 @@ impl Baselines {
         let shm = plan.data_paths.iter().any(|path| path.tries_shm());
         let floors = match shm {
             true => {
-                let (seconds, shape) = (plan.seconds, (plan.servers, plan.workers));
+                let (seconds, shape, window) =
+                    (plan.seconds, (plan.servers, plan.workers), plan.window);
                 Some(
-                    tokio::task::spawn_blocking(move || Floors::measure(size, seconds, shape))
-                        .await??,
+                    tokio::task::spawn_blocking(move || {
+                        Floors::measure(size, seconds, shape, window)
+                    })
+                    .await??,
                 )
             }
             false => None,
@@ -495,6 +498,12 @@ fn row(
         if let Some(p50_us) = p50_us.filter(|_| op == Op::Push) {
             figures["p50_vs_round_trip"] = (p50_us / floors.round_trip_p50_us.max(1e-9)).into();
         }
+        // Operations per second with the run's window in flight are no
+        // more than those round trips' rate (shown on every row; small
+        // keys are the ones it bounds).
+        let operations = ops as f64 / seconds.max(1e-9);
+        figures["round_trips_per_sec"] = floors.round_trips_per_sec.into();
+        figures["ops_vs_round_trips"] = (operations / floors.round_trips_per_sec.max(1e-9)).into();
     }
     let tls = if plan.tls { " tls" } else { "" };
     ResultRow {

@@ -483,6 +483,15 @@ fn kv_measures_both_data_paths_in_one_run_against_one_cores_floors_and_the_rings
             }
             _ => assert!(figures.get("p50_vs_round_trip").is_none(), "{row}"),
         }
+        // And its operations per second against those round trips' rate
+        // with the run's window in flight.
+        let round_trips = figures["round_trips_per_sec"].as_f64().unwrap();
+        let operations = row["rpcs_per_sec"].as_f64().unwrap();
+        let ratio = figures["ops_vs_round_trips"].as_f64().unwrap();
+        assert!(
+            round_trips > 0.0 && (ratio - operations / round_trips).abs() <= 1e-6 * ratio,
+            "{row}"
+        );
     }
 }
 

@@ -16,15 +16,16 @@
 //! ([`RequestRing::queue`]).
 //!
 //! A request's future may be dropped at any await (a timeout, or its caller
-//! giving up), and that must leave the session as it was. A request writes
-//! itself only when it fits the room free on the ring, so its write never
-//! waits; a larger one goes to the writer task. A reader waits, reading
-//! nothing, until an answer below [`LEND_AT_BYTES`] is on the ring whole,
-//! so reading it never waits either; a larger one's payloads are lent, and
-//! what the borrower leaves unread is read past. Only a read of an answer
-//! larger than the ring is cut off midway: that breaks the session, which
-//! the next reader learns as an error, and [`Closed`] then closes the
-//! socket so the server ends its side too.
+//! giving up), and that must leave the session as it was. A write cut off
+//! midway is finished: the message stays with the ring ([`Writing`]), the
+//! writer task is told, and it (or the next write, whichever comes first)
+//! writes the rest. A reader waits, reading nothing, until an answer below
+//! [`LEND_AT_BYTES`] is on the ring whole, so reading it never waits; a
+//! larger one's payloads are lent, and what the borrower leaves unread is
+//! read past. Only a read of an answer larger than the ring is cut off
+//! midway: that breaks the session, which the next reader learns as an
+//! error, and [`Closed`] then closes the socket so the server ends its side
+//! too.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -48,7 +49,7 @@ pub fn worker_rings(end: WorkerEnd, payload_limit: u64) -> (RequestRing, AnswerR
     let writing = Arc::new(Mutex::new(Writing {
         ring: end.requests,
         seq: 1,
-        writing_from: None,
+        current: None,
         broken: None,
         stop: Arc::clone(&stop),
     }));
@@ -84,34 +85,49 @@ pub fn worker_rings(end: WorkerEnd, payload_limit: u64) -> (RequestRing, AnswerR
 const QUEUED: usize = 64;
 
 /// The ring the worker's requests go onto: written by the request itself
-/// when nobody else is writing it and the request fits the room free on
-/// it, else queued for a task that writes them one after another while it
-/// holds the ring.
+/// when nobody else is writing it, else queued for a task that writes them
+/// one after another while it holds the ring.
 ///
 /// Requests that each waited for the ring's lock in turn would pay a
 /// wake-up of the next at every hand-over; the task writes a queue of them
-/// while it holds the ring, as the writer task before it did. A request
-/// written directly never waits for room, so it cannot be cut off midway:
-/// one that would have to wait goes to the task, which nothing cuts off.
+/// while it holds the ring, as the writer task before it did.
 #[derive(Debug)]
 pub struct RequestRing {
     writing: Arc<Mutex<Writing>>,
-    queued: mpsc::Sender<(Encoded, Queued)>,
+    queued: mpsc::Sender<ToWrite>,
     /// Held so that [`Closed`] learns when both rings are dropped.
     _alive: mpsc::Sender<()>,
+}
+
+/// What the writer task is given.
+#[derive(Debug)]
+enum ToWrite {
+    /// A request queued.
+    Request(Encoded, Queued),
+    /// The rest of a message whose writer was dropped midway.
+    Rest,
 }
 
 #[derive(Debug)]
 struct Writing {
     ring: RingWriter,
+    /// The next message's sequence number.
     seq: u64,
-    /// While a write is under way: where the ring stood when it began (a
-    /// write cut off only when the writer task is dropped with its runtime).
-    writing_from: Option<u64>,
+    /// The message being written: left here by a writer dropped midway,
+    /// for the next one to finish before its own.
+    current: Option<Current>,
     /// Why the ring cannot be written any more.
     broken: Option<String>,
     /// Told when the ring breaks, to end the session.
     stop: Arc<Notify>,
+}
+
+/// A message whose write has begun: where on the ring it began.
+#[derive(Debug)]
+struct Current {
+    message: Encoded,
+    seq: u64,
+    from: u64,
 }
 
 /// How a request went out ([`RequestRing::send`]).
@@ -166,23 +182,29 @@ impl Queued {
 }
 
 impl RequestRing {
-    /// Writes `request` onto the ring when nobody else is writing it and it
-    /// fits the room free there (so the write never waits), else queues it
-    /// for the ring's writer task.
+    /// Writes `request` onto the ring when nobody else is writing it, else
+    /// queues it for the ring's writer task. Dropped midway through its
+    /// write, it leaves the rest to the writer task: the server gets the
+    /// request whole either way.
     ///
     /// # Errors
-    /// The ring failed now or before, or a write was cut off midway before;
-    /// the server did not get this request whole, and the session is over.
-    /// A queued request whose write fails ends the session instead, which
-    /// fails the requests waiting for answers.
+    /// The ring failed now or before: the server did not get this request
+    /// whole, and the session is over. A queued request whose write fails
+    /// ends the session instead, which fails the requests waiting for
+    /// answers.
     pub async fn send(&self, request: v1::SessionRequest) -> Result<Sent, MessageError> {
         let message = Encoded::of(request);
         match self.writing.try_lock() {
-            Ok(mut writing) if writing.fits(&message) => {
-                writing.write_or_break(message).await?;
-                Ok(Sent::Written)
+            Ok(mut writing) => {
+                let mut rest = RestToTask {
+                    queued: &self.queued,
+                    armed: true,
+                };
+                let written = writing.write_or_break(message).await;
+                rest.armed = false;
+                written.map(|()| Sent::Written)
             }
-            _ => self.queue_encoded(message).await.map(Sent::Queued),
+            Err(_) => self.queue_encoded(message).await.map(Sent::Queued),
         }
     }
 
@@ -200,24 +222,51 @@ impl RequestRing {
     async fn queue_encoded(&self, message: Encoded) -> Result<Queued, MessageError> {
         let queued = Queued::new();
         self.queued
-            .send((message, queued.clone()))
+            .send(ToWrite::Request(message, queued.clone()))
             .await
             .map_err(|_| MessageError::Broken("the session's writer task has ended".to_string()))?;
         Ok(queued)
     }
 }
 
-/// Writes the requests queued on `queue`, each batch while it holds the
-/// ring, until the queue closes or a write fails. Those it did not write
+/// Tells the writer task to finish the message being written if this is
+/// dropped while `armed` (the write cut off at one of its awaits). A full
+/// queue needs no telling: the task writes what it holds, and finishes the
+/// message before the first of them.
+struct RestToTask<'a> {
+    queued: &'a mpsc::Sender<ToWrite>,
+    armed: bool,
+}
+
+impl Drop for RestToTask<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.queued.try_send(ToWrite::Rest);
+        }
+    }
+}
+
+/// Writes what is queued on `queue`, each batch while it holds the ring,
+/// until the queue closes or a write fails. Requests it did not write
 /// whole (left in the queue, or the one whose write failed) can be
 /// withdrawn ([`Queued::withdraw`]).
-async fn write_queued(writing: Arc<Mutex<Writing>>, mut queue: mpsc::Receiver<(Encoded, Queued)>) {
+async fn write_queued(writing: Arc<Mutex<Writing>>, mut queue: mpsc::Receiver<ToWrite>) {
     while let Some(first) = queue.recv().await {
         let mut writing = writing.lock().await;
         let mut next = Some(first);
-        while let Some((message, queued)) = next.take() {
-            if queued.take() && writing.write_or_break(message).await.is_err() {
-                queued.not_written();
+        while let Some(to_write) = next.take() {
+            let written = match to_write {
+                ToWrite::Request(message, queued) if queued.take() => {
+                    let written = writing.write_or_break(message).await;
+                    if written.is_err() {
+                        queued.not_written();
+                    }
+                    written
+                }
+                ToWrite::Request(..) => Ok(()),
+                ToWrite::Rest => writing.finish_or_break().await,
+            };
+            if written.is_err() {
                 return;
             }
             next = queue.try_recv().ok();
@@ -226,39 +275,57 @@ async fn write_queued(writing: Arc<Mutex<Writing>>, mut queue: mpsc::Receiver<(E
 }
 
 impl Writing {
-    /// Whether `message` fits the room free on the ring now, so that its
-    /// write never waits (a ring that broke or failed says yes: the write
-    /// then says why).
-    fn fits(&self, message: &Encoded) -> bool {
-        self.broken.is_some() || !matches!(self.ring.free(), Ok(free) if message.words() > free)
-    }
-
     /// [`Writing::write`]; a failure marks the ring broken and stops the
     /// session.
     async fn write_or_break(&mut self, message: Encoded) -> Result<(), MessageError> {
         let written = self.write(message).await;
-        if let Err(error) = &written {
+        self.break_on(written)
+    }
+
+    /// [`Writing::finish`]; a failure marks the ring broken and stops the
+    /// session.
+    async fn finish_or_break(&mut self) -> Result<(), MessageError> {
+        let finished = self.finish().await;
+        self.break_on(finished)
+    }
+
+    fn break_on(&mut self, done: Result<(), MessageError>) -> Result<(), MessageError> {
+        if let Err(error) = &done {
             self.broken.get_or_insert_with(|| error.to_string());
             self.stop.notify_one();
         }
-        written
+        done
     }
 
-    /// Writes `message` as the next message, unless the ring broke or a
-    /// write was cut off midway before.
+    /// Writes `message` as the next message (after the rest of one whose
+    /// writer was dropped midway), unless the ring broke before.
     async fn write(&mut self, message: Encoded) -> Result<(), MessageError> {
-        if let Some(from) = self.writing_from.take()
-            && self.ring.position() != from
-        {
-            self.broken = Some("a request's write was cut off midway".to_string());
-        }
+        self.finish().await?;
+        self.current = Some(Current {
+            message,
+            seq: self.seq,
+            from: self.ring.position(),
+        });
+        self.seq += 1;
+        self.finish().await
+    }
+
+    /// Writes the rest of the message being written, if one is, unless the
+    /// ring broke before.
+    async fn finish(&mut self) -> Result<(), MessageError> {
         if let Some(why) = &self.broken {
             return Err(MessageError::Broken(why.clone()));
         }
-        self.writing_from = Some(self.ring.position());
-        message.write(&mut self.ring, self.seq).await?;
-        self.writing_from = None;
-        self.seq += 1;
+        if let Some(current) = &self.current {
+            // The ring's position is exact at every await of a write, so
+            // what was written is what a dropped writer got to.
+            let done = self.ring.position() - current.from;
+            current
+                .message
+                .write_from(&mut self.ring, current.seq, done)
+                .await?;
+            self.current = None;
+        }
         Ok(())
     }
 }

@@ -181,8 +181,8 @@ pub async fn write_message<M: Payloads>(
     Encoded::of(message).write(ring, seq).await
 }
 
-/// A message encoded for a ring: its header and its payloads, and so the
-/// words it takes there, known before any is written.
+/// A message encoded for a ring: its header and its payloads, which a
+/// write cut off midway keeps to write the rest from.
 #[derive(Debug)]
 pub(crate) struct Encoded {
     header: Vec<u8>,
@@ -198,29 +198,42 @@ impl Encoded {
         }
     }
 
-    /// The words the message takes on a ring: its sizes, its sequence
-    /// number, its payloads' lengths, its header and its payloads.
-    pub(crate) fn words(&self) -> u64 {
-        let words = |bytes: usize| bytes.div_ceil(8) as u64;
-        let payloads: u64 = self.payloads.iter().map(|p| words(p.len())).sum();
-        2 + self.payloads.len() as u64 + words(self.header.len()) + payloads
-    }
-
     /// Writes the message as message `seq`, and publishes it.
     ///
     /// # Errors
     /// The ring failed.
     pub(crate) async fn write(self, ring: &mut RingWriter, seq: u64) -> Result<(), RingError> {
-        let Self { header, payloads } = self;
-        ring.write_word(header.len() as u64 | (payloads.len() as u64) << 32)
-            .await?;
-        ring.write_word(seq).await?;
-        for payload in &payloads {
-            ring.write_word(payload.len() as u64).await?;
+        self.write_from(ring, seq, 0).await
+    }
+
+    /// Writes the message as message `seq` past its first `done` words
+    /// (those a write cut off midway got to), and publishes it.
+    ///
+    /// # Errors
+    /// The ring failed.
+    pub(crate) async fn write_from(
+        &self,
+        ring: &mut RingWriter,
+        seq: u64,
+        mut done: u64,
+    ) -> Result<(), RingError> {
+        let sizes = self.header.len() as u64 | (self.payloads.len() as u64) << 32;
+        let lens = self.payloads.iter().map(|payload| payload.len() as u64);
+        for word in [sizes, seq].into_iter().chain(lens) {
+            match done {
+                0 => ring.write_word(word).await?,
+                _ => done -= 1,
+            }
         }
-        ring.write(&header).await?;
-        for payload in &payloads {
-            ring.write(payload).await?;
+        let parts = std::iter::once(&self.header[..]).chain(self.payloads.iter().map(|p| &p[..]));
+        for part in parts {
+            let words = part.len().div_ceil(8) as u64;
+            if done >= words {
+                done -= words;
+                continue;
+            }
+            ring.write(&part[done as usize * 8..]).await?;
+            done = 0;
         }
         ring.flush();
         Ok(())
@@ -424,14 +437,83 @@ async fn skip(ring: &mut RingReader, lens: &[u64]) -> Result<(), RingError> {
     skip_words(ring, lens.iter().map(|len| len.div_ceil(8)).sum()).await
 }
 
-/// Reads past `words` words.
+/// Reads past `words` words (none: returns at once, with nothing
+/// allocated; a reader calls this before every message).
 pub(crate) async fn skip_words(ring: &mut RingReader, words: u64) -> Result<(), RingError> {
-    let mut scratch = vec![0u8; 64 << 10];
     let mut left = words * 8;
+    if left == 0 {
+        return Ok(());
+    }
+    let mut scratch = vec![0u8; left.min(64 << 10) as usize];
     while left > 0 {
         let now = left.min(scratch.len() as u64) as usize;
         ring.read(&mut scratch[..now]).await?;
         left -= now as u64;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A push of payloads of `lens` bytes (lengths not whole words
+    /// included), each a pattern of its own.
+    fn push(lens: &[usize]) -> v1::SessionRequest {
+        let grads = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| v1::Tensor {
+                name: format!("w{i}"),
+                part: 0,
+                dtype: v1::DType::DtypeF32 as i32,
+                shape: vec![len as u64],
+                data: Bytes::from((0..len).map(|b| (b * 7 + i) as u8).collect::<Vec<_>>()),
+            })
+            .collect();
+        v1::SessionRequest {
+            id: 9,
+            deadline_ms: 0,
+            op: Some(Op::Push(v1::PushRequest {
+                worker_id: 1,
+                step: 2,
+                map_version: 0,
+                grads,
+            })),
+        }
+    }
+
+    /// The words `write` leaves on a fresh ring, read back raw.
+    async fn words_written(
+        words: usize,
+        write: impl AsyncFnOnce(&mut RingWriter) -> Result<(), RingError>,
+    ) -> Vec<u8> {
+        let (mut writer, mut reader, _, _) = crate::ring::in_process(1 << 16).unwrap();
+        write(&mut writer).await.unwrap();
+        let mut bytes = vec![0u8; words * 8];
+        reader.read(&mut bytes).await.unwrap();
+        bytes
+    }
+
+    #[tokio::test]
+    async fn a_write_resumed_after_any_word_leaves_what_a_whole_write_leaves() {
+        let message = Encoded::of(push(&[13, 0, 4096, 5]));
+        let whole = message.header.len().div_ceil(8)
+            + [13usize, 0, 4096, 5]
+                .iter()
+                .map(|l| l.div_ceil(8))
+                .sum::<usize>()
+            + 2
+            + 4;
+        let reference =
+            words_written(whole, async |ring| message.write_from(ring, 3, 0).await).await;
+        for cut in 0..=whole {
+            let resumed = words_written(whole, async |ring| {
+                ring.write(&reference[..cut * 8]).await?;
+                message.write_from(ring, 3, cut as u64).await
+            })
+            .await;
+            assert!(resumed == reference, "resumed after word {cut}");
+        }
+    }
 }

@@ -331,12 +331,11 @@ impl RingWriter {
         }
     }
 
-    /// Free words now, without waiting: a write of no more than these
-    /// many words never waits, so it cannot be cut off midway.
+    /// Free words now, without waiting.
     ///
     /// # Errors
     /// The reader's `head` is corrupt.
-    pub(crate) fn free(&self) -> Result<u64, RingError> {
+    fn free(&self) -> Result<u64, RingError> {
         let (tail, layout) = (self.tail, self.end.layout);
         let head = self.end.word(layout.head).load(Ordering::Acquire);
         if head > tail || tail - head > layout.capacity {

@@ -1,12 +1,10 @@
 //! The worker's rings driven by requests themselves ([`ps_shm::caller`]):
 //! a request's future dropped at any await leaves the session as it was.
-//! A request larger than the room free on the ring goes to the writer
-//! task, which nothing cuts off; a read waits until an answer is whole
-//! before it reads it. Only a read of an answer larger than the ring can be
+//! A write cut off midway is finished by the writer task; a read waits
+//! until an answer is whole before it reads it. Only a read of an answer larger than the ring can be
 //! cut off midway: that breaks the session, whose next reader gets an
 //! error, and the session closes, so the server ends its side too.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,6 +15,7 @@ use ps_proto::v1::session_request::Op;
 use ps_shm::handshake::{ServerEnd, WorkerEnd, in_process_ends};
 use ps_shm::message::{Arrived, MessageError, read_message, write_message};
 use ps_shm::pool::BufferPool;
+use ps_shm::ring::RingReader;
 use ps_shm::{Sent, worker_rings};
 
 /// Both ends of a session over a region whose rings hold 64 KiB.
@@ -98,6 +97,16 @@ fn pulled(id: u64, bytes: usize) -> v1::SessionAnswer {
             tensors: vec![tensor],
         })),
         pull_waited_us: 0,
+    }
+}
+
+/// Reads request `seq` off the server's request ring, whole.
+async fn read(ring: &mut RingReader, seq: u64) -> v1::SessionRequest {
+    let pool = BufferPool::new();
+    let read = read_message::<v1::SessionRequest>(ring, seq, u64::MAX, &pool);
+    match within(read).await.unwrap() {
+        Arrived::Whole(request) => request,
+        Arrived::PastLimit(..) => panic!("request {seq} past the limit"),
     }
 }
 
@@ -184,31 +193,25 @@ async fn a_read_of_an_answer_larger_than_the_ring_cut_off_midway_breaks_the_sess
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_larger_than_the_free_room_goes_to_the_writer_task_and_the_ring_stays_whole() {
+async fn a_write_cut_off_midway_is_finished_by_the_writer_task_and_the_ring_stays_whole() {
     let (mut server, worker) = ends().await;
     let (requests, _answers, closed) = worker_rings(worker, u64::MAX);
     let first = within(requests.send(push(1, 4096))).await.unwrap();
     assert!(matches!(first, Sent::Written), "{first:?}");
-    // 200 KB through a 64 KiB ring nobody reads yet: it would have to wait
-    // for room, so it is queued, and dropping its caller cuts nothing off.
-    let large = requests.send(push(2, 200_000)).now_or_never();
-    assert!(
-        matches!(large, Some(Ok(Sent::Queued(_)))),
-        "not queued at once: {large:?}"
+    // 200 KB through a 64 KiB ring nobody reads yet: it fills the ring and
+    // waits for room, and is dropped there, with most of it unwritten.
+    let cut_off = requests.send(push(2, 200_000)).now_or_never();
+    assert!(cut_off.is_none(), "wrote 200 KB into 64 KiB");
+    // The writer task writes the rest as the server reads.
+    let ring = &mut server.requests;
+    assert_eq!(read(ring, 1).await, push(1, 4096));
+    assert_eq!(
+        read(ring, 2).await,
+        push(2, 200_000),
+        "the cut-off request whole"
     );
     within(requests.send(push(3, 4096))).await.unwrap();
-    let pool = BufferPool::new();
-    let mut ids = BTreeSet::new();
-    for seq in 1..=3 {
-        let read = read_message::<v1::SessionRequest>(&mut server.requests, seq, u64::MAX, &pool);
-        let Arrived::Whole(request) = within(read).await.unwrap() else {
-            panic!("request {seq} past the limit");
-        };
-        let bytes = if request.id == 2 { 200_000 } else { 4096 };
-        assert_eq!(request, push(request.id, bytes), "message {seq}");
-        ids.insert(request.id);
-    }
-    assert_eq!(ids, BTreeSet::from([1, 2, 3]));
+    assert_eq!(read(ring, 3).await, push(3, 4096));
     assert!(
         closed.wait().now_or_never().is_none(),
         "the session goes on"
@@ -238,11 +241,7 @@ async fn a_queued_request_the_writer_task_has_not_taken_can_be_withdrawn_and_is_
     let mut rest = vec![0u8; padded(header) + padded(payload)];
     within(ring.read(&mut rest)).await.unwrap();
     // Next comes the third, as the session's second message.
-    let pool = BufferPool::new();
-    let read = read_message::<v1::SessionRequest>(ring, 2, u64::MAX, &pool);
-    let Arrived::Whole(request) = within(read).await.unwrap() else {
-        panic!("past the limit");
-    };
+    let request = read(ring, 2).await;
     assert_eq!(request, push(3, 4096), "the withdrawn request was written");
     assert!(!third.withdraw(), "the third was written");
 }
