@@ -34,6 +34,7 @@ pub mod rows;
 pub mod rows_cli;
 pub mod rows_floor;
 pub mod server;
+pub mod stdout;
 pub mod tcp;
 pub mod tcp_check;
 pub mod throughput;

@@ -28,6 +28,7 @@ use ps_microbench::payload::{CategorySizes, Encoding, Scheme};
 use ps_microbench::peer::{Peer, READY_PREFIX};
 use ps_microbench::report::{ResultRow, payload_label, print_json, print_table, write_csv};
 use ps_microbench::rows_cli::{RowsArgs, RowsWorkerArgs, run_rows, run_rows_worker};
+use ps_microbench::stdout;
 use ps_microbench::throughput::{self, ModelTensors, ThroughputPlan};
 use ps_microbench::tuning::Tuning;
 use ps_microbench::{plot, progress, server, tcp_check};
@@ -383,7 +384,7 @@ fn emit(rows: &[ResultRow], json: bool, out: Option<&PathBuf>) -> anyhow::Result
     if json {
         print_json(rows)?;
     } else {
-        print_table(rows);
+        print_table(rows)?;
     }
     if let Some(dir) = out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -570,7 +571,7 @@ async fn run_kv(args: KvArgs) -> anyhow::Result<()> {
     if args.json {
         return emit(&rows, true, args.out.as_ref());
     }
-    print!("{}", kv::table(&rows));
+    stdout::text(kv::table(&rows))?;
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         write_csv(&rows, &dir.join("kv.csv"))?;
@@ -593,7 +594,7 @@ async fn run_kv_worker(args: KvWorkerArgs) -> anyhow::Result<()> {
         },
     )
     .await?;
-    println!("{}", serde_json::to_string(&report)?);
+    stdout::line(serde_json::to_string(&report)?)?;
     Ok(())
 }
 
@@ -609,10 +610,10 @@ async fn run_apply(args: ApplyArgs) -> anyhow::Result<()> {
     let rows = tokio::task::spawn_blocking(move || apply::run(&plan)).await?;
     if args.json {
         for row in &rows {
-            println!("{}", serde_json::to_string(row)?);
+            stdout::line(serde_json::to_string(row)?)?;
         }
     } else {
-        print!("{}", apply::table(&rows));
+        stdout::text(apply::table(&rows))?;
     }
     Ok(())
 }
@@ -639,18 +640,23 @@ async fn run_tcp_check(args: TcpCheckArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
     if args.json {
         for row in &rows {
-            println!("{}", serde_json::to_string(row)?);
+            stdout::line(serde_json::to_string(row)?)?;
         }
     } else {
-        print!("{}", tcp_check::table(&rows, 0.1));
+        stdout::text(tcp_check::table(&rows, 0.1))?;
     }
     Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    ps_common::runtime::block_on(cli.runtime_threads.map(usize::from), run(cli))
-        .context("ps-microbench: cannot start the tokio runtime")?
+    let ran = ps_common::runtime::block_on(cli.runtime_threads.map(usize::from), run(cli))
+        .context("ps-microbench: cannot start the tokio runtime")?;
+    match ran {
+        // The reader of the results took what it wanted (`| head`).
+        Err(error) if stdout::closed_early(&error) => Ok(()),
+        ran => ran,
+    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -12,6 +12,8 @@ use serde::Serialize;
 
 use ps_common::size::{format_rate, format_size};
 
+use crate::stdout;
+
 /// One measured configuration.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct ResultRow {
@@ -86,8 +88,13 @@ fn num(value: Option<f64>, digits: usize) -> String {
 }
 
 /// Prints `rows` as an aligned table.
-pub fn print_table(rows: &[ResultRow]) {
-    let Some(first) = rows.first() else { return };
+///
+/// # Errors
+/// Standard output failed, or was closed early ([`stdout::StdoutClosed`]).
+pub fn print_table(rows: &[ResultRow]) -> anyhow::Result<()> {
+    let Some(first) = rows.first() else {
+        return Ok(());
+    };
     let header: Vec<&str>;
     let cells: Vec<Vec<String>> = match first.bench.as_str() {
         "latency" => {
@@ -160,23 +167,24 @@ pub fn print_table(rows: &[ResultRow]) {
             .collect::<Vec<_>>()
             .join("  ")
     };
-    println!("{}", line(header.iter().map(|h| h.to_string()).collect()));
+    stdout::line(line(header.iter().map(|h| h.to_string()).collect()))?;
     for row in cells {
-        println!("{}", line(row));
+        stdout::line(line(row))?;
     }
     for r in rows {
         if let (Some(push), Some(wait), Some(pull)) = (r.push_share, r.wait_share, r.pull_share) {
             let other = (1.0 - push - wait - pull).max(0.0);
-            println!(
+            stdout::line(format_args!(
                 "{}: each worker's time: push {:.0}%, wait {:.0}%, pull {:.0}%, other {:.0}%",
                 r.payload,
                 push * 100.0,
                 wait * 100.0,
                 pull * 100.0,
                 other * 100.0
-            );
+            ))?;
         }
     }
+    Ok(())
 }
 
 /// Prints each row as one JSON object per line.
@@ -185,7 +193,7 @@ pub fn print_table(rows: &[ResultRow]) {
 /// When serialisation fails.
 pub fn print_json(rows: &[ResultRow]) -> anyhow::Result<()> {
     for row in rows {
-        println!("{}", serde_json::to_string(row)?);
+        stdout::line(serde_json::to_string(row)?)?;
     }
     Ok(())
 }

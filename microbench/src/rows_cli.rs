@@ -10,6 +10,7 @@ use ps_shm::DataPathMode;
 use crate::kv::Op;
 use crate::report::{print_json, write_csv};
 use crate::rows::{self, RowsPlan, WorkerRun};
+use crate::stdout;
 
 /// `ps-microbench rows`.
 #[derive(Debug, Args)]
@@ -116,7 +117,7 @@ pub async fn run_rows(args: RowsArgs) -> anyhow::Result<()> {
     if args.json {
         print_json(&results)?;
     } else {
-        print!("{}", rows::table_of(&results));
+        stdout::text(rows::table_of(&results))?;
     }
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -147,6 +148,6 @@ pub async fn run_rows_worker(args: RowsWorkerArgs) -> anyhow::Result<()> {
         index: args.index,
     };
     let report = rows::run_worker(run).await?;
-    println!("{}", serde_json::to_string(&report)?);
+    stdout::line(serde_json::to_string(&report)?)?;
     Ok(())
 }

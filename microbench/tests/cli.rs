@@ -569,3 +569,20 @@ fn rows_measures_push_and_pull_of_embedding_rows_against_real_servers() {
         assert_eq!(rss.len(), 2, "one per server: {row}");
     }
 }
+
+#[test]
+fn results_whose_reader_closed_early_end_the_run_quietly() {
+    // As `ps-microbench apply ... | head -c 0` would: the reader is gone
+    // before the first row is written.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ps-microbench"))
+        .args(["apply", "--size", "4KiB", "--reps", "1", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ps-microbench");
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
