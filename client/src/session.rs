@@ -206,15 +206,17 @@ impl SessionLink {
                 // the ring when its answer comes knows it waits.
                 let reading = OwnReading::claim(&self.waiting, answers);
                 // Dropped before it is written or queued, the request takes
-                // its slot back (before the ring passes on), as nobody will
-                // answer it.
+                // its slot back (before the ring passes on): nobody waits
+                // for its answer (a write cut off midway is still finished,
+                // and the server's answer to it is dropped unclaimed).
                 let mut unsent = Unsent {
                     waiting: &self.waiting,
                     id,
                     armed: true,
                 };
                 // An answer before the request is written whole can only be
-                // the session's end: the server never had the request.
+                // the session's end, and an ended session writes nothing
+                // more (`ps_shm::caller`): the server never had the request.
                 // A lone request writes itself; one sent while others are in
                 // flight goes to the writer task, which writes them in turn.
                 let alone = reading.is_some();

@@ -4,8 +4,9 @@
 //! lent to others included, whether the request reading the ring hands them
 //! over or, once its own answer came, a task does; a request given up while
 //! it read the ring leaves the session to the others; a session whose
-//! server went fails what waits and sends nothing more; and a request
-//! still queued when it went is not sent, so it may go again.
+//! server went fails what waits and sends nothing more; and requests it
+//! never had whole (one written in part, one still queued) are not sent,
+//! so they may go again.
 
 use std::sync::Arc;
 
@@ -209,11 +210,12 @@ async fn a_session_whose_server_went_fails_what_waits_and_sends_nothing_more() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_still_queued_when_the_server_went_is_not_sent() {
+async fn requests_the_server_never_had_whole_when_it_went_are_not_sent() {
     let (mut server, worker, _) = in_process_ends(1 << 16).await.unwrap();
     let link = Arc::new(SessionLink::over_shared_memory(worker));
-    // 200 KB through a 64 KiB ring nobody reads: the writer task takes it
-    // and waits for room; a pull sent meanwhile waits in its queue.
+    // 200 KB through a 64 KiB ring nobody reads: the push writes itself
+    // and waits for room; a pull sent meanwhile waits in the writer task's
+    // queue.
     let gradient = v1::Tensor {
         name: "w".into(),
         part: 0,
@@ -241,13 +243,11 @@ async fn a_request_still_queued_when_the_server_went_is_not_sent() {
     })
     .await;
     drop(server);
-    // The push was partly written: failed or not sent, as the session's
-    // end or the writer's failure came first; the pull never went out.
+    // The push was written in part, and an ended session writes nothing
+    // more; the pull never went out. Neither reached the server whole.
     match within(pushing).await.unwrap() {
-        Err(CallError::Failed(status) | CallError::NotSent(status)) => {
-            assert_eq!(status.code(), Code::Unavailable);
-        }
-        other => panic!("{other:?}"),
+        Err(CallError::NotSent(status)) => assert_eq!(status.code(), Code::Unavailable),
+        other => panic!("a request never written whole counts as sent: {other:?}"),
     }
     match within(queued).await.unwrap() {
         Err(CallError::NotSent(status)) => assert_eq!(status.code(), Code::Unavailable),

@@ -318,10 +318,7 @@ async fn time_each(
     let source = vec![0x5au8; share];
     let mut once = async || {
         let began = Instant::now();
-        for (requests, _) in &mut sessions {
-            requests.write(&source).await?;
-            requests.flush();
-        }
+        send_each(&mut sessions, &source).await?;
         for (_, answers) in &mut sessions {
             answers.read_word().await?;
         }
@@ -346,15 +343,8 @@ async fn count_windowed(
     phase: Duration,
 ) -> Result<f64, ps_shm::ring::RingError> {
     let source = vec![0x5au8; share];
-    let send = async |sessions: &mut Vec<WorkerEnds>| {
-        for (requests, _) in sessions.iter_mut() {
-            requests.write(&source).await?;
-            requests.flush();
-        }
-        Ok::<_, ps_shm::ring::RingError>(())
-    };
     for _ in 0..window {
-        send(&mut sessions).await?;
+        send_each(&mut sessions, &source).await?;
     }
     let start = Instant::now();
     let mut operations = 0u64;
@@ -362,10 +352,22 @@ async fn count_windowed(
         for (_, answers) in &mut sessions {
             answers.read_word().await?;
         }
-        send(&mut sessions).await?;
+        send_each(&mut sessions, &source).await?;
         operations += 1;
     }
     Ok(operations as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Writes `share` to every server of `sessions`, each published at once.
+async fn send_each(
+    sessions: &mut [WorkerEnds],
+    share: &[u8],
+) -> Result<(), ps_shm::ring::RingError> {
+    for (requests, _) in sessions {
+        requests.write(share).await?;
+        requests.flush();
+    }
+    Ok(())
 }
 
 /// Runs `once` (which moves `size` bytes) repeatedly for `phase`; bytes per second.

@@ -28,7 +28,7 @@
 //! too.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use ps_proto::v1;
 use tokio::io::AsyncReadExt;
@@ -44,14 +44,14 @@ use crate::ring::{RingReader, RingWriter};
 /// Splits the session `end` into its two rings, answers carrying up to
 /// `payload_limit` bytes of tensors, and what says when it ends.
 pub fn worker_rings(end: WorkerEnd, payload_limit: u64) -> (RequestRing, AnswerRing, Closed) {
-    let stop = Arc::new(Notify::new());
+    let ending = Arc::new(Ending::default());
     let (alive, handles) = mpsc::channel(1);
     let writing = Arc::new(Mutex::new(Writing {
         ring: end.requests,
         seq: 1,
         current: None,
         broken: None,
-        stop: Arc::clone(&stop),
+        ending: Arc::clone(&ending),
     }));
     let (queued, queue) = mpsc::channel(QUEUED);
     tokio::spawn(write_queued(Arc::clone(&writing), queue));
@@ -69,14 +69,14 @@ pub fn worker_rings(end: WorkerEnd, payload_limit: u64) -> (RequestRing, AnswerR
             reading_from: None,
             skip_to: 0,
             broken: None,
-            stop: Arc::clone(&stop),
+            ending: Arc::clone(&ending),
         })),
         _alive: alive,
     };
     let closed = Closed {
         socket: end.socket,
         handles,
-        stop,
+        ending,
     };
     (requests, answers, closed)
 }
@@ -118,8 +118,9 @@ struct Writing {
     current: Option<Current>,
     /// Why the ring cannot be written any more.
     broken: Option<String>,
-    /// Told when the ring breaks, to end the session.
-    stop: Arc<Notify>,
+    /// Ended when the ring breaks; once the session has ended, nothing more
+    /// is written.
+    ending: Arc<Ending>,
 }
 
 /// A message whose write has begun: where on the ring it began.
@@ -231,8 +232,8 @@ impl RequestRing {
 
 /// Tells the writer task to finish the message being written if this is
 /// dropped while `armed` (the write cut off at one of its awaits). A full
-/// queue needs no telling: the task writes what it holds, and finishes the
-/// message before the first of them.
+/// queue needs no telling: the task finishes the message before it takes
+/// anything it holds.
 struct RestToTask<'a> {
     queued: &'a mpsc::Sender<ToWrite>,
     armed: bool,
@@ -255,18 +256,17 @@ async fn write_queued(writing: Arc<Mutex<Writing>>, mut queue: mpsc::Receiver<To
         let mut writing = writing.lock().await;
         let mut next = Some(first);
         while let Some(to_write) = next.take() {
-            let written = match to_write {
-                ToWrite::Request(message, queued) if queued.take() => {
-                    let written = writing.write_or_break(message).await;
-                    if written.is_err() {
-                        queued.not_written();
-                    }
-                    written
-                }
-                ToWrite::Request(..) => Ok(()),
-                ToWrite::Rest => writing.finish_or_break().await,
-            };
-            if written.is_err() {
+            // A message cut off midway goes first, so that a request is taken
+            // only when its own write comes next (and not once the session
+            // has ended: it then stays to be withdrawn).
+            if writing.finish_or_break().await.is_err() {
+                return;
+            }
+            if let ToWrite::Request(message, queued) = to_write
+                && queued.take()
+                && writing.write_or_break(message).await.is_err()
+            {
+                queued.not_written();
                 return;
             }
             next = queue.try_recv().ok();
@@ -292,7 +292,7 @@ impl Writing {
     fn break_on(&mut self, done: Result<(), MessageError>) -> Result<(), MessageError> {
         if let Err(error) = &done {
             self.broken.get_or_insert_with(|| error.to_string());
-            self.stop.notify_one();
+            self.ending.end();
         }
         done
     }
@@ -313,6 +313,10 @@ impl Writing {
     /// Writes the rest of the message being written, if one is, unless the
     /// ring broke before.
     async fn finish(&mut self) -> Result<(), MessageError> {
+        if self.ending.has_ended() {
+            self.broken
+                .get_or_insert_with(|| "the session has ended".to_string());
+        }
         if let Some(why) = &self.broken {
             return Err(MessageError::Broken(why.clone()));
         }
@@ -354,8 +358,8 @@ pub(crate) struct Reading {
     pub(crate) skip_to: u64,
     /// Why the ring cannot be read any more.
     pub(crate) broken: Option<String>,
-    /// Told when the ring breaks, to end the session.
-    pub(crate) stop: Arc<Notify>,
+    /// Ended when the ring breaks.
+    pub(crate) ending: Arc<Ending>,
 }
 
 impl AnswerRing {
@@ -404,7 +408,7 @@ impl AnswerReader {
             }
             Err(error) => {
                 self.reading.broken.get_or_insert_with(|| error.to_string());
-                self.reading.stop.notify_one();
+                self.reading.ending.end();
                 Err(error)
             }
         }
@@ -464,7 +468,31 @@ impl Reading {
 pub struct Closed {
     socket: UnixStream,
     handles: mpsc::Receiver<()>,
-    stop: Arc<Notify>,
+    ending: Arc<Ending>,
+}
+
+/// Whether a session has ended, shared by its rings and its [`Closed`]: a
+/// ring that breaks ends it, and so does [`Closed::wait`] returning, before
+/// anyone learns of the end from it. Once it has ended nothing more is
+/// written, so a request the session's end found unwritten, or written in
+/// part, never reaches the server whole, and may go again on a new one.
+#[derive(Debug, Default)]
+pub(crate) struct Ending {
+    ended: AtomicBool,
+    /// Wakes [`Closed::wait`] when a ring breaks.
+    broke: Notify,
+}
+
+impl Ending {
+    /// Ends the session, and wakes [`Closed::wait`].
+    pub(crate) fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        self.broke.notify_one();
+    }
+
+    fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
 }
 
 impl Closed {
@@ -472,10 +500,12 @@ impl Closed {
     /// server's side), and says why.
     pub async fn wait(mut self) -> &'static str {
         let mut byte = [0u8; 1];
-        tokio::select! {
+        let why = tokio::select! {
             _ = self.socket.read(&mut byte) => "the other process closed its socket",
-            () = self.stop.notified() => "a ring broke",
+            () = self.ending.broke.notified() => "a ring broke",
             None = self.handles.recv() => "this side's session ended",
-        }
+        };
+        self.ending.ended.store(true, Ordering::SeqCst);
+        why
     }
 }

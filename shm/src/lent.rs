@@ -175,7 +175,7 @@ impl Drop for LentPayloads {
             self.reading
                 .broken
                 .get_or_insert_with(|| "a lent payload's read failed".to_string());
-            self.reading.stop.notify_one();
+            self.reading.ending.end();
         }
     }
 }

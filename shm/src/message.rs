@@ -48,8 +48,8 @@ pub enum MessageError {
     /// The message's sizes, header or payloads do not fit together.
     #[error("a malformed shared-memory message: {0}")]
     Malformed(String),
-    /// The ring broke before, or a read or write on it was cut off midway:
-    /// the session cannot go on.
+    /// The ring broke or the session ended before, or a read of an answer
+    /// larger than the ring was cut off midway: the session cannot go on.
     #[error("the shared-memory session broke earlier: {0}")]
     Broken(String),
 }
@@ -440,7 +440,11 @@ async fn skip(ring: &mut RingReader, lens: &[u64]) -> Result<(), RingError> {
 /// Reads past `words` words (none: returns at once, with nothing
 /// allocated; a reader calls this before every message).
 pub(crate) async fn skip_words(ring: &mut RingReader, words: u64) -> Result<(), RingError> {
-    let mut left = words * 8;
+    let Some(mut left) = words.checked_mul(8) else {
+        return Err(RingError::Corrupt(format!(
+            "{words} words to read past: more than a ring can ever hold"
+        )));
+    };
     if left == 0 {
         return Ok(());
     }
@@ -483,15 +487,19 @@ mod tests {
         }
     }
 
-    /// The words `write` leaves on a fresh ring, read back raw.
+    /// The words `write` leaves on a fresh ring (checked to be `words`, no
+    /// more and no fewer), read back raw.
     async fn words_written(
         words: usize,
         write: impl AsyncFnOnce(&mut RingWriter) -> Result<(), RingError>,
     ) -> Vec<u8> {
         let (mut writer, mut reader, _, _) = crate::ring::in_process(1 << 16).unwrap();
         write(&mut writer).await.unwrap();
+        assert_eq!(writer.position(), words as u64, "words written");
         let mut bytes = vec![0u8; words * 8];
-        reader.read(&mut bytes).await.unwrap();
+        let read =
+            tokio::time::timeout(std::time::Duration::from_secs(10), reader.read(&mut bytes));
+        read.await.expect("the words were published").unwrap();
         bytes
     }
 

@@ -11,7 +11,9 @@
 //! The writer copies words in and then publishes the new `tail` (release); the
 //! reader loads `tail` (acquire), copies words out and publishes the new
 //! `head`. Large writes are published every [`PUBLISH_WORDS`], so the reader
-//! copies out while the writer still copies in. A side with nothing to do
+//! copies out while the writer still copies in (a worker reads an answer
+//! below 256 KiB only once it is whole, so that reading it never waits:
+//! `crate::caller`). A side with nothing to do
 //! spins for [`SPIN`] (only when its last wait was short: a peer that
 //! computes long between operations would only lose its core to the spinning;
 //! and yielding its core to the system at each turn only after the first

@@ -1,7 +1,8 @@
 //! The worker's rings driven by requests themselves ([`ps_shm::caller`]):
 //! a request's future dropped at any await leaves the session as it was.
-//! A write cut off midway is finished by the writer task; a read waits
-//! until an answer is whole before it reads it. Only a read of an answer larger than the ring can be
+//! A write cut off midway is finished by the writer task or the next write;
+//! a read waits until an answer below `LEND_AT_BYTES` is whole before it
+//! reads it. Only a read of an answer larger than the ring can be
 //! cut off midway: that breaks the session, whose next reader gets an
 //! error, and the session closes, so the server ends its side too.
 
@@ -149,13 +150,22 @@ async fn publish(server: &mut ServerEnd, bytes: &[u8]) {
 async fn a_read_cut_off_while_its_answer_was_half_written_leaves_the_session_as_it_was() {
     let (mut server, worker) = ends().await;
     let (_requests, answers, _closed) = worker_rings(worker, u64::MAX);
-    // Cut after the sizes and sequence number (in the head), and after a
-    // head and 9,000 bytes of a 20,000-byte payload: each read waits for
-    // the whole answer without reading any of it, and is cut off there.
-    let halves = [(answer(1), Some(16)), (pulled(2, 20_000), None)];
-    for (seq, (whole, cut)) in (1..).zip(halves) {
+    // Cut after the sizes word, the sequence number, the payload's length,
+    // a word of the header, and 9,000 bytes of a 20,000-byte payload: each
+    // read waits for the whole answer without reading any of it, and is cut
+    // off there.
+    let pull = || pulled(2, 20_000);
+    let in_payload = as_written(1, &pull()).len() - 20_000 + 9_000;
+    let halves = [
+        (answer(1), 8),
+        (answer(1), 16),
+        (pull(), 24),
+        (pull(), 32),
+        (pull(), in_payload),
+    ];
+    for (seq, (mut whole, cut)) in (1..).zip(halves) {
+        whole.id = seq;
         let bytes = as_written(seq, &whole);
-        let cut = cut.unwrap_or_else(|| bytes.len() - 20_000 + 9_000);
         let (first, rest) = bytes.split_at(cut);
         publish(&mut server, first).await;
         let cut_off = answers.lock().await.next().now_or_never();
@@ -216,6 +226,26 @@ async fn a_write_cut_off_midway_is_finished_by_the_writer_task_and_the_ring_stay
         closed.wait().now_or_never().is_none(),
         "the session goes on"
     );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_write_cut_off_midway_is_finished_by_the_next_write_first() {
+    let (mut server, worker) = ends().await;
+    let (requests, _answers, _closed) = worker_rings(worker, u64::MAX);
+    // Cut off as above; on this one thread the writer task has not run
+    // when the next request writes itself, so that write finishes the
+    // cut-off one first, while the server reads.
+    let cut_off = requests.send(push(1, 200_000)).now_or_never();
+    assert!(cut_off.is_none(), "wrote 200 KB into 64 KiB");
+    let reading = tokio::spawn(async move {
+        let ring = &mut server.requests;
+        (read(ring, 1).await, read(ring, 2).await)
+    });
+    let next = within(requests.send(push(2, 4096))).await.unwrap();
+    assert!(matches!(next, Sent::Written), "{next:?}");
+    let (first, second) = within(reading).await.unwrap();
+    assert_eq!(first, push(1, 200_000), "the cut-off request whole, first");
+    assert_eq!(second, push(2, 4096));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
