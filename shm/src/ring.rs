@@ -333,30 +333,25 @@ impl RingWriter {
         }
     }
 
-    /// Free words now, without waiting.
-    ///
-    /// # Errors
-    /// The reader's `head` is corrupt.
-    fn free(&self) -> Result<u64, RingError> {
-        let (tail, layout) = (self.tail, self.end.layout);
-        let head = self.end.word(layout.head).load(Ordering::Acquire);
-        if head > tail || tail - head > layout.capacity {
-            return Err(RingError::Corrupt(format!(
-                "the reader's head {head} is not within the ring behind the tail {tail}"
-            )));
-        }
-        Ok(layout.capacity - (tail - head))
-    }
-
     /// Free words, waiting (with what was written published) until there are some.
     async fn room(&mut self) -> Result<u64, RingError> {
-        let some = |writer: &Self| Ok(Some(writer.free()?).filter(|&free| free > 0));
-        if let Some(room) = some(self)? {
+        let (tail, layout) = (self.tail, self.end.layout);
+        let free = |end: &End| {
+            let head = end.word(layout.head).load(Ordering::Acquire);
+            if head > tail || tail - head > layout.capacity {
+                return Err(RingError::Corrupt(format!(
+                    "the reader's head {head} is not within the ring behind the tail {tail}"
+                )));
+            }
+            Ok(Some(layout.capacity - (tail - head)).filter(|&free| free > 0))
+        };
+        if let Some(room) = free(&self.end)? {
             return Ok(room);
         }
         self.flush();
-        let layout = self.end.layout;
-        self.end.wait(layout.writer_waiting, || some(self)).await
+        self.end
+            .wait(layout.writer_waiting, || free(&self.end))
+            .await
     }
 }
 
