@@ -116,6 +116,11 @@ pub struct WorkerReport {
     pub cpu_seconds: f64,
     /// Seconds both phases ran.
     pub wall_seconds: f64,
+    /// CPU seconds this process used in the throughput phase.
+    pub throughput_cpu_seconds: f64,
+    /// CPU seconds each watched process (the servers, by pid) used in this
+    /// worker's throughput phase, read from `/proc` at its start and end.
+    pub watched_cpu_seconds: Vec<f64>,
 }
 
 /// The key a run of `size` bytes uses.
@@ -144,19 +149,20 @@ async fn placed_client(servers: &[String], size: usize, reach: Reach) -> anyhow:
 }
 
 /// One worker process's part: latency with one operation in flight, then
-/// throughput with `window` in flight. Worker `index` pushes as ranks of its own,
-/// one per operation slot, so concurrent pushes are never taken for retries.
+/// throughput with `window` in flight, for `seconds` each; the CPU that the
+/// `watched` processes (the servers) used in the throughput phase is read
+/// too. Worker `index` pushes as ranks of its own, one per operation slot, so
+/// concurrent pushes are never taken for retries.
 ///
 /// # Errors
 /// When a server cannot be reached or refuses an operation.
 pub async fn run_worker(
     servers: &[String],
-    size: usize,
-    op: Op,
-    window: usize,
-    seconds: f64,
+    (size, op): (usize, Op),
+    (window, seconds): (usize, f64),
     index: u32,
     reach: Reach,
+    watched: &[u32],
 ) -> anyhow::Result<WorkerReport> {
     let client = placed_client(servers, size, reach).await?;
     let grad = [ParamBytes::new(key_name(size), gradient(size))];
@@ -173,6 +179,8 @@ pub async fn run_worker(
         latency.record(began.elapsed().as_micros().max(1) as u64)?;
     }
 
+    let watched_before: Vec<f64> = watched.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
+    let throughput_cpu = process_cpu_seconds();
     let throughput_start = Instant::now();
     let end = throughput_start + phase;
     let slots = (1..=window as u32).map(|s| {
@@ -191,13 +199,22 @@ pub async fn run_worker(
     for done in join_all(slots).await {
         ops += done?;
     }
+    let seconds = throughput_start.elapsed().as_secs_f64();
+    let throughput_cpu_seconds = process_cpu_seconds() - throughput_cpu;
+    let watched_cpu_seconds = watched
+        .iter()
+        .zip(watched_before)
+        .map(|(&pid, before)| proc_cpu_seconds(pid) - before)
+        .collect();
     Ok(WorkerReport {
         p50_us: latency.value_at_quantile(0.5) as f64,
         p99_us: latency.value_at_quantile(0.99) as f64,
         ops,
-        seconds: throughput_start.elapsed().as_secs_f64(),
+        seconds,
         cpu_seconds: process_cpu_seconds() - cpu,
         wall_seconds: start.elapsed().as_secs_f64(),
+        throughput_cpu_seconds,
+        watched_cpu_seconds,
     })
 }
 
@@ -361,7 +378,7 @@ fn run_phase(
     let before: Vec<f64> = pids.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
     let wall = Instant::now();
     let tls_args: Vec<String> = tls.iter().flat_map(|files| files.client_args()).collect();
-    let reports = spawn_workers(plan, addrs, size, (op, path), &tls_args)?;
+    let reports = spawn_workers(plan, (addrs, pids), size, (op, path), &tls_args)?;
     let wall = wall.elapsed().as_secs_f64();
     let servers_used = pids
         .iter()
@@ -462,6 +479,7 @@ fn row(
         "workers": workers,
         "tcp_runs_bytes_per_sec": tcp.runs_bytes_per_sec,
         "tcp_cores": tcp.cores,
+        "tcp_cpu_sec_per_gb": tcp.cores / (tcp.bytes_per_sec / 1e9).max(1e-12),
     });
     if let Some(tls_tcp) = &baselines.tls_tcp {
         figures["tls_tcp_bytes_per_sec"] = tls_tcp.bytes_per_sec.into();
@@ -526,16 +544,57 @@ fn row(
         p50_us,
         p99_us: crate::report::median(&mut p99),
         tcp_p50_us: Some(tcp.p50_us),
+        client_cpu_sec_per_gb: workers_cpu_per_gb(reports, size),
+        server_cpu_sec_per_gb: servers_cpu_per_gb(reports, size),
         reps: 1,
         servers: Some(figures),
         ..ResultRow::default()
     }
 }
 
+/// The workers' CPU seconds in the throughput phase, per GB that they moved in it.
+fn workers_cpu_per_gb(reports: &[WorkerReport], size: usize) -> Option<f64> {
+    let moved = reports
+        .iter()
+        .map(|r| r.ops as f64 * size as f64)
+        .sum::<f64>()
+        / 1e9;
+    let cpu: f64 = reports.iter().map(|r| r.throughput_cpu_seconds).sum();
+    (moved > 0.0).then(|| cpu / moved)
+}
+
+/// The servers' CPU seconds in the first worker's throughput phase, per GB
+/// that every worker moved in it (at the workers' combined rate: they run
+/// their phases side by side).
+fn servers_cpu_per_gb(reports: &[WorkerReport], size: usize) -> Option<f64> {
+    let first = reports
+        .first()
+        .filter(|r| !r.watched_cpu_seconds.is_empty())?;
+    let rate: f64 = reports
+        .iter()
+        .map(|r| r.ops as f64 * size as f64 / r.seconds.max(1e-9))
+        .sum();
+    let moved = rate * first.seconds / 1e9;
+    let cpu: f64 = first.watched_cpu_seconds.iter().sum();
+    (moved > 0.0).then(|| cpu / moved)
+}
+
+/// A row's CPU seconds per GB: the workers', the servers' and raw TCP's
+/// (both of its ends), as the table shows them.
+fn cpu_per_gb(row: &ResultRow) -> String {
+    let tcp = row
+        .servers
+        .as_ref()
+        .and_then(|figures| figures["tcp_cpu_sec_per_gb"].as_f64());
+    [row.client_cpu_sec_per_gb, row.server_cpu_sec_per_gb, tcp]
+        .map(|v| v.map_or("-".to_string(), |v| format!("{v:.2}")))
+        .join("/")
+}
+
 /// Starts the worker processes of one phase and reads each one's report.
 fn spawn_workers(
     plan: &KvPlan,
-    addrs: &[String],
+    (addrs, pids): (&[String], &[u32]),
     size: usize,
     (op, path): (Op, KvPath),
     tls_args: &[String],
@@ -545,10 +604,12 @@ fn spawn_workers(
     // start at 0 again, and would be taken for retries of an earlier phase's.
     let path_index = plan.data_paths.iter().position(|&p| p == path).unwrap_or(0);
     let first_index = path_index * plan.workers;
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
     let children = (0..plan.workers)
         .map(|index| {
             Command::new(&exe)
                 .args(["kv-worker", "--servers", &addrs.join(",")])
+                .args(["--watch-pids", &pids.join(",")])
                 .args(["--size", &size.to_string(), "--op", &op.to_string()])
                 .args(["--window", &plan.window.to_string()])
                 .args(["--seconds", &plan.seconds.to_string()])
@@ -724,7 +785,7 @@ pub fn table(rows: &[ResultRow]) -> String {
     let with_sgd = rows.iter().any(|row| tcp_sgd(row).is_some());
     let with_floor = rows.iter().any(|row| floor(row).is_some());
     let mut out = format!(
-        "{:<28} {:>4} {:>4} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>9} {:>13} {:>18}",
+        "{:<28} {:>4} {:>4} {:>9} {:>9} {:>10} {:>9} {:>10} {:>6} {:>9} {:>13} {:>18} {:>18}",
         "key",
         "op",
         "path",
@@ -736,7 +797,8 @@ pub fn table(rows: &[ResultRow]) -> String {
         "ratio",
         "TCP p50",
         "worker cores",
-        "server cores / RSS"
+        "server cores / RSS",
+        "CPU s/GB w/s/TCP"
     );
     if with_tls {
         out += &format!(" {:>12} {:>6}", "TLS TCP GB/s", "ratio");
@@ -774,7 +836,7 @@ pub fn table(rows: &[ResultRow]) -> String {
             .unwrap_or_default();
         let gb = |v: Option<f64>| v.map_or(0.0, |v| v / 1e9);
         out += &format!(
-            "{:<28} {:>4} {:>4} {:>9.0} {:>9.0} {:>10.3} {:>9.0} {:>10.3} {:>6.2} {:>9.0} {:>13} {:>18}",
+            "{:<28} {:>4} {:>4} {:>9.0} {:>9.0} {:>10.3} {:>9.0} {:>10.3} {:>6.2} {:>9.0} {:>13} {:>18} {:>18}",
             row.payload,
             row.mode.as_deref().unwrap_or(""),
             row.encoding.rsplit(' ').next().unwrap_or(""),
@@ -787,6 +849,7 @@ pub fn table(rows: &[ResultRow]) -> String {
             row.tcp_p50_us.unwrap_or(0.0),
             workers.join(","),
             servers.join(","),
+            cpu_per_gb(row),
         );
         let extras = [
             (with_tls, tls_tcp(row)),

@@ -287,6 +287,10 @@ struct KvWorkerArgs {
     /// The ps-server addresses, comma-separated.
     #[arg(long, value_delimiter = ',')]
     servers: Vec<String>,
+    /// Processes (the servers' pids, comma-separated) whose CPU in the
+    /// throughput phase the report carries.
+    #[arg(long, value_delimiter = ',')]
+    watch_pids: Vec<u32>,
     /// The key's size.
     #[arg(long, value_parser = parse_size)]
     size: usize,
@@ -582,16 +586,15 @@ async fn run_kv(args: KvArgs) -> anyhow::Result<()> {
 async fn run_kv_worker(args: KvWorkerArgs) -> anyhow::Result<()> {
     let report = kv::run_worker(
         &args.servers,
-        args.size,
-        args.op,
-        args.window,
-        args.seconds,
+        (args.size, args.op),
+        (args.window, args.seconds),
         args.index,
         kv::Reach {
             tls: args.security.tls()?,
             session: !args.unary,
             data_path: args.data_path,
         },
+        &args.watch_pids,
     )
     .await?;
     stdout::line(serde_json::to_string(&report)?)?;

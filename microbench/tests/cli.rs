@@ -348,6 +348,14 @@ fn kv_measures_push_and_pull_by_worker_processes_against_real_servers() {
         );
         assert_eq!(row["servers"]["workers"].as_array().unwrap().len(), 2);
         assert!(row["servers"]["tcp_cores"].as_f64().unwrap() > 0.0, "{row}");
+        // Each side's CPU per GB moved in the throughput phase, and raw TCP's.
+        for per_gb in [
+            &row["client_cpu_sec_per_gb"],
+            &row["server_cpu_sec_per_gb"],
+            &row["servers"]["tcp_cpu_sec_per_gb"],
+        ] {
+            assert!(per_gb.as_f64().unwrap() > 0.0, "{row}");
+        }
         assert!(
             row["servers"].get("tls_tcp_bytes_per_sec").is_none(),
             "no TLS baseline without --tls: {row}"
