@@ -45,7 +45,7 @@ fn pull(n: u64) -> Op {
 /// The bytes answering request `n`: 300 KB (lent) for even `n`, 4 KiB
 /// (read whole) for odd, in a pattern of `n`'s own.
 fn values(n: u64) -> Vec<u8> {
-    let len = if n % 2 == 0 { 300_000 } else { 4096 };
+    let len = if n.is_multiple_of(2) { 300_000 } else { 4096 };
     (0..len)
         .map(|i| (i as u8).wrapping_mul(7) ^ n as u8)
         .collect()

@@ -45,18 +45,18 @@ pub fn example(name: &str) -> PathBuf {
 fn built(relative: &str, selector: &[&str]) -> PathBuf {
     let profile_dir = target_dir();
     let path = profile_dir.join(relative);
-    if !path.is_file() {
-        if let Some(cargo) = std::env::var_os("CARGO") {
-            let mut build = std::process::Command::new(cargo);
-            build
-                .args(["build", "--quiet", "--workspace"])
-                .args(selector);
-            if profile_dir.ends_with("release") {
-                build.arg("--release");
-            }
-            let status = build.status().expect("run cargo build");
-            assert!(status.success(), "cargo build {selector:?} failed");
+    if !path.is_file()
+        && let Some(cargo) = std::env::var_os("CARGO")
+    {
+        let mut build = std::process::Command::new(cargo);
+        build
+            .args(["build", "--quiet", "--workspace"])
+            .args(selector);
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
         }
+        let status = build.status().expect("run cargo build");
+        assert!(status.success(), "cargo build {selector:?} failed");
     }
     assert!(
         path.is_file(),

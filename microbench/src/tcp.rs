@@ -224,7 +224,7 @@ impl ApplyingSink {
     /// the next frame.
     fn apply(&mut self, buffer: Vec<u8>, len: usize) -> io::Result<Vec<u8>> {
         let elements = len / 4;
-        if len % 4 != 0 {
+        if !len.is_multiple_of(4) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("an APPLY frame of {len} bytes is not whole f32 elements"),

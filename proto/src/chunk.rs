@@ -174,7 +174,7 @@ impl ChunkCursor {
             });
         }
         let elem_size = header.dtype.size();
-        if offset % elem_size as u64 != 0 || len % elem_size != 0 {
+        if !offset.is_multiple_of(elem_size as u64) || !len.is_multiple_of(elem_size) {
             return Err(ChunkError::Misaligned {
                 key: key(),
                 offset,

@@ -71,7 +71,7 @@ pub fn encode_ids(ids: &[u64]) -> Bytes {
 /// # Errors
 /// A message naming the length when it is not a multiple of 8 bytes.
 pub fn decode_ids(bytes: &[u8]) -> Result<Vec<u64>, String> {
-    if bytes.len() % ID_BYTES != 0 {
+    if !bytes.len().is_multiple_of(ID_BYTES) {
         return Err(format!(
             "ids take {} bytes, which is not a whole number of 8-byte ids",
             bytes.len()
@@ -126,7 +126,7 @@ pub fn copy_rows(bytes: &[u8], out: &mut [f32]) {
 /// # Errors
 /// A message naming the length otherwise.
 pub fn decode_rows(bytes: &[u8]) -> Result<Vec<f32>, String> {
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(format!(
             "rows take {} bytes, which is not a whole number of 4-byte elements",
             bytes.len()

@@ -190,10 +190,10 @@ impl Checkpointer {
                 () = stop.cancelled() => break,
                 () = tokio::time::sleep(tick) => {}
             }
-            if self.due().await {
-                if let Err(error) = self.write_now().await {
-                    tracing::error!(%error, "checkpoint failed; the previous one is kept");
-                }
+            if self.due().await
+                && let Err(error) = self.write_now().await
+            {
+                tracing::error!(%error, "checkpoint failed; the previous one is kept");
             }
         }
         let changed = self.store.max_version() > self.last.lock().await.0;

@@ -128,10 +128,8 @@ pub(crate) fn apply_all(
         .zip(admissions)
         .map(|((state, (key, grad)), admission)| {
             let accepted = admission == Admission::Accept;
-            if accepted {
-                if let Some(waited) = state.accept(group, live, worker, step, grad) {
-                    waits.record(waited, Some(worker));
-                }
+            if accepted && let Some(waited) = state.accept(group, live, worker, step, grad) {
+                waits.record(waited, Some(worker));
             }
             Pushed {
                 key: key.clone(),

@@ -236,7 +236,7 @@ impl Args {
     }
 
     fn shared_memory(&self) -> anyhow::Result<ps_server::config::SharedMemoryConfig> {
-        if self.shm_ring < 4096 || self.shm_ring % 8 != 0 {
+        if self.shm_ring < 4096 || !self.shm_ring.is_multiple_of(8) {
             anyhow::bail!(
                 "--shm-ring {} must be at least 4 KiB and a multiple of 8 bytes",
                 self.shm_ring

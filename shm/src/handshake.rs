@@ -245,7 +245,7 @@ impl Offers {
     /// # Errors
     /// The socket cannot be bound, or there is no boot id.
     pub fn bind(ring_bytes: u64) -> io::Result<(Arc<Self>, UnixListener)> {
-        if ring_bytes < 4096 || ring_bytes % 8 != 0 || ring_bytes > 1 << 32 {
+        if ring_bytes < 4096 || !ring_bytes.is_multiple_of(8) || ring_bytes > 1 << 32 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(

@@ -60,7 +60,10 @@ impl Region {
     /// # Errors
     /// The system refused a memfd, its size, its seals or its mapping.
     pub fn create(bytes: usize) -> io::Result<Self> {
-        assert!(bytes > 0 && bytes % 8 == 0, "a region is whole words");
+        assert!(
+            bytes > 0 && bytes.is_multiple_of(8),
+            "a region is whole words"
+        );
         let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
         let file = rustix::fs::memfd_create("candle-ps-shm", flags)?;
         rustix::fs::ftruncate(&file, bytes as u64)?;
@@ -80,7 +83,7 @@ impl Region {
             return Err(OpenError::NotSealed(seals));
         }
         let actual = rustix::fs::fstat(&file).map_err(io::Error::from)?.st_size as u64;
-        if actual != bytes || bytes == 0 || bytes % 8 != 0 {
+        if actual != bytes || bytes == 0 || !bytes.is_multiple_of(8) {
             return Err(OpenError::WrongSize {
                 expected: bytes,
                 actual,

@@ -572,7 +572,10 @@ async fn a_marked_read_hands_on_the_pieces_holding_a_mark() {
         let mut marked = |offset: usize, piece: &[u8]| {
             assert!(piece.len() <= ps_shm::ring::PUBLISH_WORDS as usize * 8);
             let last = offset + piece.len() == payload.len();
-            assert!(piece.len() % 8 == 0 || last, "a piece of whole words");
+            assert!(
+                piece.len().is_multiple_of(8) || last,
+                "a piece of whole words"
+            );
             assert_eq!(piece, &payload[offset..offset + piece.len()]);
             pieces.push(offset..offset + piece.len());
         };

@@ -105,10 +105,10 @@ impl HostProcess {
             let mut lines = BufReader::new(stderr).lines();
             let mut said_ready = Some(said_ready);
             while let Ok(Some(line)) = lines.next_line().await {
-                if ready_line.as_deref().is_some_and(|r| line.contains(r)) {
-                    if let Some(tell) = said_ready.take() {
-                        let _ = tell.send(());
-                    }
+                if ready_line.as_deref().is_some_and(|r| line.contains(r))
+                    && let Some(tell) = said_ready.take()
+                {
+                    let _ = tell.send(());
                 }
                 let _ = file.write_all(line.as_bytes()).await;
                 let _ = file.write_all(b"\n").await;

@@ -203,10 +203,10 @@ fn container_problems(
         if !accepts.flags.contains(flag) {
             problems.push(format!("{at}: {program} has no flag --{flag}"));
         }
-        if let Some(listen) = arg.strip_prefix("--listen=") {
-            if !port_of(listen).is_some_and(|port| ports.contains(&port)) {
-                problems.push(format!("{at}: listens on {listen}, not a declared port"));
-            }
+        if let Some(listen) = arg.strip_prefix("--listen=")
+            && !port_of(listen).is_some_and(|port| ports.contains(&port))
+        {
+            problems.push(format!("{at}: listens on {listen}, not a declared port"));
         }
         for flag in ["--scheduler=", "--advertise="] {
             if let Some(addr) = arg.strip_prefix(flag) {

@@ -122,12 +122,12 @@ struct Cli {
 impl Cli {
     /// Every check that needs no peer, made before anything starts.
     fn validate(&self) -> Result<(), String> {
-        if let (Some(rank), Some(workers)) = (self.rank, self.workers) {
-            if rank >= workers {
-                return Err(format!(
-                    "--rank {rank} is outside a group of --workers {workers} (ranks 0..{workers})"
-                ));
-            }
+        if let (Some(rank), Some(workers)) = (self.rank, self.workers)
+            && rank >= workers
+        {
+            return Err(format!(
+                "--rank {rank} is outside a group of --workers {workers} (ranks 0..{workers})"
+            ));
         }
         if self.server.iter().any(|s| s.trim().is_empty()) {
             return Err("--server has an empty address".into());
