@@ -18,8 +18,8 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::AtomicU64;
 
-use memmap2::MmapRaw;
-use rustix::fs::{MemfdFlags, SealFlags};
+use memmap2::{MmapOptions, MmapRaw};
+use rustix::fs::{FallocateFlags, MemfdFlags, SealFlags};
 
 use crate::copy::{self, Mark};
 
@@ -67,8 +67,15 @@ impl Region {
         let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
         let file = rustix::fs::memfd_create("candle-ps-shm", flags)?;
         rustix::fs::ftruncate(&file, bytes as u64)?;
+        // Every page is allocated now, not at its first touch: a ring's
+        // first pass through its pages paid a fault on each side for each
+        // page, 25-60 µs a step for a small model's first 54 steps
+        // (docs/benchmarks.md, "A session's pages made before its first
+        // step"). A system short of memory says so here, as an error,
+        // instead of at a fault in the middle of a copy.
+        rustix::fs::fallocate(&file, FallocateFlags::empty(), 0, bytes as u64)?;
         rustix::fs::fcntl_add_seals(&file, SEALS)?;
-        let map = MmapRaw::map_raw(&file)?;
+        let map = map_populated(&file)?;
         Ok(Self { map, file })
     }
 
@@ -89,7 +96,7 @@ impl Region {
                 actual,
             });
         }
-        let map = MmapRaw::map_raw(&file)?;
+        let map = map_populated(&file)?;
         Ok(Self { map, file })
     }
 
@@ -184,6 +191,13 @@ impl Region {
     }
 }
 
+/// `file` mapped shared, every page of it in this process's page tables
+/// from the start (`MAP_POPULATE`), so that no copy in or out of the region
+/// waits on a fault.
+fn map_populated(file: &OwnedFd) -> io::Result<MmapRaw> {
+    MmapOptions::new().populate().map_raw(file)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
@@ -198,6 +212,20 @@ mod tests {
         region.words()[3].store(0xfeed, Ordering::Release);
         assert_eq!(other.words()[3].load(Ordering::Acquire), 0xfeed);
         assert!(rustix::fs::ftruncate(region.file(), 0).is_err(), "sealed");
+    }
+
+    /// Every page of a new region is made when the region is, not at its
+    /// first touch in a session (a file whose pages are not made yet takes
+    /// no blocks).
+    #[test]
+    fn a_new_regions_pages_are_all_made_up_front() {
+        let bytes = 1 << 20;
+        let region = Region::create(bytes).unwrap();
+        let blocks = rustix::fs::fstat(region.file()).unwrap().st_blocks as usize;
+        assert!(blocks * 512 >= bytes, "{blocks} blocks of 512 bytes");
+        let bare = rustix::fs::memfd_create("t", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&bare, bytes as u64).unwrap();
+        assert_eq!(rustix::fs::fstat(&bare).unwrap().st_blocks, 0);
     }
 
     #[test]
