@@ -118,9 +118,20 @@ pub struct WorkerReport {
     pub wall_seconds: f64,
     /// CPU seconds this process used in the throughput phase.
     pub throughput_cpu_seconds: f64,
-    /// CPU seconds each watched process (the servers, by pid) used in this
-    /// worker's throughput phase, read from `/proc` at its start and end.
-    pub watched_cpu_seconds: Vec<f64>,
+    /// When the throughput phase began and ended, in seconds of the system's
+    /// clock (the same in every process, so the workers' phases can be
+    /// lined up).
+    pub throughput_span: (f64, f64),
+    /// The CPU seconds each watched process (the servers, by pid) had used
+    /// when the throughput phase began, and when it ended (from `/proc`).
+    pub watched_cpu_seconds: (Vec<f64>, Vec<f64>),
+}
+
+/// Seconds of the system's clock, comparable between processes.
+fn system_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64())
 }
 
 /// The key a run of `size` bytes uses.
@@ -179,8 +190,10 @@ pub async fn run_worker(
         latency.record(began.elapsed().as_micros().max(1) as u64)?;
     }
 
-    let watched_before: Vec<f64> = watched.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
+    let watched_cpu = || watched.iter().map(|&pid| proc_cpu_seconds(pid)).collect();
+    let watched_before: Vec<f64> = watched_cpu();
     let throughput_cpu = process_cpu_seconds();
+    let began = system_seconds();
     let throughput_start = Instant::now();
     let end = throughput_start + phase;
     let slots = (1..=window as u32).map(|s| {
@@ -200,12 +213,9 @@ pub async fn run_worker(
         ops += done?;
     }
     let seconds = throughput_start.elapsed().as_secs_f64();
+    let throughput_span = (began, system_seconds());
     let throughput_cpu_seconds = process_cpu_seconds() - throughput_cpu;
-    let watched_cpu_seconds = watched
-        .iter()
-        .zip(watched_before)
-        .map(|(&pid, before)| proc_cpu_seconds(pid) - before)
-        .collect();
+    let watched_cpu_seconds = (watched_before, watched_cpu());
     Ok(WorkerReport {
         p50_us: latency.value_at_quantile(0.5) as f64,
         p99_us: latency.value_at_quantile(0.99) as f64,
@@ -214,6 +224,7 @@ pub async fn run_worker(
         cpu_seconds: process_cpu_seconds() - cpu,
         wall_seconds: start.elapsed().as_secs_f64(),
         throughput_cpu_seconds,
+        throughput_span,
         watched_cpu_seconds,
     })
 }
@@ -479,8 +490,10 @@ fn row(
         "workers": workers,
         "tcp_runs_bytes_per_sec": tcp.runs_bytes_per_sec,
         "tcp_cores": tcp.cores,
-        "tcp_cpu_sec_per_gb": tcp.cores / (tcp.bytes_per_sec / 1e9).max(1e-12),
     });
+    if tcp.bytes_per_sec > 0.0 {
+        figures["tcp_cpu_sec_per_gb"] = (tcp.cores / (tcp.bytes_per_sec / 1e9)).into();
+    }
     if let Some(tls_tcp) = &baselines.tls_tcp {
         figures["tls_tcp_bytes_per_sec"] = tls_tcp.bytes_per_sec.into();
         figures["tls_tcp_runs_bytes_per_sec"] = tls_tcp.runs_bytes_per_sec.clone().into();
@@ -560,23 +573,29 @@ fn workers_cpu_per_gb(reports: &[WorkerReport], size: usize) -> Option<f64> {
         .sum::<f64>()
         / 1e9;
     let cpu: f64 = reports.iter().map(|r| r.throughput_cpu_seconds).sum();
-    (moved > 0.0).then(|| cpu / moved)
+    (moved > 0.0).then_some(cpu / moved)
 }
 
-/// The servers' CPU seconds in the first worker's throughput phase, per GB
-/// that every worker moved in it (at the workers' combined rate: they run
-/// their phases side by side).
+/// The servers' CPU seconds while every worker was in its throughput phase
+/// (from the last of them to begin to the first to end), per GB that the
+/// workers moved meanwhile at their combined rate.
 fn servers_cpu_per_gb(reports: &[WorkerReport], size: usize) -> Option<f64> {
-    let first = reports
-        .first()
-        .filter(|r| !r.watched_cpu_seconds.is_empty())?;
+    let last_in = reports
+        .iter()
+        .max_by(|a, b| a.throughput_span.0.total_cmp(&b.throughput_span.0))?;
+    let first_out = reports
+        .iter()
+        .min_by(|a, b| a.throughput_span.1.total_cmp(&b.throughput_span.1))?;
+    let both = first_out.throughput_span.1 - last_in.throughput_span.0;
+    let cpu = first_out.watched_cpu_seconds.1.iter().sum::<f64>()
+        - last_in.watched_cpu_seconds.0.iter().sum::<f64>();
     let rate: f64 = reports
         .iter()
         .map(|r| r.ops as f64 * size as f64 / r.seconds.max(1e-9))
         .sum();
-    let moved = rate * first.seconds / 1e9;
-    let cpu: f64 = first.watched_cpu_seconds.iter().sum();
-    (moved > 0.0).then(|| cpu / moved)
+    let moved = rate * both / 1e9;
+    let watched = !first_out.watched_cpu_seconds.1.is_empty();
+    (watched && both > 0.0 && moved > 0.0).then_some(cpu / moved)
 }
 
 /// A row's CPU seconds per GB: the workers', the servers' and raw TCP's
@@ -605,11 +624,12 @@ fn spawn_workers(
     let path_index = plan.data_paths.iter().position(|&p| p == path).unwrap_or(0);
     let first_index = path_index * plan.workers;
     let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let watch = (!pids.is_empty()).then(|| ["--watch-pids".to_string(), pids.join(",")]);
     let children = (0..plan.workers)
         .map(|index| {
             Command::new(&exe)
                 .args(["kv-worker", "--servers", &addrs.join(",")])
-                .args(["--watch-pids", &pids.join(",")])
+                .args(watch.iter().flatten())
                 .args(["--size", &size.to_string(), "--op", &op.to_string()])
                 .args(["--window", &plan.window.to_string()])
                 .args(["--seconds", &plan.seconds.to_string()])

@@ -145,12 +145,11 @@ proptest! {
                 Err(_) => { refused = true; break; }
             }
         }
-        if !refused
-            && let Ok(mut tensors) = assembler.finish() {
-                let (_, tensor) = tensors.pop().unwrap();
-                prop_assert_eq!(tensor.byte_len(), elements * 4);
-                prop_assert_eq!(tensor.to_contiguous(), Bytes::from(sent));
-            }
+        if !refused && let Ok(mut tensors) = assembler.finish() {
+            let (_, tensor) = tensors.pop().unwrap();
+            prop_assert_eq!(tensor.byte_len(), elements * 4);
+            prop_assert_eq!(tensor.to_contiguous(), Bytes::from(sent));
+        }
     }
 
     /// The planner places every element of every parameter exactly once, in

@@ -104,6 +104,17 @@ pub enum HandshakeError {
     Io(#[from] io::Error),
 }
 
+/// Runs `make` on the blocking pool: making or mapping a region fills
+/// every page of it (`crate::region`), which for rings of gigabytes takes
+/// long enough to hold up the runtime's other tasks.
+async fn off_runtime<T: Send + 'static>(
+    make: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, HandshakeError> {
+    tokio::task::spawn_blocking(make)
+        .await
+        .map_err(|error| HandshakeError::Io(io::Error::other(error)))
+}
+
 impl HandshakeError {
     /// Whether the server is simply out of reach of shared memory (another
     /// host, user or namespace): `--data-path auto` then stays on gRPC
@@ -368,7 +379,8 @@ pub async fn admit<C>(
             return Err(HandshakeError::Refused(refusal));
         }
     };
-    let region = Arc::new(Region::create(region_bytes(offers.ring_bytes) as usize)?);
+    let bytes = region_bytes(offers.ring_bytes) as usize;
+    let region = Arc::new(off_runtime(move || Region::create(bytes)).await??);
     write_header(&region, offers.ring_bytes);
     let bells = Bells::create()?;
     let welcome = v1::SharedMemoryWelcome {
@@ -467,7 +479,8 @@ pub async fn connect(offer: &v1::SharedMemoryOffer) -> Result<WorkerEnd, Handsha
             welcome.ring_bytes
         )));
     }
-    let region = Arc::new(Region::open(region, region_bytes(welcome.ring_bytes))?);
+    let bytes = region_bytes(welcome.ring_bytes);
+    let region = Arc::new(off_runtime(move || Region::open(region, bytes)).await??);
     let capacity = read_header(&region, welcome.ring_bytes)?;
     Ok(WorkerEnd {
         requests: RingWriter::new(

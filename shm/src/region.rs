@@ -55,10 +55,12 @@ pub struct Region {
 }
 
 impl Region {
-    /// A new region of `bytes` bytes (a whole number of words), zeroed and sealed.
+    /// A new region of `bytes` bytes (a whole number of words), zeroed and
+    /// sealed, its pages all made and mapped.
     ///
     /// # Errors
-    /// The system refused a memfd, its size, its seals or its mapping.
+    /// The system refused a memfd, its size, the memory for its pages, its
+    /// seals or its mapping.
     pub fn create(bytes: usize) -> io::Result<Self> {
         assert!(
             bytes > 0 && bytes.is_multiple_of(8),
@@ -96,7 +98,19 @@ impl Region {
                 actual,
             });
         }
-        let map = map_populated(&file)?;
+        // A file whose pages are all made (as this version's servers make
+        // them) is mapped with its page tables filled; one with holes is
+        // mapped as it is, so that a server cannot make this process
+        // allocate the whole of a region it never wrote.
+        let made = rustix::fs::fstat(&file)
+            .map_err(io::Error::from)?
+            .st_blocks
+            .saturating_mul(512) as u64
+            >= bytes;
+        let map = match made {
+            true => map_populated(&file)?,
+            false => MmapRaw::map_raw(&file)?,
+        };
         Ok(Self { map, file })
     }
 
@@ -191,9 +205,9 @@ impl Region {
     }
 }
 
-/// `file` mapped shared, every page of it in this process's page tables
-/// from the start (`MAP_POPULATE`), so that no copy in or out of the region
-/// waits on a fault.
+/// `file` mapped shared, its pages entered in this process's page tables
+/// from the start (`MAP_POPULATE`), so that a copy in or out of the region
+/// does not wait on a page's first fault.
 fn map_populated(file: &OwnedFd) -> io::Result<MmapRaw> {
     MmapOptions::new().populate().map_raw(file)
 }
@@ -226,6 +240,22 @@ mod tests {
         let bare = rustix::fs::memfd_create("t", MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&bare, bytes as u64).unwrap();
         assert_eq!(rustix::fs::fstat(&bare).unwrap().st_blocks, 0);
+    }
+
+    /// A file received with holes (no page of it made) is mapped without
+    /// making them: a server cannot make a worker allocate a region that
+    /// the server never wrote.
+    #[test]
+    fn a_received_file_with_holes_is_mapped_without_allocating_it() {
+        let bytes = 1 << 20;
+        let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        let file = rustix::fs::memfd_create("t", flags).unwrap();
+        rustix::fs::ftruncate(&file, bytes).unwrap();
+        rustix::fs::fcntl_add_seals(&file, SEALS).unwrap();
+        let copy = file.try_clone().unwrap();
+        let region = Region::open(file, bytes).unwrap();
+        assert_eq!(region.bytes(), bytes as usize);
+        assert_eq!(rustix::fs::fstat(&copy).unwrap().st_blocks, 0);
     }
 
     #[test]
