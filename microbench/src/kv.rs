@@ -214,16 +214,16 @@ pub async fn run_worker(
     }
     let seconds = throughput_start.elapsed().as_secs_f64();
     let throughput_span = (began, system_seconds());
-    let throughput_cpu_seconds = process_cpu_seconds() - throughput_cpu;
+    let cpu_now = process_cpu_seconds();
     let watched_cpu_seconds = (watched_before, watched_cpu());
     Ok(WorkerReport {
         p50_us: latency.value_at_quantile(0.5) as f64,
         p99_us: latency.value_at_quantile(0.99) as f64,
         ops,
         seconds,
-        cpu_seconds: process_cpu_seconds() - cpu,
+        cpu_seconds: cpu_now - cpu,
         wall_seconds: start.elapsed().as_secs_f64(),
-        throughput_cpu_seconds,
+        throughput_cpu_seconds: cpu_now - throughput_cpu,
         throughput_span,
         watched_cpu_seconds,
     })

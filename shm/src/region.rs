@@ -91,7 +91,8 @@ impl Region {
         if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
             return Err(OpenError::NotSealed(seals));
         }
-        let actual = rustix::fs::fstat(&file).map_err(io::Error::from)?.st_size as u64;
+        let stat = rustix::fs::fstat(&file).map_err(io::Error::from)?;
+        let actual = stat.st_size as u64;
         if actual != bytes || bytes == 0 || !bytes.is_multiple_of(8) {
             return Err(OpenError::WrongSize {
                 expected: bytes,
@@ -102,11 +103,7 @@ impl Region {
         // them) is mapped with its page tables filled; one with holes is
         // mapped as it is, so that a server cannot make this process
         // allocate the whole of a region it never wrote.
-        let made = rustix::fs::fstat(&file)
-            .map_err(io::Error::from)?
-            .st_blocks
-            .saturating_mul(512) as u64
-            >= bytes;
+        let made = stat.st_blocks.saturating_mul(512) as u64 >= bytes;
         let map = match made {
             true => map_populated(&file)?,
             false => MmapRaw::map_raw(&file)?,
