@@ -5,12 +5,14 @@
 //! happens entirely or not at all even when the request's future is dropped.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ps_proto::codec::{DType, TensorData, encode_f32};
 use ps_proto::header::TensorHeader;
 use ps_proto::ids::{Rank, Step, Version};
+use ps_shm::arena::Arena;
 
 use crate::checkpoint::{KeyCheckpoint, Layout};
 use crate::consistency::{Admission, Consistency, admit};
@@ -232,6 +234,13 @@ impl KeyState {
                 *last = (*last).max(done);
             }
         }
+    }
+
+    /// Moves the values into `arena` when they belong there
+    /// ([`Values::placed_in`]).
+    pub fn place_in(&mut self, arena: &Arc<Arena>) {
+        let values = std::mem::replace(&mut self.values, Values::new(Vec::new()));
+        self.values = values.placed_in(arena);
     }
 
     /// Current version.

@@ -25,6 +25,7 @@ use crate::follower::{await_scheduler, follow};
 use crate::metrics::ServerMetrics;
 use crate::service::ParameterService;
 use crate::store::Store;
+use ps_shm::arena::Arena;
 
 pub use ps_common::process::ServeError;
 
@@ -76,7 +77,8 @@ pub async fn run_with_metrics(
     // serving (a task of its own) ends with it.
     let _begun_on_return = shutdown_begun.clone().drop_guard();
     let stopped = CancellationToken::new();
-    let store = open_store(&config, &shutdown_begun);
+    let arena = crate::shared_memory::arena(&config);
+    let store = open_store(&config, &shutdown_begun, arena.clone());
     let checkpointer = start_checkpoints(&config, &store, &stopped);
     let follower = config.scheduler.clone().map(|link| {
         let (store, transport) = (Arc::clone(&store), config.transport.clone());
@@ -93,7 +95,7 @@ pub async fn run_with_metrics(
         config.clone(),
         checkpointer.as_ref().map(|(c, _)| Arc::clone(c)),
     );
-    let shared_memory = crate::shared_memory::bind(&config)?;
+    let shared_memory = crate::shared_memory::bind(&config, arena)?;
     let service = match &shared_memory {
         Some((offers, _)) => service.with_shared_memory(Arc::clone(offers)),
         None => service,
@@ -191,10 +193,15 @@ pub async fn run_with_metrics(
     Ok(())
 }
 
-/// The shard's store: its pull waits end when the shutdown begins, and it
-/// restores keys from the checkpoint folder when there is one.
-fn open_store(config: &ServerConfig, shutdown_begun: &CancellationToken) -> Arc<Store> {
-    let mut store = Store::new(config.store_rules(), shutdown_begun.clone());
+/// The shard's store: its pull waits end when the shutdown begins, it
+/// restores keys from the checkpoint folder when there is one, and it keeps
+/// large keys in the values arena when there is one.
+fn open_store(
+    config: &ServerConfig,
+    shutdown_begun: &CancellationToken,
+    arena: Option<Arc<Arena>>,
+) -> Arc<Store> {
+    let mut store = Store::new(config.store_rules(), shutdown_begun.clone()).with_arena(arena);
     if let Some(checkpoint) = &config.checkpoint {
         store = store.with_archive(&checkpoint.root);
     }

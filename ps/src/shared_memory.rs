@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use ps_common::process::ServeError;
+use ps_shm::arena::Arena;
 use ps_shm::link::Charger;
 use ps_shm::pool::{BufferPool, Hold};
 use ps_shm::{DataPathMode, Offers, admit, serve_link};
@@ -27,20 +28,38 @@ const HANDSHAKES_AT_ONCE: usize = 16;
 /// How long the accept loop waits after the socket fails to accept.
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// The shared-memory socket and its offers, when `config` asks for them:
-/// `auto` goes on without them (with a warning) when the socket cannot be
-/// made, `shm` fails.
+/// The values arena large keys live in when `config` offers shared memory,
+/// sized to the memory budget (its pages are made only as values fill
+/// them). Without one (the system refused it, which is logged), workers on
+/// this host still use shared memory, their pulls copied through the ring.
+pub(crate) fn arena(config: &ServerConfig) -> Option<Arc<Arena>> {
+    if !config.shared_memory.mode.tries_shm() {
+        return None;
+    }
+    match Arena::create(config.memory_budget as u64) {
+        Ok(arena) => Some(arena),
+        Err(error) => {
+            tracing::warn!(%error, "no values arena; shared-memory pulls are copied through the ring");
+            None
+        }
+    }
+}
+
+/// The shared-memory socket and its offers (handing workers `arena` too),
+/// when `config` asks for them: `auto` goes on without them (with a
+/// warning) when the socket cannot be made, `shm` fails.
 ///
 /// # Errors
 /// [`ServeError::Config`] for `--data-path shm` when the socket cannot be made.
 pub(crate) fn bind(
     config: &ServerConfig,
+    arena: Option<Arc<Arena>>,
 ) -> Result<Option<(Arc<Offers>, UnixListener)>, ServeError> {
     let shm = &config.shared_memory;
     if !shm.mode.tries_shm() {
         return Ok(None);
     }
-    match Offers::bind(shm.ring_bytes) {
+    match Offers::bind_with_arena(shm.ring_bytes, arena) {
         Ok((offers, listener)) => {
             tracing::info!(socket = %offers.socket(), ring_bytes = shm.ring_bytes, "offering shared memory to workers on this host");
             Ok(Some((offers, listener)))

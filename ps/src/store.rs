@@ -14,6 +14,7 @@ use ps_proto::codec::{DType, TensorData, first_non_finite};
 use ps_proto::header::TensorHeader;
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
+use ps_shm::arena::Arena;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -114,6 +115,8 @@ pub struct Store {
     workers: AtomicU32,
     map: AppliedMap,
     archive: Option<Archive>,
+    /// Where large keys' values go, for workers on this host to read.
+    arena: Option<Arc<Arena>>,
     budget: Arc<MemoryBudget>,
     counters: Counters,
     step_waits: StepWaits,
@@ -131,6 +134,7 @@ impl Store {
             workers: AtomicU32::new(rules.group.workers),
             map: AppliedMap::default(),
             archive: None,
+            arena: None,
             budget: MemoryBudget::new(rules.memory_budget),
             counters: Counters::default(),
             step_waits: StepWaits::default(),
@@ -153,6 +157,13 @@ impl Store {
     /// must be restored.
     pub fn with_archive(mut self, root: impl Into<std::path::PathBuf>) -> Self {
         self.archive = Some(Archive::load(root));
+        self
+    }
+
+    /// Keeps large keys' values in `arena`, which workers with a shared-memory
+    /// session map read-only, so that their pulls copy the values once.
+    pub fn with_arena(mut self, arena: Option<Arc<Arena>>) -> Self {
+        self.arena = arena;
         self
     }
 
@@ -298,7 +309,7 @@ impl Store {
                     version: restore_version,
                     ranks,
                 };
-                insert_or_refresh(&mut keys, spec, offered, share, self.archive.as_ref())
+                insert_or_refresh(&mut keys, spec, offered, share, (self.archive.as_ref(), self.arena.as_ref()))
             })
             .collect();
         Ok(registered)
@@ -739,11 +750,14 @@ fn insert_or_refresh(
     spec: ParamSpec,
     offered: Offered<'_>,
     charge: Charge,
-    archive: Option<&Archive>,
+    (archive, arena): (Option<&Archive>, Option<&Arc<Arena>>),
 ) -> Registered {
     if let Some(existing) = keys.get(&spec.header.key) {
         let mut state = existing.lock();
         if refresh_key(&existing.spec, &mut state, offered) {
+            if let Some(arena) = arena {
+                state.place_in(arena);
+            }
             existing.announce(state.version());
         }
         return Registered {
@@ -752,7 +766,10 @@ fn insert_or_refresh(
             version: state.version(),
         };
     }
-    let state = new_key(&spec, offered, archive);
+    let mut state = new_key(&spec, offered, archive);
+    if let Some(arena) = arena {
+        state.place_in(arena);
+    }
     let version = state.version();
     let key = spec.header.key.clone();
     let entry = Entry {

@@ -35,11 +35,12 @@ use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::sync::{Mutex, Notify, OwnedMutexGuard, mpsc};
 
+use crate::arena::ArenaView;
 use crate::handshake::WorkerEnd;
 use crate::lent::{Answer, LEND_AT_BYTES, LentPayloads};
 use crate::message::{Encoded, MessageError, read_head, skip_words, wait_whole};
 use crate::pool::BufferPool;
-use crate::ring::{RingReader, RingWriter};
+use crate::ring::{Released, RingReader, RingWriter};
 
 /// Splits the session `end` into its two rings, answers carrying up to
 /// `payload_limit` bytes of tensors, and what says when it ends.
@@ -62,7 +63,9 @@ pub fn worker_rings(end: WorkerEnd, payload_limit: u64) -> (RequestRing, AnswerR
     };
     let answers = AnswerRing {
         reading: Arc::new(Mutex::new(Reading {
+            released: end.answers.released(),
             ring: end.answers,
+            arena: end.arena,
             seq: 1,
             pool: BufferPool::new(),
             payload_limit,
@@ -347,6 +350,10 @@ pub struct AnswerRing {
 #[derive(Debug)]
 pub(crate) struct Reading {
     pub(crate) ring: RingReader,
+    /// The server's values arena, which payloads of its answers may lie in.
+    arena: Option<Arc<ArenaView>>,
+    /// Where this worker says it is done with them.
+    pub(crate) released: Released,
     seq: u64,
     pub(crate) pool: BufferPool,
     payload_limit: u64,
@@ -382,7 +389,9 @@ pub struct AnswerReader {
 /// the lengths of the payloads still on the ring.
 enum Read {
     Whole(v1::SessionAnswer),
-    Head(v1::SessionAnswer, Vec<u64>),
+    /// The answer, its sequence number, its payloads' length words and the
+    /// arena those in it lie in.
+    Head(v1::SessionAnswer, u64, (Vec<u64>, Option<Arc<ArenaView>>)),
 }
 
 impl AnswerReader {
@@ -398,8 +407,8 @@ impl AnswerReader {
     pub async fn next(mut self) -> Result<(Answer, Option<Self>), MessageError> {
         match self.read_next().await {
             Ok(Read::Whole(message)) => Ok((Answer::whole(message), Some(self))),
-            Ok(Read::Head(message, lens)) => {
-                let lent = LentPayloads::new(self.reading, lens);
+            Ok(Read::Head(message, seq, lens)) => {
+                let lent = LentPayloads::new(self.reading, seq, lens);
                 let answer = Answer {
                     message,
                     lent: Some(lent),
@@ -421,7 +430,8 @@ impl AnswerReader {
         // cannot be cut off midway (one larger than the ring can).
         wait_whole(&reading.ring, LEND_AT_BYTES).await?;
         reading.reading_from = Some(reading.ring.position());
-        let head = read_head::<v1::SessionAnswer>(&mut reading.ring, reading.seq).await?;
+        let arena = reading.arena.as_ref();
+        let head = read_head::<v1::SessionAnswer>(&mut reading.ring, reading.seq, arena).await?;
         let total = head.payload_bytes();
         if total > reading.payload_limit {
             let limit = reading.payload_limit;
@@ -430,13 +440,17 @@ impl AnswerReader {
             )));
         }
         let read = if total < LEND_AT_BYTES {
+            let releases = head.has_arena_payloads();
             let message = head
                 .read_payloads(&mut reading.ring, &reading.pool, None)
                 .await?;
+            if releases {
+                reading.released.store(reading.seq);
+            }
             Read::Whole(message)
         } else {
-            let (message, lens) = head.into_parts();
-            Read::Head(message, lens)
+            let (message, lens, arena) = head.into_parts();
+            Read::Head(message, reading.seq, (lens, arena))
         };
         reading.reading_from = None;
         reading.seq += 1;

@@ -41,6 +41,7 @@ use rustix::net::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
+use crate::arena::{Arena, ArenaView};
 use crate::bell::{Bell, Ringer, doorbell};
 use crate::region::{OpenError, Region};
 use crate::ring::{
@@ -215,6 +216,9 @@ pub struct ServerEnd {
     /// The peer's process id, for logs (none when it runs in a process
     /// namespace this server cannot see into).
     pub peer_pid: Option<i32>,
+    /// The values arena the worker was handed, which answers may send
+    /// payloads from by their offset.
+    pub arena: Option<Arc<Arena>>,
 }
 
 /// The worker's end of a session.
@@ -226,6 +230,8 @@ pub struct WorkerEnd {
     pub answers: RingReader,
     /// The socket, open for as long as the session.
     pub socket: UnixStream,
+    /// The server's values arena, mapped read-only, when it handed one over.
+    pub arena: Option<Arc<ArenaView>>,
 }
 
 /// This host's boot id, which differs from one host (and boot) to the next.
@@ -246,6 +252,7 @@ pub struct Offers {
     boot_id: String,
     uid: u32,
     ring_bytes: u64,
+    arena: Option<Arc<Arena>>,
     pending: Mutex<HashMap<[u8; 32], Instant>>,
 }
 
@@ -256,6 +263,17 @@ impl Offers {
     /// # Errors
     /// The socket cannot be bound, or there is no boot id.
     pub fn bind(ring_bytes: u64) -> io::Result<(Arc<Self>, UnixListener)> {
+        Self::bind_with_arena(ring_bytes, None)
+    }
+
+    /// [`Offers::bind`], handing each worker `arena` (read-only) as well.
+    ///
+    /// # Errors
+    /// As [`Offers::bind`].
+    pub fn bind_with_arena(
+        ring_bytes: u64,
+        arena: Option<Arc<Arena>>,
+    ) -> io::Result<(Arc<Self>, UnixListener)> {
         if ring_bytes < 4096 || !ring_bytes.is_multiple_of(8) || ring_bytes > 1 << 32 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -274,6 +292,7 @@ impl Offers {
             boot_id: boot_id()?,
             uid: rustix::process::geteuid().as_raw(),
             ring_bytes,
+            arena,
             pending: Mutex::default(),
         };
         Ok((Arc::new(offers), UnixListener::from_std(listener)?))
@@ -374,6 +393,7 @@ pub async fn admit<C>(
             let welcome = v1::SharedMemoryWelcome {
                 refusal: refusal.clone(),
                 ring_bytes: 0,
+                arena_bytes: 0,
             };
             send_with_fds(&socket, &welcome, &[]).await?;
             return Err(HandshakeError::Refused(refusal));
@@ -383,12 +403,16 @@ pub async fn admit<C>(
     let region = Arc::new(off_runtime(move || Region::create(bytes)).await??);
     write_header(&region, offers.ring_bytes);
     let bells = Bells::create()?;
+    let arena = offers.arena.clone();
     let welcome = v1::SharedMemoryWelcome {
         refusal: String::new(),
         ring_bytes: offers.ring_bytes,
+        arena_bytes: arena.as_ref().map_or(0, |arena| arena.bytes()),
     };
     let [a, b, c, d] = bells.worker_ends();
-    send_with_fds(&socket, &welcome, &[region.file(), a, b, c, d]).await?;
+    let mut fds = vec![region.file(), a, b, c, d];
+    fds.extend(arena.as_ref().map(|arena| arena.file()));
+    send_with_fds(&socket, &welcome, &fds).await?;
     let capacity = (offers.ring_bytes / 8) as usize;
     let side = bells.server_side()?;
     let end = ServerEnd {
@@ -401,6 +425,7 @@ pub async fn admit<C>(
         answers: RingWriter::new(region, Direction::Answers, capacity, side.answers),
         socket,
         peer_pid: peer.pid(),
+        arena,
     };
     Ok((end, charged))
 }
@@ -417,7 +442,21 @@ pub async fn admit<C>(
 pub async fn in_process_ends(
     ring_bytes: u64,
 ) -> Result<(ServerEnd, WorkerEnd, v1::SharedMemoryOffer), HandshakeError> {
-    let (offers, listener) = Offers::bind(ring_bytes)?;
+    in_process_ends_with(ring_bytes, None).await
+}
+
+/// [`in_process_ends`], the server handing the worker `arena`.
+///
+/// # Errors
+/// As [`in_process_ends`].
+///
+/// # Panics
+/// Outside a runtime.
+pub async fn in_process_ends_with(
+    ring_bytes: u64,
+    arena: Option<Arc<Arena>>,
+) -> Result<(ServerEnd, WorkerEnd, v1::SharedMemoryOffer), HandshakeError> {
+    let (offers, listener) = Offers::bind_with_arena(ring_bytes, arena)?;
     let offer = offers.offer()?;
     let server = tokio::spawn(async move {
         let (socket, _) = listener.accept().await?;
@@ -466,6 +505,10 @@ pub async fn connect(offer: &v1::SharedMemoryOffer) -> Result<WorkerEnd, Handsha
         return Err(HandshakeError::Refused(welcome.refusal));
     }
     let mut fds = fds.into_iter();
+    let arena = match welcome.arena_bytes {
+        0 => None,
+        _ => fds.next_back(),
+    };
     let Some(region) = fds.next() else {
         return Err(HandshakeError::Protocol(
             "the welcome carried no region".to_string(),
@@ -482,6 +525,19 @@ pub async fn connect(offer: &v1::SharedMemoryOffer) -> Result<WorkerEnd, Handsha
     let bytes = region_bytes(welcome.ring_bytes);
     let region = Arc::new(off_runtime(move || Region::open(region, bytes)).await??);
     let capacity = read_header(&region, welcome.ring_bytes)?;
+    let arena = match arena {
+        None if welcome.arena_bytes > 0 => {
+            return Err(HandshakeError::Protocol(
+                "the welcome announced a values arena and carried none".to_string(),
+            ));
+        }
+        None => None,
+        Some(file) => {
+            let bytes = welcome.arena_bytes;
+            let view = off_runtime(move || ArenaView::open(file, bytes)).await?;
+            Some(Arc::new(view.map_err(|e| HandshakeError::Protocol(e.to_string()))?))
+        }
+    };
     Ok(WorkerEnd {
         requests: RingWriter::new(
             Arc::clone(&region),
@@ -491,6 +547,7 @@ pub async fn connect(offer: &v1::SharedMemoryOffer) -> Result<WorkerEnd, Handsha
         ),
         answers: RingReader::new(region, Direction::Answers, capacity, side.answers),
         socket,
+        arena,
     })
 }
 
@@ -549,7 +606,7 @@ async fn send_with_fds(
 ) -> io::Result<()> {
     let body = message.encode_to_vec();
     let len = (body.len() as u32).to_le_bytes();
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(5))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(6))];
     loop {
         socket.writable().await?;
         let sent = socket.try_io(Interest::WRITABLE, || {
@@ -587,7 +644,7 @@ async fn receive_with_fds<M: Message + Default>(
 ) -> Result<(M, Vec<OwnedFd>), HandshakeError> {
     let receive = async {
         let mut buffer = vec![0u8; HANDSHAKE_LIMIT as usize + 4];
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(5))];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(6))];
         let mut fds = Vec::new();
         let mut filled = 0;
         loop {

@@ -12,14 +12,21 @@
 //! read when it lets go (dropped, read in part, or a read cut off midway by
 //! its future being dropped) the ring's next reader reads past; only a ring
 //! that failed ends the session.
+//!
+//! A payload that lies in the server's values arena ([`crate::arena`]) is
+//! copied from there; once the payloads drop, the server is told it may let
+//! those values go ([`crate::ring::Released`]).
 
 use bytes::Bytes;
 use ps_proto::v1;
 use tokio::sync::OwnedMutexGuard;
 use tonic::Status;
 
+use std::sync::Arc;
+
+use crate::arena::ArenaView;
 use crate::caller::Reading;
-use crate::message::Payloads;
+use crate::message::{IN_ARENA, Payloads, copy_from_arena, payload_len, ring_words};
 use crate::ring::RingError;
 
 /// Answers whose payloads come to at least this many bytes are lent to the
@@ -66,7 +73,12 @@ impl Answer {
 /// ([`crate::caller::AnswerRing`]) until they drop.
 pub struct LentPayloads {
     reading: OwnedMutexGuard<Reading>,
+    /// The payloads' length words ([`IN_ARENA`] set on those in the arena).
     lens: Vec<u64>,
+    arena: Option<Arc<ArenaView>>,
+    /// The answer's sequence number, when payloads of it lie in the arena:
+    /// released when these drop.
+    releases: Option<u64>,
     next: usize,
     /// While a read is under way: where the ring stood when it began.
     reading_from: Option<u64>,
@@ -85,12 +97,20 @@ impl std::fmt::Debug for LentPayloads {
 }
 
 impl LentPayloads {
-    /// Payloads of `lens` bytes on the ring `reading` holds, which it
-    /// holds until they drop.
-    pub(crate) fn new(reading: OwnedMutexGuard<Reading>, lens: Vec<u64>) -> Self {
+    /// Payloads of answer `seq` with length words `lens` on the ring
+    /// `reading` holds, which it holds until they drop; those in the arena
+    /// lie in `arena`.
+    pub(crate) fn new(
+        reading: OwnedMutexGuard<Reading>,
+        seq: u64,
+        (lens, arena): (Vec<u64>, Option<Arc<ArenaView>>),
+    ) -> Self {
+        let releases = lens.iter().any(|len| len & IN_ARENA != 0).then_some(seq);
         Self {
             reading,
             lens,
+            arena,
+            releases,
             next: 0,
             reading_from: None,
             broken: false,
@@ -99,7 +119,13 @@ impl LentPayloads {
 
     /// The length in bytes of the next payload; `None` after the last.
     pub fn next_len(&self) -> Option<u64> {
-        self.lens.get(self.next).copied()
+        self.lens.get(self.next).copied().map(payload_len)
+    }
+
+    /// Whether the next payload lies in the server's values arena, to be
+    /// copied from there rather than off the ring.
+    pub fn next_in_arena(&self) -> bool {
+        self.lens.get(self.next).is_some_and(|len| len & IN_ARENA != 0)
     }
 
     /// Reads the next payload into `into`, which must be its length.
@@ -124,7 +150,11 @@ impl LentPayloads {
         // dropped), the ring has read exactly up to its position; `Drop`
         // hands the rest of this payload back to be read past.
         self.reading_from = Some(ring.position());
-        if let Err(error) = ring.read(into).await {
+        let read = match self.lens[self.next] & IN_ARENA {
+            0 => ring.read(into).await,
+            _ => copy_from_arena(ring, self.arena.as_deref(), into).await,
+        };
+        if let Err(error) = read {
             self.broken = true;
             return Err(broke(error));
         }
@@ -164,13 +194,15 @@ impl Drop for LentPayloads {
     /// Leaves the ring to the next reader: where these payloads end, for it
     /// to read past what was not read, and whether a read failed.
     fn drop(&mut self) {
-        let words = |len: &u64| len.div_ceil(8);
-        let unread: u64 = self.lens.iter().skip(self.next).map(words).sum();
+        let unread: u64 = self.lens.iter().skip(self.next).copied().map(ring_words).sum();
         // A read cut off midway counts its payload among the unread: take
         // off the words it did read.
         let position = self.reading.ring.position();
         let read = self.reading_from.map_or(0, |from| position - from);
         self.reading.skip_to = position + unread - read;
+        if let Some(seq) = self.releases {
+            self.reading.released.store(seq);
+        }
         if self.broken {
             self.reading
                 .broken

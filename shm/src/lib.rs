@@ -23,10 +23,12 @@
 //! - [`pool`]: reused buffers for the payloads a reader copies out.
 //! - [`mode`]: `--data-path auto|grpc|shm`.
 
+pub mod arena;
 pub mod bell;
 pub mod caller;
 pub mod copy;
 pub mod handshake;
+pub mod lending;
 pub mod lent;
 pub mod link;
 pub mod message;

@@ -5,7 +5,9 @@
 //! ([`crate::caller`], which a client drives from its requests themselves).
 //!
 //! The server's side runs a reader task (ring to stream) and a writer task
-//! (channel to ring), watched over by a third that holds the socket: when the
+//! (channel to ring), which sends the payloads that lie in the values arena
+//! by their offset ([`crate::lending`]), watched over by a third that holds
+//! the socket: when the
 //! socket closes (the other process ended, crashed included), when a ring or
 //! message is corrupt, or when this side's session ends, all three stop and
 //! the socket closes, which the other side sees in turn. A message only half
@@ -31,8 +33,9 @@ use tonic::Status;
 use crate::caller::{AnswerRing, RequestRing, worker_rings};
 use crate::copy::Mark;
 use crate::handshake::{ServerEnd, WorkerEnd};
+use crate::lending::{LENT_LIMIT_BYTES, Lending};
 use crate::lent::Answer;
-use crate::message::{MessageError, Payloads, gradient_headers, read_head, write_message};
+use crate::message::{Encoded, MessageError, gradient_headers, read_head};
 use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingReader, RingWriter};
 
@@ -111,13 +114,17 @@ pub fn serve_link(
     let (answers, answers_out) = mpsc::channel::<Result<v1::SessionAnswer, Status>>(AHEAD);
     let peer = end.peer_pid;
     let checked_from = check.as_ref().map(|_| SCAN_FROM_BYTES);
+    let released = end.requests.released();
+    let lending = end
+        .arena
+        .map(|arena| Arc::new(Lending::new(arena, released, LENT_LIMIT_BYTES)));
     let reader = read_requests(
         end.requests,
         requests_in,
         answers.downgrade(),
-        (charge, check, pool),
+        (charge, check, pool, lending.clone()),
     );
-    let writer = write_from(end.answers, answers_out, |answer| answer.ok());
+    let writer = write_answers(end.answers, answers_out, lending);
     tokio::spawn(async move {
         let why = watch(end.socket, reader, writer, stop).await;
         tracing::debug!(?peer, why, "a shared-memory session ended");
@@ -160,18 +167,24 @@ pub fn worker_link(end: WorkerEnd, payload_limit: u64) -> WorkerLink {
 /// answered on `answers` with `RESOURCE_EXHAUSTED`, and one `check` refuses
 /// with its status (the session goes on either way); a failed read ends the
 /// session. `answers` is weak: the session ends when its loop lets go of the
-/// answers, not when this reader does.
+/// answers, not when this reader does. Before a request is handed on, the
+/// lent payloads the worker released are let go, so that a push right after
+/// the worker's pull of the same key finds its values held by nobody else.
 async fn read_requests(
     mut ring: RingReader,
     into: mpsc::Sender<Result<v1::SessionRequest, Status>>,
     answers: mpsc::WeakSender<Result<v1::SessionAnswer, Status>>,
-    (charge, check, pool): (Charger, Option<Checker>, BufferPool),
+    (charge, check, pool, lending): (Charger, Option<Checker>, BufferPool, Option<Arc<Lending>>),
 ) -> &'static str {
     let mut seq = 1;
     let ahead = Arc::new(Semaphore::new(AHEAD_BYTES as usize));
     let admit = (&charge, check.as_ref());
     loop {
-        let sent = match read_request(&mut ring, seq, &pool, &ahead, admit).await {
+        let read = read_request(&mut ring, seq, &pool, &ahead, admit).await;
+        if let Some(lending) = &lending {
+            lending.let_go();
+        }
+        let sent = match read {
             Ok(Ok(request)) => into.send(Ok(request)).await.is_ok(),
             Ok(Err((request, status))) => {
                 // Its payloads, read-ahead and charge go before the answer
@@ -218,7 +231,7 @@ async fn read_request(
     ahead: &Arc<Semaphore>,
     (charge, check): (&Charger, Option<&Checker>),
 ) -> Result<Admitted, MessageError> {
-    let head = read_head::<v1::SessionRequest>(ring, seq).await?;
+    let head = read_head::<v1::SessionRequest>(ring, seq, None).await?;
     let bytes = head.payload_bytes();
     if bytes == 0 {
         return Ok(Ok(head.read_payloads(ring, pool, None).await?));
@@ -335,19 +348,30 @@ async fn forward_requests(
     "this side's session ended"
 }
 
-/// Writes every message from `from` (those `keep` passes) to `ring`, until
-/// the channel closes or a message that `keep` drops arrives.
-async fn write_from<T, M: Payloads>(
+/// Writes every answer from `from` to `ring`, those of its payloads that lie
+/// in the values arena by their offset when `lending`, until the channel
+/// closes or an `Err` (the session's end) arrives.
+async fn write_answers(
     mut ring: RingWriter,
-    mut from: mpsc::Receiver<T>,
-    keep: fn(T) -> Option<M>,
+    mut from: mpsc::Receiver<Result<v1::SessionAnswer, Status>>,
+    lending: Option<Arc<Lending>>,
 ) -> &'static str {
     let mut seq = 1;
     while let Some(item) = from.recv().await {
-        let Some(message) = keep(item) else {
+        let Ok(answer) = item else {
             return "this side ended the session";
         };
-        if let Err(error) = write_message(&mut ring, seq, message).await {
+        let mut message = Encoded::of(answer);
+        if let Some(lending) = &lending {
+            // Kept before the worker can read it: its release may come as
+            // soon as the answer is published.
+            let lent = lending.lend(&mut message);
+            if lent > 0 {
+                lending.keep(seq, lent, message.lent_payloads());
+            }
+        }
+        let written = message.write(&mut ring, seq).await;
+        if let Err(error) = written {
             tracing::warn!(%error, "a shared-memory ring is corrupt; ending the session");
             return "the ring was corrupt";
         }

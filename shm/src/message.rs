@@ -8,10 +8,17 @@
 //! word. The tensors' bytes are copied once into the ring by the writer and
 //! once out of it by the reader; nothing encodes or decodes them.
 //!
+//! A payload of an answer may instead lie in the server's values arena
+//! ([`crate::arena`]): its length word then has [`IN_ARENA`] set, and its
+//! one word on the ring is the arena offset it starts at. Requests never
+//! carry such payloads.
+//!
 //! Sequence numbers start at 1 and grow by one per message, so a message that
 //! is replayed, skipped or read from the middle is refused
 //! ([`MessageError::Sequence`]); a message is handed on only once all of its
 //! words have arrived, so a writer that dies halfway leaves nothing behind.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use prost::Message;
@@ -20,6 +27,7 @@ use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 
+use crate::arena::{ARENA_FROM_BYTES, Arena, ArenaView};
 use crate::copy::Mark;
 use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingError, RingReader, RingWriter};
@@ -30,6 +38,23 @@ pub const HEADER_LIMIT: u64 = 16 << 20;
 
 /// The most payloads one message may carry.
 const PAYLOAD_COUNT_LIMIT: u64 = 1 << 20;
+
+/// Set in a payload's length word when the payload lies in the server's
+/// values arena: its one word on the ring is then its offset there.
+pub(crate) const IN_ARENA: u64 = 1 << 63;
+
+/// A payload's length in bytes, from its length word.
+pub(crate) fn payload_len(word: u64) -> u64 {
+    word & !IN_ARENA
+}
+
+/// The words a payload takes on the ring, from its length word.
+pub(crate) fn ring_words(word: u64) -> u64 {
+    match word & IN_ARENA {
+        0 => word.div_ceil(8),
+        _ => 1,
+    }
+}
 
 /// Why a message cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -187,6 +212,9 @@ pub async fn write_message<M: Payloads>(
 pub(crate) struct Encoded {
     header: Vec<u8>,
     payloads: Vec<Bytes>,
+    /// Each payload's offset in the values arena, where it is sent as that
+    /// offset instead of its bytes.
+    in_arena: Vec<Option<[u8; 8]>>,
 }
 
 impl Encoded {
@@ -194,8 +222,38 @@ impl Encoded {
         let payloads = message.take_payloads();
         Self {
             header: message.encode_to_vec(),
+            in_arena: vec![None; payloads.len()],
             payloads,
         }
+    }
+
+    /// Sends by their offset in `arena` the payloads of at least
+    /// [`ARENA_FROM_BYTES`] that lie wholly in it, as long as `room` takes
+    /// their bytes; says how many bytes it sent so.
+    pub(crate) fn lend_from(&mut self, arena: &Arena, room: &mut impl FnMut(u64) -> bool) -> u64 {
+        let mut lent = 0;
+        for (payload, slot) in self.payloads.iter().zip(&mut self.in_arena) {
+            let len = payload.len() as u64;
+            if payload.len() < ARENA_FROM_BYTES {
+                continue;
+            }
+            if let Some(offset) = arena.offset_of(payload).filter(|_| room(len)) {
+                *slot = Some(offset.to_le_bytes());
+                lent += len;
+            }
+        }
+        lent
+    }
+
+    /// The payloads sent by their arena offset, which must stay as they are
+    /// until the reader is done with them.
+    pub(crate) fn lent_payloads(&self) -> Vec<Bytes> {
+        let lent = self.in_arena.iter().map(Option::is_some);
+        self.payloads
+            .iter()
+            .zip(lent)
+            .filter_map(|(payload, lent)| lent.then(|| payload.clone()))
+            .collect()
     }
 
     /// Writes the message as message `seq`, and publishes it.
@@ -218,14 +276,22 @@ impl Encoded {
         mut done: u64,
     ) -> Result<(), RingError> {
         let sizes = self.header.len() as u64 | (self.payloads.len() as u64) << 32;
-        let lens = self.payloads.iter().map(|payload| payload.len() as u64);
+        let lens = self.payloads.iter().zip(&self.in_arena).map(|(payload, at)| {
+            let flag = if at.is_some() { IN_ARENA } else { 0 };
+            payload.len() as u64 | flag
+        });
         for word in [sizes, seq].into_iter().chain(lens) {
             match done {
                 0 => ring.write_word(word).await?,
                 _ => done -= 1,
             }
         }
-        let parts = std::iter::once(&self.header[..]).chain(self.payloads.iter().map(|p| &p[..]));
+        let payloads = self.payloads.iter().zip(&self.in_arena);
+        let parts = payloads.map(|(payload, at)| match at {
+            Some(offset) => &offset[..],
+            None => &payload[..],
+        });
+        let parts = std::iter::once(&self.header[..]).chain(parts);
         for part in parts {
             let words = part.len().div_ceil(8) as u64;
             if done >= words {
@@ -258,14 +324,22 @@ pub enum Arrived<M> {
 pub struct Head<M> {
     /// The message, its tensors' bytes still empty.
     pub message: M,
+    /// The payloads' length words ([`IN_ARENA`] set on those in the arena).
     lens: Vec<u64>,
     total: u64,
+    /// The server's values arena, for the payloads that lie in it.
+    arena: Option<Arc<ArenaView>>,
 }
 
 impl<M: Payloads> Head<M> {
     /// The bytes of all its payloads together.
     pub fn payload_bytes(&self) -> u64 {
         self.total
+    }
+
+    /// Whether a payload lies in the values arena.
+    pub(crate) fn has_arena_payloads(&self) -> bool {
+        self.lens.iter().any(|len| len & IN_ARENA != 0)
     }
 
     /// Copies the payloads into buffers of `pool`, each holding `hold` (such
@@ -301,8 +375,13 @@ impl<M: Payloads> Head<M> {
         marked: &mut (dyn FnMut(usize, usize, &[u8]) + Send),
     ) -> Result<M, RingError> {
         let mut payloads = Vec::with_capacity(self.lens.len());
-        for (index, &len) in self.lens.iter().enumerate() {
-            let mut payload = pool.take(len as usize);
+        for (index, &word) in self.lens.iter().enumerate() {
+            let mut payload = pool.take(payload_len(word) as usize);
+            if word & IN_ARENA != 0 {
+                copy_from_arena(ring, self.arena.as_deref(), &mut payload).await?;
+                payloads.push(pool.bytes(payload, hold.clone()));
+                continue;
+            }
             let mark = marks.get(index).copied().flatten();
             let mut piece = |offset: usize, bytes: &[u8]| marked(index, offset, bytes);
             ring.read_marked(&mut payload, mark, &mut piece).await?;
@@ -312,10 +391,10 @@ impl<M: Payloads> Head<M> {
         Ok(self.message)
     }
 
-    /// The message, its tensors' bytes empty, and the lengths of the payloads
-    /// still on the ring.
-    pub(crate) fn into_parts(self) -> (M, Vec<u64>) {
-        (self.message, self.lens)
+    /// The message, its tensors' bytes empty, the length words of the
+    /// payloads still on the ring, and the arena those in it lie in.
+    pub(crate) fn into_parts(self) -> (M, Vec<u64>, Option<Arc<ArenaView>>) {
+        (self.message, self.lens, self.arena)
     }
 
     /// Reads past the payloads, leaving the message without them.
@@ -350,8 +429,8 @@ pub(crate) async fn wait_whole(ring: &RingReader, whole_below: u64) -> Result<()
     let lens = (0..count).map(|i| ring.peek_word(2 + i));
     let (bytes, words) = lens.fold((0u64, 0u64), |(bytes, words), len| {
         (
-            bytes.saturating_add(len),
-            words.saturating_add(len.div_ceil(8)),
+            bytes.saturating_add(payload_len(len)),
+            words.saturating_add(ring_words(len)),
         )
     });
     let whole = head_words.saturating_add(words);
@@ -361,7 +440,8 @@ pub(crate) async fn wait_whole(ring: &RingReader, whole_below: u64) -> Result<()
     Ok(())
 }
 
-/// Reads message `seq`'s header, leaving its payloads on the ring.
+/// Reads message `seq`'s header, leaving its payloads on the ring; payloads
+/// may lie in `arena` (without one, a payload that claims to is malformed).
 ///
 /// # Errors
 /// [`MessageError`]: the ring failed, the message is out of sequence, or it is
@@ -369,6 +449,7 @@ pub(crate) async fn wait_whole(ring: &RingReader, whole_below: u64) -> Result<()
 pub async fn read_head<M: Payloads>(
     ring: &mut RingReader,
     seq: u64,
+    arena: Option<&Arc<ArenaView>>,
 ) -> Result<Head<M>, MessageError> {
     let sizes = ring.read_word().await?;
     let (header_len, count) = (sizes & 0xffff_ffff, sizes >> 32);
@@ -385,7 +466,15 @@ pub async fn read_head<M: Payloads>(
     for _ in 0..count {
         lens.push(ring.read_word().await?);
     }
-    let Some(total) = lens.iter().try_fold(0u64, |sum, &len| sum.checked_add(len)) else {
+    if arena.is_none() && lens.iter().any(|len| len & IN_ARENA != 0) {
+        return Err(MessageError::Malformed(
+            "a payload claims to lie in a values arena this session has none of".to_string(),
+        ));
+    }
+    let total = lens
+        .iter()
+        .try_fold(0u64, |sum, &len| sum.checked_add(payload_len(len)));
+    let Some(total) = total else {
         return Err(MessageError::Malformed(format!(
             "{count} payloads whose lengths overflow"
         )));
@@ -405,7 +494,25 @@ pub async fn read_head<M: Payloads>(
         message,
         lens,
         total,
+        arena: arena.cloned(),
     })
+}
+
+/// Reads a payload's arena offset off `ring` and copies the payload from
+/// `arena` into `into` (its length).
+///
+/// # Errors
+/// The ring failed, or the payload does not lie in the arena (corrupt).
+pub(crate) async fn copy_from_arena(
+    ring: &mut RingReader,
+    arena: Option<&ArenaView>,
+    into: &mut [u8],
+) -> Result<(), RingError> {
+    let offset = ring.read_word().await?;
+    let Some(arena) = arena else {
+        return Err(RingError::Corrupt("a payload in a missing arena".to_string()));
+    };
+    arena.copy_out(offset, into).map_err(RingError::Corrupt)
 }
 
 /// Reads message `seq`: its header, with the payloads (no more than
@@ -420,7 +527,7 @@ pub async fn read_message<M: Payloads>(
     payload_limit: u64,
     pool: &BufferPool,
 ) -> Result<Arrived<M>, MessageError> {
-    let head = read_head::<M>(ring, seq).await?;
+    let head = read_head::<M>(ring, seq, None).await?;
     let total = head.payload_bytes();
     if total > payload_limit {
         let message = head.skip(ring).await?;
@@ -434,7 +541,7 @@ pub async fn read_message<M: Payloads>(
 
 /// Reads past payloads of `lens` bytes (each padded to whole words).
 async fn skip(ring: &mut RingReader, lens: &[u64]) -> Result<(), RingError> {
-    skip_words(ring, lens.iter().map(|len| len.div_ceil(8)).sum()).await
+    skip_words(ring, lens.iter().copied().map(ring_words).sum()).await
 }
 
 /// Reads past `words` words (none: returns at once, with nothing
@@ -501,6 +608,91 @@ mod tests {
             tokio::time::timeout(std::time::Duration::from_secs(10), reader.read(&mut bytes));
         read.await.expect("the words were published").unwrap();
         bytes
+    }
+
+    /// An answer of one pulled tensor holding `data`.
+    fn pulled(data: Bytes) -> v1::SessionAnswer {
+        let tensor = v1::Tensor {
+            name: "w".to_string(),
+            part: 0,
+            dtype: v1::DType::DtypeF32 as i32,
+            shape: vec![data.len() as u64 / 4],
+            data,
+        };
+        let pulled = v1::PulledTensor {
+            version: 1,
+            tensor: Some(tensor),
+        };
+        v1::SessionAnswer {
+            id: 4,
+            outcome: Some(Outcome::Pull(v1::PullResponse {
+                tensors: vec![pulled],
+            })),
+            pull_waited_us: 0,
+        }
+    }
+
+    /// A payload in the arena goes as one word, its offset, and a reader
+    /// given the arena's view reads the values from there; a reader without
+    /// one refuses the message, and one given an offset past the arena's end
+    /// fails with the ring corrupt, copying nothing.
+    #[tokio::test]
+    async fn a_payload_in_the_arena_goes_by_its_offset_and_is_read_from_there() {
+        let arena = crate::arena::Arena::create(1 << 20).unwrap();
+        let values: Vec<f32> = (0..ARENA_FROM_BYTES / 4).map(|i| i as f32).collect();
+        let block = Arc::new(arena.block(&values).unwrap());
+        let bytes = Bytes::from_owner(BlockBytes(Arc::clone(&block)));
+        let mut message = Encoded::of(pulled(bytes.clone()));
+        let mut asked = Vec::new();
+        let lent = message.lend_from(&arena, &mut |len| {
+            asked.push(len);
+            true
+        });
+        assert_eq!((lent, asked), (bytes.len() as u64, vec![bytes.len() as u64]));
+        assert_eq!(message.lent_payloads(), vec![bytes.clone()]);
+        let words = 2 + 1 + message.header.len().div_ceil(8) + 1;
+        let written = words_written(words, async |ring| message.write(ring, 1).await).await;
+        assert_eq!(written.len(), words * 8, "the values did not go on the ring");
+
+        let view = Arc::new(crate::arena::ArenaView::open(
+            arena.file().try_clone_to_owned().unwrap(),
+            arena.bytes(),
+        ).unwrap());
+        let (_w, mut reader) = ring_of(&written).await;
+        let head = read_head::<v1::SessionAnswer>(&mut reader, 1, Some(&view)).await.unwrap();
+        assert!(head.has_arena_payloads());
+        assert_eq!(head.payload_bytes(), bytes.len() as u64);
+        let read = head.read_payloads(&mut reader, &BufferPool::new(), None).await.unwrap();
+        assert_eq!(read, pulled(bytes.clone()), "the values, read from the arena");
+
+        let (_w, mut reader) = ring_of(&written).await;
+        let refused = read_head::<v1::SessionAnswer>(&mut reader, 1, None).await;
+        assert!(matches!(refused, Err(MessageError::Malformed(_))), "no arena here");
+
+        let mut past = written.clone();
+        let at = past.len() - 8;
+        past[at..].copy_from_slice(&arena.bytes().to_le_bytes());
+        let (_w, mut reader) = ring_of(&past).await;
+        let head = read_head::<v1::SessionAnswer>(&mut reader, 1, Some(&view)).await.unwrap();
+        let failed = head.read_payloads(&mut reader, &BufferPool::new(), None).await;
+        assert!(matches!(failed, Err(RingError::Corrupt(_))), "past the arena's end");
+    }
+
+    /// A ring holding `bytes`, published.
+    async fn ring_of(bytes: &[u8]) -> (RingWriter, RingReader) {
+        let (mut writer, reader, _, _) = crate::ring::in_process(1 << 16).unwrap();
+        writer.write(bytes).await.unwrap();
+        writer.flush();
+        (writer, reader)
+    }
+
+    /// A block's values as bytes.
+    struct BlockBytes(Arc<crate::arena::Block>);
+
+    impl AsRef<[u8]> for BlockBytes {
+        fn as_ref(&self) -> &[u8] {
+            bytemuck::cast_slice(self.0.as_slice())
+        }
     }
 
     #[tokio::test]

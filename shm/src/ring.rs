@@ -61,6 +61,11 @@ pub const PUBLISH_WORDS: u64 = 8 * 1024;
 /// Words at the start of a region, before the rings' data.
 pub(crate) const HEADER_WORDS: usize = 128;
 
+/// The header word, on a cache line of its own, where the worker says up
+/// to which answer (by sequence number) it is done with the payloads that
+/// lay in the server's values arena ([`Released`]).
+pub(crate) const RELEASED_WORD: usize = 72;
+
 /// A word of the region header: the layout's version, checked by the worker.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"cps-shm1");
 
@@ -151,6 +156,33 @@ pub(crate) fn read_header(region: &Region, ring_bytes: u64) -> Result<usize, Rin
             words.len()
         ))
     })
+}
+
+/// The region's word saying up to which answer the worker is done reading
+/// payloads in the values arena: stored by the worker after its copies
+/// (release), loaded by the server before it lets those payloads go
+/// (acquire). A worker that stores a wrong number can only make its own
+/// pulls read values that changed under them.
+#[derive(Debug, Clone)]
+pub(crate) struct Released(Arc<Region>);
+
+impl Released {
+    /// The word in `region`.
+    #[cfg(test)]
+    pub(crate) fn of(region: Arc<Region>) -> Self {
+        Self(region)
+    }
+
+    /// The answers released so far: every one up to this sequence number.
+    pub(crate) fn load(&self) -> u64 {
+        self.0.words()[RELEASED_WORD].load(Ordering::Acquire)
+    }
+
+    /// Says the worker is done with answer `seq`'s arena payloads (and so
+    /// with every earlier answer's: answers are read in order).
+    pub(crate) fn store(&self, seq: u64) {
+        self.0.words()[RELEASED_WORD].fetch_max(seq, Ordering::Release);
+    }
 }
 
 /// What both ends of a ring share.
@@ -356,6 +388,11 @@ impl RingWriter {
 }
 
 impl RingReader {
+    /// The region's word for answers released ([`Released`]).
+    pub(crate) fn released(&self) -> Released {
+        Released(Arc::clone(&self.end.region))
+    }
+
     /// The reading end of `direction`'s ring in `region`, whose rings hold
     /// `capacity_words` each; sleeps on `mine`, rings `theirs`.
     pub(crate) fn new(

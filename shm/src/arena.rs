@@ -1,0 +1,342 @@
+//! [`Arena`]: a server's memory file for the values of its large keys,
+//! which every worker holding a shared-memory session with it maps
+//! read-only ([`ArenaView`]). A pull's answer then names where the values
+//! are instead of carrying them, and the worker copies them once, from the
+//! arena straight into its own memory: one copy across the cores, where a
+//! copy into the ring and another out of it made two.
+//!
+//! The server allocates a key's values in the arena ([`Arena::block`]) and
+//! owns them there as [`Block`]s; copy-on-write stays as it was (a block a
+//! pull still holds is copied into a new block before an update). The file is
+//! sealed at its size, and against any write but through the mapping the
+//! server made before sealing it (`F_SEAL_FUTURE_WRITE`); a worker gets a
+//! file descriptor opened read-only. So nobody but the server writes the
+//! arena's bytes, and the server may hold Rust references to its own blocks.
+//!
+//! A worker can read every value of this server's large keys through its
+//! view, as it could by pulling them. The file is sized to the server's
+//! memory budget and made sparse: a page takes memory only once a block
+//! that holds it is written. A freed block's pages stay made, for the next
+//! block placed there.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+use memmap2::{MmapOptions, MmapRaw};
+use offset_allocator::{Allocation, Allocator};
+use rustix::fs::{MemfdFlags, Mode, OFlags, SealFlags};
+
+use crate::copy;
+
+/// The arena's unit of allocation: one page.
+pub const PAGE: u64 = 4096;
+
+/// Keys of at least this many bytes of values are kept in the arena;
+/// smaller ones stay on the heap, and their pulls are copied through the
+/// ring, where a second copy of a few kilobytes costs less than lending.
+pub const ARENA_FROM_BYTES: usize = 64 << 10;
+
+/// The most pages an arena addresses (its allocator counts in `u32`): 16 TiB.
+const MOST_PAGES: u64 = u32::MAX as u64;
+
+/// The seals every arena carries: its size is fixed, nothing but the
+/// server's own mapping writes it, and so are its seals.
+const SEALS: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::FUTURE_WRITE)
+    .union(SealFlags::SEAL);
+
+/// The seals a worker insists on before it maps an arena: its size cannot
+/// change under the mapping, so no read can fault.
+const SIZE_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
+
+/// A server's arena, mapped read-write.
+pub struct Arena {
+    map: MmapRaw,
+    /// Opened read-only, to hand to workers.
+    read_only: OwnedFd,
+    pages: Mutex<Allocator>,
+}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena")
+            .field("bytes", &self.map.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Arena {
+    /// A new arena of `bytes` (rounded up to whole pages, and to at most
+    /// 16 TiB), none of its pages made yet.
+    ///
+    /// # Errors
+    /// The system refused the memfd, its size, its mapping or its seals.
+    pub fn create(bytes: u64) -> io::Result<Arc<Self>> {
+        let pages = bytes.div_ceil(PAGE).clamp(1, MOST_PAGES);
+        let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        let file = rustix::fs::memfd_create("candle-ps-values", flags)?;
+        rustix::fs::ftruncate(&file, pages * PAGE)?;
+        // Mapped before it is sealed against writes: this mapping stays the
+        // only writable one there can ever be.
+        let map = MmapOptions::new().map_raw(&file)?;
+        rustix::fs::fcntl_add_seals(&file, SEALS)?;
+        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+        let read_only = rustix::fs::open(path, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())?;
+        Ok(Arc::new(Self {
+            map,
+            read_only,
+            pages: Mutex::new(Allocator::new(pages as u32)),
+        }))
+    }
+
+    /// The arena's file, opened read-only, to hand to a worker.
+    pub fn file(&self) -> BorrowedFd<'_> {
+        self.read_only.as_fd()
+    }
+
+    /// The arena's size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// A block holding a copy of `values`; `None` when the arena has no room
+    /// for it (the caller keeps them on its heap instead).
+    pub fn block(self: &Arc<Self>, values: &[f32]) -> Option<Block> {
+        let bytes = std::mem::size_of_val(values) as u64;
+        let pages = u32::try_from(bytes.div_ceil(PAGE).max(1)).ok()?;
+        let allocation = self.lock().allocate(pages)?;
+        let mut block = Block {
+            arena: Arc::clone(self),
+            allocation,
+            len: values.len(),
+        };
+        block.as_mut_slice().copy_from_slice(values);
+        Some(block)
+    }
+
+    /// Where `bytes` lie in the arena, when they lie wholly in it.
+    pub fn offset_of(&self, bytes: &[u8]) -> Option<u64> {
+        let start = self.map.as_ptr() as usize;
+        let at = (bytes.as_ptr() as usize).checked_sub(start)?;
+        let fits = at.checked_add(bytes.len())? <= self.map.len();
+        fits.then_some(at as u64)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Allocator> {
+        self.pages.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// `f32` values in an arena, owned by this process alone.
+pub struct Block {
+    arena: Arc<Arena>,
+    allocation: Allocation,
+    len: usize,
+}
+
+impl std::fmt::Debug for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Block")
+            .field("offset", &self.offset())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Block {
+    /// The block's byte offset in its arena.
+    pub fn offset(&self) -> u64 {
+        u64::from(self.allocation.offset) * PAGE
+    }
+
+    /// A copy of the block in a new block of the same arena; `None` when
+    /// the arena has no room.
+    pub fn try_clone(&self) -> Option<Self> {
+        self.arena.block(self.as_slice())
+    }
+
+    /// The values.
+    #[allow(unsafe_code)]
+    pub fn as_slice(&self) -> &[f32] {
+        // SAFETY: the allocation covers `len` values from `offset()` (made so
+        // by `Arena::block`) inside the mapping, which lives as long as the
+        // arena this block holds. Pages are aligned, so the `f32`s are. No
+        // other block overlaps it while it lives (it is freed only on drop),
+        // and no other process can write the file: it is sealed against any
+        // write but through this process's mapping, and handed out read-only.
+        unsafe {
+            let at = self.arena.map.as_ptr().add(self.offset() as usize);
+            std::slice::from_raw_parts(at.cast::<f32>(), self.len)
+        }
+    }
+
+    /// The values, to update in place.
+    #[allow(unsafe_code)]
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        // SAFETY: as in `as_slice`; `&mut self` makes this the only reference
+        // to the block's bytes in this process.
+        unsafe {
+            let at = self.arena.map.as_mut_ptr().add(self.offset() as usize);
+            std::slice::from_raw_parts_mut(at.cast::<f32>(), self.len)
+        }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        self.arena.lock().free(self.allocation);
+    }
+}
+
+/// A server's arena as a worker maps it: read-only.
+#[derive(Debug)]
+pub struct ArenaView {
+    map: MmapRaw,
+}
+
+/// Why a received file is not an arena this process maps.
+#[derive(Debug, thiserror::Error)]
+pub enum ArenaError {
+    /// Reading the file's seals or size, or mapping it, failed.
+    #[error("the values' shared-memory file cannot be used: {0}")]
+    Io(#[from] io::Error),
+    /// The file's size could still change under this process.
+    #[error("the values' shared-memory file is not sealed against resizing (seals {0:?})")]
+    NotSealed(SealFlags),
+    /// The file is not the size the server announced.
+    #[error("the values' shared-memory file holds {actual} bytes where {expected} were announced")]
+    WrongSize {
+        /// The size announced.
+        expected: u64,
+        /// The file's size.
+        actual: u64,
+    },
+}
+
+impl ArenaView {
+    /// The arena in `file`, received from the server, which announced
+    /// `bytes` bytes; mapped read-only, nothing of it read or made now.
+    ///
+    /// # Errors
+    /// [`ArenaError`]: the file is not sealed, not that size, or not mappable.
+    pub fn open(file: OwnedFd, bytes: u64) -> Result<Self, ArenaError> {
+        let seals = rustix::fs::fcntl_get_seals(&file).map_err(io::Error::from)?;
+        if !seals.contains(SIZE_SEALS) {
+            return Err(ArenaError::NotSealed(seals));
+        }
+        let actual = rustix::fs::fstat(&file).map_err(io::Error::from)?.st_size as u64;
+        if actual != bytes || bytes == 0 {
+            return Err(ArenaError::WrongSize {
+                expected: bytes,
+                actual,
+            });
+        }
+        let map = MmapOptions::new().map_raw_read_only(&file)?;
+        Ok(Self { map })
+    }
+
+    /// Copies `into.len()` bytes from `offset` into `into`.
+    ///
+    /// # Errors
+    /// The span runs past the arena's end (nothing is copied).
+    #[allow(unsafe_code)]
+    pub fn copy_out(&self, offset: u64, into: &mut [u8]) -> Result<(), String> {
+        let fits = offset
+            .checked_add(into.len() as u64)
+            .is_some_and(|end| end <= self.map.len() as u64);
+        if !fits {
+            return Err(format!(
+                "{} bytes at offset {offset} run past the end of a values arena of {} bytes",
+                into.len(),
+                self.map.len()
+            ));
+        }
+        // SAFETY: the span lies in the mapping (checked above), which stays
+        // mapped while `self` lives and cannot shrink (sealed, checked by
+        // `open`); only a raw pointer reads it, into this process's own buffer.
+        // The server leaves these bytes unchanged until this worker says it
+        // is done with them; one that breaks that changes only which bytes
+        // arrive.
+        unsafe {
+            let from = self.map.as_ptr().add(offset as usize);
+            copy::copy(from, into.as_mut_ptr(), into.len());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view_of(arena: &Arena) -> ArenaView {
+        let file = arena.file().try_clone_to_owned().unwrap();
+        ArenaView::open(file, arena.bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_block_is_read_through_a_workers_view_where_the_arena_says() {
+        let arena = Arena::create(1 << 20).unwrap();
+        let values: Vec<f32> = (0..3000).map(|i| i as f32 * 0.5).collect();
+        let block = arena.block(&values).unwrap();
+        let bytes: &[u8] = bytemuck::cast_slice(block.as_slice());
+        let offset = arena.offset_of(bytes).unwrap();
+        assert_eq!(offset, block.offset());
+        let mut read = vec![0u8; bytes.len()];
+        view_of(&arena).copy_out(offset, &mut read).unwrap();
+        assert_eq!(read, bytes);
+        assert_eq!(arena.offset_of(&read), None, "the heap is not the arena");
+    }
+
+    #[test]
+    fn blocks_do_not_overlap_and_freed_room_is_used_again() {
+        let arena = Arena::create(4 * PAGE).unwrap();
+        let page = vec![1.0f32; (PAGE / 4) as usize];
+        let blocks: Vec<_> = (0..4).map(|_| arena.block(&page).unwrap()).collect();
+        let mut offsets: Vec<_> = blocks.iter().map(Block::offset).collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        assert_eq!(offsets.len(), 4);
+        assert!(arena.block(&page).is_none(), "full");
+        drop(blocks);
+        assert!(arena.block(&page).is_some(), "freed room is used again");
+    }
+
+    #[test]
+    fn a_workers_file_cannot_write_the_arena_nor_resize_it() {
+        let arena = Arena::create(1 << 20).unwrap();
+        let file = arena.file().try_clone_to_owned().unwrap();
+        assert!(rustix::io::write(&file, &[1, 2, 3]).is_err(), "read-only");
+        assert!(rustix::fs::ftruncate(&file, 0).is_err(), "sealed");
+        // Opened again for writing, the file still refuses writes and
+        // writable shared mappings.
+        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+        if let Ok(again) = rustix::fs::open(path, OFlags::RDWR, Mode::empty()) {
+            assert!(rustix::io::write(&again, &[1]).is_err(), "sealed for writes");
+            assert!(MmapOptions::new().map_raw(&again).is_err(), "no writable map");
+        }
+    }
+
+    #[test]
+    fn a_view_refuses_an_unsealed_or_resized_file_and_a_span_past_its_end() {
+        let bare = rustix::fs::memfd_create("t", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&bare, PAGE).unwrap();
+        assert!(matches!(
+            ArenaView::open(bare, PAGE),
+            Err(ArenaError::NotSealed(_))
+        ));
+        let arena = Arena::create(PAGE).unwrap();
+        let file = arena.file().try_clone_to_owned().unwrap();
+        assert!(matches!(
+            ArenaView::open(file, 2 * PAGE),
+            Err(ArenaError::WrongSize { .. })
+        ));
+        let view = view_of(&arena);
+        let mut into = [0u8; 16];
+        assert!(view.copy_out(PAGE - 8, &mut into).is_err());
+        assert!(view.copy_out(u64::MAX - 4, &mut into).is_err());
+        assert!(view.copy_out(PAGE - 16, &mut into).is_ok());
+    }
+}
