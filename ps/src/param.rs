@@ -145,10 +145,11 @@ pub struct KeyState {
 
 impl KeyState {
     /// A key at version 0 holding `values`.
-    pub fn new(spec: &ParamSpec, values: Vec<f32>) -> Self {
+    pub fn new(spec: &ParamSpec, values: impl Into<Values>) -> Self {
+        let values = values.into();
         Self {
             optimizer: Optimizer::new(spec.optimizer.clone(), values.len()),
-            values: Values::new(values),
+            values,
             version: Version(0),
             last_step: HashMap::new(),
             pending: Pending::default(),
@@ -223,8 +224,8 @@ impl KeyState {
     /// server): every step before `version` counts as pushed by each of the group's
     /// `ranks`, so a retried push of such a step is a duplicate, and a step in
     /// progress is dropped (its pushes are repeated by the workers).
-    pub fn restore(&mut self, values: Vec<f32>, version: Version, ranks: u32) {
-        self.values = Values::new(values);
+    pub fn restore(&mut self, values: impl Into<Values>, version: Version, ranks: u32) {
+        self.values = values.into();
         self.version = version;
         self.pending = Pending::default();
         self.snapshot = None;

@@ -18,12 +18,14 @@
 use ps_proto::ids::Version;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use ps_proto::key::ParamKey;
+use ps_shm::arena::Arena;
 
 use crate::checkpoint::{self, KeyCheckpoint};
 use crate::param::{KeyState, ParamSpec};
+use crate::values::Values;
 
 /// The checkpoints a server can read: loaded at start, read again on demand.
 #[derive(Debug)]
@@ -86,11 +88,15 @@ pub struct Offered<'a> {
 }
 
 /// A key this server lacks, built from the best source; logs the choice.
-pub fn new_key(spec: &ParamSpec, offered: Offered<'_>, archive: Option<&Archive>) -> KeyState {
-    let values = || {
-        offered
-            .values
-            .map_or_else(|| vec![0.0; spec.len()], <[f32]>::to_vec)
+/// A worker's values go straight into `arena` when it holds large keys.
+pub fn new_key(
+    spec: &ParamSpec,
+    offered: Offered<'_>,
+    (archive, arena): (Option<&Archive>, Option<&Arc<Arena>>),
+) -> KeyState {
+    let values = || match offered.values {
+        Some(values) => Values::copied_into(values, arena),
+        None => Values::new(vec![0.0; spec.len()]),
     };
     let saved = archive.and_then(|a| a.lookup(&spec.header.key, offered.version > Version(0)));
     let resumed = saved.and_then(|(path, saved)| {
@@ -124,12 +130,21 @@ pub fn new_key(spec: &ParamSpec, offered: Offered<'_>, archive: Option<&Archive>
 
 /// A key this server holds, offered again: a worker's newer copy replaces it.
 /// Returns whether it did.
-pub fn refresh_key(spec: &ParamSpec, state: &mut KeyState, offered: Offered<'_>) -> bool {
+pub fn refresh_key(
+    spec: &ParamSpec,
+    state: &mut KeyState,
+    offered: Offered<'_>,
+    arena: Option<&Arc<Arena>>,
+) -> bool {
     let Some(values) = offered.values.filter(|_| offered.version > state.version()) else {
         return false;
     };
     tracing::warn!(key = %spec.header.key, had = %state.version(), version = %offered.version, "a worker holds a newer copy of this key; taking its values (optimizer state kept)");
-    state.restore(values.to_vec(), offered.version, offered.ranks);
+    state.restore(
+        Values::copied_into(values, arena),
+        offered.version,
+        offered.ranks,
+    );
     true
 }
 
@@ -188,7 +203,7 @@ mod tests {
     #[test]
     fn a_checkpoint_as_new_as_the_copy_wins_whole() {
         let (_root, archive) = archive_at(5, &spec(0.1));
-        let state = new_key(&spec(0.1), offered(&[9.0, 9.0], 5), Some(&archive));
+        let state = new_key(&spec(0.1), offered(&[9.0, 9.0], 5), (Some(&archive), None));
         let restored = state.checkpoint(&spec(0.1));
         assert_eq!((restored.values, restored.version), (vec![1.0, 2.0], 5));
         assert_eq!((restored.first, restored.updates), (vec![0.5, -0.5], 5));
@@ -197,7 +212,7 @@ mod tests {
     #[test]
     fn a_newer_copy_brings_values_and_the_older_checkpoint_the_optimizer_state() {
         let (_root, archive) = archive_at(3, &spec(0.1));
-        let state = new_key(&spec(0.1), offered(&[9.0, 8.0], 5), Some(&archive));
+        let state = new_key(&spec(0.1), offered(&[9.0, 8.0], 5), (Some(&archive), None));
         let restored = state.checkpoint(&spec(0.1));
         assert_eq!((restored.values, restored.version), (vec![9.0, 8.0], 5));
         assert_eq!(restored.first, vec![0.5, -0.5]);
@@ -210,7 +225,7 @@ mod tests {
         // Saved under another learning rate: not the same spec, so not used.
         let (_root, archive) = archive_at(3, &spec(0.5));
         for archive in [None, Some(&archive)] {
-            let state = new_key(&spec(0.1), offered(&[9.0, 8.0], 5), archive);
+            let state = new_key(&spec(0.1), offered(&[9.0, 8.0], 5), (archive, None));
             let restored = state.checkpoint(&spec(0.1));
             assert_eq!((restored.values, restored.version), (vec![9.0, 8.0], 5));
             assert_eq!((restored.first, restored.updates), (vec![0.0, 0.0], 0));
@@ -219,13 +234,19 @@ mod tests {
 
     #[test]
     fn only_a_newer_copy_replaces_a_key_held() {
-        let mut state = new_key(&spec(0.1), offered(&[1.0, 1.0], 4), None);
+        let mut state = new_key(&spec(0.1), offered(&[1.0, 1.0], 4), (None, None));
         assert!(!refresh_key(
             &spec(0.1),
             &mut state,
-            offered(&[7.0, 7.0], 4)
+            offered(&[7.0, 7.0], 4),
+            None
         ));
-        assert!(refresh_key(&spec(0.1), &mut state, offered(&[7.0, 7.0], 6)));
+        assert!(refresh_key(
+            &spec(0.1),
+            &mut state,
+            offered(&[7.0, 7.0], 6),
+            None
+        ));
         let held = state.checkpoint(&spec(0.1));
         assert_eq!((held.values, held.version), (vec![7.0, 7.0], 6));
     }

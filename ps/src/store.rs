@@ -309,7 +309,13 @@ impl Store {
                     version: restore_version,
                     ranks,
                 };
-                insert_or_refresh(&mut keys, spec, offered, share, (self.archive.as_ref(), self.arena.as_ref()))
+                insert_or_refresh(
+                    &mut keys,
+                    spec,
+                    offered,
+                    share,
+                    (self.archive.as_ref(), self.arena.as_ref()),
+                )
             })
             .collect();
         Ok(registered)
@@ -754,10 +760,7 @@ fn insert_or_refresh(
 ) -> Registered {
     if let Some(existing) = keys.get(&spec.header.key) {
         let mut state = existing.lock();
-        if refresh_key(&existing.spec, &mut state, offered) {
-            if let Some(arena) = arena {
-                state.place_in(arena);
-            }
+        if refresh_key(&existing.spec, &mut state, offered, arena) {
             existing.announce(state.version());
         }
         return Registered {
@@ -766,7 +769,8 @@ fn insert_or_refresh(
             version: state.version(),
         };
     }
-    let mut state = new_key(&spec, offered, archive);
+    let mut state = new_key(&spec, offered, (archive, arena));
+    // A key resumed from a checkpoint comes on the heap.
     if let Some(arena) = arena {
         state.place_in(arena);
     }

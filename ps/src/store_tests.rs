@@ -259,3 +259,51 @@ fn a_key_given_twice_is_named_among_few_keys_and_among_many() {
         }
     }
 }
+
+/// A store keeping large keys in a values arena: a key of 64 KiB or more is
+/// pulled from the arena (its bytes lie in it), a smaller one from the heap,
+/// and a push under a pull that holds the old values leaves that pull's
+/// version as it was.
+#[tokio::test]
+async fn large_keys_live_in_the_arena_and_a_held_pull_keeps_its_version() {
+    let arena = ps_shm::arena::Arena::create(4 << 20).unwrap();
+    let store = store(Consistency::Asp, 1).with_arena(Some(Arc::clone(&arena)));
+    let large = ps_shm::arena::ARENA_FROM_BYTES / 4;
+    let params = vec![
+        (spec("big", large), Some(tensor(&vec![1.0; large]))),
+        (spec("small", 4), Some(tensor(&[1.0; 4]))),
+    ];
+    store.register(params, Version(0)).expect("register");
+    let pull = |name: &'static str| {
+        let store = &store;
+        async move {
+            store
+                .pull(
+                    &[key(name)],
+                    Version(0),
+                    Duration::from_secs(1),
+                    MapVersion(0),
+                )
+                .await
+                .expect("pull")
+                .remove(0)
+        }
+    };
+    let held = pull("big").await;
+    assert!(
+        arena.offset_of(&held.data).is_some(),
+        "pulled from the arena"
+    );
+    assert!(arena.offset_of(&pull("small").await.data).is_none());
+    let grad = vec![0.5; large];
+    store
+        .push(Rank(0), Step(0), vec![(key("big"), tensor(&grad))])
+        .unwrap();
+    assert_eq!(&held.data[..4], 1.0f32.to_le_bytes(), "the held version");
+    let after = pull("big").await;
+    assert!(
+        arena.offset_of(&after.data).is_some(),
+        "the copy is in the arena"
+    );
+    assert_eq!(&after.data[..4], 0.5f32.to_le_bytes(), "1 - 1.0 * 0.5");
+}

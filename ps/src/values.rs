@@ -54,6 +54,12 @@ impl Clone for Held {
     }
 }
 
+impl From<Vec<f32>> for Values {
+    fn from(values: Vec<f32>) -> Self {
+        Self::new(values)
+    }
+}
+
 impl PartialEq for Values {
     fn eq(&self, other: &Self) -> bool {
         self.as_slice() == other.as_slice()
@@ -64,6 +70,19 @@ impl Values {
     /// Values holding `values`, on the heap.
     pub fn new(values: Vec<f32>) -> Self {
         Self(Arc::new(Held::Heap(values)))
+    }
+
+    /// A copy of `values`: in `arena` when they are at least
+    /// [`ARENA_FROM_BYTES`] and it has room, on the heap otherwise.
+    pub fn copied_into(values: &[f32], arena: Option<&Arc<Arena>>) -> Self {
+        let large = std::mem::size_of_val(values) >= ARENA_FROM_BYTES;
+        let block = arena
+            .filter(|_| large)
+            .and_then(|arena| arena.block(values));
+        match block {
+            Some(block) => Self(Arc::new(Held::Arena(block))),
+            None => Self::new(values.to_vec()),
+        }
     }
 
     /// These values moved into `arena` when they are at least
@@ -177,12 +196,18 @@ mod tests {
         let mut values = Values::new(vec![1.0; len]).placed_in(&arena);
         assert!(values.in_arena());
         let pulled = values.share_as(DType::F32).unwrap();
-        let at = arena.offset_of(&pulled).expect("a pull's bytes are the arena's");
+        let at = arena
+            .offset_of(&pulled)
+            .expect("a pull's bytes are the arena's");
         values.make_mut()[0] = 5.0;
         assert!(values.in_arena(), "copied into a new block");
         let moved = values.share_as(DType::F32).unwrap();
         assert_ne!(arena.offset_of(&moved), Some(at));
-        assert_eq!(&pulled[..4], 1.0f32.to_le_bytes(), "the pull keeps its version");
+        assert_eq!(
+            &pulled[..4],
+            1.0f32.to_le_bytes(),
+            "the pull keeps its version"
+        );
         assert_eq!(values.as_slice()[0], 5.0);
     }
 

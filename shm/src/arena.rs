@@ -261,7 +261,10 @@ impl ArenaView {
         // arrive.
         unsafe {
             let from = self.map.as_ptr().add(offset as usize);
-            copy::copy(from, into.as_mut_ptr(), into.len());
+            match into.len() >= copy::STREAM_FROM_BYTES {
+                true => copy::copy_streaming(from, into.as_mut_ptr(), into.len()),
+                false => copy::copy(from, into.as_mut_ptr(), into.len()),
+            }
         }
         Ok(())
     }
@@ -314,8 +317,14 @@ mod tests {
         // writable shared mappings.
         let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
         if let Ok(again) = rustix::fs::open(path, OFlags::RDWR, Mode::empty()) {
-            assert!(rustix::io::write(&again, &[1]).is_err(), "sealed for writes");
-            assert!(MmapOptions::new().map_raw(&again).is_err(), "no writable map");
+            assert!(
+                rustix::io::write(&again, &[1]).is_err(),
+                "sealed for writes"
+            );
+            assert!(
+                MmapOptions::new().map_raw(&again).is_err(),
+                "no writable map"
+            );
         }
     }
 

@@ -535,7 +535,9 @@ pub async fn connect(offer: &v1::SharedMemoryOffer) -> Result<WorkerEnd, Handsha
         Some(file) => {
             let bytes = welcome.arena_bytes;
             let view = off_runtime(move || ArenaView::open(file, bytes)).await?;
-            Some(Arc::new(view.map_err(|e| HandshakeError::Protocol(e.to_string()))?))
+            Some(Arc::new(
+                view.map_err(|e| HandshakeError::Protocol(e.to_string()))?,
+            ))
         }
     };
     Ok(WorkerEnd {

@@ -82,7 +82,11 @@ impl Lending {
         }
         let through = self.released.load();
         let mut held = self.lock();
-        while held.answers.front().is_some_and(|(seq, _, _)| *seq <= through) {
+        while held
+            .answers
+            .front()
+            .is_some_and(|(seq, _, _)| *seq <= through)
+        {
             if let Some((_, bytes, _)) = held.answers.pop_front() {
                 held.bytes -= bytes;
             }
@@ -148,11 +152,19 @@ mod tests {
         let bytes = || Bytes::from_owner(BlockBytes(Arc::new(arena.block(&values).unwrap())));
         let region = Arc::new(Region::create(4096).unwrap());
         let released = Released::of(Arc::clone(&region));
-        let lending = Lending::new(Arc::clone(&arena), released, ARENA_FROM_BYTES as u64 * 3 / 2);
+        let lending = Lending::new(
+            Arc::clone(&arena),
+            released,
+            ARENA_FROM_BYTES as u64 * 3 / 2,
+        );
         let one = ARENA_FROM_BYTES as u64;
 
         let mut first = carrying(vec![Bytes::from(vec![0u8; 1 << 17]), bytes(), bytes()]);
-        assert_eq!(lending.lend(&mut first), one, "one fits, the heap's never lends");
+        assert_eq!(
+            lending.lend(&mut first),
+            one,
+            "one fits, the heap's never lends"
+        );
         lending.keep(1, one, first.lent_payloads());
         let mut second = carrying(vec![bytes()]);
         assert_eq!(lending.lend(&mut second), 0, "the limit is reached");

@@ -125,7 +125,9 @@ impl LentPayloads {
     /// Whether the next payload lies in the server's values arena, to be
     /// copied from there rather than off the ring.
     pub fn next_in_arena(&self) -> bool {
-        self.lens.get(self.next).is_some_and(|len| len & IN_ARENA != 0)
+        self.lens
+            .get(self.next)
+            .is_some_and(|len| len & IN_ARENA != 0)
     }
 
     /// Reads the next payload into `into`, which must be its length.
@@ -194,7 +196,13 @@ impl Drop for LentPayloads {
     /// Leaves the ring to the next reader: where these payloads end, for it
     /// to read past what was not read, and whether a read failed.
     fn drop(&mut self) {
-        let unread: u64 = self.lens.iter().skip(self.next).copied().map(ring_words).sum();
+        let unread: u64 = self
+            .lens
+            .iter()
+            .skip(self.next)
+            .copied()
+            .map(ring_words)
+            .sum();
         // A read cut off midway counts its payload among the unread: take
         // off the words it did read.
         let position = self.reading.ring.position();

@@ -252,7 +252,8 @@ impl Encoded {
         self.payloads
             .iter()
             .zip(lent)
-            .filter_map(|(payload, lent)| lent.then(|| payload.clone()))
+            .filter(|&(_, lent)| lent)
+            .map(|(payload, _)| payload.clone())
             .collect()
     }
 
@@ -276,10 +277,14 @@ impl Encoded {
         mut done: u64,
     ) -> Result<(), RingError> {
         let sizes = self.header.len() as u64 | (self.payloads.len() as u64) << 32;
-        let lens = self.payloads.iter().zip(&self.in_arena).map(|(payload, at)| {
-            let flag = if at.is_some() { IN_ARENA } else { 0 };
-            payload.len() as u64 | flag
-        });
+        let lens = self
+            .payloads
+            .iter()
+            .zip(&self.in_arena)
+            .map(|(payload, at)| {
+                let flag = if at.is_some() { IN_ARENA } else { 0 };
+                payload.len() as u64 | flag
+            });
         for word in [sizes, seq].into_iter().chain(lens) {
             match done {
                 0 => ring.write_word(word).await?,
@@ -510,7 +515,9 @@ pub(crate) async fn copy_from_arena(
 ) -> Result<(), RingError> {
     let offset = ring.read_word().await?;
     let Some(arena) = arena else {
-        return Err(RingError::Corrupt("a payload in a missing arena".to_string()));
+        return Err(RingError::Corrupt(
+            "a payload in a missing arena".to_string(),
+        ));
     };
     arena.copy_out(offset, into).map_err(RingError::Corrupt)
 }
@@ -648,34 +655,63 @@ mod tests {
             asked.push(len);
             true
         });
-        assert_eq!((lent, asked), (bytes.len() as u64, vec![bytes.len() as u64]));
+        assert_eq!(
+            (lent, asked),
+            (bytes.len() as u64, vec![bytes.len() as u64])
+        );
         assert_eq!(message.lent_payloads(), vec![bytes.clone()]);
         let words = 2 + 1 + message.header.len().div_ceil(8) + 1;
         let written = words_written(words, async |ring| message.write(ring, 1).await).await;
-        assert_eq!(written.len(), words * 8, "the values did not go on the ring");
+        assert_eq!(
+            written.len(),
+            words * 8,
+            "the values did not go on the ring"
+        );
 
-        let view = Arc::new(crate::arena::ArenaView::open(
-            arena.file().try_clone_to_owned().unwrap(),
-            arena.bytes(),
-        ).unwrap());
+        let view = Arc::new(
+            crate::arena::ArenaView::open(
+                arena.file().try_clone_to_owned().unwrap(),
+                arena.bytes(),
+            )
+            .unwrap(),
+        );
         let (_w, mut reader) = ring_of(&written).await;
-        let head = read_head::<v1::SessionAnswer>(&mut reader, 1, Some(&view)).await.unwrap();
+        let head = read_head::<v1::SessionAnswer>(&mut reader, 1, Some(&view))
+            .await
+            .unwrap();
         assert!(head.has_arena_payloads());
         assert_eq!(head.payload_bytes(), bytes.len() as u64);
-        let read = head.read_payloads(&mut reader, &BufferPool::new(), None).await.unwrap();
-        assert_eq!(read, pulled(bytes.clone()), "the values, read from the arena");
+        let read = head
+            .read_payloads(&mut reader, &BufferPool::new(), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            read,
+            pulled(bytes.clone()),
+            "the values, read from the arena"
+        );
 
         let (_w, mut reader) = ring_of(&written).await;
         let refused = read_head::<v1::SessionAnswer>(&mut reader, 1, None).await;
-        assert!(matches!(refused, Err(MessageError::Malformed(_))), "no arena here");
+        assert!(
+            matches!(refused, Err(MessageError::Malformed(_))),
+            "no arena here"
+        );
 
         let mut past = written.clone();
         let at = past.len() - 8;
         past[at..].copy_from_slice(&arena.bytes().to_le_bytes());
         let (_w, mut reader) = ring_of(&past).await;
-        let head = read_head::<v1::SessionAnswer>(&mut reader, 1, Some(&view)).await.unwrap();
-        let failed = head.read_payloads(&mut reader, &BufferPool::new(), None).await;
-        assert!(matches!(failed, Err(RingError::Corrupt(_))), "past the arena's end");
+        let head = read_head::<v1::SessionAnswer>(&mut reader, 1, Some(&view))
+            .await
+            .unwrap();
+        let failed = head
+            .read_payloads(&mut reader, &BufferPool::new(), None)
+            .await;
+        assert!(
+            matches!(failed, Err(RingError::Corrupt(_))),
+            "past the arena's end"
+        );
     }
 
     /// A ring holding `bytes`, published.

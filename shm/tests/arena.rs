@@ -104,7 +104,10 @@ async fn values_in_the_arena_are_read_from_it_and_held_until_the_worker_is_done(
     let mut mine = vec![0u8; 4 << 20];
     lent.read_next(&mut mine).await.unwrap();
     assert_eq!(mine, bytemuck::cast_slice::<f32, u8>(large.as_slice()));
-    assert!(Arc::strong_count(&large) > 1, "held while the worker holds it");
+    assert!(
+        Arc::strong_count(&large) > 1,
+        "held while the worker holds it"
+    );
     drop(lent);
     request(&mut serving, &working, 10).await;
     assert_eq!(Arc::strong_count(&large), 1, "let go once released");
