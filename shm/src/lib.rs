@@ -1,12 +1,17 @@
 //! `ps-shm`: the same-host data path of candle-ps. A worker on its server's
 //! host sends pushes and pulls through a shared-memory region instead of
 //! loopback TCP: the tensors' bytes are copied once into the region and once
-//! out, with no encoding, no socket and, while both sides are busy, no system
+//! out (a large key's pulled values once, out of the server's values arena),
+//! with no encoding, no socket and, while both sides are busy, no system
 //! call. gRPC stays the control plane (the offer is an authenticated call) and
 //! the fallback.
 //!
 //! - [`region`]: the sealed memfd: atomic control words and bulk copies of
-//!   data (with [`copy`], this crate's only `unsafe`).
+//!   data (with [`arena`] and [`copy`], this crate's only `unsafe`).
+//! - [`arena`]: the server's values arena for large keys, which workers map
+//!   read-only and copy pulled values out of once.
+//! - [`lending`]: the server's side of answers sent by their arena offset,
+//!   held until the worker has copied them.
 //! - [`copy`]: those copies, in AVX2 registers where present, and elements
 //!   (NaN, infinity) looked for in the same pass as a copy off the ring.
 //! - [`bell`]: pipe doorbells, rung only for a side that sleeps.
