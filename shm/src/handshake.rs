@@ -403,7 +403,7 @@ pub async fn admit<C>(
     let region = Arc::new(off_runtime(move || Region::create(bytes)).await??);
     write_header(&region, offers.ring_bytes);
     let bells = Bells::create()?;
-    let arena = offers.arena.clone();
+    let arena = offers.arena.clone().filter(|_| hello.takes_arena);
     let welcome = v1::SharedMemoryWelcome {
         refusal: String::new(),
         ring_bytes: offers.ring_bytes,
@@ -498,6 +498,7 @@ pub async fn connect(offer: &v1::SharedMemoryOffer) -> Result<WorkerEnd, Handsha
             })?;
     let hello = v1::SharedMemoryHello {
         nonce: offer.nonce.clone(),
+        takes_arena: true,
     };
     write_framed(&mut socket, &hello).await?;
     let (welcome, fds): (v1::SharedMemoryWelcome, _) = receive_with_fds(&socket).await?;
@@ -692,4 +693,43 @@ async fn receive_with_fds<M: Message + Default>(
     tokio::time::timeout(HANDSHAKE_TIMEOUT, receive)
         .await
         .map_err(|_| HandshakeError::Protocol(format!("no welcome within {HANDSHAKE_TIMEOUT:?}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Says hello to `offers` on `listener` (`takes_arena` as given) and
+    /// returns the welcome and how many files came with it.
+    async fn welcomed(takes_arena: bool) -> (v1::SharedMemoryWelcome, usize) {
+        let arena = Arena::create(1 << 20).unwrap();
+        let (offers, listener) = Offers::bind_with_arena(1 << 16, Some(arena)).unwrap();
+        let offer = offers.offer().unwrap();
+        let server = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            admit(&offers, socket, |_| Ok::<_, String>(()))
+                .await
+                .map(|_| ())
+        });
+        let mut socket = reach(&offer.socket_path).await.unwrap();
+        let hello = v1::SharedMemoryHello {
+            nonce: offer.nonce.clone(),
+            takes_arena,
+        };
+        write_framed(&mut socket, &hello).await.unwrap();
+        let (welcome, fds): (v1::SharedMemoryWelcome, Vec<OwnedFd>) =
+            receive_with_fds(&socket).await.unwrap();
+        server.await.unwrap().unwrap();
+        (welcome, fds.len())
+    }
+
+    /// A worker that does not say it reads a values arena (one built before
+    /// it) is handed none, and its pulls go through the ring.
+    #[tokio::test]
+    async fn the_arena_goes_only_to_a_worker_that_takes_it() {
+        let (welcome, files) = welcomed(false).await;
+        assert_eq!((welcome.arena_bytes, files), (0, 5));
+        let (welcome, files) = welcomed(true).await;
+        assert_eq!((welcome.arena_bytes, files), (1 << 20, 6));
+    }
 }
