@@ -184,6 +184,29 @@ impl Block {
     }
 }
 
+/// A block's values as little-endian bytes that share its memory, holding
+/// the block while they live.
+pub fn shared_bytes(block: Arc<Block>) -> bytes::Bytes {
+    bytes::Bytes::from_owner(BlockBytes(block))
+}
+
+struct BlockBytes(Arc<Block>);
+
+impl AsRef<[u8]> for BlockBytes {
+    fn as_ref(&self) -> &[u8] {
+        let values = self.0.as_slice();
+        // Seen as bytes through the same memory: `f32` has no padding, and
+        // any `f32` is 4 initialised bytes.
+        let len = std::mem::size_of_val(values);
+        let bytes = values.as_ptr().cast::<u8>();
+        #[allow(unsafe_code)]
+        // SAFETY: `values` spans `len` initialised bytes, borrowed from `self`.
+        unsafe {
+            std::slice::from_raw_parts(bytes, len)
+        }
+    }
+}
+
 impl Drop for Block {
     fn drop(&mut self) {
         self.arena.lock().free(self.allocation);

@@ -110,17 +110,9 @@ mod tests {
     use ps_proto::v1;
 
     use super::*;
-    use crate::arena::{ARENA_FROM_BYTES, Block};
+    use crate::arena::ARENA_FROM_BYTES;
     use crate::region::Region;
     use crate::ring::RELEASED_WORD;
-
-    struct BlockBytes(Arc<Block>);
-
-    impl AsRef<[u8]> for BlockBytes {
-        fn as_ref(&self) -> &[u8] {
-            bytemuck::cast_slice(self.0.as_slice())
-        }
-    }
 
     /// A push carrying `payloads` (the tensors' kind does not matter here).
     fn carrying(payloads: Vec<Bytes>) -> Encoded {
@@ -149,7 +141,7 @@ mod tests {
     fn lending_stops_at_its_limit_and_goes_on_once_the_worker_releases() {
         let arena = Arena::create(1 << 20).unwrap();
         let values = vec![1.0f32; ARENA_FROM_BYTES / 4];
-        let bytes = || Bytes::from_owner(BlockBytes(Arc::new(arena.block(&values).unwrap())));
+        let bytes = || crate::arena::shared_bytes(Arc::new(arena.block(&values).unwrap()));
         let region = Arc::new(Region::create(4096).unwrap());
         let released = Released::of(Arc::clone(&region));
         let lending = Lending::new(

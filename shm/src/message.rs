@@ -648,7 +648,7 @@ mod tests {
         let arena = crate::arena::Arena::create(1 << 20).unwrap();
         let values: Vec<f32> = (0..ARENA_FROM_BYTES / 4).map(|i| i as f32).collect();
         let block = Arc::new(arena.block(&values).unwrap());
-        let bytes = Bytes::from_owner(BlockBytes(Arc::clone(&block)));
+        let bytes = crate::arena::shared_bytes(Arc::clone(&block));
         let mut message = Encoded::of(pulled(bytes.clone()));
         let mut asked = Vec::new();
         let lent = message.lend_from(&arena, &mut |len| {
@@ -720,15 +720,6 @@ mod tests {
         writer.write(bytes).await.unwrap();
         writer.flush();
         (writer, reader)
-    }
-
-    /// A block's values as bytes.
-    struct BlockBytes(Arc<crate::arena::Block>);
-
-    impl AsRef<[u8]> for BlockBytes {
-        fn as_ref(&self) -> &[u8] {
-            bytemuck::cast_slice(self.0.as_slice())
-        }
     }
 
     #[tokio::test]

@@ -35,15 +35,6 @@ async fn linked(arena: &Arc<Arena>) -> (ServerLink, WorkerLink) {
     (serving, worker_link(worker, u64::MAX))
 }
 
-/// A block's values as the bytes of a pull.
-struct BlockBytes(Arc<Block>);
-
-impl AsRef<[u8]> for BlockBytes {
-    fn as_ref(&self) -> &[u8] {
-        bytemuck::cast_slice(self.0.as_slice())
-    }
-}
-
 /// A block of `len` values in `arena`, each a pattern of `seed`.
 fn block(arena: &Arc<Arena>, len: usize, seed: f32) -> Arc<Block> {
     let values: Vec<f32> = (0..len).map(|i| seed + i as f32).collect();
@@ -52,7 +43,7 @@ fn block(arena: &Arc<Arena>, len: usize, seed: f32) -> Arc<Block> {
 
 /// The answer to pull `id`, its one tensor `block`'s values.
 fn pulled(id: u64, block: &Arc<Block>) -> v1::SessionAnswer {
-    let data = Bytes::from_owner(BlockBytes(Arc::clone(block)));
+    let data = ps_shm::arena::shared_bytes(Arc::clone(block));
     let tensor = v1::Tensor {
         name: "w".to_string(),
         part: 0,
