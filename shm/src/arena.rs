@@ -284,7 +284,7 @@ impl ArenaView {
         // arrive.
         unsafe {
             let from = self.map.as_ptr().add(offset as usize);
-            match into.len() >= copy::STREAM_FROM_BYTES {
+            match into.len() >= copy::stream_from_bytes() {
                 true => copy::copy_streaming(from, into.as_mut_ptr(), into.len()),
                 false => copy::copy(from, into.as_mut_ptr(), into.len()),
             }
@@ -314,6 +314,25 @@ mod tests {
         view_of(&arena).copy_out(offset, &mut read).unwrap();
         assert_eq!(read, bytes);
         assert_eq!(arena.offset_of(&read), None, "the heap is not the arena");
+    }
+
+    #[test]
+    fn copies_on_both_sides_of_the_streaming_size_are_exact() {
+        let from = copy::stream_from_bytes();
+        assert!(from >= copy::STREAM_AT_LEAST_BYTES);
+        let arena = Arena::create(4 * from as u64).unwrap();
+        let view = view_of(&arena);
+        for len in [from - 4, from, from + 4 * 1031] {
+            let values: Vec<f32> = (0..len / 4).map(|i| i as f32 - 7.25).collect();
+            let block = arena.block(&values).unwrap();
+            let mut read = vec![0u8; len];
+            view.copy_out(block.offset(), &mut read).unwrap();
+            assert_eq!(
+                read,
+                bytemuck::cast_slice::<f32, u8>(&values),
+                "{len} bytes"
+            );
+        }
     }
 
     #[test]

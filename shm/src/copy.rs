@@ -53,19 +53,32 @@ pub(crate) unsafe fn copy(from: *const u8, to: *mut u8, len: usize) {
     unsafe { std::ptr::copy_nonoverlapping(from, to, len) };
 }
 
-/// Copies at least this many bytes with stores that bypass the cache
-/// ([`copy_streaming`]) when they go from the values arena into a worker's
-/// memory.
+/// The least copy out of the values arena that bypasses the cache
+/// ([`copy_streaming`]), whatever the cache's size: see [`stream_from_bytes`].
+pub const STREAM_AT_LEAST_BYTES: usize = 1 << 20;
+
+/// A copy of `len` bytes from the values arena into a worker's memory goes
+/// with stores that bypass the cache ([`copy_streaming`]) when `len` is at
+/// least this: a sixteenth of the last-level cache
+/// ([`crate::cache_size::last_level_cache_bytes`]), and never less than
+/// [`STREAM_AT_LEAST_BYTES`] (the same where sysfs does not say).
 ///
 /// A pull's destination is a buffer the worker keeps per request in flight
-/// or per parameter, so eight 16 MiB pulls in flight write 128 MiB: past any
-/// core's cache, a store that first reads its line from memory moves half as
-/// many bytes again. On this project's Intel Xeon machine, a 16 MiB copy from
-/// a memfd into one of eight buffers ran at 7.6 GB/s with ordinary stores and
-/// 13.1 GB/s with streaming ones (`memcpy` 8.3); one 1 MiB buffer, which
-/// stays in cache, ran at 22.3 against 19.2, so smaller copies keep ordinary
-/// stores (docs/benchmarks.md, "Pulls read from the values arena").
-pub const STREAM_FROM_BYTES: usize = 1 << 20;
+/// or per parameter, so eight pulls in flight write eight destinations.
+/// Once they pass about half of the last-level cache, an ordinary store
+/// first reads its line from memory and moves half as many bytes again;
+/// below that, the lines are in cache and a streaming store only sends them
+/// to memory sooner. From a memfd on this project's AMD EPYC machine (32 MiB
+/// L3, so 2 MiB here), into eight buffers: 1 MiB ran at 49.8 GB/s with
+/// ordinary stores and 41.2 with streaming ones, 2 MiB at 40.8 and 39.4,
+/// 4 MiB at 34.7 and 40.7 (`docs/benchmarks.md`, "The streaming copy sized
+/// to the last-level cache").
+pub fn stream_from_bytes() -> usize {
+    let sixteenth = crate::cache_size::last_level_cache_bytes().map_or(0, |bytes| bytes / 16);
+    usize::try_from(sixteenth)
+        .unwrap_or(usize::MAX)
+        .max(STREAM_AT_LEAST_BYTES)
+}
 
 /// Copies `len` bytes from `from` to `to` with stores that bypass the
 /// cache where the machine has them (AVX2), for a destination too large to

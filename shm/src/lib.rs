@@ -14,6 +14,8 @@
 //!   held until the worker has copied them.
 //! - [`copy`]: those copies, in AVX2 registers where present, and elements
 //!   (NaN, infinity) looked for in the same pass as a copy off the ring.
+//! - [`cache_size`]: the last-level cache's size, which sets when those
+//!   copies bypass the cache.
 //! - [`bell`]: pipe doorbells, rung only for a side that sleeps.
 //! - [`ring`]: a single-producer, single-consumer ring of words with spinning,
 //!   then sleeping, waits.
@@ -30,6 +32,7 @@
 
 pub mod arena;
 pub mod bell;
+pub mod cache_size;
 pub mod caller;
 pub mod copy;
 pub mod handshake;
