@@ -1,7 +1,7 @@
 import json,sys,glob,collections
 rows=collections.defaultdict(list)
 for f in sorted(sys.argv[1:]):
-    d=json.load(open(f)); p=f.split('/')[-1].split('-')[0]
+    d=json.load(open(f)); p=f.split('/')[-1].split('-')[-2]
     w=d['per_worker']; steps=d['steps']
     ts={k:sum(x['time_split'][k]['seconds'] for x in w)/len(w)/steps*1e6 for k in w[0]['time_split']}
     loop=max(x['wall_seconds'] for x in w)
