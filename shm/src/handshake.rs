@@ -47,7 +47,6 @@ use crate::region::{OpenError, Region};
 use crate::ring::{
     Direction, RingError, RingReader, RingWriter, read_header, region_bytes, write_header,
 };
-use crate::spare::Spares;
 
 /// How long an offer's nonce stays good.
 pub const OFFER_LIFETIME: Duration = Duration::from_secs(30);
@@ -255,7 +254,6 @@ pub struct Offers {
     ring_bytes: u64,
     arena: Option<Arc<Arena>>,
     pending: Mutex<HashMap<[u8; 32], Instant>>,
-    spares: Arc<Spares>,
 }
 
 impl Offers {
@@ -289,10 +287,6 @@ impl Offers {
         let address = SocketAddr::from_abstract_name(name.as_bytes())?;
         let listener = std::os::unix::net::UnixListener::bind_addr(&address)?;
         listener.set_nonblocking(true)?;
-        // Regions are made ahead from now on (within a runtime), so that
-        // the first workers do not wait for their pages either.
-        let spares = Spares::new(region_bytes(ring_bytes) as usize);
-        spares.refill();
         let offers = Self {
             socket: format!("@{name}"),
             boot_id: boot_id()?,
@@ -300,7 +294,6 @@ impl Offers {
             ring_bytes,
             arena,
             pending: Mutex::default(),
-            spares,
         };
         Ok((Arc::new(offers), UnixListener::from_std(listener)?))
     }
@@ -407,11 +400,7 @@ pub async fn admit<C>(
         }
     };
     let bytes = region_bytes(offers.ring_bytes) as usize;
-    let region = match offers.spares.take() {
-        Some(made_ahead) => made_ahead,
-        None => off_runtime(move || Region::create(bytes)).await??,
-    };
-    let region = Arc::new(region);
+    let region = Arc::new(off_runtime(move || Region::create(bytes)).await??);
     write_header(&region, offers.ring_bytes);
     let bells = Bells::create()?;
     let arena = offers.arena.clone().filter(|_| hello.takes_arena);
@@ -732,45 +721,6 @@ mod tests {
             receive_with_fds(&socket).await.unwrap();
         server.await.unwrap().unwrap();
         (welcome, fds.len())
-    }
-
-    /// Workers admitted after the server made its spare regions get those,
-    /// each its own.
-    #[tokio::test]
-    async fn admitted_workers_get_regions_made_ahead_each_its_own() {
-        let (offers, listener) = Offers::bind(1 << 16).unwrap();
-        offers.spares.ready(crate::spare::SPARE_REGIONS).await;
-        let made_ahead = offers.spares.made_inodes();
-        let mut handed = Vec::new();
-        for _ in 0..2 {
-            let offer = offers.offer().unwrap();
-            let (admitting, listener_ref) = (Arc::clone(&offers), &listener);
-            let (end, inode) = tokio::join!(
-                async {
-                    let (socket, _) = listener_ref.accept().await.unwrap();
-                    admit(&admitting, socket, |_| Ok::<_, String>(()))
-                        .await
-                        .unwrap()
-                },
-                async {
-                    let mut socket = reach(&offer.socket_path).await.unwrap();
-                    let hello = v1::SharedMemoryHello {
-                        nonce: offer.nonce.clone(),
-                        takes_arena: true,
-                    };
-                    write_framed(&mut socket, &hello).await.unwrap();
-                    let (_, fds): (v1::SharedMemoryWelcome, Vec<OwnedFd>) =
-                        receive_with_fds(&socket).await.unwrap();
-                    rustix::fs::fstat(&fds[0]).unwrap().st_ino
-                }
-            );
-            handed.push((end, inode));
-        }
-        let regions: Vec<u64> = handed.iter().map(|(_, inode)| *inode).collect();
-        assert_ne!(regions[0], regions[1], "a region is never handed twice");
-        for region in &regions {
-            assert!(made_ahead.contains(region), "{region} was made ahead");
-        }
     }
 
     /// A worker that does not say it reads a values arena (one built before

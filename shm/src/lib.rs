@@ -22,7 +22,6 @@
 //! - [`message`]: session requests and answers on a ring, tensors as raw bytes,
 //!   sequence-numbered.
 //! - [`handshake`]: the server's socket and offers; handing a region over.
-//! - [`spare`]: regions made ahead of the workers that take them.
 //! - [`caller`]: the worker's side of a session, its requests writing
 //!   themselves onto the ring and reading answers off it themselves.
 //! - [`link`]: a session run over a region, as request and answer streams.
@@ -45,7 +44,6 @@ pub mod mode;
 pub mod pool;
 pub mod region;
 pub mod ring;
-pub mod spare;
 
 pub use caller::{AnswerReader, AnswerRing, Closed, Queued, RequestRing, Sent, worker_rings};
 pub use handshake::{HandshakeError, Offers, admit, connect};
