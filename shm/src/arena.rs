@@ -184,8 +184,8 @@ impl Block {
     }
 }
 
-/// A block's values as little-endian bytes that share its memory, holding
-/// the block while they live.
+/// A block's values as their bytes in memory (little-endian `f32` on
+/// x86-64), sharing it and holding the block while they live.
 pub fn shared_bytes(block: Arc<Block>) -> bytes::Bytes {
     bytes::Bytes::from_owner(BlockBytes(block))
 }
@@ -194,16 +194,7 @@ struct BlockBytes(Arc<Block>);
 
 impl AsRef<[u8]> for BlockBytes {
     fn as_ref(&self) -> &[u8] {
-        let values = self.0.as_slice();
-        // Seen as bytes through the same memory: `f32` has no padding, and
-        // any `f32` is 4 initialised bytes.
-        let len = std::mem::size_of_val(values);
-        let bytes = values.as_ptr().cast::<u8>();
-        #[allow(unsafe_code)]
-        // SAFETY: `values` spans `len` initialised bytes, borrowed from `self`.
-        unsafe {
-            std::slice::from_raw_parts(bytes, len)
-        }
+        bytemuck::cast_slice(self.0.as_slice())
     }
 }
 
