@@ -1,5 +1,5 @@
-//! [`PsClient`]: a worker's connection to a candle-ps job — its [`Directory`]
-//! (ranks, heartbeats, shard maps) and its [`Shards`] (servers, placement, and
+//! [`PsClient`]: a worker's connection to a candle-ps job — its `Directory`
+//! (ranks, heartbeats, shard maps) and its `Shards` (servers, placement, and
 //! the fan-out of register, push and pull). A retried push keeps its
 //! `(worker_id, step)`, so the server applies it exactly once.
 

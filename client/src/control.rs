@@ -1,4 +1,4 @@
-//! The control plane: [`Directory`], where a client gets its rank, its servers
+//! The control plane: `Directory`, where a client gets its rank, its servers
 //! and its placement. With fixed servers the first hands out ranks
 //! (`JoinGroup`) and every worker plans placement the same way; with a
 //! scheduler, the scheduler hands out ranks, takes heartbeats and a worker's

@@ -173,7 +173,7 @@ type ServerEnds = (RingReader, RingWriter);
 
 /// Round trips through the data path's own rings and doorbells between
 /// `servers` and `workers` threads for `phase`, one operation at a time
-/// (see [`round_trips`]): the median over all workers' operations, in
+/// (see `round_trips`): the median over all workers' operations, in
 /// microseconds.
 ///
 /// # Errors

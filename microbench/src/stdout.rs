@@ -22,7 +22,7 @@ pub fn line(text: impl Display) -> anyhow::Result<()> {
 /// Writes `text` to standard output as it is.
 ///
 /// # Errors
-/// As [`line`].
+/// As [`line()`].
 pub fn text(text: impl Display) -> anyhow::Result<()> {
     write(format_args!("{text}"))
 }

@@ -10,7 +10,7 @@
 //! Ops: `ECHO` sends the bytes back; `SINK` answers an 8-byte acknowledgement;
 //! `APPLY` does too, once it has applied the bytes as a little-endian `f32`
 //! gradient to the connection's own values with the parameter server's SGD
-//! ([`ApplyingSink`]); `STREAM` answers nothing (pipelined), and `FLUSH` answers
+//! (`ApplyingSink`); `STREAM` answers nothing (pipelined), and `FLUSH` answers
 //! the bytes received since the last `FLUSH`. Small frames go out in one write,
 //! and pipelined ones are gathered into larger writes, as real peers would.
 //!

@@ -61,7 +61,7 @@ impl TensorHeader {
         wire_shape(&self.shape)
     }
 
-    /// "dtype [shape]", for error messages.
+    /// `"dtype [shape]"`, for error messages.
     pub fn describe(&self) -> String {
         format!("{} {:?}", self.dtype, self.shape)
     }

@@ -1,7 +1,7 @@
-//! [`Entry`]: one stored key (its spec, its state behind its own lock, and the
+//! `Entry`: one stored key (its spec, its state behind its own lock, and the
 //! channel that announces its versions), and what a request does to a set of
-//! entries: [`apply_all`] applies one push to its keys, all or nothing, and
-//! [`snapshot`] reads a key's values.
+//! entries: `apply_all` applies one push to its keys, all or nothing, and
+//! `snapshot` reads a key's values.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};

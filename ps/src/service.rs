@@ -1,5 +1,5 @@
 //! [`ParameterService`]: the gRPC handlers. Each converts its request with
-//! [`crate::wire`], passes the one admission step ([`Admitted`]), calls the
+//! [`crate::wire`], passes the one admission step (`Admitted`), calls the
 //! [`Store`], and maps the outcome to a precise status. Who may call each method,
 //! and the metrics of every answer, are the [`Access`] layer's ([`METHODS`]), in
 //! front of [`DataPath`]: [`ParameterService::into_server`] builds that one stack,
@@ -95,7 +95,7 @@ impl ParameterService {
     }
 
     /// The same service, offering workers on this host sessions through
-    /// `offers` (served by [`crate::shared_memory::accept`]).
+    /// `offers` (served by `crate::shared_memory::accept`).
     pub fn with_shared_memory(mut self, offers: Arc<Offers>) -> Self {
         self.shared_memory = Some(offers);
         self
@@ -395,7 +395,7 @@ impl ParameterServer for ParameterService {
     }
 
     /// Never reached: [`DataPath`] answers `PushStream` before tonic's server
-    /// sees it ([`ParameterService::push_chunks`]).
+    /// sees it (`ParameterService::push_chunks`).
     async fn push_stream(
         &self,
         _request: Request<Streaming<v1::PushChunk>>,
@@ -469,7 +469,7 @@ impl ParameterServer for ParameterService {
     type PullStreamStream = stream::Empty<Result<v1::PullChunk, Status>>;
 
     /// Never reached: [`DataPath`] answers `PullStream` before tonic's server
-    /// sees it ([`ParameterService::pull_chunks`]).
+    /// sees it (`ParameterService::pull_chunks`).
     async fn pull_stream(
         &self,
         _request: Request<v1::PullRequest>,

@@ -1,4 +1,4 @@
-//! [`Roster`]: the registered members of one kind — servers by [`ServerId`],
+//! `Roster`: the registered members of one kind — servers by [`ServerId`],
 //! workers by [`Rank`] — with who is alive, who left on purpose and when each was
 //! last heard from. `Membership` holds one of each and decides what their
 //! changes mean for the shard map.

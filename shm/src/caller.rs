@@ -17,7 +17,7 @@
 //!
 //! A request's future may be dropped at any await (a timeout, or its caller
 //! giving up), and that must leave the session as it was. A write cut off
-//! midway is finished: the message stays with the ring ([`Writing`]), the
+//! midway is finished: the message stays with the ring (`Writing`), the
 //! writer task is told, and it (or the next write, whichever comes first)
 //! writes the rest. A reader waits, reading nothing, until an answer below
 //! [`LEND_AT_BYTES`] is on the ring whole, so reading it never waits; a

@@ -1,6 +1,6 @@
-//! The region's bulk copies, in and out ([`copy`]), and [`Mark`]: elements
+//! The region's bulk copies, in and out (`copy`), and [`Mark`]: elements
 //! looked for while bytes are copied off the ring, in the same pass as the
-//! copy ([`copy_marked`]), so that a large gradient is checked for NaN and
+//! copy (`copy_marked`), so that a large gradient is checked for NaN and
 //! infinity without reading it a second time.
 //!
 //! On x86-64 with AVX2 a copy is a loop of 32-byte loads and stores (with the
@@ -54,11 +54,11 @@ pub(crate) unsafe fn copy(from: *const u8, to: *mut u8, len: usize) {
 }
 
 /// The least copy out of the values arena that bypasses the cache
-/// ([`copy_streaming`]), whatever the cache's size: see [`stream_from_bytes`].
+/// (`copy_streaming`), whatever the cache's size: see [`stream_from_bytes`].
 pub const STREAM_AT_LEAST_BYTES: usize = 1 << 20;
 
 /// A copy of `len` bytes from the values arena into a worker's memory goes
-/// with stores that bypass the cache ([`copy_streaming`]) when `len` is at
+/// with stores that bypass the cache (`copy_streaming`) when `len` is at
 /// least this: a sixteenth of the last-level cache
 /// ([`crate::cache_size::last_level_cache_bytes`]), and never less than
 /// [`STREAM_AT_LEAST_BYTES`] (the same where sysfs does not say).

@@ -1,8 +1,8 @@
-//! [`Lending`]: the server's side of answers whose payloads lie in its
+//! `Lending`: the server's side of answers whose payloads lie in its
 //! values arena ([`crate::arena`]). An answer sends such a payload by its
 //! offset, and the payload's bytes (which hold the key's values as they
 //! were, copy-on-write) are kept here until the worker says it has copied
-//! them ([`crate::ring::Released`]); the session's reader lets them go
+//! them (`crate::ring::Released`); the session's reader lets them go
 //! before it hands on the next request, so the worker's own next push
 //! updates the values in place rather than copying them first.
 

@@ -15,7 +15,7 @@
 //!
 //! A payload that lies in the server's values arena ([`crate::arena`]) is
 //! copied from there; once the payloads drop, the server is told it may let
-//! those values go ([`crate::ring::Released`]).
+//! those values go (`crate::ring::Released`).
 
 use bytes::Bytes;
 use ps_proto::v1;

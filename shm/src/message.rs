@@ -9,7 +9,7 @@
 //! once out of it by the reader; nothing encodes or decodes them.
 //!
 //! A payload of an answer may instead lie in the server's values arena
-//! ([`crate::arena`]): its length word then has [`IN_ARENA`] set, and its
+//! ([`crate::arena`]): its length word then has `IN_ARENA` set, and its
 //! one word on the ring is the arena offset it starts at. Requests never
 //! carry such payloads.
 //!

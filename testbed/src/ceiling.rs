@@ -45,7 +45,7 @@ pub fn sink(listen: &str) -> std::io::Result<()> {
     }
 }
 
-/// Sends messages to `connect` for `seconds`, keeping [`WINDOW`] of them
+/// Sends messages to `connect` for `seconds`, keeping `WINDOW` of them
 /// unacknowledged; the acknowledged bytes per second.
 ///
 /// # Errors

@@ -1,4 +1,4 @@
-//! [`Bucket`]: one bucket of a table as a server holds it: its rows and their
+//! `Bucket`: one bucket of a table as a server holds it: its rows and their
 //! optimizer state, its version and each worker's last step (exactly once),
 //! and under BSP the row gradients of the step in progress — what
 //! `crate::param::KeyState` is for a dense key.
