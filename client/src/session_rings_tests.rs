@@ -13,8 +13,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use ps_proto::v1;
 use ps_shm::handshake::in_process_ends;
-use ps_shm::link::Charger;
 use ps_shm::pool::BufferPool;
+use ps_shm::serving::Charger;
 use ps_shm::{ServerLink, serve_link};
 use tokio_stream::StreamExt;
 
@@ -110,7 +110,7 @@ async fn requests_in_flight_together_each_get_their_own_answer_in_any_order() {
         .collect();
     let mut requests = Vec::new();
     for _ in 0..CALLS {
-        requests.push(serving.requests.next().await.unwrap().unwrap());
+        requests.push(serving.requests.next().await.unwrap().unwrap().unwrap());
     }
     // Last asked, first answered: every request but the last reads answers
     // meant for others, large ones among them.
@@ -137,11 +137,11 @@ async fn the_reading_request_answered_first_leaves_the_ring_to_a_task_for_the_ot
     };
     // Alone when it went out: it reads the ring.
     let reader = call(100);
-    let first = serving.requests.next().await.unwrap().unwrap();
+    let first = serving.requests.next().await.unwrap().unwrap().unwrap();
     let others: Vec<_> = (1..=15).map(call).collect();
     let mut requests = Vec::new();
     for _ in &others {
-        requests.push(serving.requests.next().await.unwrap().unwrap());
+        requests.push(serving.requests.next().await.unwrap().unwrap().unwrap());
     }
     serving.answers.send(Ok(answer_to(&first))).await.unwrap();
     let (n, answered) = within(reader).await.unwrap();
@@ -158,7 +158,7 @@ async fn the_reading_request_answered_first_leaves_the_ring_to_a_task_for_the_ot
     // Nobody waits: the next request is answered, by the task if it still
     // stays, else reading for itself.
     let last = call(7);
-    let request = serving.requests.next().await.unwrap().unwrap();
+    let request = serving.requests.next().await.unwrap().unwrap().unwrap();
     serving.answers.send(Ok(answer_to(&request))).await.unwrap();
     let (n, answered) = within(last).await.unwrap();
     assert_answers(n, &answered.unwrap().0);
@@ -173,7 +173,7 @@ async fn a_request_given_up_while_it_read_the_ring_leaves_the_session_to_the_oth
     // Driven until the server has it: it then reads the ring, waiting.
     let request = tokio::select! {
         answered = &mut given_up => panic!("answered before the server saw it: {answered:?}"),
-        request = serving.requests.next() => request.unwrap().unwrap(),
+        request = serving.requests.next() => request.unwrap().unwrap().unwrap(),
     };
     drop(given_up);
     // Its answer, nobody's now (and lent), comes before the next one's.
@@ -182,7 +182,7 @@ async fn a_request_given_up_while_it_read_the_ring_leaves_the_session_to_the_oth
         let link = Arc::clone(&link);
         async move { link.call(pull(3)).await }
     });
-    let request = serving.requests.next().await.unwrap().unwrap();
+    let request = serving.requests.next().await.unwrap().unwrap().unwrap();
     serving.answers.send(Ok(answer_to(&request))).await.unwrap();
     let (outcome, _) = within(next).await.unwrap().unwrap();
     assert_answers(3, &outcome);
@@ -196,7 +196,7 @@ async fn a_session_whose_server_went_fails_what_waits_and_sends_nothing_more() {
         let link = Arc::clone(&link);
         async move { link.call(pull(1)).await }
     });
-    serving.requests.next().await.unwrap().unwrap();
+    serving.requests.next().await.unwrap().unwrap().unwrap();
     drop(serving);
     match within(waiting).await.unwrap() {
         Err(CallError::Failed(status)) => assert_eq!(status.code(), Code::Unavailable),

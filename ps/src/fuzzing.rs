@@ -146,13 +146,23 @@ pub fn emb_spec() -> v1::TableSpec {
 
 /// A service over a store holding `w` (4 elements, SGD), as a fresh server has it.
 pub(crate) fn one_key_service() -> (ParameterService, Arc<Store>) {
+    w_service(4)
+}
+
+/// A service over a store holding `w` of `elements` f32 elements (SGD, lr
+/// 0.1), as a fresh server has it.
+pub(crate) fn w_service(elements: u64) -> (ParameterService, Arc<Store>) {
     let config = ServerConfig {
         memory_budget: 64 << 20,
         ..ServerConfig::default()
     };
     let store = Arc::new(Store::new(config.store_rules(), CancellationToken::new()));
+    let spec = v1::ParameterSpec {
+        shape: vec![elements],
+        ..w_spec()
+    };
     let init = v1::ParameterInit {
-        spec: Some(w_spec()),
+        spec: Some(spec),
         initial: Bytes::new(),
     };
     let params = vec![crate::wire::param_init(&init).expect("w's spec is valid")];

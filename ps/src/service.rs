@@ -254,7 +254,7 @@ impl ParameterService {
     /// NaN or infinity as it copied it off the ring, with the status a whole
     /// scan would give; `None` where such values are allowed, and nothing
     /// is looked for.
-    pub(crate) fn gradient_checker(&self) -> Option<ps_shm::link::Checker> {
+    pub(crate) fn gradient_checker(&self) -> Option<ps_shm::serving::Checker> {
         if !self.store.rules().reject_non_finite {
             return None;
         }

@@ -25,10 +25,11 @@
 
 use std::collections::HashSet;
 use std::pin::Pin;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures::stream::FuturesUnordered;
-use futures::{Future, Stream, StreamExt};
+use futures::{Future, Stream, StreamExt, TryStreamExt};
 use ps_common::access::Answers;
 use ps_proto::refusal::refusal_of;
 use ps_proto::v1;
@@ -42,8 +43,32 @@ use crate::service::ParameterService;
 /// Answers a stream's task may have written ahead of the client reading them.
 const ANSWERS_AHEAD: usize = 64;
 
-/// What a session stream's task sends back: answers, or the status that ends it.
+/// What a gRPC session stream's task sends back: answers, or the status that ends it.
 pub(crate) type AnswerSender = mpsc::Sender<Result<v1::SessionAnswer, Status>>;
+
+/// Where a session's answers go.
+pub(crate) enum AnswerSink {
+    /// A gRPC `Session` stream's: a channel its response body reads.
+    Stream(AnswerSender),
+    /// A shared-memory session's: its answer ring, written by the session's
+    /// own task.
+    Rings(ps_shm::serving::Answers),
+}
+
+impl AnswerSink {
+    /// Sends `answer` (an `Err` ends the session); `Err` when nobody takes
+    /// answers any more.
+    async fn send(&mut self, answer: Result<v1::SessionAnswer, Status>) -> Result<(), ()> {
+        match self {
+            Self::Stream(sender) => sender.send(answer).await.map_err(drop),
+            Self::Rings(ring) => ring.send(answer).await.map_err(drop),
+        }
+    }
+}
+
+/// What a session reads: a request to run, or an answer refusing one that
+/// was read past (`ps_shm::serving::Read`), or the status that ends it.
+pub(crate) type Incoming = Result<ps_shm::serving::Read, Status>;
 
 /// How a session's requests reach it.
 #[derive(Debug, Clone, Copy)]
@@ -52,7 +77,7 @@ pub(crate) struct Reading {
     pub(crate) largest: usize,
     /// Pushes carrying at least this many bytes of gradients were scanned for
     /// NaN and infinity as they were read (a shared-memory session's, piece
-    /// by piece off the ring: `ps_shm::link::ServerLink::checked_from`), and
+    /// by piece off the ring: `ps_shm::serving::ServerLink::checked_from`), and
     /// the store does not scan them again.
     pub(crate) scanned_from: Option<u64>,
 }
@@ -84,10 +109,14 @@ pub(crate) fn open(
     let (answers, answered) = mpsc::channel(ANSWERS_AHEAD);
     let idle = service.config().transport.idle_connection_timeout;
     let limit = service.max_message_bytes();
+    let gone = {
+        let answers = answers.clone();
+        async move { answers.closed().await }
+    };
     tokio::spawn(serve(
         service.clone(),
-        requests,
-        answers,
+        requests.map_ok(Ok),
+        (AnswerSink::Stream(answers), gone),
         idle,
         Reading::grpc(limit),
     ));
@@ -95,14 +124,22 @@ pub(crate) fn open(
 }
 
 /// Serves one session until it ends: reads `requests` (a gRPC `Session`
-/// stream, or a shared-memory session's), runs each operation on `service`,
-/// and sends every answer to `answers`. `read_as` says how many bytes a
-/// pull's values may take (the message limit on gRPC; none in shared memory)
-/// and which pushes were scanned for NaN and infinity as they were read.
+/// stream's, or a shared-memory session's, read off its ring as they are
+/// polled), runs each operation on `service`, and sends every answer to
+/// `answers`. It ends when `gone` says nobody takes answers any more (the
+/// client went away), once the requests end and every answer is sent, at
+/// the first request that does not decode, or after `idle` with nothing in
+/// flight. `read_as` says how many bytes a pull's values may take (the
+/// message limit on gRPC; none in shared memory) and which pushes were
+/// scanned for NaN and infinity as they were read.
+///
+/// An operation that finishes when first run (a push, or a pull whose
+/// version is there) is answered at once; one that waits runs beside the
+/// others, so a pull waiting for its version holds up nothing behind it.
 pub(crate) async fn serve(
     service: ParameterService,
-    mut requests: impl Stream<Item = Result<v1::SessionRequest, Status>> + Unpin,
-    answers: AnswerSender,
+    mut requests: impl Stream<Item = Incoming> + Unpin,
+    (mut answers, gone): (AnswerSink, impl Future<Output = ()>),
     idle: Option<Duration>,
     read_as: Reading,
 ) {
@@ -110,11 +147,14 @@ pub(crate) async fn serve(
     let mut ids = HashSet::new();
     let mut reading = true;
     let mut idle_since = tokio::time::Instant::now();
+    // One timer for the session, moved on only when it fires early: setting
+    // it afresh at every request would take the timer's lock each time.
+    let idle_timer = tokio::time::sleep(idle.unwrap_or(Duration::MAX / 4));
+    tokio::pin!(idle_timer, gone);
     loop {
-        let idle_end = idle.map(|idle| idle_since + idle);
         tokio::select! {
-            message = requests.next(), if reading => match message.transpose() {
-                Ok(Some(request)) => {
+            message = requests.next(), if reading => match message {
+                Some(Ok(Ok(request))) => {
                     idle_since = tokio::time::Instant::now();
                     if let Some(refused) = admit_id(&mut ids, &request) {
                         if answers.send(Ok(refused)).await.is_err() {
@@ -122,10 +162,24 @@ pub(crate) async fn serve(
                         }
                         continue;
                     }
-                    in_flight.push(Box::pin(operate(&service, request, read_as)));
+                    let mut operation: Operation<'_> = Box::pin(operate(&service, request, read_as));
+                    match futures::poll!(operation.as_mut()) {
+                        Poll::Ready(answer) => {
+                            ids.remove(&answer.id);
+                            if answers.send(Ok(answer)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Poll::Pending => in_flight.push(operation),
+                    }
                 }
-                Ok(None) => reading = false,
-                Err(status) => {
+                Some(Ok(Err(refused))) => {
+                    if answers.send(Ok(refused)).await.is_err() {
+                        return;
+                    }
+                }
+                None => reading = false,
+                Some(Err(status)) => {
                     let _ = answers.send(Err(status)).await;
                     return;
                 }
@@ -137,25 +191,21 @@ pub(crate) async fn serve(
                     return;
                 }
             }
-            () = answers.closed(), if reading || !in_flight.is_empty() => return,
-            () = sleep_until(idle_end), if reading && in_flight.is_empty() && idle_end.is_some() => {
+            () = &mut gone, if reading || !in_flight.is_empty() => return,
+            () = &mut idle_timer, if reading && in_flight.is_empty() && idle.is_some() => {
+                let idle = idle.unwrap_or_default();
+                if tokio::time::Instant::now() < idle_since + idle {
+                    idle_timer.as_mut().reset(idle_since + idle);
+                    continue;
+                }
                 let message = format!(
-                    "the session sent nothing for {:?} with nothing in flight; open a new one",
-                    idle.unwrap_or_default()
+                    "the session sent nothing for {idle:?} with nothing in flight; open a new one"
                 );
                 let _ = answers.send(Err(Status::cancelled(message))).await;
                 return;
             }
             else => return,
         }
-    }
-}
-
-/// Sleeps until `end`; forever when there is none.
-async fn sleep_until(end: Option<tokio::time::Instant>) {
-    match end {
-        Some(end) => tokio::time::sleep_until(end).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -337,11 +387,11 @@ mod tests {
         let (service, _store) = crate::fuzzing::one_key_service();
         let request = pull_of_w(7, 0, 0);
         let (answers, mut answered) = mpsc::channel(1);
-        let requests = Box::pin(futures::stream::iter([Ok(request)]));
+        let requests = Box::pin(futures::stream::iter([Ok(Ok(request))]));
         let serving = tokio::spawn(serve(
             service,
             requests,
-            answers,
+            (AnswerSink::Stream(answers), std::future::pending()),
             None,
             Reading::grpc(1 << 20),
         ));
@@ -368,12 +418,16 @@ mod tests {
     async fn a_session_nobody_reads_stops_with_its_pull_in_flight() {
         let (service, _store) = crate::fuzzing::one_key_service();
         let request = pull_of_w(1, 1, 600_000);
-        let requests = futures::stream::iter([Ok(request)]).chain(futures::stream::pending());
+        let requests = futures::stream::iter([Ok(Ok(request))]).chain(futures::stream::pending());
         let (answers, answered) = mpsc::channel(1);
+        let gone = {
+            let answers = answers.clone();
+            async move { answers.closed().await }
+        };
         let serving = tokio::spawn(serve(
             service,
             Box::pin(requests),
-            answers,
+            (AnswerSink::Stream(answers), gone),
             None,
             Reading::grpc(1 << 20),
         ));

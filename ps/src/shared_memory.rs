@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use ps_common::process::ServeError;
 use ps_shm::arena::Arena;
-use ps_shm::link::Charger;
 use ps_shm::pool::{BufferPool, Hold};
+use ps_shm::serving::Charger;
 use ps_shm::{DataPathMode, Offers, admit, serve_link};
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
@@ -148,7 +148,15 @@ async fn serve(
         largest: usize::MAX,
         scanned_from: link.checked_from,
     };
-    session::serve(service, link.requests, link.answers, idle, reading).await;
+    let answers = (session::AnswerSink::Rings(link.answers), async move {
+        let why = link.ended.await;
+        tracing::debug!(
+            peer_pid = peer,
+            why,
+            "a shared-memory session's socket is done"
+        );
+    });
+    session::serve(service, link.requests, answers, idle, reading).await;
 }
 
 /// Refuses a request whose tensors could never fit `service`'s memory budget,
@@ -167,3 +175,7 @@ fn charger(service: &ParameterService) -> Charger {
         Ok(Arc::new(()) as Hold)
     })
 }
+
+#[cfg(test)]
+#[path = "shared_memory_tests.rs"]
+mod tests;

@@ -24,7 +24,10 @@
 //! - [`handshake`]: the server's socket and offers; handing a region over.
 //! - [`caller`]: the worker's side of a session, its requests writing
 //!   themselves onto the ring and reading answers off it themselves.
-//! - [`link`]: a session run over a region, as request and answer streams.
+//! - [`serving`]: the server's side of a session, its requests read off the
+//!   ring and its answers written onto the other by the session's own task.
+//! - [`link`]: the worker's side of a session as a request channel and an
+//!   answer stream.
 //! - [`lent`]: an answer's large payloads lent to the request, to be copied
 //!   once, straight into its own memory.
 //! - [`pool`]: reused buffers for the payloads a reader copies out.
@@ -44,12 +47,14 @@ pub mod mode;
 pub mod pool;
 pub mod region;
 pub mod ring;
+pub mod serving;
 
 pub use caller::{AnswerReader, AnswerRing, Closed, Queued, RequestRing, Sent, worker_rings};
 pub use handshake::{HandshakeError, Offers, admit, connect};
 pub use lent::{Answer, LentPayloads};
-pub use link::{ServerLink, WorkerLink, serve_link, worker_link};
+pub use link::{WorkerLink, worker_link};
 pub use mode::DataPathMode;
+pub use serving::{ServerLink, serve_link};
 
 /// The default capacity of each of a region's two rings: 1 MiB, small enough
 /// to stay in the shared cache while both sides copy through it.

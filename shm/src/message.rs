@@ -257,6 +257,19 @@ impl Encoded {
             .collect()
     }
 
+    /// The words the message takes on a ring.
+    pub(crate) fn ring_words(&self) -> u64 {
+        let parts = self.payloads.iter().zip(&self.in_arena);
+        let payloads: u64 = parts
+            .map(|(payload, at)| match at {
+                Some(_) => 1,
+                None => payload.len().div_ceil(8) as u64,
+            })
+            .sum();
+        // The sizes word, the sequence number and a length word per payload.
+        2 + self.payloads.len() as u64 + self.header.len().div_ceil(8) as u64 + payloads
+    }
+
     /// Writes the message as message `seq`, and publishes it.
     ///
     /// # Errors
@@ -661,6 +674,7 @@ mod tests {
         );
         assert_eq!(message.lent_payloads(), vec![bytes.clone()]);
         let words = 2 + 1 + message.header.len().div_ceil(8) + 1;
+        assert_eq!(message.ring_words(), words as u64, "as counted before");
         let written = words_written(words, async |ring| message.write(ring, 1).await).await;
         assert_eq!(
             written.len(),
@@ -732,6 +746,7 @@ mod tests {
                 .sum::<usize>()
             + 2
             + 4;
+        assert_eq!(message.ring_words(), whole as u64, "as counted before");
         let reference =
             words_written(whole, async |ring| message.write_from(ring, 3, 0).await).await;
         for cut in 0..=whole {

@@ -365,26 +365,38 @@ impl RingWriter {
         }
     }
 
+    /// The words free now: a write of up to this many never waits.
+    ///
+    /// # Errors
+    /// The reader's `head` is corrupt.
+    pub(crate) fn free_words(&self) -> Result<u64, RingError> {
+        free_behind(&self.end, self.tail)
+    }
+
     /// Free words, waiting (with what was written published) until there are some.
     async fn room(&mut self) -> Result<u64, RingError> {
-        let (tail, layout) = (self.tail, self.end.layout);
-        let free = |end: &End| {
-            let head = end.word(layout.head).load(Ordering::Acquire);
-            if head > tail || tail - head > layout.capacity {
-                return Err(RingError::Corrupt(format!(
-                    "the reader's head {head} is not within the ring behind the tail {tail}"
-                )));
-            }
-            Ok(Some(layout.capacity - (tail - head)).filter(|&free| free > 0))
-        };
-        if let Some(room) = free(&self.end)? {
+        let tail = self.tail;
+        let some = |end: &End| free_behind(end, tail).map(|free| Some(free).filter(|&f| f > 0));
+        if let Some(room) = some(&self.end)? {
             return Ok(room);
         }
         self.flush();
         self.end
-            .wait(layout.writer_waiting, || free(&self.end))
+            .wait(self.end.layout.writer_waiting, || some(&self.end))
             .await
     }
+}
+
+/// The words free in `end`'s ring with its writer's tail at `tail`.
+fn free_behind(end: &End, tail: u64) -> Result<u64, RingError> {
+    let layout = end.layout;
+    let head = end.word(layout.head).load(Ordering::Acquire);
+    if head > tail || tail - head > layout.capacity {
+        return Err(RingError::Corrupt(format!(
+            "the reader's head {head} is not within the ring behind the tail {tail}"
+        )));
+    }
+    Ok(layout.capacity - (tail - head))
 }
 
 impl RingReader {

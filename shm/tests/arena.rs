@@ -13,8 +13,8 @@ use ps_proto::v1::session_request::Op;
 use ps_shm::arena::{ARENA_FROM_BYTES, Arena, Block};
 use ps_shm::handshake::in_process_ends_with;
 use ps_shm::lent::LEND_AT_BYTES;
-use ps_shm::link::Charger;
 use ps_shm::pool::BufferPool;
+use ps_shm::serving::Charger;
 use ps_shm::{ServerLink, WorkerLink, serve_link, worker_link};
 use tokio_stream::StreamExt;
 
@@ -79,7 +79,13 @@ async fn request(serving: &mut ServerLink, working: &WorkerLink, id: u64) {
         op: Some(Op::Pull(v1::PullRequest::default())),
     };
     working.requests.send(pull).await.unwrap();
-    let arrived = serving.requests.next().await.unwrap().unwrap();
+    let arrived = serving
+        .requests
+        .next()
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("handed on");
     assert_eq!(arrived.id, id);
 }
 

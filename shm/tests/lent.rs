@@ -12,9 +12,9 @@ use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_shm::handshake::in_process_ends;
 use ps_shm::lent::LEND_AT_BYTES;
-use ps_shm::link::Charger;
 use ps_shm::message::Payloads;
 use ps_shm::pool::BufferPool;
+use ps_shm::serving::Charger;
 use ps_shm::{Answer, ServerLink, WorkerLink, serve_link, worker_link};
 use tokio_stream::StreamExt;
 
@@ -68,7 +68,7 @@ async fn next(working: &mut WorkerLink) -> Answer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_answers_are_read_straight_into_the_callers_memory_and_small_ones_come_whole() {
-    let (serving, mut working) = linked().await;
+    let (mut serving, mut working) = linked().await;
     let large = [payload(1, 300_000), payload(2, 1000)];
     let small = [payload(3, 4096)];
     serving.answers.send(Ok(pulled(1, &large))).await.unwrap();
@@ -98,7 +98,7 @@ async fn large_answers_are_read_straight_into_the_callers_memory_and_small_ones_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_let_go_unread_or_partly_read_are_read_past() {
-    let (serving, mut working) = linked().await;
+    let (mut serving, mut working) = linked().await;
     // Lengths that end mid-word: each payload is padded to whole words.
     let two = [payload(1, 400_003), payload(2, 200_005)];
     for id in 1..=4 {
@@ -132,7 +132,7 @@ async fn payloads_let_go_unread_or_partly_read_are_read_past() {
 /// the worker's read is polled.
 #[tokio::test(flavor = "current_thread")]
 async fn a_read_cut_off_midway_is_read_past_and_the_session_goes_on() {
-    let (serving, mut working) = linked().await;
+    let (mut serving, mut working) = linked().await;
     // The server writes the answer's header and then waits for room: its
     // ring holds 64 KiB of the 8 MiB. A read polled once and dropped has
     // taken part of the payload, not all of it.

@@ -198,12 +198,19 @@ mod handshake {
     use ps_proto::codec::first_non_finite;
     use ps_proto::v1::session_answer::Outcome;
     use ps_shm::handshake::{Offers, admit, connect, in_process_ends};
-    use ps_shm::link::{Charger, Checker};
     use ps_shm::pool::Hold;
+    use ps_shm::serving::{Charger, Checker};
     use ps_shm::{HandshakeError, serve_link, worker_link};
     use tokio_stream::StreamExt;
 
     use super::*;
+
+    /// The next request the server's side reads, which it hands on.
+    async fn next_request(serving: &mut ps_shm::ServerLink) -> v1::SessionRequest {
+        let read = serving.requests.next().await.expect("a request");
+        read.expect("the session goes on")
+            .expect("handed on, not refused")
+    }
 
     /// Gives a test charge's bytes back when dropped.
     struct Release(Arc<AtomicU64>, u64);
@@ -239,7 +246,7 @@ mod handshake {
         let mut working = worker_link(worker, u64::MAX);
         let request = push(5, &[vec![3; 300_000], vec![4; 1000]]);
         working.requests.send(request.clone()).await.unwrap();
-        let got = serving.requests.next().await.unwrap().unwrap();
+        let got = next_request(&mut serving).await;
         assert_eq!(got, request);
         assert_eq!(
             held.load(Ordering::SeqCst),
@@ -249,14 +256,19 @@ mod handshake {
         drop(got);
         assert_eq!(held.load(Ordering::SeqCst), 0, "given back when dropped");
 
-        // A request the charge refuses is answered RESOURCE_EXHAUSTED by the
-        // reader itself, and the session goes on.
+        // A request the charge refuses is read past and comes as its
+        // RESOURCE_EXHAUSTED answer, which reaches the worker; the session
+        // goes on.
         working
             .requests
             .send(push(6, &[vec![1; 2_000_000]]))
             .await
             .unwrap();
+        let refusal = serving.requests.next().await.unwrap().unwrap();
+        let refusal = refusal.expect_err("refused, not handed on");
+        serving.answers.send(Ok(refusal.clone())).await.unwrap();
         let refused = working.answers.next().await.unwrap().unwrap().message;
+        assert_eq!(refused, refusal);
         assert_eq!(refused.id, 6);
         let Some(Outcome::Refusal(refusal)) = refused.outcome else {
             panic!("a refusal: {refused:?}");
@@ -266,7 +278,7 @@ mod handshake {
             "{refusal:?}"
         );
         working.requests.send(request.clone()).await.unwrap();
-        assert_eq!(serving.requests.next().await.unwrap().unwrap(), request);
+        assert_eq!(next_request(&mut serving).await, request);
         let answer = v1::SessionAnswer {
             id: 5,
             outcome: None,
@@ -290,7 +302,7 @@ mod handshake {
     /// A push of 1 MiB or more is tested for NaN as it is copied off the
     /// ring, and the session's checker is shown the piece that holds one;
     /// a push it refuses (here in its second gradient, far in) is answered
-    /// with the checker's status by the reader itself, finite pushes and
+    /// with the checker's status instead of being handed on, finite pushes and
     /// smaller ones are not shown to it, and the session goes on in step:
     /// the next requests arrive whole.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,7 +335,7 @@ mod handshake {
             BufferPool::new(),
             std::future::pending(),
         );
-        let mut working = worker_link(worker, u64::MAX);
+        let working = worker_link(worker, u64::MAX);
         let with_nan = |len: usize, at: usize| {
             let mut bytes = vec![1u8; len];
             bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
@@ -336,7 +348,8 @@ mod handshake {
             .send(push(1, &[vec![1; 1000], bad]))
             .await
             .unwrap();
-        let refused = working.answers.next().await.unwrap().unwrap().message;
+        let refused = serving.requests.next().await.unwrap().unwrap();
+        let refused = refused.expect_err("refused, not handed on");
         assert_eq!(refused.id, 1);
         let Some(Outcome::Refusal(refusal)) = refused.outcome else {
             panic!("a refusal: {refused:?}");
@@ -351,10 +364,10 @@ mod handshake {
         // A small push is not tested, even with a NaN, nor a finite large one.
         let small = push(2, &[with_nan(64, 0)]);
         working.requests.send(small.clone()).await.unwrap();
-        assert_eq!(serving.requests.next().await.unwrap().unwrap(), small);
+        assert_eq!(next_request(&mut serving).await, small);
         let finite = push(3, &[vec![5; 2 << 20]]);
         working.requests.send(finite.clone()).await.unwrap();
-        assert_eq!(serving.requests.next().await.unwrap().unwrap(), finite);
+        assert_eq!(next_request(&mut serving).await, finite);
         assert!(pieces.lock().unwrap().is_empty(), "nothing shown");
     }
 
@@ -364,7 +377,7 @@ mod handshake {
     /// charged) while those two are, and arrives once they are let go.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_request_past_the_read_ahead_waits_for_the_ones_held() {
-        use ps_shm::link::AHEAD_BYTES;
+        use ps_shm::serving::AHEAD_BYTES;
 
         let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
         let charged = Arc::new(AtomicU64::new(0));
@@ -395,12 +408,13 @@ mod handshake {
 
         // Requests that should arrive are waited for at most 10 s, so that a
         // bound too strict fails the test instead of hanging it.
-        let arrives = async |serving: &mut ps_shm::link::ServerLink| {
+        let arrives = async |serving: &mut ps_shm::ServerLink| {
             tokio::time::timeout(Duration::from_secs(10), serving.requests.next())
                 .await
                 .expect("within the read-ahead, yet not read")
                 .unwrap()
                 .unwrap()
+                .expect("handed on, not refused")
         };
         let first = arrives(&mut serving).await;
         let second = arrives(&mut serving).await;
