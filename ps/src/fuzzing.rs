@@ -146,15 +146,15 @@ pub fn emb_spec() -> v1::TableSpec {
 
 /// A service over a store holding `w` (4 elements, SGD), as a fresh server has it.
 pub(crate) fn one_key_service() -> (ParameterService, Arc<Store>) {
-    w_service(4)
+    w_service(4, ServerConfig::default())
 }
 
 /// A service over a store holding `w` of `elements` f32 elements (SGD, lr
-/// 0.1), as a fresh server has it.
-pub(crate) fn w_service(elements: u64) -> (ParameterService, Arc<Store>) {
+/// 0.1), as a fresh server of `config` with a 64 MiB budget has it.
+pub(crate) fn w_service(elements: u64, config: ServerConfig) -> (ParameterService, Arc<Store>) {
     let config = ServerConfig {
         memory_budget: 64 << 20,
-        ..ServerConfig::default()
+        ..config
     };
     let store = Arc::new(Store::new(config.store_rules(), CancellationToken::new()));
     let spec = v1::ParameterSpec {

@@ -127,7 +127,8 @@ pub(crate) fn open(
 /// stream's, or a shared-memory session's, read off its ring as they are
 /// polled), runs each operation on `service`, and sends every answer to
 /// `answers`. It ends when `gone` says nobody takes answers any more (the
-/// client went away), once the requests end and every answer is sent, at
+/// client went away), once the requests end and every answer is handed to
+/// `answers`, at
 /// the first request that does not decode, or after `idle` with nothing in
 /// flight. `read_as` says how many bytes a pull's values may take (the
 /// message limit on gRPC; none in shared memory) and which pushes were
@@ -174,6 +175,7 @@ pub(crate) async fn serve(
                     }
                 }
                 Some(Ok(Err(refused))) => {
+                    idle_since = tokio::time::Instant::now();
                     if answers.send(Ok(refused)).await.is_err() {
                         return;
                     }

@@ -1,7 +1,7 @@
 //! A shared-memory session served by the server's own session loop over a
 //! real region, driven from the worker's rings by hand: an answer larger
 //! than the ring's free space, to a request the worker gave up, holds up
-//! neither the requests behind it nor their answers.
+//! neither the requests behind it nor their answers, nor the session's end.
 
 use bytes::Bytes;
 use ps_proto::v1;
@@ -72,7 +72,7 @@ async fn within<T>(future: impl std::future::Future<Output = T>) -> T {
 /// come in order once the worker reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_larger_than_the_ring_waits_beside_the_requests_behind_it() {
-    let (service, _store) = crate::fuzzing::w_service(ELEMENTS as u64);
+    let (service, _store) = crate::fuzzing::w_service(ELEMENTS as u64, ServerConfig::default());
     let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
     let _serving = tokio::spawn(serve(
         server,
@@ -109,4 +109,30 @@ async fn an_answer_larger_than_the_ring_waits_beside_the_requests_behind_it() {
         .chunks_exact(4)
         .all(|v| f32::from_le_bytes(v.try_into().unwrap()) == -0.1);
     assert!(stepped, "not one SGD step of lr 0.1 from zero");
+}
+
+/// The worker gives up a pull whose answer waits for room it never frees,
+/// then sends nothing: the session ends at its idle timeout, and its socket
+/// closes then, with the answer still unwritten (a session that waited for
+/// the answer to be written first would hold the region, and the socket
+/// open, for as long as the worker does not read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ended_with_an_answer_waiting_for_room_closes_its_socket() {
+    let mut config = ServerConfig::default();
+    config.transport.idle_connection_timeout = Some(std::time::Duration::from_millis(200));
+    let (service, _store) = crate::fuzzing::w_service(ELEMENTS as u64, config);
+    let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
+    let serving = tokio::spawn(serve(
+        server,
+        service,
+        BufferPool::new(),
+        CancellationToken::new(),
+    ));
+    let (requests, _answers, closed) = worker_rings(worker, u64::MAX);
+    within(requests.send(pull(1))).await.unwrap();
+    within(serving).await.unwrap();
+    assert_eq!(
+        within(closed.wait()).await,
+        "the other process closed its socket"
+    );
 }

@@ -2,18 +2,21 @@
 //! own task: [`serve_link`] gives the worker's requests as a stream that
 //! reads them off the ring as it is polled, and [`Answers`], which writes
 //! each answer onto the other ring as it is sent, those of its payloads that
-//! lie in the values arena by their offset ([`crate::lending`]). Nothing
-//! stands between the session loop and the rings: an operation is read,
-//! run and answered on one task, with no channel or other task on the way
-//! (with a reader task and a writer task between, each operation passed
-//! through three tasks and two channels on each server).
+//! lie in the values arena by their offset ([`crate::lending`]). An
+//! operation is read, run and answered on one task, with no channel or other
+//! task on the way (with a reader task and a writer task between, each
+//! operation passed through three tasks and two channels on each server);
+//! only an answer that does not fit the ring's free space, and those after
+//! it until the ring catches up, go through an answer task.
 //!
 //! A task of its own holds the socket: when the socket closes (the other
-//! process ended, crashed included), or `stop` comes, it says so through
-//! [`ServerLink::ended`]; when the session lets go of its [`Answers`], the
-//! socket closes, which the worker sees in turn. A message only half
-//! written when its writer died is never handed on, and an answer whose
-//! write was cut off midway ends the session, so none follows it.
+//! process ended, crashed included), the answer task ends (a write failed),
+//! or `stop` comes, it says so through [`ServerLink::ended`]. When the
+//! session ends its answers (an `Err` sent, or [`Answers`] dropped), the
+//! answer task stops, what it still held unwritten, and the socket closes,
+//! which the worker sees in turn. A message only half written when its
+//! writer died is never handed on, and an answer whose write was cut off
+//! midway ends the session, so none follows it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use ps_proto::codec::{DType, exponent_bits};
 use ps_proto::header::TensorHeader;
 use ps_proto::refusal::refusal_of;
@@ -30,7 +33,7 @@ use ps_proto::v1::session_answer::Outcome;
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::sync::{Mutex, Semaphore, mpsc, oneshot};
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tonic::Status;
 
 use crate::copy::Mark;
@@ -94,8 +97,9 @@ pub struct ServerLink {
     pub requests: Requests,
     /// Where the answers go.
     pub answers: Answers,
-    /// Comes when the socket closed (the worker ended) or the server is
-    /// stopping, saying which: the session should end then.
+    /// Comes when the socket closed (the worker ended), the answer task
+    /// ended (a write failed, or the session ended its answers) or the
+    /// server is stopping, saying which: the session should end then.
     pub ended: Ended,
     /// Requests carrying at least this many bytes of gradients were tested
     /// for NaN and infinity as they were read, and refused through the
@@ -153,9 +157,10 @@ struct Reader {
 }
 
 impl Reader {
-    /// The requests as a stream, ending after the first failed read.
+    /// The requests as a stream, ending after the first failed read (and
+    /// polled after its end, ending again).
     fn into_stream(self) -> Requests {
-        Box::pin(futures::stream::unfold(Some(self), |reader| async move {
+        let requests = futures::stream::unfold(Some(self), |reader| async move {
             let mut reader = reader?;
             match reader.next().await {
                 Ok(read) => Some((Ok(read), Some(reader))),
@@ -166,7 +171,8 @@ impl Reader {
                     Some((Err(status), None))
                 }
             }
-        }))
+        });
+        Box::pin(requests.fuse())
     }
 
     /// Reads the next request. Its payloads are read only once they fit the
@@ -280,16 +286,20 @@ fn non_finite(header: &TensorHeader) -> Mark {
 /// session's own task, and that write never waits. One that does not fit,
 /// and every answer after it until the ring has caught up, is handed to the
 /// session's answer task, which writes them in order as the worker frees
-/// room: the session goes on reading requests meanwhile. (Were the session
-/// to wait for room itself, an answer larger than the free space, to a
-/// request the worker gave up, would never be read: the worker reads
-/// answers only once its next request is written, and that request would
-/// wait for a session reading nothing.)
+/// room: the session goes on reading requests meanwhile, until the task
+/// holds [`ANSWERS_QUEUED`]. (Were the session to wait for room itself, an
+/// answer larger than the free space, to a request the worker gave up,
+/// would never be read: the worker reads answers only once its next request
+/// is written, and that request would wait for a session reading nothing.)
+///
+/// Dropped, it stops the answer task, with whatever it still held unwritten.
 pub struct Answers {
     writing: Arc<Mutex<AnswerWriting>>,
     /// Answers handed to the answer task and not yet written.
     backlog: Arc<AtomicUsize>,
     queue: mpsc::Sender<(Encoded, u64)>,
+    /// Stops the answer task.
+    task: AbortHandle,
     /// The sequence number of the next answer.
     seq: u64,
     lending: Option<Arc<Lending>>,
@@ -303,8 +313,12 @@ struct AnswerWriting {
     broken: Option<&'static str>,
 }
 
-/// Answers the answer task may hold before the session waits for it.
-const ANSWERS_QUEUED: usize = 64;
+/// Answers the answer task may hold before the session waits for it. A
+/// bound, so that a worker that never reads its answers cannot make the
+/// server hold an unbounded number; a worker that gives up more requests
+/// than this in a row while it writes one larger than the request ring's
+/// free space waits for the session's idle timeout.
+pub const ANSWERS_QUEUED: usize = 64;
 
 /// No more answers go on a session: it ended, saying why.
 #[derive(Debug, thiserror::Error)]
@@ -327,6 +341,7 @@ impl Answers {
             writing,
             backlog,
             queue,
+            task: task.abort_handle(),
             seq: 1,
             lending,
             ended: None,
@@ -337,7 +352,8 @@ impl Answers {
     /// Sends `answer`: writes it onto the ring when it fits the free space
     /// and nothing is queued before it, else queues it for the answer task
     /// (waiting only while that task holds [`ANSWERS_QUEUED`]). An `Err`
-    /// ends the session (nothing more is written).
+    /// ends the session: nothing more is written, and the answer task stops
+    /// with what it held.
     ///
     /// # Errors
     /// [`SessionEnded`] once the session has ended: a ring found corrupt,
@@ -352,6 +368,7 @@ impl Answers {
         }
         let Ok(answer) = answer else {
             self.ended = Some("this side ended the session");
+            self.task.abort();
             return Ok(());
         };
         let mut message = Encoded::of(answer);
@@ -382,8 +399,9 @@ impl Answers {
         self.backlog.fetch_add(1, Ordering::AcqRel);
         if self.queue.send((message, seq)).await.is_err() {
             self.backlog.fetch_sub(1, Ordering::AcqRel);
-            self.ended = Some("the ring was corrupt");
-            return Err(SessionEnded("the ring was corrupt"));
+            let why = "the answer task has ended (a write failed, or the socket closed)";
+            self.ended = Some(why);
+            return Err(SessionEnded(why));
         }
         self.ended = None;
         Ok(())
@@ -418,6 +436,12 @@ impl Answers {
     }
 }
 
+impl Drop for Answers {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// What [`Answers::write_now`] did.
 enum Now {
     Written,
@@ -436,8 +460,8 @@ impl AnswerWriting {
 }
 
 /// Writes the answers queued on `queued` in order, each once the worker has
-/// freed room for it, until the session lets go of its [`Answers`] (and
-/// everything queued is written) or a write fails; says which.
+/// freed room for it, until a write fails (saying so) or it is stopped
+/// ([`Answers`] dropped, or sent an `Err`).
 async fn write_queued(
     (writing, backlog): (Arc<Mutex<AnswerWriting>>, Arc<AtomicUsize>),
     mut queued: mpsc::Receiver<(Encoded, u64)>,
@@ -467,7 +491,7 @@ impl Future for Ended {
 }
 
 /// Holds `socket` until it closes, `stop` comes, or the answer task ends
-/// (the session let go of its answers, or the ring broke); then ends the
+/// (the session ended its answers, or a write failed); then ends the
 /// answer task, tells the session which on `tell`, and closes the socket.
 /// Says why.
 async fn watch(
@@ -479,7 +503,7 @@ async fn watch(
     let mut byte = [0u8; 1];
     let why = tokio::select! {
         _ = socket.read(&mut byte) => "the other process closed its socket",
-        why = &mut writer => why.unwrap_or("the answer task failed"),
+        why = &mut writer => why.unwrap_or("this side's session ended its answers"),
         () = stop => "this server is stopping",
     };
     writer.abort();
