@@ -56,6 +56,16 @@ pub(crate) enum AnswerSink {
 }
 
 impl AnswerSink {
+    /// A gRPC stream's sink sending to `sender`, and what comes when its
+    /// response body is dropped (the client went away).
+    fn stream(sender: AnswerSender) -> (Self, impl Future<Output = ()>) {
+        let gone = {
+            let sender = sender.clone();
+            async move { sender.closed().await }
+        };
+        (Self::Stream(sender), gone)
+    }
+
     /// Sends `answer` (an `Err` ends the session); `Err` when nobody takes
     /// answers any more.
     async fn send(&mut self, answer: Result<v1::SessionAnswer, Status>) -> Result<(), ()> {
@@ -109,14 +119,10 @@ pub(crate) fn open(
     let (answers, answered) = mpsc::channel(ANSWERS_AHEAD);
     let idle = service.config().transport.idle_connection_timeout;
     let limit = service.max_message_bytes();
-    let gone = {
-        let answers = answers.clone();
-        async move { answers.closed().await }
-    };
     tokio::spawn(serve(
         service.clone(),
         requests.map_ok(Ok),
-        (AnswerSink::Stream(answers), gone),
+        AnswerSink::stream(answers),
         idle,
         Reading::grpc(limit),
     ));
@@ -422,14 +428,10 @@ mod tests {
         let request = pull_of_w(1, 1, 600_000);
         let requests = futures::stream::iter([Ok(Ok(request))]).chain(futures::stream::pending());
         let (answers, answered) = mpsc::channel(1);
-        let gone = {
-            let answers = answers.clone();
-            async move { answers.closed().await }
-        };
         let serving = tokio::spawn(serve(
             service,
             Box::pin(requests),
-            (AnswerSink::Stream(answers), gone),
+            AnswerSink::stream(answers),
             None,
             Reading::grpc(1 << 20),
         ));

@@ -8,7 +8,7 @@ use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 use ps_shm::handshake::in_process_ends;
-use ps_shm::worker_rings;
+use ps_shm::{AnswerRing, Closed, RequestRing, worker_rings};
 
 use super::*;
 
@@ -63,6 +63,25 @@ async fn within<T>(future: impl std::future::Future<Output = T>) -> T {
         .expect("stuck for 10 s")
 }
 
+/// A session over 64 KiB rings, served by [`serve`] on a service of `config`
+/// holding `w`; the worker's rings, and the serving task.
+async fn served(
+    config: ServerConfig,
+) -> (
+    (RequestRing, AnswerRing, Closed),
+    tokio::task::JoinHandle<()>,
+) {
+    let (service, _store) = crate::fuzzing::w_service(ELEMENTS as u64, config);
+    let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
+    let serving = tokio::spawn(serve(
+        server,
+        service,
+        BufferPool::new(),
+        CancellationToken::new(),
+    ));
+    (worker_rings(worker, u64::MAX), serving)
+}
+
 /// The worker sends a pull, and gives it up: its 400 KB answer, more than
 /// the answer ring holds, is not read. Reading no answers, it then sends a
 /// 400 KB push, more than the request ring holds, which is written whole
@@ -72,15 +91,7 @@ async fn within<T>(future: impl std::future::Future<Output = T>) -> T {
 /// come in order once the worker reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_larger_than_the_ring_waits_beside_the_requests_behind_it() {
-    let (service, _store) = crate::fuzzing::w_service(ELEMENTS as u64, ServerConfig::default());
-    let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
-    let _serving = tokio::spawn(serve(
-        server,
-        service,
-        BufferPool::new(),
-        CancellationToken::new(),
-    ));
-    let (requests, answers, _closed) = worker_rings(worker, u64::MAX);
+    let ((requests, answers, _closed), _serving) = served(ServerConfig::default()).await;
     within(requests.send(pull(1))).await.unwrap();
     within(requests.send(push(2, 1.0))).await.unwrap();
 
@@ -120,15 +131,7 @@ async fn an_answer_larger_than_the_ring_waits_beside_the_requests_behind_it() {
 async fn a_session_ended_with_an_answer_waiting_for_room_closes_its_socket() {
     let mut config = ServerConfig::default();
     config.transport.idle_connection_timeout = Some(std::time::Duration::from_millis(200));
-    let (service, _store) = crate::fuzzing::w_service(ELEMENTS as u64, config);
-    let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
-    let serving = tokio::spawn(serve(
-        server,
-        service,
-        BufferPool::new(),
-        CancellationToken::new(),
-    ));
-    let (requests, _answers, closed) = worker_rings(worker, u64::MAX);
+    let ((requests, _answers, closed), serving) = served(config).await;
     within(requests.send(pull(1))).await.unwrap();
     within(serving).await.unwrap();
     assert_eq!(
