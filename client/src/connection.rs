@@ -212,7 +212,7 @@ impl PsClient {
             }
             Directory::Fixed => {
                 let (servers, bytes) = (self.shards.servers.len(), self.config.partition_bytes);
-                self.shards.placement = Placement::plan(params, servers, bytes);
+                self.shards.place(Placement::plan(params, servers, bytes));
                 Ok(())
             }
         }
@@ -289,7 +289,7 @@ impl PsClient {
                 }
             })?;
         self.shards.servers = servers;
-        self.shards.placement = placement;
+        self.shards.place(placement);
         self.shards.map_version = MapVersion(map.version);
         tracing::info!(version = map.version, servers = ?self.servers(), "placement from the scheduler's shard map");
         Ok(())

@@ -6,7 +6,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -47,7 +47,15 @@ pub(crate) struct Server {
     /// Set once shared memory proved out of reach (another host, user or
     /// namespace, or not offered): later sessions go straight to gRPC.
     shm_out_of_reach: Arc<AtomicBool>,
+    /// The ring capacity asked for when a shared-memory session opens
+    /// ([`Server::ask_for_rings`]); 0 asks for the server's own.
+    ring_wish: Arc<AtomicU64>,
 }
+
+/// How many steps of what a worker moves to a server its shared-memory rings
+/// hold: room for a pipelined step's requests, or several small operations,
+/// in flight at once.
+const STEPS_A_RING_HOLDS: u64 = 8;
 
 /// Where a server's session stream stands.
 enum SessionState {
@@ -77,7 +85,19 @@ impl Server {
             session: Arc::new(tokio::sync::Mutex::new(SessionState::Closed)),
             data_path,
             shm_out_of_reach: Arc::default(),
+            ring_wish: Arc::default(),
         }
+    }
+
+    /// Sizes the rings of the next shared-memory session opened to this
+    /// server for `placed_bytes` of parameters placed on it: a few steps'
+    /// worth ([`STEPS_A_RING_HOLDS`]), so a small model's region is made and
+    /// mapped in a fraction of the time of the server's default one, and
+    /// holds less of its memory budget. Nothing placed asks for the
+    /// server's own. A session already open keeps its rings.
+    pub(crate) fn ask_for_rings(&self, placed_bytes: usize) {
+        let wish = (placed_bytes as u64).saturating_mul(STEPS_A_RING_HOLDS);
+        self.ring_wish.store(wish, Ordering::Relaxed);
     }
 
     /// Connects to the parameter server at `addr`, waiting up to `wait` for it
@@ -226,9 +246,11 @@ impl Server {
             }
             Err(status) => return Err(status),
         };
-        match ps_shm::connect(&offer).await {
+        let wish = self.ring_wish.load(Ordering::Relaxed);
+        match ps_shm::connect_asking(&offer, wish).await {
             Ok(end) => {
-                tracing::info!(server = %self.addr, "pushes and pulls go through shared memory");
+                let ring_bytes = end.answers.capacity_bytes();
+                tracing::info!(server = %self.addr, ring_bytes, "pushes and pulls go through shared memory");
                 Ok(Some(SessionLink::over_shared_memory(end)))
             }
             Err(error) if error.is_elsewhere() => out_of_reach(error.to_string()),

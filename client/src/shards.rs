@@ -83,6 +83,15 @@ pub(crate) struct Shards {
 }
 
 impl Shards {
+    /// Routes by `placement` from now on, and has each server's next
+    /// shared-memory session sized for what is placed on it.
+    pub(crate) fn place(&mut self, placement: Placement) {
+        for (server, bytes) in self.servers.iter().zip(placement.bytes_per_server()) {
+            server.ask_for_rings(bytes);
+        }
+        self.placement = placement;
+    }
+
     /// `servers`, with nothing placed yet.
     pub(crate) fn new(servers: Vec<Server>, config: &ClientConfig) -> Self {
         Self {

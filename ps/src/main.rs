@@ -140,7 +140,9 @@ struct Args {
     /// socket can be made), grpc (never), or shm (fail to start without it).
     #[arg(long, env = "PS_DATA_PATH", default_value = "auto")]
     data_path: ps_shm::DataPathMode,
-    /// Bytes of each of a shared-memory session's two rings.
+    /// The largest each of a shared-memory session's two rings may be: a
+    /// worker asks for rings sized to what is placed on this server (a few
+    /// steps of it, 64 KiB or more) and gets no more than this.
     #[arg(long, env = "PS_SHM_RING", value_parser = parse_size, default_value = "1MiB")]
     shm_ring: usize,
     #[command(flatten)]

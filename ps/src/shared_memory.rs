@@ -113,7 +113,7 @@ pub(crate) async fn accept(
             let admitted = admit(&offers, socket, |bytes| {
                 budget
                     .charge(bytes as usize, || {
-                        "a worker's shared-memory region (--shm-ring, twice)".to_string()
+                        format!("a worker's shared-memory region of {bytes} bytes (two rings, each no larger than --shm-ring)")
                     })
                     .map_err(|error| error.to_string())
             })

@@ -57,6 +57,11 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest handshake message either side reads.
 const HANDSHAKE_LIMIT: u32 = 4096;
 
+/// The smallest rings a server gives a worker that asks for less: room for
+/// many small operations in flight at once, with their headers (64 KiB
+/// rings cost 4 KiB pushes with eight in flight a tenth of their rate).
+pub const SMALLEST_RING_BYTES: u64 = 256 << 10;
+
 /// Why no region changed hands.
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
@@ -303,9 +308,24 @@ impl Offers {
         &self.socket
     }
 
-    /// The size in bytes of each session's region.
+    /// The size in bytes of a region for a worker that asks for the
+    /// server's own rings.
     pub fn region_bytes(&self) -> u64 {
         region_bytes(self.ring_bytes)
+    }
+
+    /// The capacity of each ring given to a worker that asks for `wish`
+    /// bytes: the server's own when it asks for that or more (or for 0,
+    /// nothing in particular); otherwise `wish` rounded up to a power of
+    /// two, and no less than [`SMALLEST_RING_BYTES`]. A small model's region
+    /// is made and mapped in a fraction of the time of a large one's, and
+    /// charges the memory budget only what it holds.
+    pub fn rings_for(&self, wish: u64) -> u64 {
+        if wish == 0 || wish >= self.ring_bytes {
+            return self.ring_bytes;
+        }
+        let rounded = wish.next_power_of_two().max(SMALLEST_RING_BYTES);
+        rounded.min(self.ring_bytes)
     }
 
     /// A new offer, good for one connection within [`OFFER_LIFETIME`].
@@ -363,7 +383,8 @@ async fn reach(socket: &str) -> io::Result<UnixStream> {
 /// Admits the connection `socket`: checks its user and nonce, then charges
 /// the region's bytes with `charge` (only then: a process that cannot pass
 /// both checks holds nothing of the server's memory) and hands it a new
-/// region. A refused peer is told why before the socket closes.
+/// region, its rings as large as the worker asked ([`Offers::rings_for`]).
+/// A refused peer is told why before the socket closes.
 ///
 /// # Errors
 /// Why it was refused (its user, its nonce, or `charge`'s reason), or what
@@ -383,8 +404,9 @@ pub async fn admit<C>(
         )));
     }
     let hello: v1::SharedMemoryHello = read_framed(&mut socket).await?;
+    let ring_bytes = offers.rings_for(hello.ring_bytes);
     let charged = match offers.take(&hello.nonce) {
-        true => charge(offers.region_bytes()),
+        true => charge(region_bytes(ring_bytes)),
         false => Err("the nonce is not one this server offered, was used already, or expired; ask for a new offer".to_string()),
     };
     let charged = match charged {
@@ -399,21 +421,21 @@ pub async fn admit<C>(
             return Err(HandshakeError::Refused(refusal));
         }
     };
-    let bytes = region_bytes(offers.ring_bytes) as usize;
+    let bytes = region_bytes(ring_bytes) as usize;
     let region = Arc::new(off_runtime(move || Region::create(bytes)).await??);
-    write_header(&region, offers.ring_bytes);
+    write_header(&region, ring_bytes);
     let bells = Bells::create()?;
     let arena = offers.arena.clone().filter(|_| hello.takes_arena);
     let welcome = v1::SharedMemoryWelcome {
         refusal: String::new(),
-        ring_bytes: offers.ring_bytes,
+        ring_bytes,
         arena_bytes: arena.as_ref().map_or(0, |arena| arena.bytes()),
     };
     let [a, b, c, d] = bells.worker_ends();
     let mut fds = vec![region.file(), a, b, c, d];
     fds.extend(arena.as_ref().map(|arena| arena.file()));
     send_with_fds(&socket, &welcome, &fds).await?;
-    let capacity = (offers.ring_bytes / 8) as usize;
+    let capacity = (ring_bytes / 8) as usize;
     let side = bells.server_side()?;
     let end = ServerEnd {
         requests: RingReader::new(
@@ -469,12 +491,24 @@ pub async fn in_process_ends_with(
 }
 
 /// Takes up `offer`: checks it was made on this host to this user, connects
-/// and receives the region.
+/// and receives the region, its rings the server's own size.
 ///
 /// # Errors
 /// [`HandshakeError`]; [`HandshakeError::is_elsewhere`] when the server is
 /// simply out of reach of shared memory.
 pub async fn connect(offer: &v1::SharedMemoryOffer) -> Result<WorkerEnd, HandshakeError> {
+    connect_asking(offer, 0).await
+}
+
+/// [`connect`], asking for rings of `ring_bytes` each (0: the server's
+/// own); the server gives what [`Offers::rings_for`] says.
+///
+/// # Errors
+/// As [`connect`].
+pub async fn connect_asking(
+    offer: &v1::SharedMemoryOffer,
+    ring_bytes: u64,
+) -> Result<WorkerEnd, HandshakeError> {
     let ours = boot_id()?;
     if ours != offer.boot_id {
         return Err(HandshakeError::OtherHost {
@@ -499,6 +533,7 @@ pub async fn connect(offer: &v1::SharedMemoryOffer) -> Result<WorkerEnd, Handsha
     let hello = v1::SharedMemoryHello {
         nonce: offer.nonce.clone(),
         takes_arena: true,
+        ring_bytes,
     };
     write_framed(&mut socket, &hello).await?;
     let (welcome, fds): (v1::SharedMemoryWelcome, _) = receive_with_fds(&socket).await?;
@@ -715,6 +750,7 @@ mod tests {
         let hello = v1::SharedMemoryHello {
             nonce: offer.nonce.clone(),
             takes_arena,
+            ring_bytes: 0,
         };
         write_framed(&mut socket, &hello).await.unwrap();
         let (welcome, fds): (v1::SharedMemoryWelcome, Vec<OwnedFd>) =
@@ -731,5 +767,67 @@ mod tests {
         assert_eq!((welcome.arena_bytes, files), (0, 5));
         let (welcome, files) = welcomed(true).await;
         assert_eq!((welcome.arena_bytes, files), (1 << 20, 6));
+    }
+
+    /// A worker gets the rings it asks for, rounded up to a power of two,
+    /// between the smallest and the server's own.
+    #[test]
+    fn rings_follow_the_wish_between_the_smallest_and_the_servers_own() {
+        let (offers, _listener) = {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async { Offers::bind(1 << 20).unwrap() })
+        };
+        let cases = [
+            (0, 1 << 20),
+            (1, SMALLEST_RING_BYTES),
+            (SMALLEST_RING_BYTES, SMALLEST_RING_BYTES),
+            (SMALLEST_RING_BYTES + 1, 2 * SMALLEST_RING_BYTES),
+            ((1 << 20) - 1, 1 << 20),
+            (1 << 20, 1 << 20),
+            (5 << 20, 1 << 20),
+            (u64::MAX, 1 << 20),
+        ];
+        for (wish, given) in cases {
+            assert_eq!(offers.rings_for(wish), given, "a wish of {wish} bytes");
+        }
+    }
+
+    /// A server whose own rings are smaller than the smallest gives its own.
+    #[tokio::test]
+    async fn a_server_with_small_rings_never_gives_more_than_its_own() {
+        let (offers, _listener) = Offers::bind(4096).unwrap();
+        assert_eq!(offers.rings_for(1), 4096);
+        assert_eq!(offers.rings_for(1 << 30), 4096);
+    }
+
+    /// The region charged, the welcome and the worker's rings all have the
+    /// size the worker asked for, not the server's own.
+    #[tokio::test]
+    async fn the_region_charged_and_handed_over_is_the_size_asked_for() {
+        let (offers, listener) = Offers::bind(1 << 20).unwrap();
+        let offer = offers.offer().unwrap();
+        let server = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let (end, charged) = admit(&offers, socket, Ok::<_, String>).await.unwrap();
+            (end.requests.capacity(), charged)
+        });
+        let worker = connect_asking(&offer, 300_000).await.unwrap();
+        let (server_capacity, charged) = server.await.unwrap();
+        let given = 512 << 10;
+        assert_eq!(charged, region_bytes(given));
+        assert!(charged < region_bytes(1 << 20) * 6 / 10);
+        assert_eq!(
+            server_capacity,
+            given / 8,
+            "words in the server's request ring"
+        );
+        assert_eq!(
+            worker.answers.capacity(),
+            given / 8,
+            "words in the worker's answer ring"
+        );
     }
 }

@@ -50,7 +50,7 @@ pub mod ring;
 pub mod serving;
 
 pub use caller::{AnswerReader, AnswerRing, Closed, Queued, RequestRing, Sent, worker_rings};
-pub use handshake::{HandshakeError, Offers, admit, connect};
+pub use handshake::{HandshakeError, Offers, SMALLEST_RING_BYTES, admit, connect, connect_asking};
 pub use lent::{Answer, LentPayloads};
 pub use link::{WorkerLink, worker_link};
 pub use mode::DataPathMode;

@@ -539,6 +539,11 @@ impl RingReader {
     pub(crate) fn capacity(&self) -> u64 {
         self.end.layout.capacity
     }
+
+    /// The bytes the ring holds.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.end.layout.capacity * 8
+    }
 }
 
 /// Both ends of both rings over one region in this process, for tests:

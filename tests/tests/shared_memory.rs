@@ -4,7 +4,8 @@
 //! values gRPC gives; a
 //! repeated push is applied once; `--data-path shm` against a server that
 //! offers none fails naming why; the offer needs a worker's token; a server
-//! that stops ends the region, and the client's next step reopens a session.
+//! that stops ends the region, and the client's next step reopens a session;
+//! a session's rings are sized to the model placed.
 
 use std::collections::BTreeMap;
 
@@ -258,14 +259,75 @@ async fn a_stopped_server_ends_the_region_and_its_socket() {
     );
 }
 
-/// Pushes the server applied so far.
-async fn pushes(addr: &str) -> u64 {
+/// The server's stats.
+async fn stats(addr: &str) -> v1::StatsResponse {
     let channel = ps_tests::authed_channel(addr, &TransportConfig::default()).await;
     let stats = ParameterServerClient::new(channel)
         .stats(v1::StatsRequest {})
         .await
         .expect("stats");
-    stats.into_inner().pushes
+    stats.into_inner()
+}
+
+/// Pushes the server applied so far.
+async fn pushes(addr: &str) -> u64 {
+    stats(addr).await.pushes
+}
+
+/// The bytes of its memory budget that a server with 1 MiB rings
+/// (`--shm-ring`) holds for the shared-memory session of a worker that has
+/// one key of `len` values placed on it: what the session's first pull adds.
+async fn session_bytes_for_a_key_of(len: usize) -> u64 {
+    let config = ServerConfig {
+        workers: 1,
+        shared_memory: SharedMemoryConfig {
+            mode: DataPathMode::Shm,
+            ring_bytes: 1 << 20,
+        },
+        ..ServerConfig::default()
+    };
+    let servers = LocalServers::start(1, config).await.expect("a server");
+    let config = ClientConfig {
+        data_path: DataPathMode::Shm,
+        ..ClientConfig::new(servers.addrs())
+    };
+    let mut client = PsClient::connect(config).await.expect("connect");
+    let info = ParamInfo {
+        name: "w".into(),
+        shape: vec![len],
+        dtype: DType::F32,
+    };
+    client.place(&[info]).await.expect("place");
+    let initial = [ParamBytes::new("w", values(len, |_| 0.0))];
+    client
+        .register(&initial, &optim::sgd(1.0))
+        .await
+        .expect("register");
+    let addr = &servers.addrs()[0];
+    let before = stats(addr).await.memory_held_bytes;
+    let pulled = client.pull(Version(0)).await.expect("a pull");
+    assert_eq!(pulled["w"].values.len(), len);
+    stats(addr).await.memory_held_bytes - before
+}
+
+/// A worker's rings are sized to what is placed on the server, within the
+/// server's `--shm-ring`: a 4 KiB model's session holds the smallest region
+/// (two rings of the smallest size), a 1 MiB model's the server's own (two 1 MiB rings),
+/// and the memory budget is charged what each holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_rings_are_sized_to_the_model_placed() {
+    let small = session_bytes_for_a_key_of(1 << 10).await;
+    let smallest = ps_shm::ring::region_bytes(ps_shm::SMALLEST_RING_BYTES);
+    assert!(
+        (smallest..smallest + (64 << 10)).contains(&small),
+        "a 4 KiB model's session holds {small} bytes, not about {smallest}"
+    );
+    let large = session_bytes_for_a_key_of(1 << 18).await;
+    let own = ps_shm::ring::region_bytes(1 << 20);
+    assert!(
+        (own..own + (64 << 10)).contains(&large),
+        "a 1 MiB model's session holds {large} bytes, not about {own}"
+    );
 }
 
 /// `kill -9` of a worker process while it writes 16 MiB pushes through a
