@@ -1,5 +1,6 @@
-//! [`last_level_cache_bytes`]: the size of the largest cache this process's
-//! first core reports, read once from Linux's sysfs, for copies that choose
+//! [`last_level_cache_bytes`] and [`level_two_cache_bytes`]: the sizes of
+//! the largest cache this process's first core reports and of its own
+//! second-level cache, read once from Linux's sysfs, for copies that choose
 //! between ordinary stores and stores that bypass the cache.
 
 use std::path::Path;
@@ -16,9 +17,36 @@ pub fn last_level_cache_bytes() -> Option<u64> {
     *BYTES.get_or_init(|| read_last_level(Path::new(CACHES)))
 }
 
-/// The size of the cache with the highest `level` under `caches`.
+/// The bytes of the first core's second-level cache (its own on the
+/// machines this project is measured on), or `None` where sysfs does not
+/// say. Read once per process.
+pub fn level_two_cache_bytes() -> Option<u64> {
+    static BYTES: OnceLock<Option<u64>> = OnceLock::new();
+    *BYTES.get_or_init(|| read_level(Path::new(CACHES), 2))
+}
+
+/// The size of the cache with the highest level under `caches`.
 fn read_last_level(caches: &Path) -> Option<u64> {
-    let entries = std::fs::read_dir(caches).ok()?;
+    read_caches(caches)
+        .into_iter()
+        .max_by_key(|&(level, bytes)| (level, bytes))
+        .map(|(_, bytes)| bytes)
+}
+
+/// The size of the largest cache of `level` under `caches`.
+fn read_level(caches: &Path, level: u32) -> Option<u64> {
+    read_caches(caches)
+        .into_iter()
+        .filter(|&(at, _)| at == level)
+        .map(|(_, bytes)| bytes)
+        .max()
+}
+
+/// Each cache under `caches` that says its level and size: `(level, bytes)`.
+fn read_caches(caches: &Path) -> Vec<(u32, u64)> {
+    let Ok(entries) = std::fs::read_dir(caches) else {
+        return Vec::new();
+    };
     entries
         .filter_map(Result::ok)
         .filter(|entry| entry.file_name().to_string_lossy().starts_with("index"))
@@ -28,8 +56,7 @@ fn read_last_level(caches: &Path) -> Option<u64> {
             let bytes = parse_size(&read("size")?)?;
             Some((level, bytes))
         })
-        .max_by_key(|&(level, bytes)| (level, bytes))
-        .map(|(_, bytes)| bytes)
+        .collect()
 }
 
 /// A sysfs cache size: a count of bytes with an optional `K`, `M` or `G`
@@ -67,7 +94,7 @@ mod tests {
     }
 
     #[test]
-    fn the_highest_level_is_the_last_level() {
+    fn the_highest_level_is_the_last_level_and_level_two_is_found_by_name() {
         let dir = tempfile::tempdir().unwrap();
         for (index, level, size) in [(0, "1", "48K"), (2, "2", "1024K"), (3, "3", "32768K")] {
             let folder = dir.path().join(format!("index{index}"));
@@ -77,6 +104,9 @@ mod tests {
         }
         std::fs::create_dir(dir.path().join("uevent")).unwrap();
         assert_eq!(read_last_level(dir.path()), Some(32 << 20));
+        assert_eq!(read_level(dir.path(), 2), Some(1 << 20));
+        assert_eq!(read_level(dir.path(), 4), None);
         assert_eq!(read_last_level(&dir.path().join("absent")), None);
+        assert_eq!(read_level(&dir.path().join("absent"), 2), None);
     }
 }
