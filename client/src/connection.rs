@@ -479,6 +479,7 @@ impl PsClient {
             table.buckets = ps_proto::rows::DEFAULT_BUCKETS;
         }
         self.shards.declare_table(&table, Version(0)).await?;
+        self.shards.moves_rows();
         self.tables.insert(table.name.clone(), table);
         Ok(())
     }

@@ -100,6 +100,12 @@ impl Server {
         self.ring_wish.store(wish, Ordering::Relaxed);
     }
 
+    /// The ring capacity the next shared-memory session asks for.
+    #[cfg(test)]
+    pub(crate) fn rings_asked(&self) -> u64 {
+        self.ring_wish.load(Ordering::Relaxed)
+    }
+
     /// Connects to the parameter server at `addr`, waiting up to `wait` for it
     /// to come up; with no wait, it must be up now.
     pub(crate) async fn connect(

@@ -80,16 +80,34 @@ pub(crate) struct Shards {
     requests_per_server: usize,
     sizes: SizeRules,
     pub(crate) pull_timeout: Duration,
+    /// Whether embedding tables were declared through this client.
+    moves_rows: bool,
 }
 
 impl Shards {
     /// Routes by `placement` from now on, and has each server's next
     /// shared-memory session sized for what is placed on it.
     pub(crate) fn place(&mut self, placement: Placement) {
-        for (server, bytes) in self.servers.iter().zip(placement.bytes_per_server()) {
-            server.ask_for_rings(bytes);
-        }
         self.placement = placement;
+        self.size_rings();
+    }
+
+    /// Notes that this client moves embedding rows: their messages (up to
+    /// 16 MiB of ids and rows in a header) are not counted in the
+    /// placement, so each server's next session gets the server's own rings.
+    pub(crate) fn moves_rows(&mut self) {
+        self.moves_rows = true;
+        self.size_rings();
+    }
+
+    /// Has each server's next shared-memory session sized for what is placed
+    /// on it (nothing placed, or rows moving too: the server's own rings).
+    fn size_rings(&self) {
+        let placed = self.placement.bytes_per_server();
+        for (i, server) in self.servers.iter().enumerate() {
+            let bytes = placed.get(i).copied().unwrap_or(0);
+            server.ask_for_rings(if self.moves_rows { 0 } else { bytes });
+        }
     }
 
     /// `servers`, with nothing placed yet.
@@ -106,6 +124,7 @@ impl Shards {
             requests_per_server: config.requests_per_server,
             sizes: SizeRules::of(config),
             pull_timeout: config.pull_timeout,
+            moves_rows: false,
         }
     }
 
@@ -664,6 +683,57 @@ mod tests {
         assert_eq!(groups.concat(), mixed, "every key once, in order");
         assert_eq!(groups.len(), 2);
         assert!(in_groups(Vec::<usize>::new(), |b| *b, 4).is_empty());
+    }
+
+    /// Each server's next session asks for rings of eight steps of what is
+    /// placed on it, whichever way the placement came; once rows move, the
+    /// server's own (0).
+    #[tokio::test]
+    async fn each_server_is_asked_for_rings_sized_to_its_placed_bytes() {
+        use ps_proto::codec::DType;
+        use ps_proto::transport::TransportConfig;
+        let server = || {
+            let channel =
+                tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+            Server::new(
+                "127.0.0.1:1",
+                channel,
+                &TransportConfig::default(),
+                ps_shm::DataPathMode::Auto,
+            )
+        };
+        let config = ClientConfig::new(Vec::new());
+        let mut shards = Shards::new(vec![server(), server()], &config);
+        assert_eq!(
+            shards
+                .servers
+                .iter()
+                .map(Server::rings_asked)
+                .collect::<Vec<_>>(),
+            [0, 0]
+        );
+        let params =
+            [("a", 3000), ("b", 1000), ("c", 10)].map(|(name, len)| crate::placement::ParamInfo {
+                name: name.into(),
+                shape: vec![len],
+                dtype: DType::F32,
+            });
+        let placement = Placement::plan(&params, 2, crate::placement::DEFAULT_PARTITION_BYTES);
+        let placed = placement.bytes_per_server();
+        assert!(placed.iter().all(|&bytes| bytes > 0), "{placed:?}");
+        shards.place(placement);
+        let asked: Vec<u64> = shards.servers.iter().map(Server::rings_asked).collect();
+        let expected: Vec<u64> = placed.iter().map(|&bytes| 8 * bytes as u64).collect();
+        assert_eq!(asked, expected);
+        shards.moves_rows();
+        assert_eq!(
+            shards
+                .servers
+                .iter()
+                .map(Server::rings_asked)
+                .collect::<Vec<_>>(),
+            [0, 0]
+        );
     }
 
     #[test]

@@ -142,7 +142,7 @@ struct Args {
     data_path: ps_shm::DataPathMode,
     /// The largest each of a shared-memory session's two rings may be: a
     /// worker asks for rings sized to what is placed on this server (a few
-    /// steps of it, 64 KiB or more) and gets no more than this.
+    /// steps of it, 512 KiB or more) and gets no more than this.
     #[arg(long, env = "PS_SHM_RING", value_parser = parse_size, default_value = "1MiB")]
     shm_ring: usize,
     #[command(flatten)]

@@ -58,9 +58,11 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HANDSHAKE_LIMIT: u32 = 4096;
 
 /// The smallest rings a server gives a worker that asks for less: room for
-/// many small operations in flight at once, with their headers (64 KiB
-/// rings cost 4 KiB pushes with eight in flight a tenth of their rate).
-pub const SMALLEST_RING_BYTES: u64 = 256 << 10;
+/// many small operations in flight at once (64 KiB rings cost 4 KiB pushes
+/// with eight in flight a tenth of their rate), and for any answer the
+/// worker reads only once it is whole (below [`crate::lent::LEND_AT_BYTES`])
+/// with its head, so that such a read never waits and is never cut off.
+pub const SMALLEST_RING_BYTES: u64 = 2 * crate::lent::LEND_AT_BYTES;
 
 /// Why no region changed hands.
 #[derive(Debug, thiserror::Error)]
@@ -801,6 +803,10 @@ mod tests {
         let (offers, _listener) = Offers::bind(4096).unwrap();
         assert_eq!(offers.rings_for(1), 4096);
         assert_eq!(offers.rings_for(1 << 30), 4096);
+        // Nor, when its own is not a power of two, the next one up.
+        let (offers, _listener) = Offers::bind(1536 << 10).unwrap();
+        assert_eq!(offers.rings_for((1 << 20) + 1), 1536 << 10);
+        assert_eq!(offers.rings_for(1 << 20), 1 << 20);
     }
 
     /// The region charged, the welcome and the worker's rings all have the
@@ -814,7 +820,7 @@ mod tests {
             let (end, charged) = admit(&offers, socket, Ok::<_, String>).await.unwrap();
             (end.requests.capacity(), charged)
         });
-        let worker = connect_asking(&offer, 300_000).await.unwrap();
+        let worker = connect_asking(&offer, 3 << 17).await.unwrap();
         let (server_capacity, charged) = server.await.unwrap();
         let given = 512 << 10;
         assert_eq!(charged, region_bytes(given));
