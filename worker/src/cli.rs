@@ -143,7 +143,7 @@ pub struct TrainArgs {
     /// `VarMap::load` reads into the same model.
     #[arg(long, env = "PS_SAVE")]
     pub save: Option<PathBuf>,
-    /// Seed of the batch order.
+    /// Seed of the initial parameters and of the batch order.
     #[arg(long, default_value_t = TrainConfig::default().seed)]
     pub seed: u64,
     /// Cut the backward pass into this many segments of layers, the top first,

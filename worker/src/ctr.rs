@@ -80,6 +80,7 @@ fn head(
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &config.device);
     let input = data.train.fields * embedding.width;
     let model = Mlp::new(vb.clone(), input, &config.hidden, data.classes)?;
+    model.draw_parameters(&varmap, config.seed)?;
     let dense = match embedding.dense {
         true => {
             let ids = data.train.ids.iter().chain(&data.test.ids);

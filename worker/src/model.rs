@@ -2,7 +2,8 @@
 //! are the PS keys.
 
 use candle_core::{Module, Result, Tensor};
-use candle_nn::{Linear, VarBuilder, linear};
+use candle_nn::{Linear, VarBuilder, VarMap, linear};
+use ps_common::rng::SplitMix64;
 
 use crate::segmented::Cuts;
 
@@ -28,6 +29,35 @@ impl Mlp {
             .map(|(i, w)| linear(w[0], w[1], vb.pp(format!("fc{i}"))))
             .collect::<Result<_>>()?;
         Ok(Self { layers })
+    }
+
+    /// Draws every layer's parameters again from `seed`, with candle-nn's own
+    /// distributions for a linear layer (Kaiming-normal weights for ReLU,
+    /// biases uniform within `1/sqrt(fan_in)`), so that runs with the same seed
+    /// start from the same model on every machine and device. candle draws
+    /// from an unseeded generator, which made two runs of one job differ.
+    ///
+    /// # Errors
+    /// When `varmap` does not hold this model's variables.
+    pub fn draw_parameters(&self, varmap: &VarMap, seed: u64) -> Result<()> {
+        for (i, layer) in self.layers.iter().enumerate() {
+            let weight = layer.weight();
+            let (out, fan_in) = weight.dims2()?;
+            let mut rng = SplitMix64::new(seed ^ ((i as u64 + 1) << 32));
+            let std = (2.0 / fan_in as f64).sqrt() as f32;
+            let values: Vec<f32> = (0..out * fan_in).map(|_| rng.normal() * std).collect();
+            let drawn = Tensor::from_vec(values, (out, fan_in), weight.device())?;
+            set(varmap, &format!("fc{i}.weight"), &drawn)?;
+            if let Some(bias) = layer.bias() {
+                let bound = 1.0 / (fan_in as f64).sqrt();
+                let values: Vec<f32> = (0..out)
+                    .map(|_| ((rng.next_f64() * 2.0 - 1.0) * bound) as f32)
+                    .collect();
+                let drawn = Tensor::from_vec(values, out, bias.device())?;
+                set(varmap, &format!("fc{i}.bias"), &drawn)?;
+            }
+        }
+        Ok(())
     }
 
     /// Layers in the model.
@@ -60,6 +90,18 @@ impl Mlp {
     }
 }
 
+/// Writes `value` into the variable `name` of `varmap`, in its own dtype.
+fn set(varmap: &VarMap, name: &str, value: &Tensor) -> Result<()> {
+    let data = varmap
+        .data()
+        .lock()
+        .map_err(|_| candle_core::Error::Msg("the VarMap's lock is poisoned".into()))?;
+    let var = data
+        .get(name)
+        .ok_or_else(|| candle_core::Error::Msg(format!("no variable {name}")))?;
+    var.set(&value.to_dtype(var.dtype())?)
+}
+
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_cut(x, 1, &mut Cuts::default())
@@ -70,7 +112,6 @@ impl Module for Mlp {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
-    use candle_nn::VarMap;
 
     #[test]
     fn layers_are_named_and_shaped() {
@@ -94,5 +135,40 @@ mod tests {
             .forward(&Tensor::zeros((5, 64), DType::F32, &Device::Cpu).unwrap())
             .unwrap();
         assert_eq!(out.dims(), [5, 10]);
+    }
+
+    fn parameters_of(seed: u64) -> Vec<(String, Vec<f32>)> {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let mlp = Mlp::new(vb, 64, &[32], 10).unwrap();
+        mlp.draw_parameters(&varmap, seed).unwrap();
+        let data = varmap.data().lock().unwrap();
+        let mut parameters: Vec<(String, Vec<f32>)> = data
+            .iter()
+            .map(|(name, var)| {
+                let values = var.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+                (name.clone(), values)
+            })
+            .collect();
+        parameters.sort_by(|a, b| a.0.cmp(&b.0));
+        parameters
+    }
+
+    #[test]
+    fn a_seed_draws_the_same_parameters_and_another_seed_others() {
+        let (first, again, other) = (parameters_of(7), parameters_of(7), parameters_of(8));
+        assert_eq!(first, again);
+        assert_ne!(first, other);
+        // fc0.weight: 32 x 64, Kaiming-normal, std sqrt(2/64) = 0.177.
+        let weight = &first
+            .iter()
+            .find(|(name, _)| name == "fc0.weight")
+            .unwrap()
+            .1;
+        let var = weight.iter().map(|w| w * w).sum::<f32>() / weight.len() as f32;
+        assert!((var.sqrt() - 0.177).abs() < 0.02, "std {}", var.sqrt());
+        let bias = &first.iter().find(|(name, _)| name == "fc0.bias").unwrap().1;
+        assert!(bias.iter().all(|b| b.abs() <= 0.125), "{bias:?}");
+        assert!(bias.iter().any(|b| *b != 0.0));
     }
 }

@@ -72,7 +72,7 @@ pub struct TrainConfig {
     pub lr: f64,
     /// Where candle computes.
     pub device: Device,
-    /// Seed of the batch order.
+    /// Seed of the initial parameters and of the batch order.
     pub seed: u64,
     /// Segments of the backward pass (1: one whole pass, then the push); see
     /// [`PsTrainer::backward_segments`].
@@ -258,12 +258,13 @@ pub async fn train(
     finished.summarise(trainer, rank, workers).await
 }
 
-/// The model on the configured device, its variables loaded from `--load`
-/// when given.
+/// The model on the configured device, its variables drawn from the run's
+/// seed, or loaded from `--load` when given.
 fn model_and_vars(data: &Dataset, config: &TrainConfig) -> Result<(VarMap, Mlp), TrainError> {
     let mut varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &config.device);
     let model = Mlp::new(vb, data.width(), &config.hidden, data.classes)?;
+    model.draw_parameters(&varmap, config.seed)?;
     if let Some(path) = &config.load {
         varmap.load(path).map_err(|source| TrainError::File {
             what: "loading the parameters from",
