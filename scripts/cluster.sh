@@ -11,8 +11,11 @@
 #   scripts/cluster.sh down           stop and remove containers, network and volumes
 #   scripts/cluster.sh compose ARGS   any other compose command on this project
 #
-# PS_BUILD_PROFILE picks the cargo profile of the binaries (default release;
-# CI builds `dev`, a third of the compile time, to test the same cluster).
+# PS_BUILD_PROFILE picks the cargo profile of the binaries (default release).
+# PS_BINARIES=DIR builds nothing: the images take the binaries already in DIR
+# (CI passes target/debug, which `cargo test --workspace` has just built), each
+# with the shared libraries it links (ldd), so the compose and swarm steps test
+# the same code without compiling the workspace a second time.
 #
 # Works with `docker compose` (v2) and `docker-compose` (v1.28+).
 set -euo pipefail
@@ -35,7 +38,7 @@ compose() {
 }
 
 # Fully static binaries: the images start FROM scratch, with no libc.
-build_binaries() {
+build_static_binaries() {
     echo "==> building static $PROFILE binaries for $TARGET"
     RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
         cargo build --profile "$PROFILE" --locked --target "$TARGET" $(printf -- '--bin %s ' "${BINARIES[@]}")
@@ -50,7 +53,7 @@ build_binaries() {
     # because Docker copies an image's files into a new volume once per container
     # and two servers created at once race on each folder ("mkdir ... file
     # exists"); the programs create their folders themselves.
-    mkdir -p "$STAGE/bin" "$STAGE/state"
+    mkdir -p "$STAGE/bin" "$STAGE/state" "$STAGE/libs"
     for bin in "${BINARIES[@]}"; do
         local built="target/$TARGET/$out/$bin"
         # ldd says "statically linked" or "not a dynamic executable" for static
@@ -64,6 +67,38 @@ build_binaries() {
         strip "$STAGE/bin/$bin" 2>/dev/null || true
         printf '    %-14s static, %s\n' "$bin" "$(du -h "$STAGE/bin/$bin" | cut -f1)"
     done
+}
+
+# The binaries already built in $PS_BINARIES, each with the shared libraries
+# ldd finds for it (the C library and the loader, at the paths the binary
+# names), staged under $STAGE/libs as the image's root. Nothing is compiled.
+stage_built_binaries() {
+    echo "==> staging the binaries built in $PS_BINARIES (nothing is compiled)"
+    rm -rf "$STAGE"
+    mkdir -p "$STAGE/bin" "$STAGE/state" "$STAGE/libs"
+    local bin built lib
+    for bin in "${BINARIES[@]}"; do
+        built="$PS_BINARIES/$bin"
+        if [ ! -x "$built" ]; then
+            echo "cluster.sh: PS_BINARIES=$PS_BINARIES has no $bin; build it first (cargo build --workspace --bins)" >&2
+            exit 1
+        fi
+        cp "$built" "$STAGE/bin/$bin"
+        strip "$STAGE/bin/$bin" 2>/dev/null || true
+        for lib in $(ldd "$built" 2>/dev/null | grep -o '/[^ ]*'); do
+            cp --parents -L "$lib" "$STAGE/libs/"
+        done
+        printf '    %-14s %s\n' "$bin" "$(du -h "$STAGE/bin/$bin" | cut -f1)"
+    done
+    printf '    %-14s %s\n' "libraries" "$(cd "$STAGE/libs" && find . -type f | sed 's|^\.||' | tr '\n' ' ')"
+}
+
+build_binaries() {
+    if [ -n "${PS_BINARIES:-}" ]; then
+        stage_built_binaries
+    else
+        build_static_binaries
+    fi
 }
 
 # Debian's prometheus, installed here when it is not (as root, with apt-get).

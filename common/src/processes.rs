@@ -52,6 +52,11 @@ fn built(relative: &str, selector: &[&str]) -> PathBuf {
         build
             .args(["build", "--quiet", "--workspace"])
             .args(selector);
+        for (name, _) in std::env::vars_os() {
+            if name.to_str().is_some_and(is_set_by_cargo_for_a_crate) {
+                build.env_remove(name);
+            }
+        }
         if profile_dir.ends_with("release") {
             build.arg("--release");
         }
@@ -64,6 +69,29 @@ fn built(relative: &str, selector: &[&str]) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// True for the variables cargo sets for the one crate it runs (a test's
+/// `CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`, ...), as opposed to its own
+/// settings (`CARGO_HOME`, `CARGO_TARGET_DIR`, `CARGO_PROFILE_*`). A build
+/// started from a test leaves them out: build scripts that watch them (ring's
+/// reads `CARGO_PKG_NAME` and `CARGO_MANIFEST_DIR`) would otherwise run again,
+/// and the next `cargo test` would rebuild them and everything above them.
+fn is_set_by_cargo_for_a_crate(name: &str) -> bool {
+    const CRATE_VARIABLES: [&str; 9] = [
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_MANIFEST_LINKS",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
+    CRATE_VARIABLES.contains(&name)
+        || name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_BIN_EXE_")
 }
 
 /// Peak resident set of process `pid` in bytes (`VmHWM` in `/proc/PID/status`),
@@ -189,5 +217,39 @@ impl ServerProcess {
             .await
             .expect("ps-server hung on SIGTERM");
         assert!(exit.expect("wait").success(), "ps-server exited uncleanly");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_set_by_cargo_for_a_crate;
+
+    #[test]
+    fn a_crates_own_variables_are_told_from_cargos_settings() {
+        for crate_variable in [
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_MANIFEST_DIR",
+            "CARGO_BIN_EXE_ps-server",
+            "OUT_DIR",
+        ] {
+            assert!(
+                is_set_by_cargo_for_a_crate(crate_variable),
+                "{crate_variable}"
+            );
+        }
+        for setting in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+            "CARGO_PROFILE_DEV_DEBUG",
+            "CARGO_BUILD_JOBS",
+            "PATH",
+        ] {
+            assert!(!is_set_by_cargo_for_a_crate(setting), "{setting}");
+        }
+        // What cargo set for this very test is among them.
+        assert!(std::env::var_os("CARGO_PKG_NAME").is_some());
     }
 }

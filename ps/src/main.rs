@@ -23,6 +23,7 @@ use ps_server::{Consistency, ServerConfig};
 /// jemalloc keeps freed buffers for reuse: with the system allocator each
 /// message-sized buffer went back to the kernel and came again page by page,
 /// which cost 1 MiB pushes a third of their throughput (docs/benchmarks.md).
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -63,7 +63,8 @@ pub(crate) fn checked(mut command: Command, what: &str) -> Output {
 }
 
 impl Compose {
-    /// Builds the static binaries and the images (`scripts/cluster.sh build`).
+    /// Builds the static binaries and the images (`scripts/cluster.sh build`), or
+    /// takes the binaries already built in `PS_BINARIES` when that is set.
     ///
     /// # Panics
     /// When the build fails.

@@ -117,6 +117,29 @@ async fn example_accuracy(name: &str) -> f64 {
     value
 }
 
+/// The plain candle loop draws its model from seed 0 (`Mlp::draw_parameters`),
+/// so two runs train alike; with candle's unseeded draw they differ.
+#[tokio::test]
+async fn two_runs_of_the_single_process_example_reach_the_same_accuracy() {
+    let (a, b) = tokio::join!(
+        run(example("single_process"), &[], LIMIT),
+        run(example("single_process"), &[], LIMIT)
+    );
+    for trained in [&a, &b] {
+        assert!(
+            trained.success,
+            "single_process failed:\n{}",
+            trained.stderr
+        );
+        assert!(
+            trained.stdout.contains("test accuracy "),
+            "{}",
+            trained.stdout
+        );
+    }
+    assert_eq!(a.stdout, b.stdout, "two runs of one seeded loop");
+}
+
 #[tokio::test]
 async fn the_readme_example_trains_against_a_server() {
     let accuracy = example_accuracy("data_parallel").await;

@@ -30,6 +30,9 @@ async fn train() -> anyhow::Result<()> {
         &[64],
         10,
     )?;
+    // The parameters drawn from seed 0 (candle-nn's own distributions), so every
+    // run of the three examples starts from the same model.
+    model.draw_parameters(&varmap, 0)?;
     let mut opt = PsTrainer::connect(&server, &varmap, adam(0.005)).await?;
     let train = data.train.shard(opt.rank(), opt.workers());
     for _epoch in 0..30 {

@@ -23,6 +23,9 @@ fn main() -> anyhow::Result<()> {
         &[64],
         10,
     )?;
+    // The parameters drawn from seed 0 (candle-nn's own distributions), so every
+    // run of the three examples starts from the same model.
+    model.draw_parameters(&varmap, 0)?;
     let params = ParamsAdamW {
         lr: 0.005,
         weight_decay: 0.0,
