@@ -37,15 +37,37 @@ compose() {
     fi
 }
 
-# Fully static binaries: the images start FROM scratch, with no libc.
-build_static_binaries() {
-    echo "==> building static $PROFILE binaries for $TARGET"
-    RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-        cargo build --profile "$PROFILE" --locked --target "$TARGET" $(printf -- '--bin %s ' "${BINARIES[@]}")
-    # cargo puts the dev profile's output under debug/, every other under its name.
-    local out=$PROFILE
-    if [ "$PROFILE" = dev ]; then
-        out=debug
+# Copies the shared libraries ldd finds for binary $1 (the C library and the
+# loader, at the paths the binary names) under the root folder $2.
+copy_linked_libraries() {
+    local lib
+    for lib in $(ldd "$1" 2>/dev/null | grep -o '/[^ ]*'); do
+        cp --parents -L "$lib" "$2/"
+    done
+}
+
+# The binaries of the images, stripped, in $STAGE/bin: fully static ones built
+# here (the images start FROM scratch, with no libc), or with PS_BINARIES those
+# already built there, each with the libraries it links in $STAGE/libs (the
+# image's root). Nothing is compiled then.
+build_binaries() {
+    local from bin built linked
+    if [ -n "${PS_BINARIES:-}" ]; then
+        echo "==> staging the binaries built in $PS_BINARIES (nothing is compiled)"
+        from=$PS_BINARIES
+    else
+        echo "==> building static $PROFILE binaries for $TARGET"
+        local selected=()
+        for bin in "${BINARIES[@]}"; do
+            selected+=(--bin "$bin")
+        done
+        RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
+            cargo build --profile "$PROFILE" --locked --target "$TARGET" "${selected[@]}"
+        # cargo puts the dev profile's output under debug/, every other under its name.
+        from=target/$TARGET/$PROFILE
+        if [ "$PROFILE" = dev ]; then
+            from=target/$TARGET/debug
+        fi
     fi
     rm -rf "$STAGE"
     # The image's /var/lib/candle-ps is an empty folder owned by the unprivileged
@@ -55,49 +77,29 @@ build_static_binaries() {
     # exists"); the programs create their folders themselves.
     mkdir -p "$STAGE/bin" "$STAGE/state" "$STAGE/libs"
     for bin in "${BINARIES[@]}"; do
-        local built="target/$TARGET/$out/$bin"
+        built="$from/$bin"
+        if [ ! -x "$built" ]; then
+            echo "cluster.sh: $built is missing; build it first (cargo build --workspace --bins)" >&2
+            exit 1
+        fi
         # ldd says "statically linked" or "not a dynamic executable" for static
         # binaries, and lists shared libraries otherwise.
+        linked=static
         if ldd "$built" 2>&1 | grep -q '=>'; then
-            echo "cluster.sh: $built is dynamically linked; it cannot run FROM scratch" >&2
-            ldd "$built" >&2
-            exit 1
+            if [ -z "${PS_BINARIES:-}" ]; then
+                echo "cluster.sh: $built is dynamically linked; it cannot run FROM scratch" >&2
+                ldd "$built" >&2
+                exit 1
+            fi
+            linked="linked"
+            copy_linked_libraries "$built" "$STAGE/libs"
         fi
         cp "$built" "$STAGE/bin/$bin"
         strip "$STAGE/bin/$bin" 2>/dev/null || true
-        printf '    %-14s static, %s\n' "$bin" "$(du -h "$STAGE/bin/$bin" | cut -f1)"
+        printf '    %-14s %s, %s\n' "$bin" "$linked" "$(du -h "$STAGE/bin/$bin" | cut -f1)"
     done
-}
-
-# The binaries already built in $PS_BINARIES, each with the shared libraries
-# ldd finds for it (the C library and the loader, at the paths the binary
-# names), staged under $STAGE/libs as the image's root. Nothing is compiled.
-stage_built_binaries() {
-    echo "==> staging the binaries built in $PS_BINARIES (nothing is compiled)"
-    rm -rf "$STAGE"
-    mkdir -p "$STAGE/bin" "$STAGE/state" "$STAGE/libs"
-    local bin built lib
-    for bin in "${BINARIES[@]}"; do
-        built="$PS_BINARIES/$bin"
-        if [ ! -x "$built" ]; then
-            echo "cluster.sh: PS_BINARIES=$PS_BINARIES has no $bin; build it first (cargo build --workspace --bins)" >&2
-            exit 1
-        fi
-        cp "$built" "$STAGE/bin/$bin"
-        strip "$STAGE/bin/$bin" 2>/dev/null || true
-        for lib in $(ldd "$built" 2>/dev/null | grep -o '/[^ ]*'); do
-            cp --parents -L "$lib" "$STAGE/libs/"
-        done
-        printf '    %-14s %s\n' "$bin" "$(du -h "$STAGE/bin/$bin" | cut -f1)"
-    done
-    printf '    %-14s %s\n' "libraries" "$(cd "$STAGE/libs" && find . -type f | sed 's|^\.||' | tr '\n' ' ')"
-}
-
-build_binaries() {
     if [ -n "${PS_BINARIES:-}" ]; then
-        stage_built_binaries
-    else
-        build_static_binaries
+        printf '    %-14s %s\n' "libraries" "$(cd "$STAGE/libs" && find . -type f | sed 's|^\.||' | tr '\n' ' ')"
     fi
 }
 
@@ -126,10 +128,7 @@ stage_prometheus() {
     rm -rf "$root"
     mkdir -p "$root/usr/bin" "$root/usr/share/prometheus" "$root/etc/prometheus"
     cp /usr/bin/prometheus "$root/usr/bin/"
-    local lib
-    for lib in $(ldd /usr/bin/prometheus | grep -o '/[^ ]*'); do
-        cp --parents -L "$lib" "$root/"
-    done
+    copy_linked_libraries /usr/bin/prometheus "$root"
     tar -chf - --exclude='web/static/moment-timezone/data' -C /usr/share/prometheus web |
         tar -xf - -C "$root/usr/share/prometheus"
     cp deploy/prometheus/prometheus.yml deploy/prometheus/rules.yml "$root/etc/prometheus/"

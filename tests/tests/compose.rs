@@ -1,5 +1,6 @@
 //! The docker-compose cluster end to end: images built from the project's static
-//! binaries (or, under `.ci/run`, from those `cargo test` built, `PS_BINARIES`), `up` with the default two workers and scaled to three, over TLS with a
+//! binaries (or, under `.ci/run`, from those `cargo test` built, `PS_BINARIES`),
+//! `up` with the default two workers and scaled to three, over TLS with a
 //! cluster token (both made by the project's own `ps-scheduler certs` into a
 //! volume; the scheduler and servers must log `tls=true`), every worker
 //! reaching the accuracy target, every container exiting 0 on its own once the job
