@@ -7,6 +7,11 @@
 //! twice: read and write; SGD three times: gradient, and values read and written;
 //! momentum five times; Adam seven), so the ratio says how close the arithmetic
 //! comes to what one core can move.
+//!
+//! `adam-tiny` is Adam again over gradients of 1e-22 and less, as a trained
+//! model's well-fitted outputs give: their squares are subnormal numbers,
+//! which the server's kernel takes as zero rather than pay a microcode
+//! assist for each (`ps_server::kernels`); this pass shows whether it does.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -32,7 +37,7 @@ pub struct ApplyPlan {
 /// One optimizer's apply (or the memcpy) over the key.
 #[derive(Debug, Clone, Serialize)]
 pub struct ApplyRow {
-    /// `memcpy`, `sgd`, `momentum` or `adam`.
+    /// `memcpy`, `sgd`, `momentum`, `adam` or `adam-tiny`.
     pub pass: String,
     /// Bytes of the key.
     pub size_bytes: u64,
@@ -49,21 +54,29 @@ pub struct ApplyRow {
 /// The passes measured, with the times each touches the key's bytes; each
 /// optimizer as a worker declares it (`ps_client`'s defaults) and the server
 /// reads it.
-fn passes() -> [(&'static str, Option<v1::Optimizer>, u32); 4] {
+fn passes() -> [(&'static str, Option<v1::Optimizer>, u32, f32); 5] {
     [
-        ("memcpy", None, 2),
-        ("sgd", Some(ps_client::sgd(0.01)), 3),
-        ("momentum", Some(ps_client::momentum(0.01)), 5),
-        ("adam", Some(ps_client::adam(0.001)), 7),
+        ("memcpy", None, 2, ORDINARY),
+        ("sgd", Some(ps_client::sgd(0.01)), 3, ORDINARY),
+        ("momentum", Some(ps_client::momentum(0.01)), 5, ORDINARY),
+        ("adam", Some(ps_client::adam(0.001)), 7, ORDINARY),
+        ("adam-tiny", Some(ps_client::adam(0.001)), 7, TINY),
     ]
 }
 
-/// A gradient of `len` elements as received: unaligned little-endian bytes.
-fn wire_gradient(len: usize) -> TensorData {
+/// The step between gradient elements of the ordinary passes (up to 0.05).
+const ORDINARY: f32 = 1e-4;
+
+/// The step of `adam-tiny`'s gradient: up to 5e-20, whose squares are subnormal.
+const TINY: f32 = 1e-22;
+
+/// A gradient of `len` elements as received, `step` apart: unaligned
+/// little-endian bytes.
+fn wire_gradient(len: usize, step: f32) -> TensorData {
     let mut bytes = Vec::with_capacity(len * 4 + 1);
     bytes.push(0u8);
     for i in 0..len {
-        let g = ((i % 1000) as f32 - 500.0) * 1e-4;
+        let g = ((i % 1000) as f32 - 500.0) * step;
         bytes.extend_from_slice(&g.to_le_bytes());
     }
     let unaligned = Bytes::from(bytes).slice(1..);
@@ -87,13 +100,13 @@ fn time(reps: usize, mut pass: impl FnMut()) -> f64 {
 pub fn run(plan: &ApplyPlan) -> Vec<ApplyRow> {
     let len = (plan.size / 4).max(1);
     let size = len * 4;
-    let gradient = wire_gradient(len);
     let mut values = vec![0.5f32; len];
     let mut copy = vec![0.0f32; len];
     let mut memcpy_bandwidth = 0.0;
     passes()
         .into_iter()
-        .map(|(name, optimizer, touches)| {
+        .map(|(name, optimizer, touches, step)| {
+            let gradient = wire_gradient(len, step);
             let seconds = match optimizer {
                 None => time(plan.reps, || {
                     copy.copy_from_slice(black_box(&values));

@@ -1,7 +1,10 @@
 //! The floors `kv` reads its shared-memory rows against, measured in the same
 //! run: what one core does with the bytes and nothing else. A pull through
 //! shared memory is at best one copy, so its floor is a single-thread
-//! `memcpy` of the key ([`memcpy_bytes_per_sec`]); a push is at best a copy
+//! `memcpy` of the key ([`memcpy_bytes_per_sec`]), and, since `kv` pulls
+//! into one buffer per operation in flight, the same copy into that many
+//! buffers in turn ([`memcpy_window_bytes_per_sec`]: with a window of 1 MiB
+//! keys the targets no longer stay in a core's L2); a push is at best a copy
 //! into a buffer and the server's SGD over it ([`copy_apply_bytes_per_sec`],
 //! the same kernel the server runs, split over the same cores).
 //!
@@ -34,6 +37,9 @@ use ps_shm::ring::{RingReader, RingWriter};
 pub struct Floors {
     /// Single-thread copies of the key, bytes per second.
     pub memcpy_bytes_per_sec: f64,
+    /// Single-thread copies of the key into the run's window of buffers in
+    /// turn, as a worker's pulls land, bytes per second.
+    pub memcpy_window_bytes_per_sec: f64,
     /// A copy into a buffer and SGD over it, bytes per second.
     pub copy_apply_bytes_per_sec: f64,
     /// The key carried through a shared-memory ring from one thread to
@@ -63,6 +69,7 @@ impl Floors {
         let phase = Duration::from_secs_f64(seconds);
         Ok(Self {
             memcpy_bytes_per_sec: memcpy_bytes_per_sec(size, phase),
+            memcpy_window_bytes_per_sec: memcpy_window_bytes_per_sec(size, window, phase),
             copy_apply_bytes_per_sec: copy_apply_bytes_per_sec(size, phase),
             ring_bytes_per_sec: ring_bytes_per_sec(size, phase)?,
             round_trip_p50_us: round_trip_p50_us(size, (servers, workers), phase)?,
@@ -75,6 +82,10 @@ impl Floors {
         let mean = |a: f64, b: f64| (a + b) / 2.0;
         Self {
             memcpy_bytes_per_sec: mean(self.memcpy_bytes_per_sec, other.memcpy_bytes_per_sec),
+            memcpy_window_bytes_per_sec: mean(
+                self.memcpy_window_bytes_per_sec,
+                other.memcpy_window_bytes_per_sec,
+            ),
             copy_apply_bytes_per_sec: mean(
                 self.copy_apply_bytes_per_sec,
                 other.copy_apply_bytes_per_sec,
@@ -94,6 +105,27 @@ pub fn memcpy_bytes_per_sec(size: usize, phase: Duration) -> f64 {
     rate(size, phase, || {
         target.copy_from_slice(std::hint::black_box(&source));
         std::hint::black_box(&mut target);
+    })
+}
+
+/// Copies `size` bytes from one buffer into each of `window` buffers in turn
+/// (all touched first) for `phase`, on this thread; bytes per second. This is
+/// what a worker's pulls copy with `window` of them in flight, each into its
+/// own buffer: the key's source stays in cache, its targets do only while
+/// `window` of them fit.
+pub fn memcpy_window_bytes_per_sec(size: usize, window: usize, phase: Duration) -> f64 {
+    let source = vec![0x5au8; size];
+    let mut targets = vec![vec![0u8; size]; window.max(1)];
+    copy_in_turn(&source, &mut targets, phase)
+}
+
+/// Copies `source` into each of `targets` in turn for `phase`; bytes per second.
+fn copy_in_turn(source: &[u8], targets: &mut [Vec<u8>], phase: Duration) -> f64 {
+    let mut next = 0;
+    rate(source.len(), phase, || {
+        targets[next].copy_from_slice(std::hint::black_box(source));
+        std::hint::black_box(&mut targets[next]);
+        next = (next + 1) % targets.len();
     })
 }
 
@@ -385,6 +417,20 @@ fn rate(size: usize, phase: Duration, mut once: impl FnMut()) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_window_floor_copies_the_key_into_every_buffer_in_turn() {
+        let source: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        let mut targets = vec![vec![0u8; source.len()]; 3];
+        let rate = copy_in_turn(&source, &mut targets, Duration::from_millis(5));
+        assert!(rate > 0.0 && rate.is_finite(), "{rate}");
+        for target in &targets {
+            assert_eq!(target, &source);
+        }
+        // A window of none still copies into one buffer.
+        let rate = memcpy_window_bytes_per_sec(4096, 0, Duration::from_millis(5));
+        assert!(rate > 0.0 && rate.is_finite(), "{rate}");
+    }
 
     #[test]
     fn a_round_trip_between_two_servers_and_two_workers_is_timed_and_every_thread_ends() {

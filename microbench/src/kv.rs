@@ -514,6 +514,13 @@ fn row(
             Op::Push => floors.copy_apply_bytes_per_sec,
         };
         figures["memcpy_bytes_per_sec"] = floors.memcpy_bytes_per_sec.into();
+        figures["memcpy_window_bytes_per_sec"] = floors.memcpy_window_bytes_per_sec.into();
+        if op == Op::Pull {
+            // The same copy into as many buffers as the worker pulls into:
+            // at 1 MiB and a window of 8 they no longer fit a core's L2.
+            figures["ratio_vs_memcpy_window"] =
+                (throughput / floors.memcpy_window_bytes_per_sec.max(1e-9)).into();
+        }
         figures["copy_sgd_bytes_per_sec"] = floors.copy_apply_bytes_per_sec.into();
         figures["floor_bytes_per_sec"] = floor.into();
         figures["ratio_vs_floor"] = (throughput / floor.max(1e-9)).into();
@@ -801,6 +808,8 @@ pub fn table(rows: &[ResultRow]) -> String {
     let tls_tcp = |row: &ResultRow| extra(row, "tls_tcp_bytes_per_sec", "ratio_vs_tls_tcp");
     let tcp_sgd = |row: &ResultRow| extra(row, "tcp_sgd_bytes_per_sec", "ratio_vs_tcp_sgd");
     let floor = |row: &ResultRow| extra(row, "floor_bytes_per_sec", "ratio_vs_floor");
+    let window_floor =
+        |row: &ResultRow| extra(row, "memcpy_window_bytes_per_sec", "ratio_vs_memcpy_window");
     let with_tls = rows.iter().any(|row| tls_tcp(row).is_some());
     let with_sgd = rows.iter().any(|row| tcp_sgd(row).is_some());
     let with_floor = rows.iter().any(|row| floor(row).is_some());
@@ -828,6 +837,7 @@ pub fn table(rows: &[ResultRow]) -> String {
     }
     if with_floor {
         out += &format!(" {:>12} {:>6}", "floor GB/s", "ratio");
+        out += &format!(" {:>12} {:>6}", "memcpy×W GB/s", "ratio");
     }
     out += "\n";
     for row in rows {
@@ -875,6 +885,7 @@ pub fn table(rows: &[ResultRow]) -> String {
             (with_tls, tls_tcp(row)),
             (with_sgd, tcp_sgd(row)),
             (with_floor, floor(row)),
+            (with_floor, window_floor(row)),
         ];
         for (present, figures) in extras {
             out += &match figures {

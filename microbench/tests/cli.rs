@@ -473,6 +473,20 @@ fn kv_measures_both_data_paths_in_one_run_against_one_cores_floors_and_the_rings
             throughput > 0.0 && (ratio - throughput / floor).abs() <= 1e-9 * ratio,
             "{row}"
         );
+        // A pull is read against the same copy into as many buffers as
+        // its worker pulls into, too; a push is not.
+        let window_floor = figures["memcpy_window_bytes_per_sec"].as_f64().unwrap();
+        assert!(window_floor > 0.0, "{row}");
+        match row["mode"].as_str().unwrap() {
+            "pull" => {
+                let ratio = figures["ratio_vs_memcpy_window"].as_f64().unwrap();
+                assert!(
+                    (ratio - throughput / window_floor).abs() <= 1e-9 * ratio,
+                    "{row}"
+                );
+            }
+            _ => assert!(figures.get("ratio_vs_memcpy_window").is_none(), "{row}"),
+        }
         // Every row is read against the ring between two threads, too.
         let ring = figures["ring_bytes_per_sec"].as_f64().unwrap();
         let ratio = figures["ratio_vs_ring"].as_f64().unwrap();
@@ -507,7 +521,7 @@ fn kv_measures_both_data_paths_in_one_run_against_one_cores_floors_and_the_rings
 fn apply_measures_every_optimizer_against_a_memcpy_of_the_same_key() {
     let rows = microbench(&["apply", "--size", "1MiB", "--reps", "3", "--json"]);
     let passes: Vec<&str> = rows.iter().map(|r| r["pass"].as_str().unwrap()).collect();
-    assert_eq!(passes, ["memcpy", "sgd", "momentum", "adam"]);
+    assert_eq!(passes, ["memcpy", "sgd", "momentum", "adam", "adam-tiny"]);
     for row in &rows {
         assert_eq!(row["size_bytes"], 1 << 20, "{row}");
         let seconds = row["seconds"].as_f64().unwrap();

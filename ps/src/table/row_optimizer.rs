@@ -7,6 +7,7 @@
 //! `f64` reference over many steps.
 
 use super::spec::RowOptimizer;
+use crate::kernels::{second_moment, zero_if_tiny};
 
 /// One row's slices: its values and up to two state slices of the same width
 /// (empty when the optimizer keeps less).
@@ -55,10 +56,11 @@ pub fn update_row(optimizer: &RowOptimizer, row: RowSlices<'_>, grad: &[f32], sc
             let moments = row.first[..width]
                 .iter_mut()
                 .zip(row.second[..width].iter_mut());
-            for ((w, (m, v)), g) in row.values.iter_mut().zip(moments).zip(grad) {
-                let g = g * scale;
-                *m = b1 * *m + (1.0 - b1) * g;
-                *v = b2 * *v + (1.0 - b2) * g * g;
+            // As the dense kernel's, never through a subnormal number.
+            for ((w, (m, v)), &g) in row.values.iter_mut().zip(moments).zip(grad) {
+                let g = zero_if_tiny(g) * scale;
+                *m = zero_if_tiny(b1 * *m + (1.0 - b1) * g);
+                *v = second_moment((b2, 1.0 - b2), *v, g);
                 *w = *w * decay - step * *m / (v.sqrt() / root_correct2 + eps);
             }
         }
