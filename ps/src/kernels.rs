@@ -259,11 +259,15 @@ pub(crate) fn zero_if_tiny(x: f32) -> f32 {
 /// least [`SECOND_MOMENT_FLOOR`].
 #[inline(always)]
 pub(crate) fn second_moment((beta2, one_minus_beta2): (f32, f32), v: f32, g: f32) -> f32 {
+    at_least(beta2 * v + one_minus_beta2 * square(g), SECOND_MOMENT_FLOOR)
+}
+
+/// `g` squared, its magnitude taken as at least [`SQUARED_FROM`], so that
+/// the square (at least 2^-100) is never subnormal.
+#[inline(always)]
+pub(crate) fn square(g: f32) -> f32 {
     let magnitude = at_least(g.abs(), SQUARED_FROM);
-    at_least(
-        beta2 * v + one_minus_beta2 * (magnitude * magnitude),
-        SECOND_MOMENT_FLOOR,
-    )
+    magnitude * magnitude
 }
 
 /// The larger of `x` and `least`, both positive (or zero), compared by their
@@ -375,6 +379,7 @@ mod tests {
         assert_eq!(second_moment(decays, 0.0, 1e-20), SECOND_MOMENT_FLOOR);
         let v = second_moment(decays, 0.0004, 0.01);
         assert_eq!(v, 0.999 * 0.0004 + (1.0 - 0.999) * (0.01 * 0.01));
+        assert_eq!((square(-0.5), square(1e-30)), (0.25, 2f32.powi(-100)));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! `f64` reference over many steps.
 
 use super::spec::RowOptimizer;
-use crate::kernels::{second_moment, zero_if_tiny};
+use crate::kernels::{second_moment, square, zero_if_tiny};
 
 /// One row's slices: its values and up to two state slices of the same width
 /// (empty when the optimizer keeps less).
@@ -35,9 +35,11 @@ pub fn update_row(optimizer: &RowOptimizer, row: RowSlices<'_>, grad: &[f32], sc
         RowOptimizer::Adagrad { lr, eps, .. } => {
             let (lr, eps) = (lr as f32, eps as f32);
             let sums = &mut row.first[..width];
-            for ((w, s), g) in row.values.iter_mut().zip(sums.iter_mut()).zip(grad) {
-                let g = g * scale;
-                *s += g * g;
+            // As Adam's, never through a subnormal number (`square` adds at
+            // least 2^-100 to the sum, whose root is then below 1e-15).
+            for ((w, s), &g) in row.values.iter_mut().zip(sums.iter_mut()).zip(grad) {
+                let g = zero_if_tiny(g) * scale;
+                *s += square(g);
                 *w -= lr * g / (s.sqrt() + eps);
             }
         }
