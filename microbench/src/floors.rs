@@ -100,12 +100,7 @@ impl Floors {
 /// Copies `size` bytes from one buffer to another (both touched first) for
 /// `phase`, on this thread; bytes per second.
 pub fn memcpy_bytes_per_sec(size: usize, phase: Duration) -> f64 {
-    let source = vec![0x5au8; size];
-    let mut target = vec![0u8; size];
-    rate(size, phase, || {
-        target.copy_from_slice(std::hint::black_box(&source));
-        std::hint::black_box(&mut target);
-    })
+    memcpy_window_bytes_per_sec(size, 1, phase)
 }
 
 /// Copies `size` bytes from one buffer into each of `window` buffers in turn
@@ -119,8 +114,13 @@ pub fn memcpy_window_bytes_per_sec(size: usize, window: usize, phase: Duration) 
     copy_in_turn(&source, &mut targets, phase)
 }
 
-/// Copies `source` into each of `targets` in turn for `phase`; bytes per second.
+/// Copies `source` into each of `targets` in turn for `phase`, after one
+/// untimed copy into each (so that no page is first touched while timed);
+/// bytes per second.
 fn copy_in_turn(source: &[u8], targets: &mut [Vec<u8>], phase: Duration) -> f64 {
+    for target in targets.iter_mut() {
+        target.copy_from_slice(source);
+    }
     let mut next = 0;
     rate(source.len(), phase, || {
         targets[next].copy_from_slice(std::hint::black_box(source));

@@ -837,7 +837,7 @@ pub fn table(rows: &[ResultRow]) -> String {
     }
     if with_floor {
         out += &format!(" {:>12} {:>6}", "floor GB/s", "ratio");
-        out += &format!(" {:>12} {:>6}", "memcpy×W GB/s", "ratio");
+        out += &format!(" {:>12} {:>6}", "copy×W GB/s", "ratio");
     }
     out += "\n";
     for row in rows {

@@ -13,15 +13,17 @@
 //! weight in `f64` and rounded once. Within 1e-6 relative of a float64 reference
 //! either way (`optimizer` tests).
 //!
-//! Adam's `f32` lanes never make or read a subnormal number
-//! ([`zero_if_tiny`]): on
-//! x86-64 each one costs a microcode assist of a hundred cycles or more, and
-//! a trained model's moments reach them (a gradient of 1e-20 squares to one,
-//! and the moments of a unit whose gradient stays zero decay through them
-//! for thousands of steps). Measured here: 4,810 elements took 44-102 µs
-//! against 2.3 µs, and a digits worker's step over shared memory spent
-//! twice as long in its exchange (docs/benchmarks.md, "Adam without
-//! subnormal numbers"). SGD and momentum, in `f64`, are not slowed by them.
+//! Adam keeps its moments out of the subnormal numbers, and makes none from
+//! a gradient or a moment ([`zero_if_tiny`], [`square`], [`second_moment`]):
+//! on x86-64 each operation that makes or reads one costs a microcode assist
+//! of a hundred cycles or more, and a trained model's moments reach them (a
+//! gradient of 1e-20 squares to one, and the moments of a unit whose
+//! gradient stays zero decay through them for thousands of steps). Measured
+//! here: 4,810 elements took 44-102 µs against 2.3 µs, and a digits
+//! worker's step over shared memory spent 1.7x as long in its exchange
+//! (docs/benchmarks.md, "Adam without subnormal numbers"). A weight that
+//! decays into them, or a moment restored from a checkpoint, is still read
+//! as it is. SGD and momentum, in `f64`, are not slowed by them.
 
 use pulp::Arch;
 
@@ -228,13 +230,15 @@ impl<G: Lane> pulp::WithSimd for AdamPass<'_, G> {
 /// a first moment: 2^-100. From there, a moment times a decay from 2^-26 up
 /// stays normal, as does a moment over a denominator up to 2^26 (a second
 /// moment up to 2^52); what it zeroes moves an `f32` weight by at most `lr`
-/// times 2^-100 / `eps`, far below its last bit.
+/// times the first moment's bias correction (up to 10 at beta1 0.9) times
+/// 2^-100 / `eps`, far below its last bit.
 const LEAST_KEPT_BITS: u32 = (127 - 100) << 23;
 
 /// A gradient's magnitude is taken as at least this (2^-50) where the second
 /// moment squares it: the square, 2^-100, times `1 - beta2` from 2^-26 up,
-/// stays normal. It adds at most 2^-100 to the moment, whose root then adds
-/// 2^-50 (about 1e-15) at most to the denominator's `eps`.
+/// stays normal. It adds at most 2^-100 to the moment, whose root with the
+/// moment's bias correction (up to 1000 at beta2 0.999) then adds at most
+/// about 3e-14 to the denominator's `eps`.
 const SQUARED_FROM: f32 = 1.0 / (1u128 << 50) as f32;
 
 /// The least second moment kept: 2^-100, so the moment decaying while a
@@ -270,9 +274,10 @@ pub(crate) fn square(g: f32) -> f32 {
     magnitude * magnitude
 }
 
-/// The larger of `x` and `least`, both positive (or zero), compared by their
-/// bits: the order of positive floats is their bits', and an integer
-/// maximum vectorises where `f32::max` (which must pass over a NaN) did not.
+/// The larger of `x` and `least`, compared by their bits, for `x` positive
+/// or +0.0 (a magnitude or a sum of non-negative terms) and `least` positive:
+/// the order of such floats is their bits'. A NaN's bits are above any
+/// finite value's, so a NaN is kept, where `f32::max` would give `least`.
 #[inline(always)]
 fn at_least(x: f32, least: f32) -> f32 {
     f32::from_bits(x.to_bits().max(least.to_bits()))

@@ -35,8 +35,10 @@ pub fn update_row(optimizer: &RowOptimizer, row: RowSlices<'_>, grad: &[f32], sc
         RowOptimizer::Adagrad { lr, eps, .. } => {
             let (lr, eps) = (lr as f32, eps as f32);
             let sums = &mut row.first[..width];
-            // As Adam's, never through a subnormal number (`square` adds at
-            // least 2^-100 to the sum, whose root is then below 1e-15).
+            // As Adam's, no subnormal made from a gradient: one below
+            // 2^-100 counts as zero, and each square added to the sum is at
+            // least 2^-100 (n steps add n * 2^-100 at most, whose root
+            // beside `eps` is nothing an `f32` weight can show).
             for ((w, s), &g) in row.values.iter_mut().zip(sums.iter_mut()).zip(grad) {
                 let g = zero_if_tiny(g) * scale;
                 *s += square(g);
@@ -146,6 +148,42 @@ mod tests {
                 weight_decay: 0.01,
             },
         ]
+    }
+
+    #[test]
+    fn lazy_adam_and_adagrad_leave_no_subnormal_from_tiny_gradients_or_moments() {
+        let [_, adagrad, adam] = optimizers();
+        // Every power of two as a gradient, of both signs, and subnormal
+        // moments left from before, as a bucket's state may hold.
+        let grad: Vec<f32> = (-149..=0)
+            .map(|p| 2f32.powi(p))
+            .flat_map(|x| [x, -x])
+            .collect();
+        let width = grad.len();
+        for optimizer in [adagrad, adam] {
+            let mut values = vec![0.25f32; width];
+            let (mut first, mut second) = (vec![1e-39f32; width], vec![1e-39f32; width]);
+            if matches!(optimizer, RowOptimizer::Adagrad { .. }) {
+                first.fill(0.0);
+                second.clear();
+            }
+            for t in 1..=3 {
+                let row = RowSlices {
+                    values: &mut values,
+                    first: &mut first,
+                    second: &mut second,
+                };
+                update_row(&optimizer, row, &grad, 0.5, t);
+            }
+            let subnormal = |x: &f32| *x != 0.0 && !x.is_normal();
+            let state = first.iter().chain(&second);
+            assert!(
+                !state.clone().any(subnormal),
+                "{optimizer:?}: {:?}",
+                state.filter(|x| subnormal(x)).collect::<Vec<_>>()
+            );
+            assert!(values.iter().all(|w| w.is_normal()), "{optimizer:?}");
+        }
     }
 
     #[test]
