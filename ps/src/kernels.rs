@@ -190,8 +190,8 @@ fn momentum_loop<G: Lane, const NESTEROV: bool>(
 }
 
 /// Applies Adam(W) to `w` and its moments `m`, `v` with gradient block `g`,
-/// never through a subnormal number ([`zero_if_tiny`], [`SQUARED_FROM`],
-/// [`SECOND_MOMENT_FLOOR`]).
+/// making no subnormal number from a gradient or a moment ([`zero_if_tiny`],
+/// [`SQUARED_FROM`], [`SECOND_MOMENT_FLOOR`]).
 pub(crate) fn adam<G: Lane>(w: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[G], k: Adam) {
     Arch::new().dispatch(AdamPass { w, m, v, g, k });
 }
