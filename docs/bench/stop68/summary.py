@@ -1,7 +1,8 @@
 """Issue 38's rows from full.sh's files: python3 summary.py full/*.json
 
 Per shape and row, the value of each round: 4 KiB ops/s shm / gRPC and p50,
-1 MiB and 16 MiB shm GB/s against memcpy (pulls) or copy-then-SGD (pushes),
+1 MiB and 16 MiB shm GB/s against memcpy (pulls; then, in runs that measured
+it, against memcpy into the window's buffers, "xW") or copy-then-SGD (pushes),
 raw TCP and TCP+SGD (--sgd-floor), and each side's CPU s/GB."""
 import collections
 import json
@@ -29,8 +30,10 @@ for path in sorted(sys.argv[1:]):
             floor = s.get("floor_bytes_per_sec") or 0
             tcp = d.get("tcp_throughput_bytes_per_sec") or 0
             sgd = s.get("tcp_sgd_bytes_per_sec") or 0
+            window = s.get("memcpy_window_bytes_per_sec") if mode == "pull" else None
+            beside = f" xW {gbps*1e9/window:.2f}" if window else ""
             rows[(shape, size, mode)].append(
-                f"{gbps:.1f}/{floor/1e9:.1f}={gbps*1e9/floor:.2f} tcp {tcp/1e9:.1f}"
+                f"{gbps:.1f}/{floor/1e9:.1f}={gbps*1e9/floor:.2f}{beside} tcp {tcp/1e9:.1f}"
                 f" tcp+sgd {sgd/1e9:.1f} cpu {d.get('client_cpu_sec_per_gb') or 0:.3f}"
                 f"/{d.get('server_cpu_sec_per_gb') or 0:.3f}")
 for (shape, size, mode), values in sorted(rows.items()):
