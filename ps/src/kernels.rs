@@ -293,11 +293,11 @@ pub(crate) fn add_scaled<G: Lane>(sum: &mut [f32], g: &[G], scale: f32) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Whether `x` is subnormal: neither zero nor normal.
-    fn subnormal(x: f32) -> bool {
+    pub(crate) fn subnormal(x: f32) -> bool {
         x != 0.0 && !x.is_normal()
     }
 

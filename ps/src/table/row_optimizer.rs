@@ -60,7 +60,8 @@ pub fn update_row(optimizer: &RowOptimizer, row: RowSlices<'_>, grad: &[f32], sc
             let moments = row.first[..width]
                 .iter_mut()
                 .zip(row.second[..width].iter_mut());
-            // As the dense kernel's, never through a subnormal number.
+            // As the dense kernel's, moments kept out of the subnormals and
+            // none made from a gradient or a moment.
             for ((w, (m, v)), &g) in row.values.iter_mut().zip(moments).zip(grad) {
                 let g = zero_if_tiny(g) * scale;
                 *m = zero_if_tiny(b1 * *m + (1.0 - b1) * g);
@@ -86,6 +87,7 @@ pub fn initial_state(optimizer: &RowOptimizer) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::tests::subnormal;
     use ps_common::rng::SplitMix64;
 
     /// The same optimizers with every value and state kept in `f64`.
@@ -175,13 +177,13 @@ mod tests {
                 };
                 update_row(&optimizer, row, &grad, 0.5, t);
             }
-            let subnormal = |x: &f32| *x != 0.0 && !x.is_normal();
-            let state = first.iter().chain(&second);
-            assert!(
-                !state.clone().any(subnormal),
-                "{optimizer:?}: {:?}",
-                state.filter(|x| subnormal(x)).collect::<Vec<_>>()
-            );
+            let left: Vec<f32> = first
+                .iter()
+                .chain(&second)
+                .copied()
+                .filter(|&x| subnormal(x))
+                .collect();
+            assert!(left.is_empty(), "{optimizer:?}: {left:?}");
             assert!(values.iter().all(|w| w.is_normal()), "{optimizer:?}");
         }
     }
