@@ -12,20 +12,20 @@ use ps_proto::header::TensorHeader;
 use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use smallvec::SmallVec;
-use tokio::sync::watch;
 
+use crate::announced::Announced;
 use crate::budget::Charge;
 use crate::consistency::Admission;
 use crate::error::{Error, Result};
 use crate::param::{Group, KeyState, ParamSpec};
 use crate::step_waits::StepWaits;
 
-/// One stored key: its immutable spec, its state, and a channel announcing versions.
+/// One stored key: its immutable spec, its state, and its announced version.
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub(crate) spec: ParamSpec,
     pub(crate) state: Mutex<KeyState>,
-    pub(crate) version: watch::Sender<Version>,
+    pub(crate) version: Announced,
     /// The key's share of the memory budget, held for as long as the key.
     pub(crate) _charge: Charge,
 }
@@ -34,13 +34,7 @@ impl Entry {
     /// Tells waiting pulls about `version`; never lowers an announced version.
     /// Called with the key locked, so one key's announcements follow its updates.
     pub(crate) fn announce(&self, version: Version) {
-        self.version.send_if_modified(|announced| {
-            let newer = version > *announced;
-            if newer {
-                *announced = version;
-            }
-            newer
-        });
+        self.version.announce(version);
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, KeyState> {

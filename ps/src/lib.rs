@@ -16,6 +16,7 @@
 //! - [`group`]: worker ranks handed out by `JoinGroup`.
 //! - [`param`]: one key's state.
 //! - [`restore`]: a key's state from checkpoints or a worker's copy.
+//! - `announced`: the version a key or bucket announced, which pulls wait on.
 //! - [`entry`]: one stored key; a push applied to its keys, all or nothing.
 //! - [`store`]: all keys; all-or-nothing register and push, waiting pulls; the same for table rows.
 //! - [`table`]: embedding tables: specs, row initialisers, row optimizers, buckets.
@@ -42,6 +43,7 @@
 //! - [`fuzzing`]: entry points for the fuzzers and property tests.
 
 mod admission;
+mod announced;
 pub mod applied_map;
 pub mod budget;
 pub mod checkpoint;

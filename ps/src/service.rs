@@ -184,7 +184,7 @@ impl ParameterService {
         checked: bool,
     ) -> Result<Vec<Pushed>> {
         let bytes: usize = grads.iter().map(|(_, grad)| grad.byte_len()).sum();
-        let started = Instant::now();
+        let started = self.metrics.as_ref().map(|_| Instant::now());
         let push = move |store: &Store| match checked {
             true => store.push_checked(worker, step, grads),
             false => store.push(worker, step, grads),
@@ -199,7 +199,7 @@ impl ParameterService {
                 Err(_) => Err(Error::ShuttingDown),
             }
         };
-        if let (Some(metrics), Ok(_)) = (&self.metrics, &pushed) {
+        if let (Some(metrics), Some(started), Ok(_)) = (&self.metrics, started, &pushed) {
             metrics.pushed(bytes, started.elapsed());
         }
         pushed

@@ -15,10 +15,10 @@ use ps_proto::header::TensorHeader;
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_shm::arena::Arena;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::announced::Announced;
 use crate::applied_map::AppliedMap;
 use crate::budget::{Charge, MemoryBudget};
 use crate::entry::{Entry, apply_all, snapshot};
@@ -190,7 +190,7 @@ impl Store {
     /// training has come.
     pub fn max_version(&self) -> Version {
         let map = self.keys.read().unwrap_or_else(|p| p.into_inner());
-        let dense = map.values().map(|e| *e.version.borrow()).max();
+        let dense = map.values().map(|e| e.version.get()).max();
         dense.unwrap_or_default().max(self.max_bucket_version())
     }
 
@@ -551,8 +551,12 @@ impl Store {
         for entry in &entries {
             self.check_reachable(entry, min_version)?;
         }
-        let deadline = Instant::now() + timeout;
+        let mut deadline = None;
         for entry in &entries {
+            if entry.version.get() >= min_version {
+                continue;
+            }
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
             let wait = self.wait_for_version(entry, min_version, deadline, timeout);
             tokio::select! {
                 waited = wait => waited?,
@@ -575,7 +579,7 @@ impl Store {
     /// offers its newer copy instead of waiting out the timeout while the other
     /// workers wait for it.
     fn check_reachable(&self, entry: &Entry, wanted: Version) -> Result<()> {
-        let version = *entry.version.borrow();
+        let version = entry.version.get();
         let bsp = self.group().consistency == crate::consistency::Consistency::Bsp;
         if bsp && wanted.get() > version.get().saturating_add(1) {
             return Err(Error::PullAhead {
@@ -607,19 +611,13 @@ impl Store {
     /// `ShuttingDown`.
     pub(crate) async fn reached(
         &self,
-        versions: &watch::Sender<Version>,
+        versions: &Announced,
         wanted: Version,
         deadline: Instant,
     ) -> Result<bool> {
-        let mut versions = versions.subscribe();
-        let reached = tokio::select! {
-            reached = tokio::time::timeout_at(deadline, versions.wait_for(|v| *v >= wanted)) => reached,
-            () = self.shutdown.cancelled() => return Err(Error::ShuttingDown),
-        };
-        match reached {
-            Ok(Ok(_)) => Ok(true),
-            Ok(Err(_)) => Err(Error::ShuttingDown),
-            Err(_elapsed) => Ok(false),
+        tokio::select! {
+            reached = tokio::time::timeout_at(deadline, versions.reached(wanted)) => Ok(reached.is_ok()),
+            () = self.shutdown.cancelled() => Err(Error::ShuttingDown),
         }
     }
 
@@ -779,7 +777,7 @@ fn insert_or_refresh(
     let entry = Entry {
         state: Mutex::new(state),
         spec,
-        version: watch::Sender::new(version),
+        version: Announced::new(version),
         _charge: charge,
     };
     tracing::debug!(%key, spec = %entry.spec.describe(), %version, "registered");

@@ -229,10 +229,7 @@ impl Store {
     /// The highest version of any bucket (0 when none).
     pub(super) fn max_bucket_version(&self) -> Version {
         let buckets = self.tables.all().into_iter().flat_map(|t| t.all_buckets());
-        buckets
-            .map(|b| *b.version.borrow())
-            .max()
-            .unwrap_or_default()
+        buckets.map(|b| b.version.get()).max().unwrap_or_default()
     }
 
     /// Reads the rows of `blocks` from `table`, first waiting up to `timeout`
@@ -255,7 +252,7 @@ impl Store {
         let buckets = self.checked_buckets(&table, blocks, Blocks::Pull)?;
         let bsp = self.group().consistency == Consistency::Bsp;
         for bucket in &buckets {
-            let version = *bucket.version.borrow();
+            let version = bucket.version.get();
             if bsp && min_version.get() > version.get().saturating_add(1) {
                 return Err(Error::PullAhead {
                     key: bucket.key.clone(),
@@ -266,7 +263,7 @@ impl Store {
         }
         let deadline = Instant::now() + timeout;
         for bucket in &buckets {
-            if *bucket.version.borrow() >= min_version {
+            if bucket.version.get() >= min_version {
                 continue;
             }
             let reached = tokio::select! {

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use ps_proto::ids::{Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::rows::extend_rows;
-use tokio::sync::watch;
 
 use super::init::RowStarts;
 use super::row_optimizer::{RowSlices, initial_state, update_row};
 use super::spec::TableSpec;
+use crate::announced::Announced;
 use crate::budget::Charge;
 use crate::checkpoint::KeyCheckpoint;
 use crate::consistency::{Admission, Consistency, admit, group_clock};
@@ -34,13 +34,13 @@ type IdMap = HashMap<u64, u32, foldhash::fast::FixedState>;
 pub(crate) struct Bucket {
     pub(crate) key: ParamKey,
     pub(crate) state: Mutex<BucketState>,
-    pub(crate) version: watch::Sender<Version>,
+    pub(crate) version: Announced,
 }
 
 impl Bucket {
     /// A bucket named `key` holding `state`.
     pub(crate) fn new(key: ParamKey, state: BucketState) -> Self {
-        let (version, _) = watch::channel(state.version);
+        let version = Announced::new(state.version);
         Self {
             key,
             state: Mutex::new(state),
@@ -50,13 +50,7 @@ impl Bucket {
 
     /// Tells waiting pulls about `version`; never lowers an announced version.
     pub(crate) fn announce(&self, version: Version) {
-        self.version.send_if_modified(|announced| {
-            let newer = version > *announced;
-            if newer {
-                *announced = version;
-            }
-            newer
-        });
+        self.version.announce(version);
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, BucketState> {
