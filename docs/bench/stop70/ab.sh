@@ -1,0 +1,21 @@
+#!/bin/bash
+# Interleaved rounds of two builds: kv's 4 KiB rows at 1x1 and 2x2 (gRPC and
+# shared memory in one run) and ps-local's digits run at 300 epochs over each
+# data path. Usage: ab.sh OUT ROUNDS BASE_DIR NEW_DIR
+# (each DIR holds ps-microbench and ps-local).
+set -eu
+OUT=$1; ROUNDS=$2; BASE=$3; NEW=$4; FIRST=${5:-1}
+mkdir -p "$OUT"
+for r in $(seq "$FIRST" $((FIRST + ROUNDS - 1))); do
+  for build in base new; do
+    dir=$BASE; [ $build = new ] && dir=$NEW
+    for shape in 1 2; do
+      "$dir/ps-microbench" kv --servers $shape --workers $shape --sizes 4KiB --seconds 2 \
+        --data-path grpc,shm --json > "$OUT/kv-$build-${shape}x${shape}-r$r.json" 2>/dev/null
+    done
+    for path in grpc shm; do
+      "$dir/ps-local" --json --epochs 300 --data-path $path 2>/dev/null | tail -1 \
+        > "$OUT/pl-$build-$path-r$r.json"
+    done
+  done
+done

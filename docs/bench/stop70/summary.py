@@ -1,0 +1,39 @@
+"""Prints ab.sh's rows: kv's 4 KiB operations/s and p50 per build and shape,
+shm over gRPC, and ps-local's examples/s with its per-step split.
+Usage: python3 summary.py DIR"""
+import glob, json, os, re, statistics, sys
+from collections import defaultdict
+
+d = sys.argv[1]
+kv = defaultdict(list)
+for f in sorted(glob.glob(os.path.join(d, "kv-*.json"))):
+    build, shape, rnd = re.match(r"kv-(\w+)-(\dx\d)-r(\d+)", os.path.basename(f)).groups()
+    rows = [json.loads(l) for l in open(f) if l.strip()]
+    by = {(r["mode"], r["encoding"].split()[-1]): r for r in rows}
+    for op in ("push", "pull"):
+        s, g = by[(op, "shm")], by[(op, "f32")] if (op, "f32") in by else by[(op, "grpc")]
+        kv[(shape, op, build)].append(
+            f"{s['rpcs_per_sec']/1e3:.0f}k p50 {s['p50_us']:.0f} ({s['rpcs_per_sec']/g['rpcs_per_sec']:.2f}x gRPC {g['rpcs_per_sec']/1e3:.0f}k)")
+for key in sorted(kv):
+    print(*key, " | ".join(kv[key]))
+pl = defaultdict(list)
+for f in sorted(glob.glob(os.path.join(d, "pl-*.json"))):
+    build, path, rnd = re.match(r"pl-(\w+)-(\w+)-r(\d+)", os.path.basename(f)).groups()
+    j = json.load(open(f))
+    w = j["per_worker"][0]; n = w["steps"]
+    split = " ".join(f"{k} {v['seconds']/n*1e6:.0f}" for k, v in w["time_split"].items()
+                     if k in ("compute", "push", "wait", "pull"))
+    pl[(build, path, rnd)] = (j["examples_per_second"], split)
+for build in ("base", "new"):
+    for rnd in sorted({k[2] for k in pl}):
+        g, s = pl.get((build, "grpc", rnd)), pl.get((build, "shm", rnd))
+        if g and s:
+            print(f"ps-local {build} r{rnd}: shm {s[0]/1e3:.0f}k ({s[1]}) grpc {g[0]/1e3:.0f}k ({g[1]}) ratio {s[0]/g[0]:.2f}")
+# ps-local's extra rounds (plx-*): examples/s per build and path, and medians.
+for build in ("base", "new1"):
+    for path in ("shm", "grpc"):
+        v = [json.load(open(f))["examples_per_second"] / 1e3
+             for f in sorted(glob.glob(os.path.join(d, f"plx-{build}-{path}-r*.json")))]
+        if v:
+            print(f"ps-local x{len(v)} {build} {path}:", " ".join(f"{x:.0f}" for x in v),
+                  f"median {statistics.median(v):.0f}k")
