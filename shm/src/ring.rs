@@ -274,6 +274,9 @@ pub struct RingWriter {
     tail: u64,
     /// Words written and published.
     published: u64,
+    /// The reader's `head` as last read: a later one lower than this is
+    /// corrupt, not a smaller room to wait for.
+    head_seen: AtomicU64,
 }
 
 /// The reading end of a ring.
@@ -308,6 +311,7 @@ impl RingWriter {
             end,
             tail,
             published: tail,
+            head_seen: AtomicU64::new(0),
         }
     }
 
@@ -370,25 +374,27 @@ impl RingWriter {
     /// # Errors
     /// The reader's `head` is corrupt.
     pub(crate) fn free_words(&self) -> Result<u64, RingError> {
-        free_behind(&self.end, self.tail)
+        free_behind(&self.end, self.tail, &self.head_seen)
     }
 
     /// Free words, waiting (with what was written published) until there are some.
     async fn room(&mut self) -> Result<u64, RingError> {
-        let tail = self.tail;
-        let some = |end: &End| free_behind(end, tail).map(|free| Some(free).filter(|&f| f > 0));
-        if let Some(room) = some(&self.end)? {
+        if let Some(room) = Some(self.free_words()?).filter(|&f| f > 0) {
             return Ok(room);
         }
         self.flush();
+        let (tail, seen) = (self.tail, &self.head_seen);
+        let some =
+            |end: &End| free_behind(end, tail, seen).map(|free| Some(free).filter(|&f| f > 0));
         self.end
             .wait(self.end.layout.writer_waiting, || some(&self.end))
             .await
     }
 }
 
-/// The words free in `end`'s ring with its writer's tail at `tail`.
-fn free_behind(end: &End, tail: u64) -> Result<u64, RingError> {
+/// The words free in `end`'s ring with its writer's tail at `tail`, the
+/// reader's `head` having been at least `seen` before (and recorded there).
+fn free_behind(end: &End, tail: u64, seen: &AtomicU64) -> Result<u64, RingError> {
     let layout = end.layout;
     let head = end.word(layout.head).load(Ordering::Acquire);
     if head > tail || tail - head > layout.capacity {
@@ -396,6 +402,15 @@ fn free_behind(end: &End, tail: u64) -> Result<u64, RingError> {
             "the reader's head {head} is not within the ring behind the tail {tail}"
         )));
     }
+    // One writer reads and records it (a plain load and store: no locked
+    // instruction per write).
+    let before = seen.load(Ordering::Relaxed);
+    if head < before {
+        return Err(RingError::Corrupt(format!(
+            "the reader's head moved backward, from {before} to {head}"
+        )));
+    }
+    seen.store(head, Ordering::Relaxed);
     Ok(layout.capacity - (tail - head))
 }
 
@@ -605,4 +620,32 @@ pub fn in_process_on(
         ),
         RingReader::new(region, Direction::Answers, capacity, worker.answers),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader's head that moves backward, which no well-behaved reader
+    /// stores, is corrupt: taken as it is, it would shrink the room the
+    /// writer waits for, and stall the writer as long as it stayed there.
+    #[tokio::test]
+    async fn a_head_moved_backward_is_corrupt() {
+        let ring_bytes = crate::handshake::SMALLEST_RING_BYTES;
+        let (mut writer, mut reader, _, _) = in_process(ring_bytes).unwrap();
+        writer.write(&[7u8; 64]).await.unwrap();
+        writer.flush();
+        let mut read = [0u8; 64];
+        reader.read(&mut read).await.unwrap();
+        assert_eq!(writer.free_words().unwrap(), ring_bytes / 8);
+        let head = reader.end.layout.head;
+        reader.end.word(head).store(4, Ordering::Release);
+        let error = writer.free_words().unwrap_err();
+        assert!(
+            error.to_string().contains("moved backward, from 8 to 4"),
+            "{error}"
+        );
+        let error = writer.write(&[1u8; 8]).await.unwrap_err();
+        assert!(matches!(error, RingError::Corrupt(_)), "{error}");
+    }
 }
