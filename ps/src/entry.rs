@@ -1,5 +1,5 @@
-//! `Entry`: one stored key (its spec, its state behind its own lock, and the
-//! channel that announces its versions), and what a request does to a set of
+//! `Entry`: one stored key (its spec, its state behind its own lock, and its
+//! announced version, which pulls wait on), and what a request does to a set of
 //! entries: `apply_all` applies one push to its keys, all or nothing, and
 //! `snapshot` reads a key's values.
 

@@ -135,9 +135,8 @@ pub(crate) fn open(
 /// polled), runs each operation on `service`, and sends every answer to
 /// `answers`. It ends when `gone` says nobody takes answers any more (the
 /// client went away), once the requests end and every answer is handed to
-/// `answers`, at
-/// the first request that does not decode, or after `idle` with nothing in
-/// flight. `read_as` says how many bytes a pull's values may take (the
+/// `answers`, at the first request that does not decode, or after `idle`
+/// (at most twice that) with nothing sent or in flight. `read_as` says how many bytes a pull's values may take (the
 /// message limit on gRPC; none in shared memory) and which pushes were
 /// scanned for NaN and infinity as they were read.
 ///
@@ -446,5 +445,43 @@ mod tests {
             .await
             .expect("the session stopped once its answers had no reader")
             .expect("the session task ended cleanly");
+    }
+
+    /// A session busy for longer than its idle timeout is not ended; once it
+    /// falls quiet it is ended between one and two timeouts after its last
+    /// message.
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_session_ends_within_twice_its_idle_timeout_and_a_busy_one_never() {
+        let (service, _store) = crate::fuzzing::one_key_service();
+        let idle = Duration::from_secs(1);
+        let (send, requests) = mpsc::channel(1);
+        let (answers, mut answered) = mpsc::channel(1);
+        let serving = tokio::spawn(serve(
+            service,
+            Box::pin(tokio_stream::wrappers::ReceiverStream::new(requests)),
+            AnswerSink::stream(answers),
+            Some(idle),
+            Reading::grpc(1 << 20),
+        ));
+        for id in 0..10 {
+            tokio::time::sleep(idle * 2 / 5).await;
+            send.send(Ok(Ok(pull_of_w(id, 0, 0)))).await.unwrap();
+            let answer = answered
+                .recv()
+                .await
+                .expect("still open")
+                .expect("answered");
+            assert_eq!(answer.id, id, "busy for {:?}", idle * 4 * id as u32 / 10);
+        }
+        let quiet = tokio::time::Instant::now();
+        let ended = answered.recv().await.expect("the session says why it ends");
+        let after = quiet.elapsed();
+        assert_eq!(ended.unwrap_err().code(), Code::Cancelled);
+        assert!(
+            after >= idle && after <= idle * 2,
+            "ended {after:?} after its last message"
+        );
+        serving.await.expect("the session task ended cleanly");
+        drop(send);
     }
 }

@@ -551,12 +551,13 @@ impl Store {
         for entry in &entries {
             self.check_reachable(entry, min_version)?;
         }
-        let mut deadline = None;
+        // When every wait ends: set by the first key that has to wait.
+        let mut waits_end = None;
         for entry in &entries {
             if entry.version.get() >= min_version {
                 continue;
             }
-            let deadline = *deadline.get_or_insert_with(|| Instant::now() + timeout);
+            let deadline = *waits_end.get_or_insert_with(|| Instant::now() + timeout);
             let wait = self.wait_for_version(entry, min_version, deadline, timeout);
             tokio::select! {
                 waited = wait => waited?,

@@ -274,8 +274,8 @@ pub struct RingWriter {
     tail: u64,
     /// Words written and published.
     published: u64,
-    /// The reader's `head` as last read: a later one lower than this is
-    /// corrupt, not a smaller room to wait for.
+    /// A `head` the reader stored: a later one lower than this is corrupt,
+    /// not a smaller room to wait for.
     head_seen: AtomicU64,
 }
 
@@ -396,21 +396,24 @@ impl RingWriter {
 /// reader's `head` having been at least `seen` before (and recorded there).
 fn free_behind(end: &End, tail: u64, seen: &AtomicU64) -> Result<u64, RingError> {
     let layout = end.layout;
+    // Read before the head: whatever a caller recorded there, it had read
+    // before this read of the head, which cannot then find an older head from
+    // a well-behaved reader, however callers interleave.
+    let before = seen.load(Ordering::Acquire);
     let head = end.word(layout.head).load(Ordering::Acquire);
     if head > tail || tail - head > layout.capacity {
         return Err(RingError::Corrupt(format!(
             "the reader's head {head} is not within the ring behind the tail {tail}"
         )));
     }
-    // One writer reads and records it (a plain load and store: no locked
-    // instruction per write).
-    let before = seen.load(Ordering::Relaxed);
     if head < before {
         return Err(RingError::Corrupt(format!(
             "the reader's head moved backward, from {before} to {head}"
         )));
     }
-    seen.store(head, Ordering::Relaxed);
+    if head > before {
+        seen.store(head, Ordering::Release);
+    }
     Ok(layout.capacity - (tail - head))
 }
 

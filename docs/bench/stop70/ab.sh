@@ -1,8 +1,9 @@
 #!/bin/bash
 # Interleaved rounds of two builds: kv's 4 KiB rows at 1x1 and 2x2 (gRPC and
 # shared memory in one run) and ps-local's digits run at 300 epochs over each
-# data path. Usage: ab.sh OUT ROUNDS BASE_DIR NEW_DIR
-# (each DIR holds ps-microbench and ps-local).
+# data path. Usage: ab.sh OUT ROUNDS BASE_DIR NEW_DIR [FIRST_ROUND]
+# (rounds numbered from FIRST_ROUND, 1 by default; each DIR holds
+# ps-microbench, ps-server, ps-worker and ps-local).
 set -eu
 OUT=$1; ROUNDS=$2; BASE=$3; NEW=$4; FIRST=${5:-1}
 mkdir -p "$OUT"

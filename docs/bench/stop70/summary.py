@@ -1,5 +1,6 @@
 """Prints ab.sh's rows: kv's 4 KiB operations/s and p50 per build and shape,
-shm over gRPC, and ps-local's examples/s with its per-step split.
+shm over gRPC, and ps-local's examples/s with its per-step split; then
+plx.sh's extra ps-local rounds, and the medians over all ps-local rounds.
 Usage: python3 summary.py DIR"""
 import glob, json, os, re, statistics, sys
 from collections import defaultdict
@@ -37,3 +38,12 @@ for build in ("base", "new1"):
         if v:
             print(f"ps-local x{len(v)} {build} {path}:", " ".join(f"{x:.0f}" for x in v),
                   f"median {statistics.median(v):.0f}k")
+# All ps-local rounds of a build and path (ab.sh's pl-* and plx.sh's plx-*).
+for build, extra in (("base", "base"), ("new", "new1")):
+    for path in ("shm", "grpc"):
+        files = glob.glob(os.path.join(d, f"pl-{build}-{path}-r*.json"))
+        files += glob.glob(os.path.join(d, f"plx-{extra}-{path}-r*.json"))
+        v = [json.load(open(f))["examples_per_second"] / 1e3 for f in files]
+        if v:
+            print(f"ps-local all {len(v)} {build} {path}: median {statistics.median(v):.0f}k"
+                  f" ({min(v):.0f}-{max(v):.0f})")

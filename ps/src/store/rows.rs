@@ -261,11 +261,13 @@ impl Store {
                 });
             }
         }
-        let deadline = Instant::now() + timeout;
+        // When every wait ends: set by the first key that has to wait.
+        let mut waits_end = None;
         for bucket in &buckets {
             if bucket.version.get() >= min_version {
                 continue;
             }
+            let deadline = *waits_end.get_or_insert_with(|| Instant::now() + timeout);
             let reached = tokio::select! {
                 reached = self.reached(&bucket.version, min_version, deadline) => reached?,
                 () = self.map.moved_past(routed_by) => return Err(Error::StaleMap {

@@ -29,7 +29,7 @@ use crate::param::Group;
 type IdMap = HashMap<u64, u32, foldhash::fast::FixedState>;
 
 /// One stored bucket: its name as a key `(table, bucket)`, its state behind its
-/// own lock, and the channel that announces its versions.
+/// own lock, and its announced version, which pulls wait on.
 #[derive(Debug)]
 pub(crate) struct Bucket {
     pub(crate) key: ParamKey,
