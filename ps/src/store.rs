@@ -551,21 +551,12 @@ impl Store {
         for entry in &entries {
             self.check_reachable(entry, min_version)?;
         }
-        // When every wait ends: set by the first key that has to wait.
-        let mut waits_end = None;
-        for entry in &entries {
-            if entry.version.get() >= min_version {
-                continue;
-            }
-            let deadline = *waits_end.get_or_insert_with(|| Instant::now() + timeout);
-            let wait = self.wait_for_version(entry, min_version, deadline, timeout);
-            tokio::select! {
-                waited = wait => waited?,
-                () = self.map.moved_past(routed_by) => return Err(Error::StaleMap {
-                    requested: routed_by,
-                    current: self.map.current(),
-                }),
-            }
+        let version: fn(&Arc<Entry>) -> &Announced = |entry| &entry.version;
+        if let Some(late) = self
+            .wait_for_versions((&entries, version), min_version, timeout, routed_by)
+            .await?
+        {
+            return Err(self.timeout_error(&entries[late], min_version, timeout));
         }
         let pulled = entries.iter().map(|entry| snapshot(entry)).collect();
         self.counters.pulls.fetch_add(1, Ordering::Relaxed);
@@ -592,17 +583,39 @@ impl Store {
         Ok(())
     }
 
-    async fn wait_for_version(
+    /// Waits until the version of each of `items` (as `version` finds it)
+    /// announces `wanted` or later, all within one `timeout` from the first
+    /// that has to wait (one already there costs no wait and no clock read):
+    /// `None` when all did, else the index of the first that did not.
+    ///
+    /// # Errors
+    /// `StaleMap` when a shard map newer than `routed_by` is applied
+    /// meanwhile; `ShuttingDown`.
+    pub(crate) async fn wait_for_versions<T>(
         &self,
-        entry: &Entry,
+        (items, version): (&[T], fn(&T) -> &Announced),
         wanted: Version,
-        deadline: Instant,
         timeout: Duration,
-    ) -> Result<()> {
-        match self.reached(&entry.version, wanted, deadline).await? {
-            true => Ok(()),
-            false => Err(self.timeout_error(entry, wanted, timeout)),
+        routed_by: MapVersion,
+    ) -> Result<Option<usize>> {
+        let mut waits_end = None;
+        for (index, announced) in items.iter().map(version).enumerate() {
+            if announced.get() >= wanted {
+                continue;
+            }
+            let deadline = *waits_end.get_or_insert_with(|| Instant::now() + timeout);
+            let reached = tokio::select! {
+                reached = self.reached(announced, wanted, deadline) => reached?,
+                () = self.map.moved_past(routed_by) => return Err(Error::StaleMap {
+                    requested: routed_by,
+                    current: self.map.current(),
+                }),
+            };
+            if !reached {
+                return Ok(Some(index));
+            }
         }
+        Ok(None)
     }
 
     /// Waits until `versions` announces `wanted` or later (true) or `deadline`
@@ -610,7 +623,7 @@ impl Store {
     ///
     /// # Errors
     /// `ShuttingDown`.
-    pub(crate) async fn reached(
+    async fn reached(
         &self,
         versions: &Announced,
         wanted: Version,

@@ -13,9 +13,9 @@ use ps_proto::codec::{DType, first_non_finite};
 use ps_proto::ids::{MapVersion, Rank, Step, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::rows::{MAX_IDS_PER_REQUEST, bucket_of};
-use tokio::time::Instant;
 
 use super::Store;
+use crate::announced::Announced;
 use crate::consistency::{Admission, Consistency};
 use crate::error::{Error, Result};
 use crate::table::bucket::{Bucket, BucketState, PushedRows};
@@ -261,23 +261,12 @@ impl Store {
                 });
             }
         }
-        // When every wait ends: set by the first key that has to wait.
-        let mut waits_end = None;
-        for bucket in &buckets {
-            if bucket.version.get() >= min_version {
-                continue;
-            }
-            let deadline = *waits_end.get_or_insert_with(|| Instant::now() + timeout);
-            let reached = tokio::select! {
-                reached = self.reached(&bucket.version, min_version, deadline) => reached?,
-                () = self.map.moved_past(routed_by) => return Err(Error::StaleMap {
-                    requested: routed_by,
-                    current: self.map.current(),
-                }),
-            };
-            if !reached {
-                return Err(self.bucket_timeout(bucket, min_version, timeout));
-            }
+        let version: fn(&Arc<Bucket>) -> &Announced = |bucket| &bucket.version;
+        if let Some(late) = self
+            .wait_for_versions((&buckets, version), min_version, timeout, routed_by)
+            .await?
+        {
+            return Err(self.bucket_timeout(&buckets[late], min_version, timeout));
         }
         let ids: usize = blocks.iter().map(|block| block.ids.len()).sum();
         let mut rows = Vec::with_capacity(ids * table.spec.width * 4);

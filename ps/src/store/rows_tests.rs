@@ -252,6 +252,26 @@ async fn a_row_never_pushed_reads_as_it_starts_and_pulls_wait_for_the_step() {
         )
         .await;
     assert!(matches!(ahead, Err(Error::PullAhead { .. })));
+    let late = store
+        .pull_rows(
+            "emb",
+            &[pull_block(0, &ids)],
+            Version(2),
+            Duration::from_millis(20),
+            MapVersion(0),
+        )
+        .await;
+    assert!(
+        matches!(
+            late,
+            Err(Error::PullTimeout {
+                wanted: Version(2),
+                have: Version(1),
+                ..
+            })
+        ),
+        "{late:?}"
+    );
 }
 
 #[tokio::test]
