@@ -5,6 +5,7 @@
 # (rounds numbered from FIRST_ROUND, 1 by default; each DIR holds
 # ps-microbench, ps-server, ps-worker and ps-local).
 set -eu
+source "$(dirname "$0")/rounds.sh"
 OUT=$1; ROUNDS=$2; BASE=$3; NEW=$4; FIRST=${5:-1}
 mkdir -p "$OUT"
 for r in $(seq "$FIRST" $((FIRST + ROUNDS - 1))); do
@@ -14,9 +15,6 @@ for r in $(seq "$FIRST" $((FIRST + ROUNDS - 1))); do
       "$dir/ps-microbench" kv --servers $shape --workers $shape --sizes 4KiB --seconds 2 \
         --data-path grpc,shm --json > "$OUT/kv-$build-${shape}x${shape}-r$r.json" 2>/dev/null
     done
-    for path in grpc shm; do
-      "$dir/ps-local" --json --epochs 300 --data-path $path 2>/dev/null | tail -1 \
-        > "$OUT/pl-$build-$path-r$r.json"
-    done
+    ps_local_round "$dir" $build $r "$OUT" pl
   done
 done

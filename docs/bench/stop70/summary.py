@@ -17,6 +17,22 @@ for f in sorted(glob.glob(os.path.join(d, "kv-*.json"))):
             f"{s['rpcs_per_sec']/1e3:.0f}k p50 {s['p50_us']:.0f} ({s['rpcs_per_sec']/g['rpcs_per_sec']:.2f}x gRPC {g['rpcs_per_sec']/1e3:.0f}k)")
 for key in sorted(kv):
     print(*key, " | ".join(kv[key]))
+# Shared memory's 4 KiB rows against the floors of the same run: raw TCP's
+# bytes/s, and the rings' own round trips (their rate, and their p50 for pushes).
+floors = defaultdict(list)
+for f in sorted(glob.glob(os.path.join(d, "kv-*.json"))):
+    build, shape = re.match(r"kv-(\w+)-(\dx\d)", os.path.basename(f)).groups()
+    for r in (json.loads(l) for l in open(f) if l.strip()):
+        if r["encoding"].endswith("shm"):
+            floors[(shape, r["mode"], build)].append(r)
+def spread(rows, field, where=lambda r: r["servers"]):
+    v = [where(r)[field] for r in rows if where(r).get(field) is not None]
+    return f"{min(v):.2f}-{max(v):.2f}" if v else "-"
+for key in sorted(floors):
+    rows = floors[key]
+    print(*key, "floors: x raw TCP", spread(rows, "ratio_vs_tcp", lambda r: r),
+          "x round trips/s", spread(rows, "ops_vs_round_trips"),
+          "p50 x round trip", spread(rows, "p50_vs_round_trip"))
 pl = defaultdict(list)
 for f in sorted(glob.glob(os.path.join(d, "pl-*.json"))):
     build, path, rnd = re.match(r"pl-(\w+)-(\w+)-r(\d+)", os.path.basename(f)).groups()
