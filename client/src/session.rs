@@ -217,17 +217,17 @@ impl SessionLink {
                 // An answer before the request is written whole can only be
                 // the session's end, and an ended session writes nothing
                 // more (`ps_shm::caller`): the server never had the request.
-                // A lone request writes itself; one sent while others are in
-                // flight goes to the writer task, which writes them in turn.
-                let alone = reading.is_some();
+                // A lone request writes itself, reading meanwhile the
+                // answers nobody waits for (`OwnReading::while_writing`);
+                // one sent while others are in flight goes to the writer
+                // task, which writes them in turn.
                 let sent = tokio::select! {
                     biased;
                     _ = &mut answer => return Err(self.not_sent(id)),
                     sent = async {
-                        if alone {
-                            requests.send(request).await
-                        } else {
-                            requests.queue(request).await.map(Sent::Queued)
+                        match &reading {
+                            Some(reading) => reading.while_writing(requests.send(request)).await,
+                            None => requests.queue(request).await.map(Sent::Queued),
                         }
                     } => sent,
                 };

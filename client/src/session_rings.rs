@@ -54,6 +54,35 @@ impl<'a> OwnReading<'a> {
         Some(Self { waiting, answers })
     }
 
+    /// Waits for `write`, this request's own write, reading meanwhile the
+    /// answers that come: none can be this request's, nor another's that
+    /// waits (those are written after it), so they are answers nobody waits
+    /// for, to requests given up midway through their writes. A server that
+    /// holds a session's answers while they wait for room stops reading its
+    /// requests once it holds [`ps_shm::serving::ANSWERS_QUEUED`]; a request
+    /// larger than the ring's free space, waiting for room without reading,
+    /// would then wait for the server, and the server for it.
+    ///
+    /// When a read fails, the session has ended, and every request waiting
+    /// fails with it, this one included.
+    pub(super) async fn while_writing<T>(&self, write: impl Future<Output = T>) -> T {
+        let mut write = std::pin::pin!(write);
+        loop {
+            let reader = tokio::select! {
+                biased;
+                written = &mut write => return written,
+                reader = self.answers.lock_answered() => reader,
+            };
+            match reader.next().await {
+                Ok((answer, _)) => hand_over(self.waiting, answer),
+                Err(error) => {
+                    end(self.waiting, broken(&error));
+                    return write.await;
+                }
+            }
+        }
+    }
+
     /// Reads answers, handing each to the request it belongs to, until the
     /// one `mine` is the slot of comes (or the session ends).
     pub(super) async fn answer(

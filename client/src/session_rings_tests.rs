@@ -4,9 +4,10 @@
 //! lent to others included, whether the request reading the ring hands them
 //! over or, once its own answer came, a task does; a request given up while
 //! it read the ring leaves the session to the others; a session whose
-//! server went fails what waits and sends nothing more; and requests it
-//! never had whole (one written in part, one still queued) are not sent,
-//! so they may go again.
+//! server went fails what waits and sends nothing more; requests it never
+//! had whole (one written in part, one still queued) are not sent, so they
+//! may go again; and a request waiting for room on the request ring reads
+//! the answers nobody waits for, which the server may wait on.
 
 use std::sync::Arc;
 
@@ -76,6 +77,24 @@ fn answer_to(request: &v1::SessionRequest) -> v1::SessionAnswer {
         })),
         pull_waited_us: 0,
     }
+}
+
+/// A push of 200 KB of gradients: more than a 64 KiB ring holds, so its
+/// write waits for the server to read.
+fn large_push() -> Op {
+    let gradient = v1::Tensor {
+        name: "w".into(),
+        part: 0,
+        dtype: v1::DType::DtypeF32 as i32,
+        shape: vec![50_000],
+        data: Bytes::from(vec![1u8; 200_000]),
+    };
+    Op::Push(v1::PushRequest {
+        worker_id: 1,
+        step: 1,
+        map_version: 0,
+        grads: vec![gradient],
+    })
 }
 
 /// Checks that `outcome` answers request `n`.
@@ -216,19 +235,7 @@ async fn requests_the_server_never_had_whole_when_it_went_are_not_sent() {
     // 200 KB through a 64 KiB ring nobody reads: the push writes itself
     // and waits for room; a pull sent meanwhile waits in the writer task's
     // queue.
-    let gradient = v1::Tensor {
-        name: "w".into(),
-        part: 0,
-        dtype: v1::DType::DtypeF32 as i32,
-        shape: vec![50_000],
-        data: Bytes::from(vec![1u8; 200_000]),
-    };
-    let large = Op::Push(v1::PushRequest {
-        worker_id: 1,
-        step: 1,
-        map_version: 0,
-        grads: vec![gradient],
-    });
+    let large = large_push();
     let call = |op| {
         let link = Arc::clone(&link);
         tokio::spawn(async move { link.call(op).await })
@@ -253,4 +260,48 @@ async fn requests_the_server_never_had_whole_when_it_went_are_not_sent() {
         Err(CallError::NotSent(status)) => assert_eq!(status.code(), Code::Unavailable),
         other => panic!("a request never written counts as sent: {other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_room_reads_the_answers_nobody_waits_for() {
+    let (link, mut serving) = linked().await;
+    // Answers to requests this link never had in flight (as those given up
+    // midway through their writes are), large ones among them: they fill
+    // the answer ring and then the answer task's queue, and the server,
+    // like a session's loop, reads the next request only once they are all
+    // handed over, which takes the worker reading them.
+    let nobodys = 2 * ps_shm::serving::ANSWERS_QUEUED as u64;
+    let server = tokio::spawn(async move {
+        for n in 0..nobodys {
+            let request = v1::SessionRequest {
+                id: 1_000 + n,
+                deadline_ms: 0,
+                op: Some(pull(n)),
+            };
+            serving.answers.send(Ok(answer_to(&request))).await.unwrap();
+        }
+        let request = serving.requests.next().await.unwrap().unwrap().unwrap();
+        assert!(matches!(request.op, Some(Op::Push(_))), "{request:?}");
+        let pushed = v1::SessionAnswer {
+            id: request.id,
+            outcome: Some(Outcome::Push(v1::PushResponse::default())),
+            pull_waited_us: 0,
+        };
+        serving.answers.send(Ok(pushed)).await.unwrap();
+        serving
+    });
+    // Larger than the request ring: its write waits for the server.
+    let (outcome, _) = within(link.call(large_push())).await.unwrap();
+    assert!(matches!(outcome, Outcome::Push(_)), "{outcome:?}");
+    let mut serving = within(server).await.unwrap();
+    assert!(!link.has_ended());
+    // The session goes on: the next request is answered.
+    let next = tokio::spawn({
+        let link = Arc::clone(&link);
+        async move { link.call(pull(3)).await }
+    });
+    let request = serving.requests.next().await.unwrap().unwrap().unwrap();
+    serving.answers.send(Ok(answer_to(&request))).await.unwrap();
+    let (outcome, _) = within(next).await.unwrap().unwrap();
+    assert_answers(3, &outcome);
 }

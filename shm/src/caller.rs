@@ -377,6 +377,19 @@ impl AnswerRing {
             reading: Arc::clone(&self.reading).lock_owned().await,
         }
     }
+
+    /// [`AnswerRing::lock`], once an answer is on the ring to be read (or
+    /// the ring failed, which the read then meets): reading it whole waits
+    /// only when it is larger than the ring. Dropped before it returns, it
+    /// has read nothing.
+    pub async fn lock_answered(&self) -> AnswerReader {
+        let mut reader = self.lock().await;
+        let reading = &mut *reader.reading;
+        if reading.catch_up().await.is_ok() {
+            let _ = wait_whole(&reading.ring, LEND_AT_BYTES).await;
+        }
+        reader
+    }
 }
 
 /// The answer ring, held by one request.

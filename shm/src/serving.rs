@@ -287,10 +287,9 @@ fn non_finite(header: &TensorHeader) -> Mark {
 /// and every answer after it until the ring has caught up, is handed to the
 /// session's answer task, which writes them in order as the worker frees
 /// room: the session goes on reading requests meanwhile, until the task
-/// holds [`ANSWERS_QUEUED`]. (Were the session to wait for room itself, an
-/// answer larger than the free space, to a request the worker gave up,
-/// would never be read: the worker reads answers only once its next request
-/// is written, and that request would wait for a session reading nothing.)
+/// holds [`ANSWERS_QUEUED`]. (A session that waited for room itself would
+/// leave the requests behind an answer larger than the free space unread
+/// until the worker read that answer.)
 ///
 /// Dropped, it stops the answer task, with whatever it still held unwritten.
 pub struct Answers {
@@ -315,9 +314,10 @@ struct AnswerWriting {
 
 /// Answers the answer task may hold before the session waits for it. A
 /// bound, so that a worker that never reads its answers cannot make the
-/// server hold an unbounded number; a worker that gives up more requests
-/// than this in a row while it writes one larger than the request ring's
-/// free space waits for the session's idle timeout.
+/// server hold an unbounded number. A worker's request waiting for room on
+/// the request ring reads the answers that come meanwhile, those to
+/// requests it gave up included, so a session waiting here is not left
+/// waiting for a worker that waits for it.
 pub const ANSWERS_QUEUED: usize = 64;
 
 /// No more answers go on a session: it ended, saying why.

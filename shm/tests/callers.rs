@@ -1,8 +1,8 @@
 //! The worker's rings driven by requests themselves ([`ps_shm::caller`]):
 //! a request's future dropped at any await leaves the session as it was.
 //! A write cut off midway is finished by the writer task or the next write;
-//! a read waits until an answer below `LEND_AT_BYTES` is whole before it
-//! reads it. Only a read of an answer larger than the ring can be
+//! a read, or a lock for an answer (`AnswerRing::lock_answered`), waits
+//! until an answer below `LEND_AT_BYTES` is whole before it reads it. Only a read of an answer larger than the ring can be
 //! cut off midway: that breaks the session, whose next reader gets an
 //! error, and the session closes, so the server ends its side too.
 
@@ -175,6 +175,28 @@ async fn a_read_cut_off_while_its_answer_was_half_written_leaves_the_session_as_
         assert_eq!(read.message, whole, "message {seq} read whole");
         assert!(still.is_some(), "a small answer gives the ring back");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_for_an_answer_returns_once_one_is_whole_and_cut_off_before_reads_nothing() {
+    let (mut server, worker) = ends().await;
+    let (_requests, answers, _closed) = worker_rings(worker, u64::MAX);
+    let waiting = answers.lock_answered().now_or_never();
+    assert!(waiting.is_none(), "nothing is on the ring");
+    let whole = pulled(1, 20_000);
+    let bytes = as_written(1, &whole);
+    let (first, rest) = bytes.split_at(bytes.len() / 16 * 8);
+    publish(&mut server, first).await;
+    let waiting = answers.lock_answered().now_or_never();
+    assert!(waiting.is_none(), "half an answer is on the ring");
+    publish(&mut server, rest).await;
+    let reader = within(answers.lock_answered()).await;
+    // The locks cut off read nothing, and the answer is whole: reading it
+    // does not wait.
+    let read = reader.next().now_or_never().expect("the read waited");
+    let (read, still) = read.unwrap();
+    assert_eq!(read.message, whole);
+    assert!(still.is_some(), "a small answer gives the ring back");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
