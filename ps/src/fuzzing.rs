@@ -191,14 +191,33 @@ pub fn w_spec() -> v1::ParameterSpec {
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
-        .enable_time()
+        .enable_all()
         .build()
         .expect("a current-thread runtime")
 }
 
+#[path = "fuzzing_shared_memory.rs"]
+mod shared_memory;
+pub use shared_memory::{shared_memory_push, shared_memory_session};
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_well_formed_push_over_shared_memory_is_answered_and_words_that_are_no_message_are_not() {
+        assert_eq!(shared_memory_session(&shared_memory_push([0.5; 4])), 1);
+        // A sizes word claiming a header of 4 GiB, then its sequence number.
+        let mut lying = vec![0u8];
+        lying.extend_from_slice(&u64::from(u32::MAX).to_le_bytes());
+        lying.extend_from_slice(&1u64.to_le_bytes());
+        assert_eq!(shared_memory_session(&lying), 0);
+        // A message out of sequence: an empty header, numbered 2.
+        let mut skipped = vec![0u8];
+        skipped.extend_from_slice(&0u64.to_le_bytes());
+        skipped.extend_from_slice(&2u64.to_le_bytes());
+        assert_eq!(shared_memory_session(&skipped), 0);
+    }
 
     #[test]
     fn well_formed_row_requests_are_answered_and_garbage_is_refused() {

@@ -128,7 +128,7 @@ pub(crate) async fn accept(
 }
 
 /// Serves one admitted session until it ends.
-async fn serve(
+pub(crate) async fn serve(
     end: ps_shm::handshake::ServerEnd,
     service: ParameterService,
     pool: BufferPool,

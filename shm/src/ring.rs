@@ -369,6 +369,14 @@ impl RingWriter {
         }
     }
 
+    /// Whether the reader sleeps on its bell: it found nothing more to read
+    /// in what was published, spun, and no write has been published since.
+    /// A peer that reads as it should then waits for this writer alone.
+    pub fn reader_sleeps(&self) -> bool {
+        let word = self.end.word(self.end.layout.reader_waiting);
+        word.load(Ordering::SeqCst) != 0
+    }
+
     /// The words free now: a write of up to this many never waits.
     ///
     /// # Errors
@@ -650,5 +658,25 @@ mod tests {
         );
         let error = writer.write(&[1u8; 8]).await.unwrap_err();
         assert!(matches!(error, RingError::Corrupt(_)), "{error}");
+    }
+
+    /// A reader with nothing to read sleeps once it has spun, which its
+    /// writer sees; the writer's next publish wakes it and says so.
+    #[tokio::test]
+    async fn a_writer_sees_its_reader_sleep_until_it_publishes() {
+        let ring_bytes = crate::handshake::SMALLEST_RING_BYTES;
+        let (mut writer, mut reader, _, _) = in_process(ring_bytes).unwrap();
+        assert!(!writer.reader_sleeps(), "nobody has waited yet");
+        let reading = tokio::spawn(async move {
+            let mut read = [0u8; 8];
+            reader.read(&mut read).await.map(|()| read)
+        });
+        while !writer.reader_sleeps() {
+            tokio::task::yield_now().await;
+        }
+        writer.write(&[9u8; 8]).await.unwrap();
+        writer.flush();
+        assert!(!writer.reader_sleeps(), "the publish rang the reader");
+        assert_eq!(reading.await.unwrap().unwrap(), [9u8; 8]);
     }
 }

@@ -1,0 +1,183 @@
+//! [`shared_memory_session`]: whatever a worker on this host writes onto its
+//! shared-memory session's request ring, read and served by the server's own
+//! session loop over a real region. The worker is another process, and the
+//! ring is memory it writes as it likes: words that are no message, a
+//! message whose lengths lie, one cut short, one out of sequence.
+
+use bytes::Bytes;
+use prost::Message;
+use ps_proto::v1;
+use ps_shm::handshake::{WorkerEnd, in_process_ends};
+use ps_shm::message::{read_message, write_message};
+use ps_shm::pool::BufferPool;
+use ps_shm::ring::RingWriter;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{one_key_service, runtime};
+
+/// The bytes each of the session's rings holds.
+const RING_BYTES: u64 = 64 << 10;
+
+/// The most raw bytes written: less than the request ring holds, so that
+/// writing them never waits for the server.
+const RAW_BYTES: usize = 60 << 10;
+
+/// How long the session may take to end once its worker has gone.
+const ENDS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `data` written onto a shared-memory session's request ring: with its
+/// first byte even, the rest as it is (up to 60 KiB, padded to whole
+/// words); odd, the rest decoded as a `SessionRequest` and written as the
+/// session's first message, well formed, its tensors' bytes as its
+/// payloads. The server's session loop (`crate::shared_memory::serve`)
+/// serves it on a fresh server holding `w`, and the worker reads the
+/// answers until the server waits for more words or has ended the session;
+/// then the worker goes.
+///
+/// The session must then end, the server keep `w`, and whatever the
+/// requests charged to the memory budget be given back. Returns the answers
+/// the server wrote.
+///
+/// # Panics
+/// When the server broke one of those promises, or panicked itself.
+pub fn shared_memory_session(data: &[u8]) -> usize {
+    let Some((&kind, rest)) = data.split_first() else {
+        return 0;
+    };
+    let request = match kind % 2 {
+        0 => None,
+        _ => match v1::SessionRequest::decode(rest) {
+            Ok(request) => Some(request),
+            Err(_) => return 0,
+        },
+    };
+    runtime().block_on(async move {
+        let (service, store) = one_key_service();
+        let held_before = store.budget().held();
+        let (server, worker, _) = in_process_ends(RING_BYTES)
+            .await
+            .expect("this process makes a region for itself");
+        let mut serving = tokio::spawn(crate::shared_memory::serve(
+            server,
+            service,
+            BufferPool::new(),
+            CancellationToken::new(),
+        ));
+        let WorkerEnd {
+            mut requests,
+            mut answers,
+            socket,
+            arena: _,
+        } = worker;
+        let written = async {
+            match request {
+                Some(request) => {
+                    let _ = write_message(&mut requests, 1, request).await;
+                }
+                None => {
+                    let mut raw = rest[..rest.len().min(RAW_BYTES)].to_vec();
+                    raw.resize(raw.len().next_multiple_of(8), 0);
+                    let _ = requests.write(&raw).await;
+                }
+            }
+            requests.flush();
+        };
+        // A message larger than the ring is written only as the server reads
+        // it, which it stops doing when it ends the session.
+        let mut ended = tokio::select! {
+            () = written => false,
+            served = &mut serving => {
+                rethrow(served);
+                true
+            }
+        };
+        let pool = BufferPool::new();
+        let mut answered = 0;
+        while !ended {
+            tokio::select! {
+                biased;
+                served = &mut serving => {
+                    rethrow(served);
+                    ended = true;
+                }
+                answer = read_message::<v1::SessionAnswer>(&mut answers, answered as u64 + 1, u64::MAX, &pool) => {
+                    match answer {
+                        Ok(_) => answered += 1,
+                        Err(error) => panic!("the server wrote a malformed answer: {error}"),
+                    }
+                }
+                () = reader_sleeps(&requests) => break,
+            }
+        }
+        drop((requests, answers, socket));
+        if !ended {
+            ends_in_time(serving).await;
+        }
+        let stats = store.stats();
+        assert!(
+            stats.keys.iter().any(|k| k.spec.header.key.name == "w"),
+            "w is kept"
+        );
+        assert_eq!(
+            store.budget().held(),
+            held_before,
+            "the session gave back what its requests charged"
+        );
+        answered
+    })
+}
+
+/// Waits until the server's reader sleeps, wanting more words than the ring
+/// holds.
+async fn reader_sleeps(requests: &RingWriter) {
+    while !requests.reader_sleeps() {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Waits for the session to end now that its worker has gone.
+///
+/// # Panics
+/// When it does not within [`ENDS_WITHIN`], or it panicked.
+async fn ends_in_time(serving: JoinHandle<()>) {
+    match tokio::time::timeout(ENDS_WITHIN, serving).await {
+        Ok(served) => rethrow(served),
+        Err(_) => panic!("the session did not end within {ENDS_WITHIN:?} of its worker going"),
+    }
+}
+
+/// Panics again with the panic that ended the session, if one did.
+fn rethrow(served: Result<(), tokio::task::JoinError>) {
+    if let Err(error) = served
+        && error.is_panic()
+    {
+        std::panic::resume_unwind(error.into_panic());
+    }
+}
+
+/// A well-formed first message for [`shared_memory_session`]: worker 1's
+/// step-0 push of `grad` to `w`, as its input bytes (an odd first byte, then
+/// the request).
+pub fn shared_memory_push(grad: [f32; 4]) -> Vec<u8> {
+    let data: Vec<u8> = grad.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let request = v1::SessionRequest {
+        id: 1,
+        deadline_ms: 0,
+        op: Some(v1::session_request::Op::Push(v1::PushRequest {
+            worker_id: 1,
+            step: 0,
+            map_version: 0,
+            grads: vec![v1::Tensor {
+                name: "w".into(),
+                part: 0,
+                dtype: v1::DType::DtypeF32 as i32,
+                shape: vec![4],
+                data: Bytes::from(data),
+            }],
+        })),
+    };
+    let mut input = vec![1];
+    request.encode(&mut input).expect("a Vec grows as needed");
+    input
+}
