@@ -32,12 +32,15 @@
 //!   once, straight into its own memory.
 //! - [`pool`]: reused buffers for the payloads a reader copies out.
 //! - [`mode`]: `--data-path auto|grpc|shm`.
+//! - [`fuzzing`]: entry points for the fuzzers and property tests of the
+//!   worker's reading of what its server wrote.
 
 pub mod arena;
 pub mod bell;
 pub mod cache_size;
 pub mod caller;
 pub mod copy;
+pub mod fuzzing;
 pub mod handshake;
 pub mod lending;
 pub mod lent;

@@ -1,0 +1,113 @@
+//! Entry points for the fuzzers (`fuzz/`) and the property tests on the
+//! worker's side of a session: [`answers`] puts whatever a server could write
+//! onto a session's answer ring there and reads it as a worker does. The
+//! server is another process: a worker must refuse what it wrote wrong (a
+//! length that lies, an arena offset past the arena, a message out of
+//! sequence), never panic on it, and never read past the memory it was
+//! given (a read past the arena's mapping would fault, which the fuzzer
+//! reports as a crash).
+
+use futures::FutureExt;
+use ps_proto::v1;
+
+use crate::arena::Arena;
+use crate::handshake::in_process_ends_with;
+use crate::ring::RingWriter;
+use crate::worker_rings;
+
+/// The bytes each of the session's rings holds.
+const RING_BYTES: u64 = 64 << 10;
+
+/// The most bytes written: less than the answer ring holds, so that writing
+/// them never waits for the worker.
+const RAW_BYTES: usize = 60 << 10;
+
+/// The bytes of the server's values arena, whose first 64 KiB hold values,
+/// so that an answer may name payloads in it, rightly or not.
+const ARENA_BYTES: u64 = 1 << 20;
+
+/// The most bytes of tensors an answer may carry, as a worker's limit.
+const PAYLOAD_LIMIT: u64 = 4 << 20;
+
+/// `data` (up to 60 KiB, padded to whole words) written onto a session's
+/// answer ring by its server, which hands the worker a values arena, and
+/// read by the worker's side (`crate::caller`) answer after answer, each
+/// with its lent payloads read whole, until one is refused or the worker
+/// waits for words that never come. Returns the answers read whole.
+///
+/// # Panics
+/// Only where this process cannot make a region, or the worker's side
+/// panicked on what it read.
+pub fn answers(data: &[u8]) -> usize {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime");
+    runtime.block_on(async {
+        let arena = Arena::create(ARENA_BYTES).expect("this process makes an arena");
+        let _values = arena.block(&vec![1.5f32; 16 << 10]);
+        let (mut server, worker, _) = in_process_ends_with(RING_BYTES, Some(arena))
+            .await
+            .expect("this process makes a region for itself");
+        let (_requests, answers, _closed) = worker_rings(worker, PAYLOAD_LIMIT);
+        let mut raw = data[..data.len().min(RAW_BYTES)].to_vec();
+        raw.resize(raw.len().next_multiple_of(8), 0);
+        server
+            .answers
+            .write(&raw)
+            .await
+            .expect("60 KiB fit the ring");
+        server.answers.flush();
+        let mut read = 0;
+        loop {
+            let next = async {
+                let (answer, _) = answers.lock().await.next().await.ok()?;
+                answer.into_whole().await.ok()
+            };
+            let answer: Option<v1::SessionAnswer> = tokio::select! {
+                answer = next => answer,
+                () = reader_sleeps(&server.answers) => None,
+            };
+            if answer.is_none() {
+                return read;
+            }
+            read += 1;
+        }
+    })
+}
+
+/// Waits until the worker's reader sleeps, wanting words the ring does not
+/// hold.
+async fn reader_sleeps(answers: &RingWriter) {
+    while !answers.reader_sleeps() {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// `answers` as their server writes them onto the ring, each as message 1, 2
+/// and so on: the input [`answers`] reads back whole.
+///
+/// # Panics
+/// When the answers do not fit 60 KiB.
+pub fn written(answers: Vec<v1::SessionAnswer>) -> Vec<u8> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime");
+    runtime.block_on(async {
+        let (mut writer, mut reader, _, _) =
+            crate::ring::in_process(RING_BYTES).expect("this process makes a region");
+        for (seq, answer) in (1..).zip(answers) {
+            crate::message::write_message(&mut writer, seq, answer)
+                .await
+                .expect("the answers fit the ring");
+        }
+        writer.flush();
+        let mut bytes = Vec::new();
+        while let Some(Ok(word)) = reader.read_word().now_or_never() {
+            bytes.extend_from_slice(&word.to_le_bytes());
+        }
+        assert!(bytes.len() <= RAW_BYTES, "the answers fit 60 KiB");
+        bytes
+    })
+}
