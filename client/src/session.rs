@@ -214,16 +214,18 @@ impl SessionLink {
                     id,
                     armed: true,
                 };
-                // An answer before the request is written whole can only be
-                // the session's end, and an ended session writes nothing
-                // more (`ps_shm::caller`): the server never had the request.
-                // A lone request writes itself, reading meanwhile the
-                // answers nobody waits for (`OwnReading::while_writing`);
-                // one sent while others are in flight goes to the writer
-                // task, which writes them in turn.
+                // Before the request is written whole, its slot can only be
+                // filled by the session's end, and an ended session writes
+                // nothing more (`ps_shm::caller`): the server never had the
+                // request. (An answer then is a server's error:
+                // `answered_unwritten`.) A lone request writes itself,
+                // reading meanwhile the answers that come
+                // (`OwnReading::while_writing`); one sent while others are
+                // in flight goes to the writer task, which writes them in
+                // turn.
                 let sent = tokio::select! {
                     biased;
-                    _ = &mut answer => return Err(self.not_sent(id)),
+                    answered = &mut answer => return Err(self.answered_unwritten(id, answered)),
                     sent = async {
                         match &reading {
                             Some(reading) => reading.while_writing(requests.send(request)).await,
@@ -254,6 +256,28 @@ impl SessionLink {
             }
         };
         answered.map_err(CallError::Failed)
+    }
+
+    /// What came of request `id` when its slot was filled before the request
+    /// was written whole: the session's end (it never went out whole, so it
+    /// may go again), or an answer, which a server can only make once it has
+    /// read the request whole. Such an answer ends the session as broken, and
+    /// the request fails rather than go again: the rest of it is still
+    /// written, so the server may have it.
+    fn answered_unwritten(
+        &self,
+        id: u64,
+        answered: Result<Result<Answer, Status>, oneshot::error::RecvError>,
+    ) -> CallError {
+        if let Ok(Ok(_)) = answered {
+            let why = Status::internal(format!(
+                "the server answered request {id} before it was written whole; \
+                 the shared-memory session is ended"
+            ));
+            end(&self.waiting, why.clone());
+            return CallError::Failed(why);
+        }
+        self.not_sent(id)
     }
 
     /// Takes request `id` out of the waiting ones: it never went out whole,

@@ -6,8 +6,11 @@
 //! it read the ring leaves the session to the others; a session whose
 //! server went fails what waits and sends nothing more; requests it never
 //! had whole (one written in part, one still queued) are not sent, so they
-//! may go again; and a request waiting for room on the request ring reads
-//! the answers nobody waits for, which the server may wait on.
+//! may go again; a request waiting for room on the request ring reads the
+//! answers nobody waits for, which the server may wait on, and given up
+//! while it reads them leaves the session whole; and an answer to a
+//! request not yet written whole, which only a broken server sends, ends
+//! the session.
 
 use std::sync::Arc;
 
@@ -262,46 +265,117 @@ async fn requests_the_server_never_had_whole_when_it_went_are_not_sent() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_waiting_for_room_reads_the_answers_nobody_waits_for() {
-    let (link, mut serving) = linked().await;
-    // Answers to requests this link never had in flight (as those given up
-    // midway through their writes are), large ones among them: they fill
-    // the answer ring and then the answer task's queue, and the server,
-    // like a session's loop, reads the next request only once they are all
-    // handed over, which takes the worker reading them.
-    let nobodys = 2 * ps_shm::serving::ANSWERS_QUEUED as u64;
-    let server = tokio::spawn(async move {
-        for n in 0..nobodys {
+/// The answer to push `id`, taken.
+fn pushed(id: u64) -> v1::SessionAnswer {
+    v1::SessionAnswer {
+        id,
+        outcome: Some(Outcome::Push(v1::PushResponse::default())),
+        pull_waited_us: 0,
+    }
+}
+
+/// A server's session, as a session's loop runs it, that first sends
+/// answers to requests the link never had in flight, standing in for those
+/// given up midway through their writes (their slots taken back, the rest
+/// of each written by the writer task), large ones among them: they fill the
+/// answer ring and then the answer task's queue, and the server reads the
+/// next request, a push it answers, only once they are all handed over,
+/// which takes the worker reading them. Tells `eleven_sent` once it has
+/// sent eleven.
+fn answers_to_nobody_then_the_push(
+    mut serving: ServerLink,
+    eleven_sent: Option<mpsc::Sender<()>>,
+) -> tokio::task::JoinHandle<ServerLink> {
+    tokio::spawn(async move {
+        for n in 0..2 * ps_shm::serving::ANSWERS_QUEUED as u64 {
             let request = v1::SessionRequest {
                 id: 1_000 + n,
                 deadline_ms: 0,
                 op: Some(pull(n)),
             };
             serving.answers.send(Ok(answer_to(&request))).await.unwrap();
+            if let (10, Some(told)) = (n, &eleven_sent) {
+                told.send(()).await.unwrap();
+            }
         }
         let request = serving.requests.next().await.unwrap().unwrap().unwrap();
         assert!(matches!(request.op, Some(Op::Push(_))), "{request:?}");
-        let pushed = v1::SessionAnswer {
-            id: request.id,
-            outcome: Some(Outcome::Push(v1::PushResponse::default())),
-            pull_waited_us: 0,
-        };
-        serving.answers.send(Ok(pushed)).await.unwrap();
+        serving.answers.send(Ok(pushed(request.id))).await.unwrap();
         serving
-    });
-    // Larger than the request ring: its write waits for the server.
-    let (outcome, _) = within(link.call(large_push())).await.unwrap();
-    assert!(matches!(outcome, Outcome::Push(_)), "{outcome:?}");
-    let mut serving = within(server).await.unwrap();
-    assert!(!link.has_ended());
-    // The session goes on: the next request is answered.
+    })
+}
+
+/// Sends a pull on `link` and checks it gets its own answer from the
+/// server's session `server` hands back once it is done with what it sent;
+/// returns that session, which ends when dropped.
+async fn the_next_pull_is_answered(
+    link: &Arc<SessionLink>,
+    server: tokio::task::JoinHandle<ServerLink>,
+) -> ServerLink {
     let next = tokio::spawn({
-        let link = Arc::clone(&link);
+        let link = Arc::clone(link);
         async move { link.call(pull(3)).await }
     });
+    let mut serving = within(server).await.unwrap();
     let request = serving.requests.next().await.unwrap().unwrap().unwrap();
     serving.answers.send(Ok(answer_to(&request))).await.unwrap();
     let (outcome, _) = within(next).await.unwrap().unwrap();
     assert_answers(3, &outcome);
+    serving
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_room_reads_the_answers_nobody_waits_for() {
+    let (link, serving) = linked().await;
+    let server = answers_to_nobody_then_the_push(serving, None);
+    // Larger than the request ring: its write waits for the server.
+    let (outcome, _) = within(link.call(large_push())).await.unwrap();
+    assert!(matches!(outcome, Outcome::Push(_)), "{outcome:?}");
+    // The session goes on: the next request is answered.
+    let _serving = the_next_pull_is_answered(&link, server).await;
+    assert!(!link.has_ended());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_to_a_request_not_yet_written_whole_ends_the_session() {
+    let (link, mut serving) = linked().await;
+    // Larger than the request ring, which this server does not read: the
+    // push waits for room, reading the answer ring meanwhile.
+    let pushing = tokio::spawn({
+        let link = Arc::clone(&link);
+        async move { link.call(large_push()).await }
+    });
+    within(async {
+        while lock(&link.waiting).answers.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // Only a server that broke the protocol answers it now; the push may
+    // yet reach it whole, so it fails instead of counting as never sent.
+    serving.answers.send(Ok(pushed(1))).await.unwrap();
+    match within(pushing).await.unwrap() {
+        Err(CallError::Failed(status)) => assert_eq!(status.code(), Code::Internal, "{status:?}"),
+        other => panic!("answered before it was written whole: {other:?}"),
+    }
+    assert!(link.has_ended(), "a new session replaces it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_given_up_while_it_read_for_its_write_leaves_the_session_whole() {
+    let (link, serving) = linked().await;
+    let (eleven_sent, mut sent_eleven) = mpsc::channel(1);
+    let server = answers_to_nobody_then_the_push(serving, Some(eleven_sent));
+    // Given up while it waits for room, reading the answers nobody waits
+    // for (lent ones among them, read past as they are dropped).
+    let pushing = tokio::spawn({
+        let link = Arc::clone(&link);
+        async move { link.call(large_push()).await }
+    });
+    within(sent_eleven.recv()).await.unwrap();
+    pushing.abort();
+    let _ = pushing.await;
+    // The next request reads what is left, and gets its own answer.
+    let _serving = the_next_pull_is_answered(&link, server).await;
+    assert!(!link.has_ended(), "nothing was cut off midway");
 }

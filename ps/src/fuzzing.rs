@@ -1,7 +1,8 @@
 //! Entry points for the fuzzers (`fuzz/`) and the property tests: each takes
 //! arbitrary bytes and drives the server's real code with them. A malformed
-//! input must be refused, never panic; each says whether its input was taken,
-//! so tests can tell that well-formed inputs reach the code under test.
+//! input must be refused, never panic; each says whether its input was taken
+//! (or how many answers it got), so tests can tell that well-formed inputs
+//! reach the code under test.
 
 use std::sync::Arc;
 
@@ -191,7 +192,7 @@ pub fn w_spec() -> v1::ParameterSpec {
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+        .enable_time()
         .build()
         .expect("a current-thread runtime")
 }

@@ -7,14 +7,15 @@
 use bytes::Bytes;
 use prost::Message;
 use ps_proto::v1;
+use ps_shm::fuzzing::{reader_sleeps, runtime};
 use ps_shm::handshake::{WorkerEnd, in_process_ends};
 use ps_shm::message::{read_message, write_message};
 use ps_shm::pool::BufferPool;
-use ps_shm::ring::RingWriter;
+use ps_shm::ring::{RingReader, RingWriter};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{one_key_service, runtime};
+use super::one_key_service;
 
 /// The bytes each of the session's rings holds.
 const RING_BYTES: u64 = 64 << 10;
@@ -37,7 +38,8 @@ const ENDS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 ///
 /// The session must then end, the server keep `w`, and whatever the
 /// requests charged to the memory budget be given back. Returns the answers
-/// the server wrote.
+/// the worker read before the server waited for words (one still being
+/// made then, such as a pull waiting for a version, is not counted).
 ///
 /// # Panics
 /// When the server broke one of those promises, or panicked itself.
@@ -70,46 +72,19 @@ pub fn shared_memory_session(data: &[u8]) -> usize {
             socket,
             arena: _,
         } = worker;
-        let written = async {
-            match request {
-                Some(request) => {
-                    let _ = write_message(&mut requests, 1, request).await;
-                }
-                None => {
-                    let mut raw = rest[..rest.len().min(RAW_BYTES)].to_vec();
-                    raw.resize(raw.len().next_multiple_of(8), 0);
-                    let _ = requests.write(&raw).await;
-                }
-            }
-            requests.flush();
-        };
+        let mut answered = 0;
         // A message larger than the ring is written only as the server reads
         // it, which it stops doing when it ends the session.
-        let mut ended = tokio::select! {
-            () = written => false,
+        let ended = tokio::select! {
+            () = write_input(&mut requests, request, rest) => {
+                let reading = (&requests, &mut answers, &mut answered);
+                read_until_the_server_waits(reading, &mut serving).await
+            }
             served = &mut serving => {
                 rethrow(served);
                 true
             }
         };
-        let pool = BufferPool::new();
-        let mut answered = 0;
-        while !ended {
-            tokio::select! {
-                biased;
-                served = &mut serving => {
-                    rethrow(served);
-                    ended = true;
-                }
-                answer = read_message::<v1::SessionAnswer>(&mut answers, answered as u64 + 1, u64::MAX, &pool) => {
-                    match answer {
-                        Ok(_) => answered += 1,
-                        Err(error) => panic!("the server wrote a malformed answer: {error}"),
-                    }
-                }
-                () = reader_sleeps(&requests) => break,
-            }
-        }
         drop((requests, answers, socket));
         if !ended {
             ends_in_time(serving).await;
@@ -128,11 +103,50 @@ pub fn shared_memory_session(data: &[u8]) -> usize {
     })
 }
 
-/// Waits until the server's reader sleeps, wanting more words than the ring
-/// holds.
-async fn reader_sleeps(requests: &RingWriter) {
-    while !requests.reader_sleeps() {
-        tokio::task::yield_now().await;
+/// Writes the input onto the request ring: `request` as message 1, well
+/// formed, or else `raw` (up to [`RAW_BYTES`], padded to whole words), and
+/// publishes it.
+async fn write_input(requests: &mut RingWriter, request: Option<v1::SessionRequest>, raw: &[u8]) {
+    match request {
+        Some(request) => {
+            let _ = write_message(requests, 1, request).await;
+        }
+        None => {
+            let mut raw = raw[..raw.len().min(RAW_BYTES)].to_vec();
+            raw.resize(raw.len().next_multiple_of(8), 0);
+            let _ = requests.write(&raw).await;
+        }
+    }
+    requests.flush();
+}
+
+/// Reads the server's answers, counting them in `answered`, until the
+/// server's reader sleeps wanting more words (false) or the session ends
+/// (true).
+///
+/// # Panics
+/// When the server writes a malformed answer, or the session panicked.
+async fn read_until_the_server_waits(
+    (requests, answers, answered): (&RingWriter, &mut RingReader, &mut usize),
+    serving: &mut JoinHandle<()>,
+) -> bool {
+    let pool = BufferPool::new();
+    loop {
+        let seq = *answered as u64 + 1;
+        tokio::select! {
+            biased;
+            served = &mut *serving => {
+                rethrow(served);
+                return true;
+            }
+            answer = read_message::<v1::SessionAnswer>(answers, seq, u64::MAX, &pool) => {
+                if let Err(error) = answer {
+                    panic!("the server wrote a malformed answer: {error}");
+                }
+                *answered += 1;
+            }
+            () = reader_sleeps(requests) => return false,
+        }
     }
 }
 

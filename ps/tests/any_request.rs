@@ -53,7 +53,7 @@ proptest! {
     }
 
     #[test]
-    fn a_well_formed_message_of_any_request_over_shared_memory_is_answered(
+    fn a_well_formed_push_over_shared_memory_is_answered_and_any_request_that_decodes_is_served(
         grad in proptest::array::uniform4(any::<f32>()),
         bytes in proptest::collection::vec(any::<u8>(), 0..200),
     ) {

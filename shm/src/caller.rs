@@ -381,7 +381,8 @@ impl AnswerRing {
     /// [`AnswerRing::lock`], once an answer is on the ring to be read (or
     /// the ring failed, which the read then meets): reading it whole waits
     /// only when it is larger than the ring. Dropped before it returns, it
-    /// has read nothing.
+    /// has read no answer (at most it read past payloads a borrower left
+    /// unread, as the next reader would).
     pub async fn lock_answered(&self) -> AnswerReader {
         let mut reader = self.lock().await;
         let reading = &mut *reader.reading;

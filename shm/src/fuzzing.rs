@@ -4,8 +4,8 @@
 //! server is another process: a worker must refuse what it wrote wrong (a
 //! length that lies, an arena offset past the arena, a message out of
 //! sequence), never panic on it, and never read past the memory it was
-//! given (a read past the arena's mapping would fault, which the fuzzer
-//! reports as a crash).
+//! given: an arena offset is checked against the arena before the copy
+//! (`ArenaView::copy_out`), which is what this drives.
 
 use futures::FutureExt;
 use ps_proto::v1;
@@ -39,11 +39,7 @@ const PAYLOAD_LIMIT: u64 = 4 << 20;
 /// Only where this process cannot make a region, or the worker's side
 /// panicked on what it read.
 pub fn answers(data: &[u8]) -> usize {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a current-thread runtime");
-    runtime.block_on(async {
+    runtime().block_on(async {
         let arena = Arena::create(ARENA_BYTES).expect("this process makes an arena");
         let _values = arena.block(&vec![1.5f32; 16 << 10]);
         let (mut server, worker, _) = in_process_ends_with(RING_BYTES, Some(arena))
@@ -76,12 +72,25 @@ pub fn answers(data: &[u8]) -> usize {
     })
 }
 
-/// Waits until the worker's reader sleeps, wanting words the ring does not
-/// hold.
-async fn reader_sleeps(answers: &RingWriter) {
-    while !answers.reader_sleeps() {
+/// Waits until the reader of `ring` sleeps, wanting words the ring does not
+/// hold: a fuzzer driving both ends of a session knows then that the reader
+/// has done all it can with what was written.
+pub async fn reader_sleeps(ring: &RingWriter) {
+    while !ring.reader_sleeps() {
         tokio::task::yield_now().await;
     }
+}
+
+/// A runtime for one input: a current thread, with the timers and the
+/// sockets a session needs.
+///
+/// # Panics
+/// When the system refuses one.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime")
 }
 
 /// `answers` as their server writes them onto the ring, each as message 1, 2
@@ -90,17 +99,16 @@ async fn reader_sleeps(answers: &RingWriter) {
 /// # Panics
 /// When the answers do not fit 60 KiB.
 pub fn written(answers: Vec<v1::SessionAnswer>) -> Vec<u8> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a current-thread runtime");
-    runtime.block_on(async {
+    runtime().block_on(async {
         let (mut writer, mut reader, _, _) =
             crate::ring::in_process(RING_BYTES).expect("this process makes a region");
         for (seq, answer) in (1..).zip(answers) {
+            // Nobody reads while they are written: a write that waited for
+            // room would wait for ever.
             crate::message::write_message(&mut writer, seq, answer)
-                .await
-                .expect("the answers fit the ring");
+                .now_or_never()
+                .expect("the answers fit the ring")
+                .expect("the ring is whole");
         }
         writer.flush();
         let mut bytes = Vec::new();

@@ -370,8 +370,10 @@ impl RingWriter {
     }
 
     /// Whether the reader sleeps on its bell: it found nothing more to read
-    /// in what was published, spun, and no write has been published since.
-    /// A peer that reads as it should then waits for this writer alone.
+    /// in what was published (spinning first when its last wait was short),
+    /// and no write has been published since. The word is the peer's to set,
+    /// so this is for tests and fuzzers, which drive both ends: a peer that
+    /// reads as it should then waits for this writer alone.
     pub fn reader_sleeps(&self) -> bool {
         let word = self.end.word(self.end.layout.reader_waiting);
         word.load(Ordering::SeqCst) != 0

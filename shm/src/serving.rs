@@ -314,10 +314,11 @@ struct AnswerWriting {
 
 /// Answers the answer task may hold before the session waits for it. A
 /// bound, so that a worker that never reads its answers cannot make the
-/// server hold an unbounded number. A worker's request waiting for room on
-/// the request ring reads the answers that come meanwhile, those to
-/// requests it gave up included, so a session waiting here is not left
-/// waiting for a worker that waits for it.
+/// server hold an unbounded number. The client's lone request waiting for
+/// room on the request ring (`ps_client`'s `OwnReading::while_writing`)
+/// reads the answers that come meanwhile, those to requests it gave up
+/// included, so a session waiting here is not left waiting for a worker
+/// that waits for it.
 pub const ANSWERS_QUEUED: usize = 64;
 
 /// No more answers go on a session: it ended, saying why.

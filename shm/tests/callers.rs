@@ -2,9 +2,10 @@
 //! a request's future dropped at any await leaves the session as it was.
 //! A write cut off midway is finished by the writer task or the next write;
 //! a read, or a lock for an answer (`AnswerRing::lock_answered`), waits
-//! until an answer below `LEND_AT_BYTES` is whole before it reads it. Only a read of an answer larger than the ring can be
-//! cut off midway: that breaks the session, whose next reader gets an
-//! error, and the session closes, so the server ends its side too.
+//! until an answer below `LEND_AT_BYTES` is whole before it reads it. Only
+//! a read of an answer larger than the ring can be cut off midway: that
+//! breaks the session, whose next reader gets an error, and the session
+//! closes, so the server ends its side too.
 
 use std::time::Duration;
 
