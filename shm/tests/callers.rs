@@ -201,6 +201,36 @@ async fn a_lock_for_an_answer_returns_once_one_is_whole_and_cut_off_before_reads
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_for_an_answer_cut_off_while_it_reads_past_unread_payloads_leaves_the_ring_whole() {
+    let (mut server, worker) = ends().await;
+    let (_requests, answers, _closed) = worker_rings(worker, u64::MAX);
+    // 300 KB lent through a 64 KiB ring, and dropped unread: each lock for
+    // the next answer reads past what has come of it, and is cut off there.
+    let lent = as_written(1, &pulled(1, 300_000));
+    let mut chunks = lent.chunks(60 << 10);
+    publish(&mut server, chunks.next().unwrap()).await;
+    let (first, still) = within(answers.lock().await.next()).await.unwrap();
+    assert!(still.is_none() && first.lent.is_some(), "300 KB are lent");
+    drop(first);
+    for chunk in chunks {
+        let waiting = answers.lock_answered().now_or_never();
+        assert!(
+            waiting.is_none(),
+            "the rest of the lent answer is no answer"
+        );
+        publish(&mut server, chunk).await;
+    }
+    publish(&mut server, &as_written(2, &answer(2))).await;
+    let reader = within(answers.lock_answered()).await;
+    let (read, _) = reader
+        .next()
+        .now_or_never()
+        .expect("the read waited")
+        .unwrap();
+    assert_eq!(read.message, answer(2), "the next answer, read whole");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_of_an_answer_larger_than_the_ring_cut_off_midway_breaks_the_session_and_closes_it()
 {
     let (mut server, worker) = ends().await;
