@@ -55,14 +55,14 @@ impl<'a> OwnReading<'a> {
     }
 
     /// Waits for `write`, this request's own write, reading meanwhile the
-    /// answers that come: none can be this request's (the server has not read
-    /// it whole), and they are mostly answers nobody waits for, to requests
-    /// given up midway through their writes; any other is handed to the
-    /// request it belongs to. A server that
-    /// holds a session's answers while they wait for room stops reading its
-    /// requests once it holds [`ps_shm::serving::ANSWERS_QUEUED`]; a request
-    /// larger than the ring's free space, waiting for room without reading,
-    /// would then wait for the server, and the server for it.
+    /// answers that come: none can be this request's (the server has not
+    /// read it whole), and they are mostly answers nobody waits for, to
+    /// requests given up midway through their writes; any other is handed to
+    /// the request it belongs to. A server that holds a session's answers
+    /// while they wait for room stops reading its requests once it holds
+    /// [`ps_shm::serving::ANSWERS_QUEUED`]; a request larger than the ring's
+    /// free space, waiting for room without reading, would then wait for the
+    /// server, and the server for it.
     ///
     /// When a read fails, the session has ended, and every request waiting
     /// fails with it, this one included.
