@@ -228,7 +228,10 @@ impl SessionLink {
                     answered = &mut answer => return Err(self.answered_unwritten(id, answered)),
                     sent = async {
                         match &reading {
-                            Some(reading) => reading.while_writing(requests.send(request)).await,
+                            Some(reading) => {
+                                let send = std::pin::pin!(requests.send(request));
+                                reading.while_writing(send).await
+                            }
                             None => requests.queue(request).await.map(Sent::Queued),
                         }
                     } => sent,

@@ -12,7 +12,9 @@
 //! when it leaves others waiting (its answer came, or it was dropped); the
 //! task ends when nobody waits, and the next request reads for itself.
 
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use ps_shm::{Answer, AnswerRing};
@@ -66,8 +68,22 @@ impl<'a> OwnReading<'a> {
     ///
     /// When a read fails, the session has ended, and every request waiting
     /// fails with it, this one included.
-    pub(super) async fn while_writing<T>(&self, write: impl Future<Output = T>) -> T {
-        let mut write = std::pin::pin!(write);
+    ///
+    /// Most writes finish when first polled; only one that waits builds the
+    /// reading, on the heap, and the write stays in the caller's future, so
+    /// a request's future is no larger for this. (With the reading inline a
+    /// call's future grew from 2,024 to 4,512 bytes in a debug build, moved
+    /// as requests are queued and joined, and `kv`'s 4 KiB pushes at 1x1 ran
+    /// about 4 % slower.)
+    pub(super) async fn while_writing<T>(&self, mut write: Pin<&mut impl Future<Output = T>>) -> T {
+        if let Poll::Ready(written) = futures::poll!(write.as_mut()) {
+            return written;
+        }
+        Box::pin(self.read_while(write)).await
+    }
+
+    /// [`OwnReading::while_writing`] once the write has waited.
+    async fn read_while<T>(&self, mut write: Pin<&mut impl Future<Output = T>>) -> T {
         loop {
             let reader = tokio::select! {
                 biased;
