@@ -64,17 +64,22 @@ pub fn request(data: &[u8]) -> bool {
             },
         }
     });
-    let stats = store.stats();
-    assert!(
-        stats.keys.iter().any(|k| k.spec.header.key.name == "w"),
-        "w is kept"
-    );
-    let new_keys = stats.keys.len() - 1;
+    assert_keeps_w(&store);
+    let new_keys = store.stats().keys.len() - 1;
     assert!(
         new_keys > 0 || store.budget().held() == held_before,
         "a request gave back what it charged"
     );
     answered
+}
+
+/// Panics unless `store` still holds `w`, which no request may lose.
+fn assert_keeps_w(store: &Store) {
+    let stats = store.stats();
+    assert!(
+        stats.keys.iter().any(|k| k.spec.header.key.name == "w"),
+        "w is kept"
+    );
 }
 
 /// The row requests [`rows`] sends, by its input's first byte.

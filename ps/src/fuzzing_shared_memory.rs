@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use prost::Message;
 use ps_proto::v1;
-use ps_shm::fuzzing::{reader_sleeps, runtime};
+use ps_shm::fuzzing::{RING_BYTES, reader_sleeps, ring_words, runtime};
 use ps_shm::handshake::{WorkerEnd, in_process_ends};
 use ps_shm::message::{read_message, write_message};
 use ps_shm::pool::BufferPool;
@@ -16,13 +16,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::one_key_service;
-
-/// The bytes each of the session's rings holds.
-const RING_BYTES: u64 = 64 << 10;
-
-/// The most raw bytes written: less than the request ring holds, so that
-/// writing them never waits for the server.
-const RAW_BYTES: usize = 60 << 10;
 
 /// How long the session may take to end once its worker has gone.
 const ENDS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
@@ -89,11 +82,7 @@ pub fn shared_memory_session(data: &[u8]) -> usize {
         if !ended {
             ends_in_time(serving).await;
         }
-        let stats = store.stats();
-        assert!(
-            stats.keys.iter().any(|k| k.spec.header.key.name == "w"),
-            "w is kept"
-        );
+        super::assert_keeps_w(&store);
         assert_eq!(
             store.budget().held(),
             held_before,
@@ -104,7 +93,7 @@ pub fn shared_memory_session(data: &[u8]) -> usize {
 }
 
 /// Writes the input onto the request ring: `request` as message 1, well
-/// formed, or else `raw` (up to [`RAW_BYTES`], padded to whole words), and
+/// formed, or else `raw` as whole words (`ps_shm::fuzzing::ring_words`), and
 /// publishes it.
 async fn write_input(requests: &mut RingWriter, request: Option<v1::SessionRequest>, raw: &[u8]) {
     match request {
@@ -112,9 +101,7 @@ async fn write_input(requests: &mut RingWriter, request: Option<v1::SessionReque
             let _ = write_message(requests, 1, request).await;
         }
         None => {
-            let mut raw = raw[..raw.len().min(RAW_BYTES)].to_vec();
-            raw.resize(raw.len().next_multiple_of(8), 0);
-            let _ = requests.write(&raw).await;
+            let _ = requests.write(&ring_words(raw)).await;
         }
     }
     requests.flush();

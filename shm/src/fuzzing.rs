@@ -15,12 +15,12 @@ use crate::handshake::in_process_ends_with;
 use crate::ring::RingWriter;
 use crate::worker_rings;
 
-/// The bytes each of the session's rings holds.
-const RING_BYTES: u64 = 64 << 10;
+/// The bytes each ring of a fuzzed session holds.
+pub const RING_BYTES: u64 = 64 << 10;
 
-/// The most bytes written: less than the answer ring holds, so that writing
-/// them never waits for the worker.
-const RAW_BYTES: usize = 60 << 10;
+/// The most raw bytes a fuzzer writes onto a ring: less than it holds, so
+/// that writing them never waits for the reader.
+pub const RAW_BYTES: usize = 60 << 10;
 
 /// The bytes of the server's values arena, whose first 64 KiB hold values,
 /// so that an answer may name payloads in it, rightly or not.
@@ -46,11 +46,9 @@ pub fn answers(data: &[u8]) -> usize {
             .await
             .expect("this process makes a region for itself");
         let (_requests, answers, _closed) = worker_rings(worker, PAYLOAD_LIMIT);
-        let mut raw = data[..data.len().min(RAW_BYTES)].to_vec();
-        raw.resize(raw.len().next_multiple_of(8), 0);
         server
             .answers
-            .write(&raw)
+            .write(&ring_words(data))
             .await
             .expect("60 KiB fit the ring");
         server.answers.flush();
@@ -70,6 +68,14 @@ pub fn answers(data: &[u8]) -> usize {
             read += 1;
         }
     })
+}
+
+/// `data`'s first [`RAW_BYTES`], padded with zeroes to whole words: what a
+/// fuzzer writes onto a ring as it is.
+pub fn ring_words(data: &[u8]) -> Vec<u8> {
+    let mut words = data[..data.len().min(RAW_BYTES)].to_vec();
+    words.resize(words.len().next_multiple_of(8), 0);
+    words
 }
 
 /// Waits until the reader of `ring` sleeps, wanting words the ring does not
