@@ -120,6 +120,20 @@ impl PsClient {
         self.shards.servers.iter().map(|s| s.addr.clone()).collect()
     }
 
+    /// How many servers this client reaches through shared memory, which
+    /// means they run on this host and share its cores (opening each
+    /// server's session when none is open; a server whose session cannot
+    /// be opened counts as not shared).
+    pub async fn servers_on_this_host(&self) -> usize {
+        let mut shared = 0;
+        for server in &self.shards.servers {
+            if server.carries_any_size().await {
+                shared += 1;
+            }
+        }
+        shared
+    }
+
     /// The current placement.
     pub fn placement(&self) -> &Placement {
         &self.shards.placement

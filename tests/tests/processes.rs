@@ -80,6 +80,46 @@ async fn requests_per_server_sets_how_many_requests_a_push_makes() {
     assert!(requests(&[]).await > 1, "the default 4 cuts the push");
 }
 
+/// A worker that reaches its server through shared memory (the default on
+/// the server's host) trains at a priority lowered by `--yield-to-servers`
+/// (5 by default), so that the server it shares the cores with runs first;
+/// over gRPC, or with 0, it keeps the priority it was started with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_sharing_its_servers_host_lowers_its_priority_and_others_keep_theirs() {
+    let started_at = ps_worker::share_cores::current_nice().expect("this process's nice value");
+    // A server of its own for each worker: a group of one rank each.
+    let nice = |given: &'static [&'static str]| async move {
+        let server = ServerProcess::start(&["--workers", "1"]).await;
+        let mut args = vec!["--server", server.addr.as_str(), "--json", "--epochs", "1"];
+        args.extend(given);
+        let worker = run(binary("ps-worker"), &args, LIMIT).await;
+        assert!(
+            worker.success,
+            "ps-worker failed:
+{}",
+            worker.stderr
+        );
+        server.stop().await;
+        let summary = worker.json();
+        (
+            summary["nice"].as_i64().expect("nice in the summary"),
+            worker.stderr,
+        )
+    };
+    let (shared, log) = nice(&[]).await;
+    assert_eq!(shared, i64::from((started_at + 5).min(19)), "{log}");
+    assert!(
+        log.contains("sharing this host's cores with its servers"),
+        "{log}"
+    );
+    let (lowered_more, _) = nice(&["--yield-to-servers", "7"]).await;
+    assert_eq!(lowered_more, i64::from((started_at + 7).min(19)));
+    for kept in [&["--data-path", "grpc"][..], &["--yield-to-servers", "0"]] {
+        let (kept_at, log) = nice(kept).await;
+        assert_eq!(kept_at, i64::from(started_at), "{kept:?}: {log}");
+    }
+}
+
 /// A worker's time split: every part measured, the shares add up to the
 /// training loop's time, and what no part accounts for stays under 5% of it.
 fn time_split_adds_up(split: &serde_json::Value) {

@@ -297,6 +297,7 @@ impl TrainArgs {
             out: None,
             embedding,
             wire: self.wire_dtype.dtype(),
+            yield_to_servers: 0,
         })
     }
 }

@@ -198,6 +198,8 @@ pub async fn train(
         config.wire,
     )
     .await?;
+    crate::share_cores::when_servers_share_this_host(trainer.client(), config.yield_to_servers)
+        .await;
     let mut rows = match dense {
         Some(rows) => Rows::Dense(rows),
         None => {
@@ -280,6 +282,7 @@ pub async fn train(
         examples_per_second: steps as f64 * config.batch_size as f64 / wall_seconds.max(1e-9),
         time_split,
         wire_dtype: config.wire.to_string(),
+        nice: crate::share_cores::current_nice().unwrap_or(0),
     })
 }
 

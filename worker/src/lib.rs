@@ -15,6 +15,7 @@
 //! - [`metrics`]: the Prometheus metrics a worker serves on `--metrics-listen`.
 //! - [`report`]: the CSV files and charts `--out DIR` writes.
 //! - [`segmented`]: a forward pass cut at boundaries, for a backward pass one segment at a time.
+//! - [`share_cores`]: a worker on its servers' host lowering its priority so that they run first.
 
 pub mod cli;
 pub mod compute_probe;
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod model;
 pub mod report;
 pub mod segmented;
+pub mod share_cores;
 pub mod step_time;
 pub mod train;
 pub mod trainer;

@@ -94,6 +94,10 @@ pub struct TrainConfig {
     pub embedding: Option<EmbeddingConfig>,
     /// The dense values' dtype on the wire ([`PsTrainer::new_on_wire`]).
     pub wire: ps_proto::codec::DType,
+    /// Nice levels to lower this process's priority by once its servers are
+    /// found to share its host (`crate::share_cores`); 0 keeps it, and a
+    /// process that also runs the servers (`ps-local`) must keep it.
+    pub yield_to_servers: u8,
 }
 
 impl Default for TrainConfig {
@@ -114,6 +118,7 @@ impl Default for TrainConfig {
             out: None,
             embedding: None,
             wire: ps_proto::codec::DType::F32,
+            yield_to_servers: 0,
         }
     }
 }
@@ -146,6 +151,10 @@ pub struct TrainSummary {
     /// The dense values' dtype on the wire: f32, bf16 or f16.
     #[serde(default = "f32_name")]
     pub wire_dtype: String,
+    /// The nice value this worker trained at: above 0 when it lowered its
+    /// priority for servers on its host (`ps_worker::share_cores`).
+    #[serde(default)]
+    pub nice: i32,
 }
 
 fn f32_name() -> String {
@@ -198,6 +207,8 @@ pub async fn train(
     let optimizer = config.optimizer.with_lr(config.lr);
     let mut trainer =
         PsTrainer::new_on_wire(client, group, &varmap, optimizer, config.wire).await?;
+    crate::share_cores::when_servers_share_this_host(trainer.client(), config.yield_to_servers)
+        .await;
     tracing::info!(rank, workers, examples = shard.len(), steps = total_steps, dataset = %data.name, "training");
 
     let bar = progress_bar(config.progress, total_steps, rank);
@@ -370,6 +381,7 @@ impl Finished<'_> {
             examples_per_second: steps as f64 * config.batch_size as f64 / wall_seconds.max(1e-9),
             time_split,
             wire_dtype: config.wire.to_string(),
+            nice: crate::share_cores::current_nice().unwrap_or(0),
         })
     }
 }

@@ -13,7 +13,7 @@ env ${SRV_ENV:-X=1} $B/ps-server --listen 127.0.0.1:7391 --workers 2 --data-path
 env ${SRV_ENV:-X=1} $B/ps-server --listen 127.0.0.1:7392 --workers 2 --data-path $P >/dev/null 2>&1 & S2=$!
 until ss -ltn | grep -q "127.0.0.1:7391 " && ss -ltn | grep -q "127.0.0.1:7392 "; do sleep 0.05; done
 for r in 0 1; do
-  $B/ps-worker --server 127.0.0.1:7391,127.0.0.1:7392 --rank $r --workers 2 --json \
+  ${W_PREFIX:-} $B/ps-worker --server 127.0.0.1:7391,127.0.0.1:7392 --rank $r --workers 2 --json \
     --epochs $E --batch-size 32 --hidden 64 --optimizer adam --lr 0.005 \
     --data-path $P 2>/dev/null > "$OUT-w$r.json" & W[$r]=$!
 done
