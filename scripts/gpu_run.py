@@ -225,6 +225,8 @@ def check_large_mlp(env):
 # Check e's variants of b's run on the device, each against its own server.
 DATA_PATH_VARIANTS = {
     "grpc": ["--data-path", "grpc"],
+    # Over shared memory the worker lowers its priority by 5 (ps-worker
+    # --yield-to-servers); the gRPC row keeps its own.
     "shm": ["--data-path", "shm"],
     "shm_bf16": ["--data-path", "shm", "--wire-dtype", "bf16"],
     "shm_3_segments": ["--data-path", "shm", "--backward-segments", "3"],

@@ -123,8 +123,12 @@ impl PsClient {
     /// How many servers this client reaches through shared memory, which
     /// means they run on this host and share its cores (opening each
     /// server's session when none is open; a server whose session cannot
-    /// be opened counts as not shared).
+    /// be opened counts as not shared). None with sessions off
+    /// (`ClientConfig::session`): every operation is then a unary gRPC call.
     pub async fn servers_on_this_host(&self) -> usize {
+        if !self.shards.session {
+            return 0;
+        }
         let mut shared = 0;
         for server in &self.shards.servers {
             if server.carries_any_size().await {

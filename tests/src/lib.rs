@@ -47,6 +47,7 @@ pub fn spawn_worker(args: &[&str]) -> tokio::process::Child {
     Command::new(binary("ps-worker"))
         .args(args)
         .env("NO_COLOR", "1")
+        .env_remove("PS_YIELD_TO_SERVERS")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)

@@ -198,8 +198,6 @@ pub async fn train(
         config.wire,
     )
     .await?;
-    crate::share_cores::when_servers_share_this_host(trainer.client(), config.yield_to_servers)
-        .await;
     let mut rows = match dense {
         Some(rows) => Rows::Dense(rows),
         None => {
@@ -207,6 +205,8 @@ pub async fn train(
             Rows::Table(PsEmbedding::declare(trainer.client_mut(), table, &config.device).await?)
         }
     };
+    crate::share_cores::when_servers_share_this_host(trainer.client(), config.yield_to_servers)
+        .await;
     tracing::info!(
         rank,
         workers,

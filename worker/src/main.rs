@@ -99,8 +99,9 @@ struct Cli {
     /// How many nice levels this worker lowers its priority by when it
     /// reaches a server through shared memory, which shares this host's
     /// cores: the servers' work, which every step waits for, then runs ahead
-    /// of this worker's compute (digits as two servers and two workers on 2
-    /// cores: 468-588k examples/s at 5, 313-367k at 0). 0 keeps the priority.
+    /// of this worker's compute (docs/benchmarks.md). It weighs only against
+    /// processes of the same scheduling group (session, systemd unit or
+    /// container). 0 keeps the priority.
     #[arg(long, default_value_t = 5, env = "PS_YIELD_TO_SERVERS", value_parser = clap::value_parser!(u8).range(0..=19))]
     yield_to_servers: u8,
     /// The largest part a parameter is cut into across --server's servers

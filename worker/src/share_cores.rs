@@ -8,15 +8,18 @@
 //! waits for the compute to end. With two servers and two workers as four
 //! processes on two cores, half of the steps took over 200 µs where a third
 //! took 100-150. At a lower priority the worker's compute is cut short for
-//! the queued server: the digits job as those four processes ran at
-//! 468-588k examples/s with the workers at nice 5, against 313-367k at 0
-//! (docs/benchmarks.md, "A worker that shares its host lets its servers run
-//! first").
+//! the queued server (docs/benchmarks.md, "A worker that shares its host
+//! lets its servers run first").
 //!
 //! Linux keeps a priority per thread. A new thread takes its creator's, so
 //! the call lowers every thread the process has; threads made afterwards
-//! by any of them start lowered.
+//! by any of them start lowered. A priority weighs only against threads of
+//! the same scheduling group: with autogroup on, processes started from
+//! different sessions (or run as different systemd units or containers with
+//! their own cgroups) are weighed as groups, and the worker's lower priority
+//! does not put the servers first.
 
+use std::collections::HashSet;
 use std::io;
 
 use ps_client::PsClient;
@@ -24,9 +27,9 @@ use rustix::process::{Pid, getpriority_process, setpriority_process};
 
 /// Lowers this process's priority by `by` (see [`yield_to_servers`]) when
 /// `client` reaches a server through shared memory, which means the server
-/// shares this host's cores; said in the log. Called once the variables are
-/// registered, so that each session is opened with rings sized to what is
-/// placed on its server. Does nothing for `by` 0.
+/// shares this host's cores; said in the log. Called once the trainer has
+/// made its first pull, which opened each server's session. Does nothing
+/// for `by` 0.
 pub async fn when_servers_share_this_host(client: &PsClient, by: u8) {
     if by == 0 {
         return;
@@ -35,15 +38,21 @@ pub async fn when_servers_share_this_host(client: &PsClient, by: u8) {
     if shared == 0 {
         return;
     }
+    let before = current_nice().unwrap_or(LOWEST);
     match yield_to_servers(by) {
-        Ok(nice) => tracing::info!(
+        Ok(nice) if nice > before => tracing::info!(
             servers_on_this_host = shared,
             nice,
             "sharing this host's cores with its servers: this worker runs at a lower priority so that they run first (--yield-to-servers 0 keeps it)"
         ),
+        Ok(nice) => tracing::info!(
+            servers_on_this_host = shared,
+            nice,
+            "sharing this host's cores with its servers, at the lowest priority already"
+        ),
         Err(error) => tracing::warn!(
             %error,
-            "could not lower this worker's priority for the servers on its host; training goes on at its own"
+            "could not lower the priority of every thread of this worker for the servers on its host; training goes on"
         ),
     }
 }
@@ -51,24 +60,35 @@ pub async fn when_servers_share_this_host(client: &PsClient, by: u8) {
 /// The least priority (the largest nice value) a thread can have.
 const LOWEST: i32 = 19;
 
-/// Lowers every thread of this process by `by` nice levels (to at most
-/// [`LOWEST`]). Returns the calling thread's nice value afterwards.
+/// Sets every thread of this process to the calling thread's nice value
+/// plus `by` (at most [`LOWEST`]), leaving a thread already at or past it.
+/// Returns that nice value. Calling it again lowers by `by` again.
+///
+/// Threads are listed twice: a thread made during the first pass by one not
+/// yet lowered started at the old priority. One made by a thread not yet
+/// lowered during the second pass as well is missed.
 ///
 /// # Errors
-/// The process's threads could not be listed, or one's priority read or set
-/// (a thread that ended meanwhile is skipped).
+/// The process's threads could not be listed, or a thread's priority read or
+/// set (the error of the last that failed; every other thread is still
+/// lowered, and a thread that ended meanwhile is skipped).
 pub fn yield_to_servers(by: u8) -> io::Result<i32> {
-    // Twice: a thread made during the first pass by a thread not yet lowered
-    // started at the old priority.
-    let mut lowered = std::collections::HashSet::new();
+    let target = (current_nice()? + i32::from(by)).min(LOWEST);
+    let mut seen = HashSet::new();
+    let mut failed = None;
     for _ in 0..2 {
         for thread in threads()? {
-            if lowered.insert(thread) {
-                lower(thread, by)?;
+            if seen.insert(thread)
+                && let Err(error) = lower_to(thread, target)
+            {
+                failed = Some(error);
             }
         }
     }
-    Ok(getpriority_process(None)?)
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(target),
+    }
 }
 
 /// The calling thread's nice value.
@@ -94,8 +114,9 @@ fn threads() -> io::Result<Vec<i32>> {
     Ok(ids)
 }
 
-/// Lowers thread `id` by `by`; a thread that has ended is left.
-fn lower(id: i32, by: u8) -> io::Result<()> {
+/// Sets thread `id` to nice `target` unless it is there or lower already;
+/// a thread that has ended is left.
+fn lower_to(id: i32, target: i32) -> io::Result<()> {
     let Some(pid) = Pid::from_raw(id) else {
         return Ok(());
     };
@@ -104,7 +125,10 @@ fn lower(id: i32, by: u8) -> io::Result<()> {
         Err(rustix::io::Errno::SRCH) => return Ok(()),
         Err(error) => return Err(error.into()),
     };
-    match setpriority_process(Some(pid), (now + i32::from(by)).min(LOWEST)) {
+    if now >= target {
+        return Ok(());
+    }
+    match setpriority_process(Some(pid), target) {
         Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
         Err(error) => Err(error.into()),
     }

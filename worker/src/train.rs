@@ -151,8 +151,9 @@ pub struct TrainSummary {
     /// The dense values' dtype on the wire: f32, bf16 or f16.
     #[serde(default = "f32_name")]
     pub wire_dtype: String,
-    /// The nice value this worker trained at: above 0 when it lowered its
-    /// priority for servers on its host (`ps_worker::share_cores`).
+    /// The nice value this worker trained at (0 where it could not be read):
+    /// its own, plus `TrainConfig::yield_to_servers` when it shares its host
+    /// with its servers (`crate::share_cores`).
     #[serde(default)]
     pub nice: i32,
 }
