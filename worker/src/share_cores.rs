@@ -61,7 +61,8 @@ pub async fn when_servers_share_this_host(client: &PsClient, by: u8) {
 const LOWEST: i32 = 19;
 
 /// Sets every thread of this process to the calling thread's nice value
-/// plus `by` (at most [`LOWEST`]), leaving a thread already at or past it.
+/// plus `by` (at most 19, the lowest priority), leaving a thread already at
+/// or past it.
 /// Returns that nice value. Calling it again lowers by `by` again.
 ///
 /// Threads are listed twice: a thread made during the first pass by one not
