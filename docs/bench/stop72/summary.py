@@ -2,22 +2,18 @@
 time split per step in µs, for the four processes and for ps-local, with shm
 over gRPC per round and the medians.
 Usage: python3 summary.py DIR"""
-import glob, json, os, re, statistics, sys
+import glob, os, re, statistics, sys
+
+from runs import local, processes
 
 d = sys.argv[1]
-def split(w):
-    n = w["steps"]
-    return " ".join(f"{k} {v['seconds'] / n * 1e6:.0f}" for k, v in w["time_split"].items()
-                    if k in ("compute", "push", "wait", "pull"))
 rows = {}
 for f in glob.glob(os.path.join(d, "procs-*-w0.json")):
     p, r = re.match(r"procs-(\w+)-r(\d+)-w0", os.path.basename(f)).groups()
-    ws = [json.load(open(f.replace("-w0", f"-w{i}"))) for i in (0, 1)]
-    rows[("processes", p, int(r))] = (sum(w["examples_per_second"] for w in ws), split(ws[0]))
+    rows[("processes", p, int(r))] = processes(f)
 for f in glob.glob(os.path.join(d, "local-*.json")):
     p, r = re.match(r"local-(\w+)-r(\d+)", os.path.basename(f)).groups()
-    j = json.load(open(f))
-    rows[("ps-local", p, int(r))] = (j["examples_per_second"], split(j["per_worker"][0]))
+    rows[("ps-local", p, int(r))] = local(f)
 for kind in ("processes", "ps-local"):
     ratios = []
     for r in sorted({k[2] for k in rows if k[0] == kind}):
