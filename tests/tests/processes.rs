@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use ps_tests::{
-    ServerProcess, binary, example, http_get, metric_sample, read_log_until, run, spawn_worker,
+    Finished, ServerProcess, binary, example, http_get, metric_sample, read_log_until, run,
+    spawn_worker,
 };
 
 const LIMIT: Duration = Duration::from_secs(240);
@@ -48,22 +49,11 @@ async fn a_server_and_two_workers_with_no_other_flags_reach_95_percent() {
 /// request with 1, and as more with the default 4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_per_server_sets_how_many_requests_a_push_makes() {
-    // A server of its own for each worker: a group of one rank each.
     let requests = |given: &'static [&'static str]| async move {
-        let server = ServerProcess::start(&["--workers", "1"]).await;
-        let mut args = vec!["--server", server.addr.as_str(), "--json", "--no-pipeline"];
-        args.extend([
-            "--hidden",
-            "1024,1024",
-            "--epochs",
-            "1",
-            "--data-path",
-            "grpc",
-        ]);
+        let mut args = vec!["--no-pipeline", "--hidden", "1024,1024"];
+        args.extend(["--epochs", "1", "--data-path", "grpc"]);
         args.extend(given);
-        let worker = run(binary("ps-worker"), &args, LIMIT).await;
-        assert!(worker.success, "ps-worker failed:\n{}", worker.stderr);
-        server.stop().await;
+        let worker = worker_with_a_server_of_its_own(&args).await;
         let ready = worker
             .stderr
             .lines()
@@ -91,14 +81,10 @@ async fn a_worker_sharing_its_servers_host_lowers_its_priority_and_others_keep_t
         started_at + 7 <= 19,
         "at nice {started_at} a worker cannot be seen to lower itself by 7; run the tests at nice 12 or lower"
     );
-    // A server of its own for each worker: a group of one rank each.
     let nice = |given: &'static [&'static str]| async move {
-        let server = ServerProcess::start(&["--workers", "1"]).await;
-        let mut args = vec!["--server", server.addr.as_str(), "--json", "--epochs", "1"];
+        let mut args = vec!["--epochs", "1"];
         args.extend(given);
-        let worker = run(binary("ps-worker"), &args, LIMIT).await;
-        assert!(worker.success, "ps-worker failed:\n{}", worker.stderr);
-        server.stop().await;
+        let worker = worker_with_a_server_of_its_own(&args).await;
         let summary = worker.json();
         (
             summary["nice"].as_i64().expect("nice in the summary"),
@@ -117,6 +103,18 @@ async fn a_worker_sharing_its_servers_host_lowers_its_priority_and_others_keep_t
         let (kept_at, log) = nice(kept).await;
         assert_eq!(kept_at, i64::from(started_at), "{kept:?}: {log}");
     }
+}
+
+/// `ps-worker --json` with `args` against a server of its own (a group of one
+/// rank), once it has exited successfully.
+async fn worker_with_a_server_of_its_own(args: &[&str]) -> Finished {
+    let server = ServerProcess::start(&["--workers", "1"]).await;
+    let mut all = vec!["--server", server.addr.as_str(), "--json"];
+    all.extend(args);
+    let worker = run(binary("ps-worker"), &all, LIMIT).await;
+    assert!(worker.success, "ps-worker failed:\n{}", worker.stderr);
+    server.stop().await;
+    worker
 }
 
 /// A worker's time split: every part measured, the shares add up to the
@@ -329,21 +327,10 @@ async fn a_worker_serves_its_steps_and_time_split_as_prometheus_metrics() {
 /// timings per step and their two charts.
 #[tokio::test]
 async fn a_worker_writes_its_epochs_steps_and_charts_with_out() {
-    let server = ServerProcess::start(&["--workers", "1"]).await;
     let dir = tempfile::tempdir().expect("a folder");
     let out = dir.path().join("run");
     let out_arg = out.to_str().expect("utf-8").to_string();
-    let args = [
-        "--server",
-        &server.addr,
-        "--epochs",
-        "3",
-        "--json",
-        "--out",
-        &out_arg,
-    ];
-    let trained = run(binary("ps-worker"), &args, LIMIT).await;
-    assert!(trained.success, "{}", trained.stderr);
+    let trained = worker_with_a_server_of_its_own(&["--epochs", "3", "--out", &out_arg]).await;
     let steps_run = trained.json()["steps"].as_u64().unwrap();
     let epochs = std::fs::read_to_string(out.join("epochs.csv")).expect("epochs.csv");
     let rows: Vec<Vec<f64>> = epochs
@@ -367,7 +354,6 @@ async fn a_worker_writes_its_epochs_steps_and_charts_with_out() {
         let svg = std::fs::read_to_string(out.join(chart)).expect(chart);
         assert!(svg.starts_with("<svg") && svg.contains("epoch"), "{chart}");
     }
-    server.stop().await;
 }
 
 /// The `ps-worker --probe-compute` JSON of a run with `RAYON_NUM_THREADS`
