@@ -22,6 +22,13 @@
 //!    (`SCM_RIGHTS`). Nothing of the region has a name in any file system.
 //! 4. The socket stays open for as long as the session: each side learns of
 //!    the other's end (a crash included) when it closes.
+//!
+//! A worker in the server's own process and on its own async runtime (as
+//! `ps-local` runs them) is told so in the welcome: the hello names the
+//! worker's runtime, and the server compares it, and the socket's peer
+//! process, with its own. Both sides' ring ends then wait without giving
+//! their core to the system (`crate::ring`): the tasks they wait for run on
+//! the same runtime's threads, which the system's yield does not reach.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut};
@@ -416,8 +423,7 @@ pub async fn admit<C>(
         Err(refusal) => {
             let welcome = v1::SharedMemoryWelcome {
                 refusal: refusal.clone(),
-                ring_bytes: 0,
-                arena_bytes: 0,
+                ..Default::default()
             };
             send_with_fds(&socket, &welcome, &[]).await?;
             return Err(HandshakeError::Refused(refusal));
@@ -428,10 +434,14 @@ pub async fn admit<C>(
     write_header(&region, ring_bytes);
     let bells = Bells::create()?;
     let arena = offers.arena.clone().filter(|_| hello.takes_arena);
+    let same_runtime = peer.pid() == Some(std::process::id() as i32)
+        && !hello.runtime.is_empty()
+        && hello.runtime == this_runtime();
     let welcome = v1::SharedMemoryWelcome {
         refusal: String::new(),
         ring_bytes,
         arena_bytes: arena.as_ref().map_or(0, |arena| arena.bytes()),
+        same_runtime,
     };
     let [a, b, c, d] = bells.worker_ends();
     let mut fds = vec![region.file(), a, b, c, d];
@@ -439,7 +449,7 @@ pub async fn admit<C>(
     send_with_fds(&socket, &welcome, &fds).await?;
     let capacity = (ring_bytes / 8) as usize;
     let side = bells.server_side()?;
-    let end = ServerEnd {
+    let mut end = ServerEnd {
         requests: RingReader::new(
             Arc::clone(&region),
             Direction::Requests,
@@ -451,6 +461,10 @@ pub async fn admit<C>(
         peer_pid: peer.pid(),
         arena,
     };
+    if same_runtime {
+        end.requests.peer_on_this_runtime();
+        end.answers.peer_on_this_runtime();
+    }
     Ok((end, charged))
 }
 
@@ -536,6 +550,7 @@ pub async fn connect_asking(
         nonce: offer.nonce.clone(),
         takes_arena: true,
         ring_bytes,
+        runtime: this_runtime(),
     };
     write_framed(&mut socket, &hello).await?;
     let (welcome, fds): (v1::SharedMemoryWelcome, _) = receive_with_fds(&socket).await?;
@@ -578,7 +593,7 @@ pub async fn connect_asking(
             ))
         }
     };
-    Ok(WorkerEnd {
+    let mut end = WorkerEnd {
         requests: RingWriter::new(
             Arc::clone(&region),
             Direction::Requests,
@@ -588,7 +603,22 @@ pub async fn connect_asking(
         answers: RingReader::new(region, Direction::Answers, capacity, side.answers),
         socket,
         arena,
-    })
+    };
+    let server_here = end.socket.peer_cred()?.pid() == Some(std::process::id() as i32);
+    if welcome.same_runtime && server_here {
+        end.requests.peer_on_this_runtime();
+        end.answers.peer_on_this_runtime();
+    }
+    Ok(end)
+}
+
+/// This thread's async runtime as this process names it, or empty off any:
+/// a hello carries it, so that a server in the same process can tell a
+/// worker on its own runtime from one on another.
+fn this_runtime() -> String {
+    tokio::runtime::Handle::try_current()
+        .map(|runtime| runtime.id().to_string())
+        .unwrap_or_default()
 }
 
 /// `N` random bytes from the system.
@@ -736,9 +766,13 @@ async fn receive_with_fds<M: Message + Default>(
 mod tests {
     use super::*;
 
-    /// Says hello to `offers` on `listener` (`takes_arena` as given) and
-    /// returns the welcome and how many files came with it.
-    async fn welcomed(takes_arena: bool) -> (v1::SharedMemoryWelcome, usize) {
+    /// Says hello to a new server of this runtime (`takes_arena` and
+    /// `runtime` as given) and returns the welcome and how many files came
+    /// with it.
+    async fn welcomed_naming(
+        takes_arena: bool,
+        runtime: String,
+    ) -> (v1::SharedMemoryWelcome, usize) {
         let arena = Arena::create(1 << 20).unwrap();
         let (offers, listener) = Offers::bind_with_arena(1 << 16, Some(arena)).unwrap();
         let offer = offers.offer().unwrap();
@@ -753,12 +787,69 @@ mod tests {
             nonce: offer.nonce.clone(),
             takes_arena,
             ring_bytes: 0,
+            runtime,
         };
         write_framed(&mut socket, &hello).await.unwrap();
         let (welcome, fds): (v1::SharedMemoryWelcome, Vec<OwnedFd>) =
             receive_with_fds(&socket).await.unwrap();
         server.await.unwrap().unwrap();
         (welcome, fds.len())
+    }
+
+    /// [`welcomed_naming`] from a hello that names no runtime.
+    async fn welcomed(takes_arena: bool) -> (v1::SharedMemoryWelcome, usize) {
+        welcomed_naming(takes_arena, String::new()).await
+    }
+
+    /// The welcome says "same runtime" only to a hello from this process
+    /// that names the server's own runtime.
+    #[tokio::test]
+    async fn only_a_hello_naming_the_servers_own_runtime_is_told_it_shares_it() {
+        let (welcome, _) = welcomed_naming(true, this_runtime()).await;
+        assert!(welcome.same_runtime);
+        for other in [String::new(), format!("{}0", this_runtime())] {
+            let (welcome, _) = welcomed_naming(true, other.clone()).await;
+            assert!(!welcome.same_runtime, "{other:?}");
+        }
+    }
+
+    /// A worker on the server's own runtime gets ends that wait without
+    /// giving their core to the system, and so does the server; one on
+    /// another runtime of the same process gets ends that give it, as one in
+    /// another process does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ends_give_their_core_away_only_when_the_peer_is_on_another_runtime() {
+        let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
+        let yields = |server: &ServerEnd, worker: &WorkerEnd| {
+            [
+                server.requests.yields_core(),
+                server.answers.yields_core(),
+                worker.requests.yields_core(),
+                worker.answers.yields_core(),
+            ]
+        };
+        assert_eq!(yields(&server, &worker), [false; 4]);
+
+        let elsewhere = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (offers, listener) = elsewhere
+            .spawn(async { Offers::bind(1 << 16) })
+            .await
+            .unwrap()
+            .unwrap();
+        let offer = offers.offer().unwrap();
+        let admitted = elsewhere.spawn(async move {
+            let (socket, _) = listener.accept().await?;
+            admit(&offers, socket, |_| Ok::<_, String>(())).await
+        });
+        let worker = connect(&offer).await.unwrap();
+        let (server, ()) = admitted.await.unwrap().unwrap();
+        assert_eq!(yields(&server, &worker), [true; 4]);
+        drop((server, worker));
+        elsewhere.shutdown_background();
     }
 
     /// A worker that does not say it reads a values arena (one built before

@@ -17,7 +17,8 @@
 //! spins for [`SPIN`] (only when its last wait was short: a peer that
 //! computes long between operations would only lose its core to the spinning;
 //! and yielding its core to the system at each turn only after the first
-//! few microseconds), then sets its waiting word, checks once more, and
+//! few microseconds, unless the peer's tasks run on its own runtime), then
+//! sets its waiting word, checks once more, and
 //! sleeps on its [`Bell`]; the other side rings that bell only when it finds
 //! the waiting word set, so two busy processes exchange words with no system
 //! call.
@@ -198,6 +199,12 @@ struct End {
     /// the next one spin first (a peer that keeps this end waiting longer, such as a
     /// worker computing a large model's step, would only have its core taken).
     spin: AtomicBool,
+    /// Whether a spinning wait gives its core to the system after
+    /// [`YIELD_CORE_AFTER`]: not when the peer's tasks run on this end's own
+    /// runtime ([`RingWriter::peer_on_this_runtime`]), where the runtime's
+    /// own yield is what lets them run, and the system's finds no other thread
+    /// to run.
+    yields_core: bool,
 }
 
 impl End {
@@ -246,8 +253,9 @@ impl End {
             if spin && waited < SPIN {
                 // The runtime's yield lets this thread's other tasks run; the
                 // system's, from YIELD_CORE_AFTER on, lets the peer run on
-                // this core when there are more busy processes than cores.
-                if waited >= YIELD_CORE_AFTER {
+                // this core when there are more busy processes than cores
+                // (a peer on this runtime is among those tasks already).
+                if self.yields_core && waited >= YIELD_CORE_AFTER {
                     std::thread::yield_now();
                 }
                 tokio::task::yield_now().await;
@@ -306,6 +314,7 @@ impl RingWriter {
             mine,
             theirs,
             spin: AtomicBool::new(true),
+            yields_core: true,
         };
         Self {
             end,
@@ -369,6 +378,19 @@ impl RingWriter {
         }
     }
 
+    /// Marks the reader's tasks as running on this writer's own runtime: a
+    /// wait of this end no longer gives its core to the system (see
+    /// [`End::yields_core`]).
+    pub(crate) fn peer_on_this_runtime(&mut self) {
+        self.end.yields_core = false;
+    }
+
+    /// Whether a spinning wait of this end gives its core to the system.
+    #[cfg(test)]
+    pub(crate) fn yields_core(&self) -> bool {
+        self.end.yields_core
+    }
+
     /// Whether the reader sleeps on its bell: it found nothing more to read
     /// in what was published (spinning first when its last wait was short),
     /// and no write has been published since. The word is the peer's to set,
@@ -428,6 +450,19 @@ fn free_behind(end: &End, tail: u64, seen: &AtomicU64) -> Result<u64, RingError>
 }
 
 impl RingReader {
+    /// Marks the writer's tasks as running on this reader's own runtime: a
+    /// wait of this end no longer gives its core to the system (see
+    /// [`End::yields_core`]).
+    pub(crate) fn peer_on_this_runtime(&mut self) {
+        self.end.yields_core = false;
+    }
+
+    /// Whether a spinning wait of this end gives its core to the system.
+    #[cfg(test)]
+    pub(crate) fn yields_core(&self) -> bool {
+        self.end.yields_core
+    }
+
     /// The region's word for answers released ([`Released`]).
     pub(crate) fn released(&self) -> Released {
         Released(Arc::clone(&self.end.region))
@@ -449,6 +484,7 @@ impl RingReader {
             mine,
             theirs,
             spin: AtomicBool::new(true),
+            yields_core: true,
         };
         Self { end, head }
     }
