@@ -26,9 +26,10 @@
 //! A worker in the server's own process and on its own async runtime (as
 //! `ps-local` runs them) is told so in the welcome: the hello names the
 //! worker's runtime, and the server compares it, and the socket's peer
-//! process, with its own. Both sides' ring ends then wait without giving
-//! their core to the system (`crate::ring`): the tasks they wait for run on
-//! the same runtime's threads, which the system's yield does not reach.
+//! process, with its own. A wait on either side's ring ends, when a task of
+//! that runtime polls it, then gives its core to the system only after
+//! longer (`crate::ring`): the tasks it waits for run on the same runtime,
+//! whose own yield lets them run.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut};
@@ -434,7 +435,7 @@ pub async fn admit<C>(
     write_header(&region, ring_bytes);
     let bells = Bells::create()?;
     let arena = offers.arena.clone().filter(|_| hello.takes_arena);
-    let same_runtime = peer.pid() == Some(std::process::id() as i32)
+    let same_runtime = peer_in_this_process(&socket)
         && !hello.runtime.is_empty()
         && hello.runtime == this_runtime();
     let welcome = v1::SharedMemoryWelcome {
@@ -462,8 +463,7 @@ pub async fn admit<C>(
         arena,
     };
     if same_runtime {
-        end.requests.peer_on_this_runtime();
-        end.answers.peer_on_this_runtime();
+        peer_on_this_runtime(&mut end.requests, &mut end.answers);
     }
     Ok((end, charged))
 }
@@ -604,12 +604,23 @@ pub async fn connect_asking(
         socket,
         arena,
     };
-    let server_here = end.socket.peer_cred()?.pid() == Some(std::process::id() as i32);
-    if welcome.same_runtime && server_here {
-        end.requests.peer_on_this_runtime();
-        end.answers.peer_on_this_runtime();
+    if welcome.same_runtime && peer_in_this_process(&end.socket) {
+        peer_on_this_runtime(&mut end.answers, &mut end.requests);
     }
     Ok(end)
+}
+
+/// Whether the process at the other end of `socket` is this one.
+fn peer_in_this_process(socket: &UnixStream) -> bool {
+    let peer = socket.peer_cred().ok().and_then(|peer| peer.pid());
+    peer == Some(std::process::id() as i32)
+}
+
+/// Marks both ring ends of a session as having their peer's tasks on the
+/// current runtime.
+fn peer_on_this_runtime(reading: &mut RingReader, writing: &mut RingWriter) {
+    reading.peer_on_this_runtime();
+    writing.peer_on_this_runtime();
 }
 
 /// This thread's async runtime as this process names it, or empty off any:
@@ -813,22 +824,22 @@ mod tests {
         }
     }
 
-    /// A worker on the server's own runtime gets ends that wait without
-    /// giving their core to the system, and so does the server; one on
-    /// another runtime of the same process gets ends that give it, as one in
-    /// another process does.
+    /// A worker on the server's own runtime gets ends that know it, and so
+    /// does the server; a worker on another runtime of the same process gets
+    /// ends that do not, as one in another process does.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn ends_give_their_core_away_only_when_the_peer_is_on_another_runtime() {
+    async fn ends_know_a_peer_on_their_own_runtime_and_only_that() {
         let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
-        let yields = |server: &ServerEnd, worker: &WorkerEnd| {
+        let peers = |server: &ServerEnd, worker: &WorkerEnd| {
             [
-                server.requests.yields_core(),
-                server.answers.yields_core(),
-                worker.requests.yields_core(),
-                worker.answers.yields_core(),
+                server.requests.peer_runtime(),
+                server.answers.peer_runtime(),
+                worker.requests.peer_runtime(),
+                worker.answers.peer_runtime(),
             ]
         };
-        assert_eq!(yields(&server, &worker), [false; 4]);
+        let here = Some(tokio::runtime::Handle::current().id());
+        assert_eq!(peers(&server, &worker), [here; 4]);
 
         let elsewhere = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -847,7 +858,7 @@ mod tests {
         });
         let worker = connect(&offer).await.unwrap();
         let (server, ()) = admitted.await.unwrap().unwrap();
-        assert_eq!(yields(&server, &worker), [true; 4]);
+        assert_eq!(peers(&server, &worker), [None; 4]);
         drop((server, worker));
         elsewhere.shutdown_background();
     }

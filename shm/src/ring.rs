@@ -17,8 +17,8 @@
 //! spins for [`SPIN`] (only when its last wait was short: a peer that
 //! computes long between operations would only lose its core to the spinning;
 //! and yielding its core to the system at each turn only after the first
-//! few microseconds, unless the peer's tasks run on its own runtime), then
-//! sets its waiting word, checks once more, and
+//! few microseconds, or after longer when its peer's tasks run on the same
+//! runtime), then sets its waiting word, checks once more, and
 //! sleeps on its [`Bell`]; the other side rings that bell only when it finds
 //! the waiting word set, so two busy processes exchange words with no system
 //! call.
@@ -50,6 +50,16 @@ pub const SPIN: Duration = Duration::from_micros(200);
 /// 15-16 µs (pulls 18-19) from 5 µs on (docs/benchmarks.md, "The rings'
 /// round trip, and when a spinning side gives its core away").
 const YIELD_CORE_AFTER: Duration = Duration::from_micros(5);
+
+/// [`YIELD_CORE_AFTER`] for a wait polled by a task of the runtime its peer's
+/// tasks run on (`ps-local`'s servers and workers): the runtime's own yield
+/// lets the peer run when it is queued on this thread, and the system's
+/// yield, where the runtime's threads are the only busy ones, hands the core
+/// to nothing: 10 % of `ps-local`'s samples were under it, and without it
+/// `ps-local` ran about 4 % faster (docs/benchmarks.md, "Ring waits on one
+/// runtime"). It still comes after this long, for a peer's runtime thread
+/// that other busy threads keep off a core.
+const YIELD_CORE_AFTER_PEER_HERE: Duration = Duration::from_micros(50);
 
 /// A wait this short makes the next one spin first. It is well over [`SPIN`]
 /// because a wait that slept also counts the other side's own waking: two
@@ -199,15 +209,30 @@ struct End {
     /// the next one spin first (a peer that keeps this end waiting longer, such as a
     /// worker computing a large model's step, would only have its core taken).
     spin: AtomicBool,
-    /// Whether a spinning wait gives its core to the system after
-    /// [`YIELD_CORE_AFTER`]: not when the peer's tasks run on this end's own
-    /// runtime ([`RingWriter::peer_on_this_runtime`]), where the runtime's
-    /// own yield is what lets them run, and the system's finds no other thread
-    /// to run.
-    yields_core: bool,
+    /// The runtime the peer's tasks run on, when the handshake found it to be
+    /// this end's own ([`End::peer_on_this_runtime`]); a wait polled by a
+    /// task of it gives its core to the system only after
+    /// [`YIELD_CORE_AFTER_PEER_HERE`].
+    peer_runtime: Option<tokio::runtime::Id>,
 }
 
 impl End {
+    /// Marks the peer's tasks as running on the current runtime.
+    fn peer_on_this_runtime(&mut self) {
+        self.peer_runtime = tokio::runtime::Handle::try_current()
+            .ok()
+            .map(|runtime| runtime.id());
+    }
+
+    /// How long a spinning wait lets only its runtime's tasks run before it
+    /// also gives its core to the system at each turn.
+    fn yield_core_after(&self) -> Duration {
+        match self.peer_runtime {
+            Some(peer) if in_a_task_of(peer) => YIELD_CORE_AFTER_PEER_HERE,
+            _ => YIELD_CORE_AFTER,
+        }
+    }
+
     fn word(&self, index: usize) -> &AtomicU64 {
         &self.region.words()[index]
     }
@@ -243,6 +268,7 @@ impl End {
         }
         let started = Instant::now();
         let spin = self.spin.load(Ordering::Relaxed);
+        let yield_core_after = self.yield_core_after();
         loop {
             if let Some(value) = ready()? {
                 self.spin
@@ -252,10 +278,9 @@ impl End {
             let waited = started.elapsed();
             if spin && waited < SPIN {
                 // The runtime's yield lets this thread's other tasks run; the
-                // system's, from YIELD_CORE_AFTER on, lets the peer run on
-                // this core when there are more busy processes than cores
-                // (a peer on this runtime is among those tasks already).
-                if self.yields_core && waited >= YIELD_CORE_AFTER {
+                // system's, from `yield_core_after` on, lets the peer run on
+                // this core when there are more busy threads than cores.
+                if waited >= yield_core_after {
                     std::thread::yield_now();
                 }
                 tokio::task::yield_now().await;
@@ -272,6 +297,13 @@ impl End {
             self.mine.wait().await?;
         }
     }
+}
+
+/// Whether this thread is polling a task of runtime `id` (not a `block_on`
+/// of it, whose future runs no other task at its yields).
+fn in_a_task_of(id: tokio::runtime::Id) -> bool {
+    tokio::task::try_id().is_some()
+        && tokio::runtime::Handle::try_current().is_ok_and(|runtime| runtime.id() == id)
 }
 
 /// The writing end of a ring.
@@ -314,7 +346,7 @@ impl RingWriter {
             mine,
             theirs,
             spin: AtomicBool::new(true),
-            yields_core: true,
+            peer_runtime: None,
         };
         Self {
             end,
@@ -378,17 +410,16 @@ impl RingWriter {
         }
     }
 
-    /// Marks the reader's tasks as running on this writer's own runtime: a
-    /// wait of this end no longer gives its core to the system (see
-    /// [`End::yields_core`]).
+    /// Marks the reader's tasks as running on the current runtime (see
+    /// [`YIELD_CORE_AFTER_PEER_HERE`]).
     pub(crate) fn peer_on_this_runtime(&mut self) {
-        self.end.yields_core = false;
+        self.end.peer_on_this_runtime();
     }
 
-    /// Whether a spinning wait of this end gives its core to the system.
+    /// The runtime the reader's tasks run on, when it is this end's own.
     #[cfg(test)]
-    pub(crate) fn yields_core(&self) -> bool {
-        self.end.yields_core
+    pub(crate) fn peer_runtime(&self) -> Option<tokio::runtime::Id> {
+        self.end.peer_runtime
     }
 
     /// Whether the reader sleeps on its bell: it found nothing more to read
@@ -450,17 +481,16 @@ fn free_behind(end: &End, tail: u64, seen: &AtomicU64) -> Result<u64, RingError>
 }
 
 impl RingReader {
-    /// Marks the writer's tasks as running on this reader's own runtime: a
-    /// wait of this end no longer gives its core to the system (see
-    /// [`End::yields_core`]).
+    /// Marks the writer's tasks as running on the current runtime (see
+    /// [`YIELD_CORE_AFTER_PEER_HERE`]).
     pub(crate) fn peer_on_this_runtime(&mut self) {
-        self.end.yields_core = false;
+        self.end.peer_on_this_runtime();
     }
 
-    /// Whether a spinning wait of this end gives its core to the system.
+    /// The runtime the writer's tasks run on, when it is this end's own.
     #[cfg(test)]
-    pub(crate) fn yields_core(&self) -> bool {
-        self.end.yields_core
+    pub(crate) fn peer_runtime(&self) -> Option<tokio::runtime::Id> {
+        self.end.peer_runtime
     }
 
     /// The region's word for answers released ([`Released`]).
@@ -484,7 +514,7 @@ impl RingReader {
             mine,
             theirs,
             spin: AtomicBool::new(true),
-            yields_core: true,
+            peer_runtime: None,
         };
         Self { end, head }
     }
@@ -674,6 +704,38 @@ pub fn in_process_on(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only a task of the runtime named counts as one: not the `block_on`
+    /// of a test's body, nor a task of another runtime.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_wait_counts_as_the_peers_runtime_only_in_a_task_of_it() {
+        let here = tokio::runtime::Handle::current().id();
+        assert!(!in_a_task_of(here), "a block_on is not a task");
+        assert!(
+            tokio::spawn(async move { in_a_task_of(here) })
+                .await
+                .unwrap()
+        );
+        let elsewhere = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let there = elsewhere.spawn(async move { in_a_task_of(here) });
+        assert!(!there.await.unwrap());
+        elsewhere.shutdown_background();
+    }
+
+    /// Ends whose peer runs on this runtime give their core to the system
+    /// later, and only when a task of it waits; others at the usual time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_on_this_runtime_puts_off_the_system_yield_in_its_tasks_alone() {
+        let (mut writer, reader, _, _) = in_process(1 << 16).unwrap();
+        assert_eq!(reader.end.yield_core_after(), YIELD_CORE_AFTER);
+        writer.peer_on_this_runtime();
+        assert_eq!(writer.end.yield_core_after(), YIELD_CORE_AFTER, "block_on");
+        let in_a_task = tokio::spawn(async move { writer.end.yield_core_after() });
+        assert_eq!(in_a_task.await.unwrap(), YIELD_CORE_AFTER_PEER_HERE);
+    }
 
     /// A reader's head that moves backward, which no well-behaved reader
     /// stores, is corrupt: taken as it is, it would shrink the room the
