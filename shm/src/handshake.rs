@@ -435,9 +435,8 @@ pub async fn admit<C>(
     write_header(&region, ring_bytes);
     let bells = Bells::create()?;
     let arena = offers.arena.clone().filter(|_| hello.takes_arena);
-    let same_runtime = peer_in_this_process(&socket)
-        && !hello.runtime.is_empty()
-        && hello.runtime == this_runtime();
+    let same_runtime =
+        is_this_process(peer.pid()) && !hello.runtime.is_empty() && hello.runtime == this_runtime();
     let welcome = v1::SharedMemoryWelcome {
         refusal: String::new(),
         ring_bytes,
@@ -604,16 +603,16 @@ pub async fn connect_asking(
         socket,
         arena,
     };
-    if welcome.same_runtime && peer_in_this_process(&end.socket) {
+    if welcome.same_runtime && is_this_process(end.socket.peer_cred().ok().and_then(|c| c.pid())) {
         peer_on_this_runtime(&mut end.answers, &mut end.requests);
     }
     Ok(end)
 }
 
-/// Whether the process at the other end of `socket` is this one.
-fn peer_in_this_process(socket: &UnixStream) -> bool {
-    let peer = socket.peer_cred().ok().and_then(|peer| peer.pid());
-    peer == Some(std::process::id() as i32)
+/// Whether `pid`, a socket peer's process id (none when it is out of this
+/// process's sight), is this process.
+fn is_this_process(pid: Option<i32>) -> bool {
+    pid == Some(std::process::id() as i32)
 }
 
 /// Marks both ring ends of a session as having their peer's tasks on the

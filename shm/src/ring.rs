@@ -268,7 +268,8 @@ impl End {
         }
         let started = Instant::now();
         let spin = self.spin.load(Ordering::Relaxed);
-        let yield_core_after = self.yield_core_after();
+        // Resolved when a wait first passes YIELD_CORE_AFTER: most end sooner.
+        let mut yield_core_after = None;
         loop {
             if let Some(value) = ready()? {
                 self.spin
@@ -280,7 +281,9 @@ impl End {
                 // The runtime's yield lets this thread's other tasks run; the
                 // system's, from `yield_core_after` on, lets the peer run on
                 // this core when there are more busy threads than cores.
-                if waited >= yield_core_after {
+                if waited >= YIELD_CORE_AFTER
+                    && waited >= *yield_core_after.get_or_insert_with(|| self.yield_core_after())
+                {
                     std::thread::yield_now();
                 }
                 tokio::task::yield_now().await;
