@@ -415,11 +415,7 @@ pub async fn admit<C>(
     }
     let hello: v1::SharedMemoryHello = read_framed(&mut socket).await?;
     let ring_bytes = offers.rings_for(hello.ring_bytes);
-    let charged = match offers.take(&hello.nonce) {
-        true => charge(region_bytes(ring_bytes)),
-        false => Err("the nonce is not one this server offered, was used already, or expired; ask for a new offer".to_string()),
-    };
-    let charged = match charged {
+    let charged = match charge_for(offers, &hello, ring_bytes, charge) {
         Ok(charged) => charged,
         Err(refusal) => {
             let welcome = v1::SharedMemoryWelcome {
@@ -430,13 +426,47 @@ pub async fn admit<C>(
             return Err(HandshakeError::Refused(refusal));
         }
     };
+    let end = hand_region(offers, socket, peer.pid(), &hello, ring_bytes).await?;
+    Ok((end, charged))
+}
+
+/// Takes the nonce `hello` carries, then charges a region with rings of
+/// `ring_bytes` with `charge`: only a peer holding a good nonce is charged.
+///
+/// # Errors
+/// Why the peer is refused, to be told it.
+fn charge_for<C>(
+    offers: &Offers,
+    hello: &v1::SharedMemoryHello,
+    ring_bytes: u64,
+    charge: impl FnOnce(u64) -> Result<C, String>,
+) -> Result<C, String> {
+    if !offers.take(&hello.nonce) {
+        return Err("the nonce is not one this server offered, was used already, or expired; ask for a new offer".to_string());
+    }
+    charge(region_bytes(ring_bytes))
+}
+
+/// Creates a region with rings of `ring_bytes` and doorbells for the peer
+/// `pid` that sent `hello`, and sends them (and the values arena, when the
+/// hello takes it) in the welcome.
+///
+/// # Errors
+/// The system refused the region, a doorbell or the send.
+async fn hand_region(
+    offers: &Offers,
+    socket: UnixStream,
+    pid: Option<i32>,
+    hello: &v1::SharedMemoryHello,
+    ring_bytes: u64,
+) -> Result<ServerEnd, HandshakeError> {
     let bytes = region_bytes(ring_bytes) as usize;
     let region = Arc::new(off_runtime(move || Region::create(bytes)).await??);
     write_header(&region, ring_bytes);
     let bells = Bells::create()?;
     let arena = offers.arena.clone().filter(|_| hello.takes_arena);
     let same_runtime =
-        is_this_process(peer.pid()) && !hello.runtime.is_empty() && hello.runtime == this_runtime();
+        is_this_process(pid) && !hello.runtime.is_empty() && hello.runtime == this_runtime();
     let welcome = v1::SharedMemoryWelcome {
         refusal: String::new(),
         ring_bytes,
@@ -458,13 +488,13 @@ pub async fn admit<C>(
         ),
         answers: RingWriter::new(region, Direction::Answers, capacity, side.answers),
         socket,
-        peer_pid: peer.pid(),
+        peer_pid: pid,
         arena,
     };
     if same_runtime {
         peer_on_this_runtime(&mut end.requests, &mut end.answers);
     }
-    Ok((end, charged))
+    Ok(end)
 }
 
 /// Both ends of a session admitted through a socket of this process, its
@@ -524,20 +554,7 @@ pub async fn connect_asking(
     offer: &v1::SharedMemoryOffer,
     ring_bytes: u64,
 ) -> Result<WorkerEnd, HandshakeError> {
-    let ours = boot_id()?;
-    if ours != offer.boot_id {
-        return Err(HandshakeError::OtherHost {
-            ours,
-            theirs: offer.boot_id.clone(),
-        });
-    }
-    let uid = rustix::process::geteuid().as_raw();
-    if uid != offer.uid {
-        return Err(HandshakeError::OtherUser {
-            ours: uid,
-            theirs: offer.uid,
-        });
-    }
+    check_host_and_user(offer)?;
     let mut socket =
         reach(&offer.socket_path)
             .await
@@ -556,50 +573,22 @@ pub async fn connect_asking(
     if !welcome.refusal.is_empty() {
         return Err(HandshakeError::Refused(welcome.refusal));
     }
-    let mut fds = fds.into_iter();
-    let arena = match welcome.arena_bytes {
-        0 => None,
-        _ => fds.next_back(),
-    };
-    let Some(region) = fds.next() else {
-        return Err(HandshakeError::Protocol(
-            "the welcome carried no region".to_string(),
-        ));
-    };
-    let side = Bells::worker_side_of(fds.collect())
-        .map_err(|e| HandshakeError::Protocol(format!("the welcome's doorbells: {e}")))?;
-    if welcome.ring_bytes < 4096 || welcome.ring_bytes % 8 != 0 || welcome.ring_bytes > 1 << 32 {
-        return Err(HandshakeError::Protocol(format!(
-            "rings of {} bytes are not whole words between 4 KiB and 4 GiB",
-            welcome.ring_bytes
-        )));
-    }
+    let handed = Handed::sort(&welcome, fds)?;
     let bytes = region_bytes(welcome.ring_bytes);
-    let region = Arc::new(off_runtime(move || Region::open(region, bytes)).await??);
+    let region = Arc::new(off_runtime(move || Region::open(handed.region, bytes)).await??);
     let capacity = read_header(&region, welcome.ring_bytes)?;
-    let arena = match arena {
-        None if welcome.arena_bytes > 0 => {
-            return Err(HandshakeError::Protocol(
-                "the welcome announced a values arena and carried none".to_string(),
-            ));
-        }
+    let arena = match handed.arena {
         None => None,
-        Some(file) => {
-            let bytes = welcome.arena_bytes;
-            let view = off_runtime(move || ArenaView::open(file, bytes)).await?;
-            Some(Arc::new(
-                view.map_err(|e| HandshakeError::Protocol(e.to_string()))?,
-            ))
-        }
+        Some(file) => Some(open_arena(file, welcome.arena_bytes).await?),
     };
     let mut end = WorkerEnd {
         requests: RingWriter::new(
             Arc::clone(&region),
             Direction::Requests,
             capacity,
-            side.requests,
+            handed.bells.requests,
         ),
-        answers: RingReader::new(region, Direction::Answers, capacity, side.answers),
+        answers: RingReader::new(region, Direction::Answers, capacity, handed.bells.answers),
         socket,
         arena,
     };
@@ -607,6 +596,78 @@ pub async fn connect_asking(
         peer_on_this_runtime(&mut end.answers, &mut end.requests);
     }
     Ok(end)
+}
+
+/// Checks that `offer` was made on this host (its boot id) to this user: a
+/// worker anywhere else stays on gRPC.
+fn check_host_and_user(offer: &v1::SharedMemoryOffer) -> Result<(), HandshakeError> {
+    let ours = boot_id()?;
+    if ours != offer.boot_id {
+        return Err(HandshakeError::OtherHost {
+            ours,
+            theirs: offer.boot_id.clone(),
+        });
+    }
+    let uid = rustix::process::geteuid().as_raw();
+    if uid != offer.uid {
+        return Err(HandshakeError::OtherUser {
+            ours: uid,
+            theirs: offer.uid,
+        });
+    }
+    Ok(())
+}
+
+/// What a welcome's file descriptors are, checked against what it says.
+struct Handed {
+    region: OwnedFd,
+    bells: SideBells,
+    arena: Option<OwnedFd>,
+}
+
+impl Handed {
+    /// Sorts `fds` (the region, four doorbell ends, and the values arena
+    /// when `welcome` announces one) and checks the rings' size.
+    ///
+    /// # Errors
+    /// A descriptor missing, or rings no server makes.
+    fn sort(welcome: &v1::SharedMemoryWelcome, fds: Vec<OwnedFd>) -> Result<Self, HandshakeError> {
+        let mut fds = fds.into_iter();
+        let arena = match welcome.arena_bytes {
+            0 => None,
+            _ => Some(fds.next_back().ok_or_else(|| {
+                HandshakeError::Protocol(
+                    "the welcome announced a values arena and carried none".to_string(),
+                )
+            })?),
+        };
+        let Some(region) = fds.next() else {
+            return Err(HandshakeError::Protocol(
+                "the welcome carried no region".to_string(),
+            ));
+        };
+        let bells = Bells::worker_side_of(fds.collect())
+            .map_err(|e| HandshakeError::Protocol(format!("the welcome's doorbells: {e}")))?;
+        let ring_bytes = welcome.ring_bytes;
+        if ring_bytes < 4096 || !ring_bytes.is_multiple_of(8) || ring_bytes > 1 << 32 {
+            return Err(HandshakeError::Protocol(format!(
+                "rings of {ring_bytes} bytes are not whole words between 4 KiB and 4 GiB"
+            )));
+        }
+        Ok(Self {
+            region,
+            bells,
+            arena,
+        })
+    }
+}
+
+/// Maps the values arena `file` of `bytes`, read-only.
+async fn open_arena(file: OwnedFd, bytes: u64) -> Result<Arc<ArenaView>, HandshakeError> {
+    let view = off_runtime(move || ArenaView::open(file, bytes)).await?;
+    Ok(Arc::new(
+        view.map_err(|e| HandshakeError::Protocol(e.to_string()))?,
+    ))
 }
 
 /// Whether `pid`, a socket peer's process id (none when it is out of this
@@ -809,6 +870,41 @@ mod tests {
     /// [`welcomed_naming`] from a hello that names no runtime.
     async fn welcomed(takes_arena: bool) -> (v1::SharedMemoryWelcome, usize) {
         welcomed_naming(takes_arena, String::new()).await
+    }
+
+    /// A welcome whose files fall short of what it says, or whose rings no
+    /// server makes, is a protocol error naming what is wrong.
+    #[tokio::test]
+    async fn a_welcome_short_of_what_it_says_is_refused() {
+        // The region's place, four doorbell ends (read, write, read, write),
+        // the arena's place: the first `count` of them.
+        let files = |count: usize| -> Vec<OwnedFd> {
+            let [(r1, w1), (r2, w2), (r3, w3)] = [(); 3].map(|()| doorbell().unwrap());
+            [w3, r1, w1, r2, w2, r3].into_iter().take(count).collect()
+        };
+        let welcome = |ring_bytes, arena_bytes| v1::SharedMemoryWelcome {
+            ring_bytes,
+            arena_bytes,
+            ..Default::default()
+        };
+        let refusal =
+            |welcome: &v1::SharedMemoryWelcome, count| match Handed::sort(welcome, files(count)) {
+                Err(HandshakeError::Protocol(why)) => why,
+                Err(other) => panic!("{other:?}"),
+                Ok(_) => panic!("{welcome:?} with {count} files was taken"),
+            };
+        assert!(Handed::sort(&welcome(1 << 16, 0), files(5)).is_ok());
+        assert!(Handed::sort(&welcome(1 << 16, 1 << 20), files(6)).is_ok());
+        let why = refusal(&welcome(1 << 16, 0), 0);
+        assert!(why.contains("no region"), "{why}");
+        let why = refusal(&welcome(1 << 16, 1 << 20), 0);
+        assert!(why.contains("announced a values arena"), "{why}");
+        let why = refusal(&welcome(1 << 16, 0), 4);
+        assert!(why.contains("3 doorbell ends where 4"), "{why}");
+        for ring_bytes in [0, 4095, (1 << 16) + 4, (1 << 32) + 8] {
+            let why = refusal(&welcome(ring_bytes, 0), 5);
+            assert!(why.contains("not whole words"), "{ring_bytes}: {why}");
+        }
     }
 
     /// The welcome says "same runtime" only to a hello from this process
