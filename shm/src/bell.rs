@@ -2,14 +2,25 @@
 //! a non-blocking pipe whose read end the waiting side sleeps on and whose
 //! write end the other side rings. Each side holds only the ends it needs.
 //!
+//! A session whose worker and server are tasks of one runtime (`ps-local`)
+//! rings in-process doorbells instead ([`in_process_doorbell`]): a ring
+//! wakes the sleeping task itself, with no system call and no turn through
+//! the runtime's I/O driver, and a dropped [`Ringer`] hangs up as a closed
+//! pipe does.
+//!
 //! A ring's reader or writer rings only after finding the other side's
 //! "waiting" word set (`ring.rs`), so an operation between two busy processes
 //! makes no system call; a spurious wake is harmless, because every waiter
 //! checks again what it waits for.
 
+use std::future::poll_fn;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 
+use futures::task::AtomicWaker;
 use rustix::pipe::PipeFlags;
 use tokio::net::unix::pipe;
 
@@ -23,10 +34,35 @@ pub fn doorbell() -> io::Result<(OwnedFd, OwnedFd)> {
     )?)
 }
 
+/// A new doorbell between two tasks of this process: `(the end one sleeps
+/// on, the end the other rings)`. Ringing wakes the sleeping task directly,
+/// with no system call and no pass through the runtime's I/O driver.
+pub fn in_process_doorbell() -> (Bell, Ringer) {
+    let shared = Arc::new(InProcess::default());
+    (
+        Bell::InProcess(Arc::clone(&shared)),
+        Ringer::InProcess(shared),
+    )
+}
+
+/// What both ends of an in-process doorbell share.
+#[derive(Debug, Default)]
+pub struct InProcess {
+    /// The sleeping task, once it has slept.
+    waker: AtomicWaker,
+    /// Rung since the sleeper last woke.
+    rung: AtomicBool,
+    /// The ringing end was dropped, as a pipe's write end closes.
+    hung_up: AtomicBool,
+}
+
 /// The end of a doorbell this side sleeps on.
 #[derive(Debug)]
-pub struct Bell {
-    pipe: pipe::Receiver,
+pub enum Bell {
+    /// A pipe's read end, registered with a runtime.
+    Pipe(pipe::Receiver),
+    /// An in-process doorbell's sleeping end.
+    InProcess(Arc<InProcess>),
 }
 
 impl Bell {
@@ -36,9 +72,7 @@ impl Bell {
     /// # Errors
     /// `fd` is not a pipe, or cannot be registered.
     pub fn new(fd: OwnedFd) -> io::Result<Self> {
-        Ok(Self {
-            pipe: pipe::Receiver::from_owned_fd(fd)?,
-        })
+        Ok(Self::Pipe(pipe::Receiver::from_owned_fd(fd)?))
     }
 
     /// Waits until the bell has been rung since the last wait returned.
@@ -46,28 +80,67 @@ impl Bell {
     /// # Errors
     /// The pipe failed, or its other end closed.
     pub async fn wait(&self) -> io::Result<()> {
-        let mut rings = [0u8; 64];
-        loop {
-            self.pipe.readable().await?;
-            match self.pipe.try_read(&mut rings) {
-                Ok(0) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::BrokenPipe,
-                        "the other side closed its doorbell",
-                    ));
-                }
-                Ok(_) => return Ok(()),
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(error) => return Err(error),
-            }
+        match self {
+            Self::Pipe(pipe) => wait_on_pipe(pipe).await,
+            Self::InProcess(bell) => wait_in_process(bell).await,
+        }
+    }
+
+    /// Whether the ringing end is gone (an in-process doorbell's only: a
+    /// pipe's shows when it is waited on).
+    pub fn hung_up(&self) -> bool {
+        matches!(self, Self::InProcess(bell) if bell.hung_up.load(Ordering::Acquire))
+    }
+
+    /// Whether this is an in-process doorbell.
+    pub fn is_in_process(&self) -> bool {
+        matches!(self, Self::InProcess(_))
+    }
+}
+
+async fn wait_on_pipe(pipe: &pipe::Receiver) -> io::Result<()> {
+    let mut rings = [0u8; 64];
+    loop {
+        pipe.readable().await?;
+        match pipe.try_read(&mut rings) {
+            Ok(0) => return Err(hung_up()),
+            Ok(_) => return Ok(()),
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(error) => return Err(error),
         }
     }
 }
 
+/// Like a pipe, a ring before the hang-up is still delivered first.
+async fn wait_in_process(bell: &InProcess) -> io::Result<()> {
+    poll_fn(|cx| {
+        // Registered before the checks, so a ring after them wakes this task.
+        bell.waker.register(cx.waker());
+        if bell.rung.swap(false, Ordering::AcqRel) {
+            Poll::Ready(Ok(()))
+        } else if bell.hung_up.load(Ordering::Acquire) {
+            Poll::Ready(Err(hung_up()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+fn hung_up() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::BrokenPipe,
+        "the other side closed its doorbell",
+    )
+}
+
 /// The end of a doorbell this side rings.
 #[derive(Debug)]
-pub struct Ringer {
-    fd: OwnedFd,
+pub enum Ringer {
+    /// A pipe's write end.
+    Pipe(OwnedFd),
+    /// An in-process doorbell's ringing end.
+    InProcess(Arc<InProcess>),
 }
 
 impl Ringer {
@@ -78,14 +151,29 @@ impl Ringer {
     pub fn new(fd: OwnedFd) -> io::Result<Self> {
         let flags = rustix::fs::fcntl_getfl(&fd)?;
         rustix::fs::fcntl_setfl(&fd, flags | rustix::fs::OFlags::NONBLOCK)?;
-        Ok(Self { fd })
+        Ok(Self::Pipe(fd))
     }
 
     /// Rings: wakes the side waiting in [`Bell::wait`], now or at its next wait.
     pub fn ring(&self) {
-        // A full pipe (`EAGAIN`) has been rung already; a closed one has
-        // nobody left to wake.
-        let _ = rustix::io::write(&self.fd, &[1]);
+        match self {
+            // A full pipe (`EAGAIN`) has been rung already; a closed one has
+            // nobody left to wake.
+            Self::Pipe(fd) => drop(rustix::io::write(fd, &[1])),
+            Self::InProcess(bell) => {
+                bell.rung.store(true, Ordering::Release);
+                bell.waker.wake();
+            }
+        }
+    }
+}
+
+impl Drop for Ringer {
+    fn drop(&mut self) {
+        if let Self::InProcess(bell) = self {
+            bell.hung_up.store(true, Ordering::Release);
+            bell.waker.wake();
+        }
     }
 }
 
@@ -97,6 +185,19 @@ mod tests {
     async fn a_ring_before_the_wait_is_not_lost() {
         let (read, write) = doorbell().unwrap();
         let (bell, ringer) = (Bell::new(read).unwrap(), Ringer::new(write).unwrap());
+        rung_twice_then_hung_up(bell, ringer).await;
+    }
+
+    #[tokio::test]
+    async fn an_in_process_ring_before_the_wait_is_not_lost() {
+        let (bell, ringer) = in_process_doorbell();
+        assert!(!bell.hung_up());
+        rung_twice_then_hung_up(bell, ringer).await;
+    }
+
+    /// Rings `bell` twice before its wait, which returns once; then hangs up,
+    /// and the next wait says so.
+    async fn rung_twice_then_hung_up(bell: Bell, ringer: Ringer) {
         ringer.ring();
         ringer.ring();
         tokio::time::timeout(std::time::Duration::from_secs(5), bell.wait())
@@ -104,6 +205,35 @@ mod tests {
             .expect("rung before the wait")
             .unwrap();
         drop(ringer);
+        let closed = bell.wait().await.unwrap_err();
+        assert_eq!(closed.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    /// A task asleep on an in-process bell wakes when it is rung; one rung
+    /// and then hung up gets the ring first, as from a pipe.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_in_process_ring_wakes_the_sleeping_task_and_comes_before_the_hang_up() {
+        let (bell, ringer) = in_process_doorbell();
+        let (asleep, wake) = tokio::sync::oneshot::channel();
+        let sleeper = tokio::spawn(async move {
+            {
+                let mut first = std::pin::pin!(bell.wait());
+                assert!(futures::poll!(first.as_mut()).is_pending(), "not rung yet");
+                let _ = asleep.send(());
+                first.await.unwrap();
+            }
+            bell
+        });
+        wake.await.unwrap();
+        ringer.ring();
+        let bell = tokio::time::timeout(std::time::Duration::from_secs(5), sleeper)
+            .await
+            .expect("the ring woke the sleeper")
+            .unwrap();
+        ringer.ring();
+        drop(ringer);
+        assert!(bell.hung_up());
+        bell.wait().await.expect("the ring before the hang-up");
         let closed = bell.wait().await.unwrap_err();
         assert_eq!(closed.kind(), io::ErrorKind::BrokenPipe);
     }

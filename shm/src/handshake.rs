@@ -26,10 +26,12 @@
 //! A worker in the server's own process and on its own async runtime (as
 //! `ps-local` runs them) is told so in the welcome: the hello names the
 //! worker's runtime, and the server compares it, and the socket's peer
-//! process, with its own. A wait on either side's ring ends, when a task of
-//! that runtime polls it, then gives its core to the system only after
-//! longer (`crate::ring`): the tasks it waits for run on the same runtime,
-//! whose own yield lets them run.
+//! process, with its own. Such a session's doorbells are in-process
+//! (`crate::bell`): a ring wakes the waiting task directly. The server leaves
+//! the worker's side in this process under the hello's nonce before it sends
+//! the welcome, and the worker takes it up from there. A wait on either
+//! side's ring ends, when a task of that runtime polls it, takes its turns
+//! among the tasks it waits for (`crate::ring`).
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, IoSliceMut};
@@ -50,7 +52,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::arena::{Arena, ArenaView};
-use crate::bell::{Bell, Ringer, doorbell};
+use crate::bell::{Bell, Ringer, doorbell, in_process_doorbell};
 use crate::region::{OpenError, Region};
 use crate::ring::{
     Direction, RingError, RingReader, RingWriter, read_header, region_bytes, write_header,
@@ -158,6 +160,50 @@ pub(crate) struct Bells {
 pub(crate) struct SideBells {
     pub(crate) requests: (Bell, Ringer),
     pub(crate) answers: (Bell, Ringer),
+}
+
+/// The worker sides' doorbells of sessions admitted by a server of this
+/// process on its own runtime, by their hello's nonce, until the worker takes
+/// them up.
+static IN_PROCESS_BELLS: Mutex<Vec<(Vec<u8>, SideBells)>> = Mutex::new(Vec::new());
+
+impl SideBells {
+    /// In-process doorbells for a session whose worker and server share a
+    /// runtime: `(the server's side, the worker's side)`.
+    fn in_process() -> (Self, Self) {
+        let (requests_written, ring_requests_written) = in_process_doorbell();
+        let (request_room, ring_request_room) = in_process_doorbell();
+        let (answers_written, ring_answers_written) = in_process_doorbell();
+        let (answer_room, ring_answer_room) = in_process_doorbell();
+        let server = SideBells {
+            requests: (requests_written, ring_request_room),
+            answers: (answer_room, ring_answers_written),
+        };
+        let worker = SideBells {
+            requests: (request_room, ring_requests_written),
+            answers: (answers_written, ring_answer_room),
+        };
+        (server, worker)
+    }
+
+    /// In-process doorbells for the session of the hello that carried
+    /// `nonce`: the worker's side is left in this process for
+    /// [`SideBells::take_for`], and the server's returned.
+    fn left_for(nonce: &[u8]) -> Self {
+        let (server, worker) = Self::in_process();
+        let mut left = IN_PROCESS_BELLS.lock().unwrap_or_else(|e| e.into_inner());
+        // A side never taken up, its server's end since dropped, goes.
+        left.retain(|(_, side)| !side.requests.0.hung_up());
+        left.push((nonce.to_vec(), worker));
+        server
+    }
+
+    /// Takes up the worker's side left for `nonce`.
+    fn take_for(nonce: &[u8]) -> Option<SideBells> {
+        let mut left = IN_PROCESS_BELLS.lock().unwrap_or_else(|e| e.into_inner());
+        let at = left.iter().position(|(of, _)| of == nonce)?;
+        Some(left.swap_remove(at).1)
+    }
 }
 
 impl Bells {
@@ -476,9 +522,16 @@ async fn hand_region(
     let [a, b, c, d] = bells.worker_ends();
     let mut fds = vec![region.file(), a, b, c, d];
     fds.extend(arena.as_ref().map(|arena| arena.file()));
+    // A worker on this runtime takes its doorbells up from this process as
+    // soon as it has the welcome, so they are left before it is sent. The
+    // pipes' ends go with it all the same: a welcome's files keep one layout.
+    let in_process = same_runtime.then(|| SideBells::left_for(&hello.nonce));
     send_with_fds(&socket, &welcome, &fds).await?;
+    let side = match in_process {
+        Some(side) => side,
+        None => bells.server_side()?,
+    };
     let capacity = (ring_bytes / 8) as usize;
-    let side = bells.server_side()?;
     let mut end = ServerEnd {
         requests: RingReader::new(
             Arc::clone(&region),
@@ -573,7 +626,15 @@ pub async fn connect_asking(
     if !welcome.refusal.is_empty() {
         return Err(HandshakeError::Refused(welcome.refusal));
     }
-    let handed = Handed::sort(&welcome, fds)?;
+    let mut handed = Handed::sort(&welcome, fds)?;
+    if welcome.same_runtime {
+        // Found only when the server is in this process: it left them.
+        handed.bells = SideBells::take_for(&offer.nonce).ok_or_else(|| {
+            HandshakeError::Protocol(
+                "the welcome says the server shares this runtime, but no server of this process left doorbells for the session".to_string(),
+            )
+        })?;
+    }
     let bytes = region_bytes(welcome.ring_bytes);
     let region = Arc::new(off_runtime(move || Region::open(handed.region, bytes)).await??);
     let capacity = read_header(&region, welcome.ring_bytes)?;
@@ -592,7 +653,7 @@ pub async fn connect_asking(
         socket,
         arena,
     };
-    if welcome.same_runtime && is_this_process(end.socket.peer_cred().ok().and_then(|c| c.pid())) {
+    if welcome.same_runtime {
         peer_on_this_runtime(&mut end.answers, &mut end.requests);
     }
     Ok(end)
@@ -907,6 +968,22 @@ mod tests {
         }
     }
 
+    /// A worker's in-process doorbells are taken up once, by the nonce they
+    /// were left for; ones never taken up go once their server's end has.
+    #[test]
+    fn in_process_doorbells_are_taken_up_once_or_go_with_their_server() {
+        let server = SideBells::left_for(b"taken up");
+        assert!(SideBells::take_for(b"taken up").is_some());
+        assert!(SideBells::take_for(b"taken up").is_none(), "taken up twice");
+        drop(server);
+        let abandoned = SideBells::left_for(b"never taken up");
+        drop(abandoned);
+        let server = SideBells::left_for(b"left after it");
+        assert!(SideBells::take_for(b"never taken up").is_none());
+        assert!(SideBells::take_for(b"left after it").is_some());
+        drop(server);
+    }
+
     /// The welcome says "same runtime" only to a hello from this process
     /// that names the server's own runtime.
     #[tokio::test]
@@ -919,9 +996,10 @@ mod tests {
         }
     }
 
-    /// A worker on the server's own runtime gets ends that know it, and so
-    /// does the server; a worker on another runtime of the same process gets
-    /// ends that do not, as one in another process does.
+    /// A worker on the server's own runtime gets ends that know it and sleep
+    /// on in-process doorbells, and so does the server; a worker on another
+    /// runtime of the same process gets ends that do neither, as one in
+    /// another process does.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ends_know_a_peer_on_their_own_runtime_and_only_that() {
         let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
@@ -933,8 +1011,17 @@ mod tests {
                 worker.answers.peer_runtime(),
             ]
         };
+        let in_process = |server: &ServerEnd, worker: &WorkerEnd| {
+            [
+                server.requests.sleeps_in_process(),
+                server.answers.sleeps_in_process(),
+                worker.requests.sleeps_in_process(),
+                worker.answers.sleeps_in_process(),
+            ]
+        };
         let here = Some(tokio::runtime::Handle::current().id());
         assert_eq!(peers(&server, &worker), [here; 4]);
+        assert_eq!(in_process(&server, &worker), [true; 4]);
 
         let elsewhere = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -954,6 +1041,7 @@ mod tests {
         let worker = connect(&offer).await.unwrap();
         let (server, ()) = admitted.await.unwrap().unwrap();
         assert_eq!(peers(&server, &worker), [None; 4]);
+        assert_eq!(in_process(&server, &worker), [false; 4]);
         drop((server, worker));
         elsewhere.shutdown_background();
     }

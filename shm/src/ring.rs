@@ -18,16 +18,17 @@
 //! computes long between operations would only lose its core to the spinning;
 //! and yielding its core to the system at each turn only after the first
 //! few microseconds, or after longer when its peer's tasks run on the same
-//! runtime), then sets its waiting word, checks once more, and
-//! sleeps on its [`Bell`]; the other side rings that bell only when it finds
-//! the waiting word set, so two busy processes exchange words with no system
-//! call.
+//! runtime, where each turn also goes straight behind those tasks), then
+//! sets its waiting word, checks once more, and sleeps on its [`Bell`]; the
+//! other side rings that bell only when it finds the waiting word set, so
+//! two busy processes exchange words with no system call.
 //!
 //! The other process is not trusted: a `tail` or `head` that could not come
 //! from a well-behaved peer is [`RingError::Corrupt`], and the session ends.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::bell::{Bell, Ringer};
@@ -224,12 +225,11 @@ impl End {
             .map(|runtime| runtime.id());
     }
 
-    /// How long a spinning wait lets only its runtime's tasks run before it
-    /// also gives its core to the system at each turn.
-    fn yield_core_after(&self) -> Duration {
+    /// How a spinning wait polled here takes its turns.
+    fn turns(&self) -> Turns {
         match self.peer_runtime {
-            Some(peer) if in_a_task_of(peer) => YIELD_CORE_AFTER_PEER_HERE,
-            _ => YIELD_CORE_AFTER,
+            Some(peer) if in_a_task_of(peer) => Turns::AmongPeers,
+            _ => Turns::Apart,
         }
     }
 
@@ -268,8 +268,8 @@ impl End {
         }
         let started = Instant::now();
         let spin = self.spin.load(Ordering::Relaxed);
-        // Resolved when a wait first passes YIELD_CORE_AFTER: most end sooner.
-        let mut yield_core_after = None;
+        // Resolved at the first turn of a spin: many waits end before it.
+        let mut turns = None;
         loop {
             if let Some(value) = ready()? {
                 self.spin
@@ -279,14 +279,13 @@ impl End {
             let waited = started.elapsed();
             if spin && waited < SPIN {
                 // The runtime's yield lets this thread's other tasks run; the
-                // system's, from `yield_core_after` on, lets the peer run on
-                // this core when there are more busy threads than cores.
-                if waited >= YIELD_CORE_AFTER
-                    && waited >= *yield_core_after.get_or_insert_with(|| self.yield_core_after())
-                {
+                // system's, later, lets the peer run on this core when there
+                // are more busy threads than cores.
+                let turns = *turns.get_or_insert_with(|| self.turns());
+                if waited >= turns.yield_core_after() {
                     std::thread::yield_now();
                 }
-                tokio::task::yield_now().await;
+                turns.take().await;
                 continue;
             }
             self.word(my_waiting).store(1, Ordering::SeqCst);
@@ -299,6 +298,60 @@ impl End {
             }
             self.mine.wait().await?;
         }
+    }
+}
+
+/// How a spinning wait gives way at each turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turns {
+    /// Polled by a task of the runtime its peer's tasks run on (`ps-local`):
+    /// the wait goes straight to the back of its thread's queue, behind the
+    /// tasks it waits for ([`RequeueOnce`]), and gives its core to the
+    /// system only after [`YIELD_CORE_AFTER_PEER_HERE`].
+    AmongPeers,
+    /// Anywhere else (the peer in another process, on another runtime, or
+    /// this wait in a `block_on`): through `tokio::task::yield_now`, which
+    /// also lets the thread poll its drivers first, and to the system after
+    /// [`YIELD_CORE_AFTER`].
+    Apart,
+}
+
+impl Turns {
+    /// How long a spinning wait lets only its runtime's tasks run before it
+    /// also gives its core to the system at each turn.
+    fn yield_core_after(self) -> Duration {
+        match self {
+            Self::AmongPeers => YIELD_CORE_AFTER_PEER_HERE,
+            Self::Apart => YIELD_CORE_AFTER,
+        }
+    }
+
+    /// Lets the thread's other tasks run once.
+    async fn take(self) {
+        match self {
+            Self::AmongPeers => RequeueOnce(false).await,
+            Self::Apart => tokio::task::yield_now().await,
+        }
+    }
+}
+
+/// Wakes its task and is pending once, then ready: the task goes to the back
+/// of its thread's queue. `tokio::task::yield_now` defers the wake until the
+/// thread has polled its drivers (`epoll_wait`, the timer wheel), a system
+/// call at each turn: 80-100 a step of a one-worker `ps-local`, 7-8 this way
+/// (docs/benchmarks.md, "Ring waits among their peers' tasks").
+struct RequeueOnce(bool);
+
+impl std::future::Future for RequeueOnce {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
@@ -425,6 +478,12 @@ impl RingWriter {
         self.end.peer_runtime
     }
 
+    /// Whether this end sleeps on an in-process doorbell.
+    #[cfg(test)]
+    pub(crate) fn sleeps_in_process(&self) -> bool {
+        self.end.mine.is_in_process()
+    }
+
     /// Whether the reader sleeps on its bell: it found nothing more to read
     /// in what was published (spinning first when its last wait was short),
     /// and no write has been published since. The word is the peer's to set,
@@ -494,6 +553,12 @@ impl RingReader {
     #[cfg(test)]
     pub(crate) fn peer_runtime(&self) -> Option<tokio::runtime::Id> {
         self.end.peer_runtime
+    }
+
+    /// Whether this end sleeps on an in-process doorbell.
+    #[cfg(test)]
+    pub(crate) fn sleeps_in_process(&self) -> bool {
+        self.end.mine.is_in_process()
     }
 
     /// The region's word for answers released ([`Released`]).
@@ -728,16 +793,39 @@ mod tests {
         elsewhere.shutdown_background();
     }
 
-    /// Ends whose peer runs on this runtime give their core to the system
-    /// later, and only when a task of it waits; others at the usual time.
+    /// Ends whose peer runs on this runtime take their turns among its tasks
+    /// only when a task of it waits; others, and a `block_on`, apart.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_peer_on_this_runtime_puts_off_the_system_yield_in_its_tasks_alone() {
+    async fn a_wait_takes_its_turns_among_its_peers_tasks_in_a_task_of_their_runtime_alone() {
         let (mut writer, reader, _, _) = in_process(1 << 16).unwrap();
-        assert_eq!(reader.end.yield_core_after(), YIELD_CORE_AFTER);
+        assert_eq!(reader.end.turns(), Turns::Apart);
         writer.peer_on_this_runtime();
-        assert_eq!(writer.end.yield_core_after(), YIELD_CORE_AFTER, "block_on");
-        let in_a_task = tokio::spawn(async move { writer.end.yield_core_after() });
-        assert_eq!(in_a_task.await.unwrap(), YIELD_CORE_AFTER_PEER_HERE);
+        assert_eq!(writer.end.turns(), Turns::Apart, "block_on");
+        let in_a_task = tokio::spawn(async move { writer.end.turns() });
+        assert_eq!(in_a_task.await.unwrap(), Turns::AmongPeers);
+    }
+
+    /// A turn taken among peers puts the task behind the thread's other
+    /// tasks, and then goes on.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_turn_among_peers_lets_the_threads_other_tasks_run_first() {
+        let ran = Arc::new(AtomicBool::new(false));
+        let waiter = tokio::spawn({
+            let ran = Arc::clone(&ran);
+            async move {
+                let other = tokio::spawn({
+                    let ran = Arc::clone(&ran);
+                    async move { ran.store(true, Ordering::SeqCst) }
+                });
+                assert!(!ran.load(Ordering::SeqCst));
+                Turns::AmongPeers.take().await;
+                (ran.load(Ordering::SeqCst), other)
+            }
+        });
+        let turn = tokio::time::timeout(Duration::from_secs(10), waiter);
+        let (ran_first, other) = turn.await.expect("the turn ended").unwrap();
+        assert!(ran_first, "the other task ran during the turn");
+        other.await.unwrap();
     }
 
     /// A reader's head that moves backward, which no well-behaved reader
