@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use ps_proto::v1;
-use ps_shm::handshake::in_process_ends;
+use ps_shm::handshake::{ServerEnd, WorkerEnd, in_process_ends, in_process_ends_over_pipes};
 use ps_shm::pool::BufferPool;
 use ps_shm::serving::Charger;
 use ps_shm::{ServerLink, serve_link};
@@ -28,6 +28,16 @@ use super::*;
 /// it, answered by hand.
 async fn linked() -> (Arc<SessionLink>, ServerLink) {
     let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
+    link_over(server, worker)
+}
+
+/// [`linked`], its doorbells pipes, as between two processes.
+async fn linked_over_pipes() -> (Arc<SessionLink>, ServerLink) {
+    let (server, worker, _) = in_process_ends_over_pipes(1 << 16).await.unwrap();
+    link_over(server, worker)
+}
+
+fn link_over(server: ServerEnd, worker: WorkerEnd) -> (Arc<SessionLink>, ServerLink) {
     let charge: Charger = Arc::new(|_| Ok(Arc::new(())));
     let serving = serve_link(
         server,
@@ -122,7 +132,17 @@ async fn within<T>(future: impl std::future::Future<Output = T>) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_in_flight_together_each_get_their_own_answer_in_any_order() {
-    let (link, mut serving) = linked().await;
+    each_gets_its_own_answer_in_any_order(linked().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_together_over_pipes_each_get_their_own_answer_in_any_order() {
+    each_gets_its_own_answer_in_any_order(linked_over_pipes().await).await;
+}
+
+async fn each_gets_its_own_answer_in_any_order(
+    (link, mut serving): (Arc<SessionLink>, ServerLink),
+) {
     const CALLS: u64 = 16;
     let calls: Vec<_> = (1..=CALLS)
         .map(|n| {

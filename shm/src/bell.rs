@@ -4,9 +4,9 @@
 //!
 //! A session whose worker and server are tasks of one runtime (`ps-local`)
 //! rings in-process doorbells instead ([`in_process_doorbell`]): a ring
-//! wakes the sleeping task itself, with no system call and no turn through
-//! the runtime's I/O driver, and a dropped [`Ringer`] hangs up as a closed
-//! pipe does.
+//! wakes the sleeping task itself, with no pipe and no turn through the
+//! runtime's I/O driver, and a dropped [`Ringer`] hangs up as a closed pipe
+//! does.
 //!
 //! A ring's reader or writer rings only after finding the other side's
 //! "waiting" word set (`ring.rs`), so an operation between two busy processes
@@ -17,7 +17,7 @@ use std::future::poll_fn;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::Poll;
 
 use futures::task::AtomicWaker;
@@ -36,7 +36,8 @@ pub fn doorbell() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// A new doorbell between two tasks of this process: `(the end one sleeps
 /// on, the end the other rings)`. Ringing wakes the sleeping task directly,
-/// with no system call and no pass through the runtime's I/O driver.
+/// with no pipe and no pass through the runtime's I/O driver (the runtime
+/// still wakes a parked thread of its own to run it, when it has to).
 pub fn in_process_doorbell() -> (Bell, Ringer) {
     let shared = Arc::new(InProcess::default());
     (
@@ -50,11 +51,16 @@ pub fn in_process_doorbell() -> (Bell, Ringer) {
 pub struct InProcess {
     /// The sleeping task, once it has slept.
     waker: AtomicWaker,
-    /// Rung since the sleeper last woke.
-    rung: AtomicBool,
-    /// The ringing end was dropped, as a pipe's write end closes.
-    hung_up: AtomicBool,
+    /// [`RUNG`] since the sleeper last woke, and [`HUNG_UP`]: one word, so
+    /// that a wait sees a ring and the hang-up after it together.
+    state: AtomicU8,
 }
+
+/// Rung since the sleeper last woke.
+const RUNG: u8 = 1;
+
+/// The ringing end was dropped, as a pipe's write end closes.
+const HUNG_UP: u8 = 2;
 
 /// The end of a doorbell this side sleeps on.
 #[derive(Debug)]
@@ -89,7 +95,7 @@ impl Bell {
     /// Whether the ringing end is gone (an in-process doorbell's only: a
     /// pipe's shows when it is waited on).
     pub fn hung_up(&self) -> bool {
-        matches!(self, Self::InProcess(bell) if bell.hung_up.load(Ordering::Acquire))
+        matches!(self, Self::InProcess(bell) if bell.state.load(Ordering::Acquire) & HUNG_UP != 0)
     }
 
     /// Whether this is an in-process doorbell.
@@ -103,7 +109,7 @@ async fn wait_on_pipe(pipe: &pipe::Receiver) -> io::Result<()> {
     loop {
         pipe.readable().await?;
         match pipe.try_read(&mut rings) {
-            Ok(0) => return Err(hung_up()),
+            Ok(0) => return Err(closed_by_the_other_side()),
             Ok(_) => return Ok(()),
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
             Err(error) => return Err(error),
@@ -114,12 +120,13 @@ async fn wait_on_pipe(pipe: &pipe::Receiver) -> io::Result<()> {
 /// Like a pipe, a ring before the hang-up is still delivered first.
 async fn wait_in_process(bell: &InProcess) -> io::Result<()> {
     poll_fn(|cx| {
-        // Registered before the checks, so a ring after them wakes this task.
+        // Registered before the check, so a ring after it wakes this task.
         bell.waker.register(cx.waker());
-        if bell.rung.swap(false, Ordering::AcqRel) {
+        let seen = bell.state.fetch_and(!RUNG, Ordering::AcqRel);
+        if seen & RUNG != 0 {
             Poll::Ready(Ok(()))
-        } else if bell.hung_up.load(Ordering::Acquire) {
-            Poll::Ready(Err(hung_up()))
+        } else if seen & HUNG_UP != 0 {
+            Poll::Ready(Err(closed_by_the_other_side()))
         } else {
             Poll::Pending
         }
@@ -127,7 +134,7 @@ async fn wait_in_process(bell: &InProcess) -> io::Result<()> {
     .await
 }
 
-fn hung_up() -> io::Error {
+fn closed_by_the_other_side() -> io::Error {
     io::Error::new(
         io::ErrorKind::BrokenPipe,
         "the other side closed its doorbell",
@@ -161,7 +168,7 @@ impl Ringer {
             // nobody left to wake.
             Self::Pipe(fd) => drop(rustix::io::write(fd, &[1])),
             Self::InProcess(bell) => {
-                bell.rung.store(true, Ordering::Release);
+                bell.state.fetch_or(RUNG, Ordering::Release);
                 bell.waker.wake();
             }
         }
@@ -171,7 +178,7 @@ impl Ringer {
 impl Drop for Ringer {
     fn drop(&mut self) {
         if let Self::InProcess(bell) = self {
-            bell.hung_up.store(true, Ordering::Release);
+            bell.state.fetch_or(HUNG_UP, Ordering::Release);
             bell.waker.wake();
         }
     }
@@ -205,8 +212,14 @@ mod tests {
             .expect("rung before the wait")
             .unwrap();
         drop(ringer);
-        let closed = bell.wait().await.unwrap_err();
+        let closed = within(bell.wait()).await.unwrap_err();
         assert_eq!(closed.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    async fn within<T>(future: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(std::time::Duration::from_secs(5), future)
+            .await
+            .expect("the bell answered in time")
     }
 
     /// A task asleep on an in-process bell wakes when it is rung; one rung
@@ -233,8 +246,10 @@ mod tests {
         ringer.ring();
         drop(ringer);
         assert!(bell.hung_up());
-        bell.wait().await.expect("the ring before the hang-up");
-        let closed = bell.wait().await.unwrap_err();
+        within(bell.wait())
+            .await
+            .expect("the ring before the hang-up");
+        let closed = within(bell.wait()).await.unwrap_err();
         assert_eq!(closed.kind(), io::ErrorKind::BrokenPipe);
     }
 }

@@ -576,13 +576,36 @@ pub async fn in_process_ends_with(
     ring_bytes: u64,
     arena: Option<Arc<Arena>>,
 ) -> Result<(ServerEnd, WorkerEnd, v1::SharedMemoryOffer), HandshakeError> {
+    in_process_ends_naming(ring_bytes, arena, this_runtime()).await
+}
+
+/// [`in_process_ends`], the worker's hello naming no runtime, as a worker in
+/// another process does: the session sleeps on pipes, as between processes.
+///
+/// # Errors
+/// As [`in_process_ends`].
+///
+/// # Panics
+/// Outside a runtime.
+pub async fn in_process_ends_over_pipes(
+    ring_bytes: u64,
+) -> Result<(ServerEnd, WorkerEnd, v1::SharedMemoryOffer), HandshakeError> {
+    in_process_ends_naming(ring_bytes, None, String::new()).await
+}
+
+/// [`in_process_ends_with`], the worker's hello naming `runtime`.
+async fn in_process_ends_naming(
+    ring_bytes: u64,
+    arena: Option<Arc<Arena>>,
+    runtime: String,
+) -> Result<(ServerEnd, WorkerEnd, v1::SharedMemoryOffer), HandshakeError> {
     let (offers, listener) = Offers::bind_with_arena(ring_bytes, arena)?;
     let offer = offers.offer()?;
     let server = tokio::spawn(async move {
         let (socket, _) = listener.accept().await?;
         admit(&offers, socket, |_| Ok::<_, String>(())).await
     });
-    let worker = connect(&offer).await?;
+    let worker = connect_naming(&offer, 0, runtime).await?;
     let joined = server.await.map_err(io::Error::other)?;
     let (server, ()) = joined?;
     Ok((server, worker, offer))
@@ -607,6 +630,15 @@ pub async fn connect_asking(
     offer: &v1::SharedMemoryOffer,
     ring_bytes: u64,
 ) -> Result<WorkerEnd, HandshakeError> {
+    connect_naming(offer, ring_bytes, this_runtime()).await
+}
+
+/// [`connect_asking`], the hello naming `runtime` as the worker's.
+async fn connect_naming(
+    offer: &v1::SharedMemoryOffer,
+    ring_bytes: u64,
+    runtime: String,
+) -> Result<WorkerEnd, HandshakeError> {
     check_host_and_user(offer)?;
     let mut socket =
         reach(&offer.socket_path)
@@ -619,7 +651,7 @@ pub async fn connect_asking(
         nonce: offer.nonce.clone(),
         takes_arena: true,
         ring_bytes,
-        runtime: this_runtime(),
+        runtime,
     };
     write_framed(&mut socket, &hello).await?;
     let (welcome, fds): (v1::SharedMemoryWelcome, _) = receive_with_fds(&socket).await?;
@@ -1022,6 +1054,9 @@ mod tests {
         let here = Some(tokio::runtime::Handle::current().id());
         assert_eq!(peers(&server, &worker), [here; 4]);
         assert_eq!(in_process(&server, &worker), [true; 4]);
+        let (server, worker, _) = in_process_ends_over_pipes(1 << 16).await.unwrap();
+        assert_eq!(peers(&server, &worker), [None; 4]);
+        assert_eq!(in_process(&server, &worker), [false; 4]);
 
         let elsewhere = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

@@ -16,7 +16,8 @@
 //!   (NaN, infinity) looked for in the same pass as a copy off the ring.
 //! - [`cache_size`]: the last-level cache's size, which sets when those
 //!   copies bypass the cache.
-//! - [`bell`]: pipe doorbells, rung only for a side that sleeps.
+//! - [`bell`]: doorbells (pipes, or in-process for a session on one runtime),
+//!   rung only for a side that sleeps.
 //! - [`ring`]: a single-producer, single-consumer ring of words with spinning,
 //!   then sleeping, waits.
 //! - [`message`]: session requests and answers on a ring, tensors as raw bytes,

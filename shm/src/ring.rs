@@ -53,10 +53,10 @@ pub const SPIN: Duration = Duration::from_micros(200);
 const YIELD_CORE_AFTER: Duration = Duration::from_micros(5);
 
 /// [`YIELD_CORE_AFTER`] for a wait polled by a task of the runtime its peer's
-/// tasks run on (`ps-local`'s servers and workers): the runtime's own yield
-/// lets the peer run when it is queued on this thread, and the system's
-/// yield, where the runtime's threads are the only busy ones, hands the core
-/// to nothing: 10 % of `ps-local`'s samples were under it, and without it
+/// tasks run on (`ps-local`'s servers and workers): its turns among the
+/// peer's tasks let the peer run when it is queued on this thread, and the
+/// system's yield, where the runtime's threads are the only busy ones, hands
+/// the core to nothing: 10 % of `ps-local`'s samples were under it, and without it
 /// `ps-local` ran about 4 % faster (docs/benchmarks.md, "Ring waits on one
 /// runtime"). It still comes after this long, for a peer's runtime thread
 /// that other busy threads keep off a core.
@@ -212,8 +212,7 @@ struct End {
     spin: AtomicBool,
     /// The runtime the peer's tasks run on, when the handshake found it to be
     /// this end's own ([`End::peer_on_this_runtime`]); a wait polled by a
-    /// task of it gives its core to the system only after
-    /// [`YIELD_CORE_AFTER_PEER_HERE`].
+    /// task of it takes its turns among the peer's ([`Turns::AmongPeers`]).
     peer_runtime: Option<tokio::runtime::Id>,
 }
 
@@ -310,8 +309,8 @@ enum Turns {
     /// system only after [`YIELD_CORE_AFTER_PEER_HERE`].
     AmongPeers,
     /// Anywhere else (the peer in another process, on another runtime, or
-    /// this wait in a `block_on`): through `tokio::task::yield_now`, which
-    /// also lets the thread poll its drivers first, and to the system after
+    /// this wait in a `block_on`): through `tokio::task::yield_now`, which in
+    /// a task lets the thread poll its drivers first, and to the system after
     /// [`YIELD_CORE_AFTER`].
     Apart,
 }

@@ -197,7 +197,7 @@ mod handshake {
 
     use ps_proto::codec::first_non_finite;
     use ps_proto::v1::session_answer::Outcome;
-    use ps_shm::handshake::{Offers, admit, connect, in_process_ends};
+    use ps_shm::handshake::{Offers, admit, connect, in_process_ends, in_process_ends_over_pipes};
     use ps_shm::pool::Hold;
     use ps_shm::serving::{Charger, Checker};
     use ps_shm::{HandshakeError, serve_link, worker_link};
@@ -224,6 +224,23 @@ mod handshake {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_offer_taken_over_the_socket_carries_a_session_both_ways() {
         let (server, worker, offer) = in_process_ends(1 << 16).await.unwrap();
+        carries_a_session_both_ways(server, worker, offer).await;
+    }
+
+    /// The same over pipe doorbells, as between two processes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_offer_taken_over_the_socket_carries_a_session_both_ways_over_pipes() {
+        let (server, worker, offer) = in_process_ends_over_pipes(1 << 16).await.unwrap();
+        carries_a_session_both_ways(server, worker, offer).await;
+    }
+
+    /// Requests, a refusal and an answer through a session, then the
+    /// server's side ending it.
+    async fn carries_a_session_both_ways(
+        server: ps_shm::handshake::ServerEnd,
+        worker: ps_shm::handshake::WorkerEnd,
+        offer: v1::SharedMemoryOffer,
+    ) {
         // The server charges each request's payloads while they live, and
         // refuses a request past 1 MB.
         let held = Arc::new(AtomicU64::new(0));
