@@ -1000,6 +1000,37 @@ mod tests {
         }
     }
 
+    /// A welcome that says "same runtime" from a server that left this
+    /// process no doorbells (one in another process, say) is a protocol
+    /// error, not a session whose two sides sleep on different bells.
+    #[tokio::test]
+    async fn a_welcome_claiming_this_runtime_without_doorbells_left_is_refused() {
+        let (offers, listener) = Offers::bind(1 << 16).unwrap();
+        let offer = offers.offer().unwrap();
+        let claiming = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let _: v1::SharedMemoryHello = read_framed(&mut socket).await.unwrap();
+            let region = Region::create(region_bytes(1 << 16) as usize).unwrap();
+            write_header(&region, 1 << 16);
+            let bells = Bells::create().unwrap();
+            let welcome = v1::SharedMemoryWelcome {
+                ring_bytes: 1 << 16,
+                same_runtime: true,
+                ..Default::default()
+            };
+            let [a, b, c, d] = bells.worker_ends();
+            let fds = [region.file(), a, b, c, d];
+            send_with_fds(&socket, &welcome, &fds).await.unwrap();
+            socket
+        });
+        let refused = connect(&offer).await.unwrap_err();
+        let HandshakeError::Protocol(why) = &refused else {
+            panic!("a protocol error: {refused:?}");
+        };
+        assert!(why.contains("left doorbells"), "{why}");
+        drop(claiming.await.unwrap());
+    }
+
     /// A worker's in-process doorbells are taken up once, by the nonce they
     /// were left for; ones never taken up go once their server's end has.
     #[test]
