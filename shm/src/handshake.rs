@@ -55,7 +55,8 @@ use crate::arena::{Arena, ArenaView};
 use crate::bell::{Bell, Ringer, doorbell, in_process_doorbell};
 use crate::region::{OpenError, Region};
 use crate::ring::{
-    Direction, RingError, RingReader, RingWriter, read_header, region_bytes, write_header,
+    Direction, RingError, RingReader, RingWriter, peer_on_this_runtime, read_header, region_bytes,
+    write_header,
 };
 
 /// How long an offer's nonce stays good.
@@ -769,13 +770,6 @@ fn is_this_process(pid: Option<i32>) -> bool {
     pid == Some(std::process::id() as i32)
 }
 
-/// Marks both ring ends of a session as having their peer's tasks on the
-/// current runtime.
-fn peer_on_this_runtime(reading: &mut RingReader, writing: &mut RingWriter) {
-    reading.peer_on_this_runtime();
-    writing.peer_on_this_runtime();
-}
-
 /// This thread's async runtime as this process names it, or empty off any:
 /// a hello carries it, so that a server in the same process can tell a
 /// worker on its own runtime from one on another.
@@ -1066,22 +1060,14 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ends_know_a_peer_on_their_own_runtime_and_only_that() {
         let (server, worker, _) = in_process_ends(1 << 16).await.unwrap();
-        let peers = |server: &ServerEnd, worker: &WorkerEnd| {
-            [
-                server.requests.peer_runtime(),
-                server.answers.peer_runtime(),
-                worker.requests.peer_runtime(),
-                worker.answers.peer_runtime(),
-            ]
+        let known = |server: &ServerEnd, worker: &WorkerEnd| {
+            let [a, b] = crate::ring::peer_known(&server.requests, &server.answers);
+            let [c, d] = crate::ring::peer_known(&worker.answers, &worker.requests);
+            [a, b, c, d]
         };
-        let in_process = |server: &ServerEnd, worker: &WorkerEnd| {
-            [
-                server.requests.sleeps_in_process(),
-                server.answers.sleeps_in_process(),
-                worker.requests.sleeps_in_process(),
-                worker.answers.sleeps_in_process(),
-            ]
-        };
+        let peers = |server: &ServerEnd, worker: &WorkerEnd| known(server, worker).map(|k| k.0);
+        let in_process =
+            |server: &ServerEnd, worker: &WorkerEnd| known(server, worker).map(|k| k.1);
         let here = Some(tokio::runtime::Handle::current().id());
         assert_eq!(peers(&server, &worker), [here; 4]);
         assert_eq!(in_process(&server, &worker), [true; 4]);

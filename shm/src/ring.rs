@@ -354,6 +354,25 @@ impl std::future::Future for RequeueOnce {
     }
 }
 
+/// Marks one side's two ends of a session, `reading` and `writing`, as
+/// having their peer's tasks on the current runtime (see
+/// [`YIELD_CORE_AFTER_PEER_HERE`]).
+pub(crate) fn peer_on_this_runtime(reading: &mut RingReader, writing: &mut RingWriter) {
+    reading.end.peer_on_this_runtime();
+    writing.end.peer_on_this_runtime();
+}
+
+/// What one side's two ends of a session, `reading` and `writing`, know of
+/// their peer: its runtime when it is theirs, and whether they sleep on
+/// in-process doorbells.
+#[cfg(test)]
+pub(crate) fn peer_known(
+    reading: &RingReader,
+    writing: &RingWriter,
+) -> [(Option<tokio::runtime::Id>, bool); 2] {
+    [&reading.end, &writing.end].map(|end| (end.peer_runtime, end.mine.is_in_process()))
+}
+
 /// Whether this thread is polling a task of runtime `id` (not a `block_on`
 /// of it, whose future runs no other task at its yields).
 fn in_a_task_of(id: tokio::runtime::Id) -> bool {
@@ -465,24 +484,6 @@ impl RingWriter {
         }
     }
 
-    /// Marks the reader's tasks as running on the current runtime (see
-    /// [`YIELD_CORE_AFTER_PEER_HERE`]).
-    pub(crate) fn peer_on_this_runtime(&mut self) {
-        self.end.peer_on_this_runtime();
-    }
-
-    /// The runtime the reader's tasks run on, when it is this end's own.
-    #[cfg(test)]
-    pub(crate) fn peer_runtime(&self) -> Option<tokio::runtime::Id> {
-        self.end.peer_runtime
-    }
-
-    /// Whether this end sleeps on an in-process doorbell.
-    #[cfg(test)]
-    pub(crate) fn sleeps_in_process(&self) -> bool {
-        self.end.mine.is_in_process()
-    }
-
     /// Whether the reader sleeps on its bell: it found nothing more to read
     /// in what was published (spinning first when its last wait was short),
     /// and no write has been published since. The word is the peer's to set,
@@ -542,24 +543,6 @@ fn free_behind(end: &End, tail: u64, seen: &AtomicU64) -> Result<u64, RingError>
 }
 
 impl RingReader {
-    /// Marks the writer's tasks as running on the current runtime (see
-    /// [`YIELD_CORE_AFTER_PEER_HERE`]).
-    pub(crate) fn peer_on_this_runtime(&mut self) {
-        self.end.peer_on_this_runtime();
-    }
-
-    /// The runtime the writer's tasks run on, when it is this end's own.
-    #[cfg(test)]
-    pub(crate) fn peer_runtime(&self) -> Option<tokio::runtime::Id> {
-        self.end.peer_runtime
-    }
-
-    /// Whether this end sleeps on an in-process doorbell.
-    #[cfg(test)]
-    pub(crate) fn sleeps_in_process(&self) -> bool {
-        self.end.mine.is_in_process()
-    }
-
     /// The region's word for answers released ([`Released`]).
     pub(crate) fn released(&self) -> Released {
         Released(Arc::clone(&self.end.region))
@@ -798,7 +781,7 @@ mod tests {
     async fn a_wait_takes_its_turns_among_its_peers_tasks_in_a_task_of_their_runtime_alone() {
         let (mut writer, reader, _, _) = in_process(1 << 16).unwrap();
         assert_eq!(reader.end.turns(), Turns::Apart);
-        writer.peer_on_this_runtime();
+        writer.end.peer_on_this_runtime();
         assert_eq!(writer.end.turns(), Turns::Apart, "block_on");
         let in_a_task = tokio::spawn(async move { writer.end.turns() });
         assert_eq!(in_a_task.await.unwrap(), Turns::AmongPeers);
