@@ -19,6 +19,7 @@ use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 use ps_shm::DataPathMode;
+use ps_shm::arena::ArenaView;
 use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -201,6 +202,15 @@ impl Server {
                 *state = SessionState::NotOffered;
                 Ok(None)
             }
+        }
+    }
+
+    /// The values arena of the session open now, when it is open through
+    /// shared memory with one (no session is opened for it).
+    pub(crate) async fn values_arena(&self) -> Option<Arc<ArenaView>> {
+        match &*self.session.lock().await {
+            SessionState::Open(link) => link.values_arena().cloned(),
+            SessionState::Closed | SessionState::NotOffered => None,
         }
     }
 

@@ -31,6 +31,7 @@ use ps_proto::session_body::{Ending, SessionBody};
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
+use ps_shm::arena::ArenaView;
 use ps_shm::{Answer, AnswerRing, LentPayloads, RequestRing, Sent};
 use rings::OwnReading;
 use tokio::sync::{mpsc, oneshot};
@@ -72,6 +73,8 @@ pub(crate) struct SessionLink {
     transport: Transport,
     waiting: Arc<Mutex<Waiting>>,
     next_id: AtomicU64,
+    /// The server's values arena, for a shared-memory session it handed one to.
+    arena: Option<Arc<ArenaView>>,
 }
 
 impl SessionLink {
@@ -98,6 +101,7 @@ impl SessionLink {
     /// link dropped), and then fails every request still waiting.
     pub(crate) fn over_shared_memory(region: ps_shm::handshake::WorkerEnd) -> Self {
         let waiting = Arc::new(Mutex::new(Waiting::default()));
+        let arena = region.arena.clone();
         let (requests, answers, closed) = ps_shm::worker_rings(region, u64::MAX);
         let watched = Arc::clone(&waiting);
         tokio::spawn(async move {
@@ -111,6 +115,7 @@ impl SessionLink {
             transport: Transport::Rings(Box::new(requests), answers),
             waiting,
             next_id: AtomicU64::new(1),
+            arena,
         }
     }
 
@@ -135,12 +140,20 @@ impl SessionLink {
             transport: Transport::Stream(requests),
             waiting,
             next_id: AtomicU64::new(1),
+            arena: None,
         }
     }
 
     /// Whether this session runs through shared memory.
     pub(crate) fn is_shared_memory(&self) -> bool {
         matches!(self.transport, Transport::Rings(..))
+    }
+
+    /// The server's values arena while this session is open through shared
+    /// memory and the server handed one over: where pulls may read values
+    /// again with no request ([`ArenaView::read_current`]).
+    pub(crate) fn values_arena(&self) -> Option<&Arc<ArenaView>> {
+        self.arena.as_ref().filter(|_| !self.has_ended())
     }
 
     /// Whether the stream has ended (a new request would fail at once).

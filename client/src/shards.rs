@@ -21,6 +21,7 @@ use ps_proto::metadata;
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
+use ps_shm::arena::ARENA_FROM_BYTES;
 use tonic::metadata::MetadataMap;
 
 use crate::config::{ClientConfig, MIN_GROUP_BYTES, SizeRules};
@@ -552,8 +553,32 @@ impl Shards {
 
     /// Pulls the parts `sinks` stand for from `server`, writing each into its
     /// sink; the version of each part, and how long the server held the pull
-    /// waiting for `min_version`.
+    /// waiting for `min_version`. Parts that can be read straight from the
+    /// server's values arena are ([`PartSink::read_direct`]); only the rest
+    /// are asked for.
     pub(crate) async fn pull_on(
+        &self,
+        server: &Server,
+        sinks: Vec<PartSink<'_>>,
+        min_version: Version,
+    ) -> Result<(Vec<(ParamKey, Version)>, Duration), ClientError> {
+        let (read, sinks) = read_direct(server, sinks, min_version).await;
+        let direct = finished(&read).map_err(|malformed| ClientError::Protocol {
+            what: Rpc::Pull,
+            addr: server.addr.clone(),
+            reason: malformed.to_string(),
+        })?;
+        if sinks.is_empty() {
+            return Ok((direct, Duration::ZERO));
+        }
+        let (mut versions, waited) = self.pull_asked(server, sinks, min_version).await?;
+        versions.extend(direct);
+        Ok((versions, waited))
+    }
+
+    /// Pulls the parts `sinks` stand for from `server` with a request (as
+    /// [`Shards::pull_on`]).
+    async fn pull_asked(
         &self,
         server: &Server,
         mut sinks: Vec<PartSink<'_>>,
@@ -616,6 +641,33 @@ impl Shards {
         let versions = finished(&sinks).map_err(|e| protocol(Rpc::Pull, e))?;
         Ok((versions, waited))
     }
+}
+
+/// Reads each of `sinks` that it can straight from `server`'s values arena,
+/// at `min_version` or later ([`PartSink::read_direct`]): those read, and
+/// those left to pull. Only a session open through shared memory with an
+/// arena has any, and only parts a pull found in the arena before.
+async fn read_direct<'a>(
+    server: &Server,
+    sinks: Vec<PartSink<'a>>,
+    min_version: Version,
+) -> (Vec<PartSink<'a>>, Vec<PartSink<'a>>) {
+    let bytes: usize = sinks.iter().map(PartSink::byte_len).sum();
+    let arena = match bytes >= ARENA_FROM_BYTES {
+        true => server.values_arena().await,
+        false => None,
+    };
+    let Some(arena) = arena else {
+        return (Vec::new(), sinks);
+    };
+    let (mut read, mut left) = (Vec::new(), Vec::new());
+    for mut sink in sinks {
+        match sink.read_direct(&arena, min_version) {
+            true => read.push(sink),
+            false => left.push(sink),
+        }
+    }
+    (read, left)
 }
 
 /// Sets each parameter in `into` to its lowest part's version among `answers`

@@ -12,6 +12,7 @@ use ps_proto::ids::{MapVersion, Version};
 use ps_proto::key::ParamKey;
 use ps_proto::v1;
 use ps_shm::LentPayloads;
+use ps_shm::arena::ArenaView;
 
 #[cfg(test)]
 use crate::placement::ParamInfo;
@@ -225,8 +226,34 @@ impl<'a> PartSink<'a> {
         advanced.map_err(MalformedReply::from)?;
         let into = bytemuck::cast_slice_mut::<f32, u8>(self.values);
         lent.read_next(into).await.map_err(PulledError::Ring)?;
+        lent.remember_last_as(self.key());
         self.note_version(version);
         Ok(())
+    }
+
+    /// Reads the whole part straight from the server's values `arena`, with
+    /// no request, when a pull found it there before and its block still
+    /// holds the key's current values, at `min_version` or later, unchanged
+    /// while they were copied ([`ArenaView::read_current`]). False when not
+    /// (the part's buffer may then hold anything, and is pulled as usual).
+    pub(crate) fn read_direct(&mut self, arena: &ArenaView, min_version: Version) -> bool {
+        let header = self.cursor.header();
+        if header.dtype != DType::F32 || !cfg!(target_endian = "little") {
+            return false;
+        }
+        let Some(spot) = arena.spot_of(&header.key) else {
+            return false;
+        };
+        let header = header.clone();
+        let into = bytemuck::cast_slice_mut::<f32, u8>(self.values);
+        let Some(version) = arena.read_current(spot, min_version.get(), into) else {
+            return false;
+        };
+        if self.cursor.advance(&header, 0, into.len()).is_err() {
+            return false;
+        }
+        self.note_version(Version(version));
+        true
     }
 
     /// Keeps the oldest version any of the part's chunks came at.

@@ -147,6 +147,7 @@ impl KeyState {
     /// A key at version 0 holding `values`.
     pub fn new(spec: &ParamSpec, values: impl Into<Values>) -> Self {
         let values = values.into();
+        values.publish(Version(0));
         Self {
             optimizer: Optimizer::new(spec.optimizer.clone(), values.len()),
             values,
@@ -227,6 +228,7 @@ impl KeyState {
     pub fn restore(&mut self, values: impl Into<Values>, version: Version, ranks: u32) {
         self.values = values.into();
         self.version = version;
+        self.values.publish(version);
         self.pending = Pending::default();
         self.snapshot = None;
         if let Some(done) = version.last_step() {
@@ -242,6 +244,7 @@ impl KeyState {
     pub fn place_in(&mut self, arena: &Arc<Arena>) {
         let values = std::mem::replace(&mut self.values, Values::new(Vec::new()));
         self.values = values.placed_in(arena);
+        self.values.publish(self.version);
     }
 
     /// Current version.
@@ -282,21 +285,28 @@ impl KeyState {
         match group.consistency {
             Consistency::Bsp if group.workers <= 1 => {
                 self.update(Gradient::Wire(grad), scale);
-                self.version = Version::after(step);
+                self.set_version(Version::after(step));
                 None
             }
             Consistency::Bsp => self.accumulate(live, worker, grad),
             Consistency::Ssp { .. } => {
                 self.update(Gradient::Wire(grad), scale);
-                self.version = self.group_clock(live);
+                self.set_version(self.group_clock(live));
                 None
             }
             Consistency::Asp => {
                 self.update(Gradient::Wire(grad), scale);
-                self.version = self.version.next();
+                self.set_version(self.version.next());
                 None
             }
         }
+    }
+
+    /// Moves the key to `version`, once its values are updated, and says so
+    /// in their stamp ([`Values::publish`]).
+    fn set_version(&mut self, version: Version) {
+        self.version = version;
+        self.values.publish(version);
     }
 
     fn accumulate(
@@ -337,13 +347,15 @@ impl KeyState {
         );
         self.pending.sum = sum;
         self.pending.workers.clear();
-        self.version = self.version.next();
+        self.set_version(self.version.next());
         let started = self.pending.started.take();
         Some(started.map_or(Duration::ZERO, |s| s.elapsed()))
     }
 
     fn update(&mut self, grad: Gradient<'_>, scale: f32) {
-        self.optimizer.apply(self.values.make_mut(), grad, scale);
+        let optimizer = &mut self.optimizer;
+        self.values
+            .update(|values| optimizer.apply(values, grad, scale));
         self.snapshot = None;
     }
 

@@ -7,16 +7,21 @@
 //! ([`ps_shm::arena`]), which workers on its host map read-only: a pull over
 //! shared memory then sends where they are, and the worker copies them
 //! once. A copy made for an update goes into the same arena when it has
-//! room, and onto the heap when not.
+//! room, and onto the heap when not. While they are the key's current
+//! values, their block's stamp says at which version ([`Values::publish`]),
+//! so that a worker may read them again with no request; an update in place
+//! is bracketed by the stamp, and values superseded (copied for an update
+//! while a pull holds them, replaced, or dropped with their key) say so.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use ps_proto::codec::DType;
+use ps_proto::ids::Version;
 use ps_shm::arena::{ARENA_FROM_BYTES, Arena, Block};
 
-/// A key's values, cheap to share with pulls.
-#[derive(Debug, Clone)]
+/// A key's current values, cheap to share with pulls.
+#[derive(Debug)]
 pub struct Values(Arc<Held>);
 
 /// Where the values are.
@@ -31,13 +36,6 @@ impl Held {
         match self {
             Held::Heap(values) => values,
             Held::Arena(block) => block.as_slice(),
-        }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [f32] {
-        match self {
-            Held::Heap(values) => values,
-            Held::Arena(block) => block.as_mut_slice(),
         }
     }
 }
@@ -119,9 +117,33 @@ impl Values {
         self.as_slice().is_empty()
     }
 
-    /// The values to update in place: copied first only when a pull still holds them.
-    pub fn make_mut(&mut self) -> &mut [f32] {
-        Arc::make_mut(&mut self.0).as_mut_slice()
+    /// Runs `update` on the values in place: copied first only when a pull
+    /// still holds them (which then stop being the key's current values).
+    /// Their published version stays until the next [`Values::publish`].
+    pub fn update<T>(&mut self, update: impl FnOnce(&mut [f32]) -> T) -> T {
+        if Arc::get_mut(&mut self.0).is_none() {
+            self.superseded();
+        }
+        match Arc::make_mut(&mut self.0) {
+            Held::Heap(values) => update(values),
+            Held::Arena(block) => block.update(update),
+        }
+    }
+
+    /// Says, for values in an arena, that they are the key's current values
+    /// at `version` (workers may then read them there with no request).
+    pub fn publish(&self, version: Version) {
+        if let Held::Arena(block) = &*self.0 {
+            block.publish(Some(version.get()));
+        }
+    }
+
+    /// Says, for values in an arena, that they are no longer the key's
+    /// current values (a pull may still hold them).
+    fn superseded(&self) {
+        if let Held::Arena(block) = &*self.0 {
+            block.publish(None);
+        }
     }
 
     /// The values as `dtype` wire bytes that share this memory, when that encoding
@@ -129,6 +151,14 @@ impl Values {
     pub fn share_as(&self, dtype: DType) -> Option<Bytes> {
         let same_bytes = dtype == DType::F32 && cfg!(target_endian = "little");
         same_bytes.then(|| Bytes::from_owner(LittleEndianF32(Arc::clone(&self.0))))
+    }
+}
+
+impl Drop for Values {
+    /// Values let go of are no longer their key's: replaced, or the key's
+    /// state dropped (a pull may still hold them, and their block).
+    fn drop(&mut self) {
+        self.superseded();
     }
 }
 
@@ -144,6 +174,7 @@ impl AsRef<[u8]> for LittleEndianF32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ps_shm::arena::ArenaView;
 
     #[test]
     fn f32_wire_bytes_are_the_values_themselves() {
@@ -165,7 +196,7 @@ mod tests {
     fn an_update_copies_only_while_a_pull_holds_the_values() {
         let mut values = Values::new(vec![1.0; 4]);
         let alone = values.as_slice().as_ptr();
-        values.make_mut()[0] = 2.0;
+        values.update(|v| v[0] = 2.0);
         assert_eq!(
             values.as_slice().as_ptr(),
             alone,
@@ -173,7 +204,7 @@ mod tests {
         );
 
         let pulled = values.share_as(DType::F32).unwrap();
-        values.make_mut()[0] = 3.0;
+        values.update(|v| v[0] = 3.0);
         assert_ne!(
             values.as_slice().as_ptr(),
             alone,
@@ -199,7 +230,7 @@ mod tests {
         let at = arena
             .offset_of(&pulled)
             .expect("a pull's bytes are the arena's");
-        values.make_mut()[0] = 5.0;
+        values.update(|v| v[0] = 5.0);
         assert!(values.in_arena(), "copied into a new block");
         let moved = values.share_as(DType::F32).unwrap();
         assert_ne!(arena.offset_of(&moved), Some(at));
@@ -211,6 +242,46 @@ mod tests {
         assert_eq!(values.as_slice()[0], 5.0);
     }
 
+    /// What a worker reading `values`' block directly would get: their
+    /// version, when they are current at `min_version` or later.
+    fn read_directly(arena: &Arena, values: &Values, min_version: u64) -> Option<u64> {
+        let file = arena.file().try_clone_to_owned().unwrap();
+        let view = ArenaView::open(file, arena.bytes(), true).unwrap();
+        let bytes = values.share_as(DType::F32).unwrap();
+        let offset = arena.offset_of(&bytes).unwrap();
+        let key = ps_proto::key::ParamKey::new("w", 0);
+        view.remember(&key, (offset, bytes.len() as u64));
+        drop(bytes);
+        let spot = view.spot_of(&key).unwrap();
+        view.read_current(spot, min_version, &mut vec![0u8; spot.len as usize])
+    }
+
+    #[test]
+    fn values_in_the_arena_are_current_until_superseded_replaced_or_dropped() {
+        let arena = Arena::create(8 << 20).unwrap();
+        let len = ARENA_FROM_BYTES / 4;
+        let mut values = Values::new(vec![1.0; len]).placed_in(&arena);
+        assert_eq!(read_directly(&arena, &values, 0), None, "not published yet");
+        values.publish(Version(2));
+        assert_eq!(read_directly(&arena, &values, 2), Some(2));
+
+        // An update under a pull copies: the pulled block is no longer current.
+        let pulled = values.share_as(DType::F32).unwrap();
+        let old = Values(Arc::clone(&values.0));
+        values.update(|v| v[0] = 5.0);
+        assert_eq!(read_directly(&arena, &old, 0), None, "superseded");
+        values.publish(Version(3));
+        assert_eq!(read_directly(&arena, &values, 3), Some(3));
+        drop((pulled, old));
+
+        // Dropped while a pull holds them: not current either.
+        let held = values.share_as(DType::F32).unwrap();
+        let view = Values(Arc::clone(&values.0));
+        drop(values);
+        assert_eq!(read_directly(&arena, &view, 0), None, "dropped");
+        drop((held, view));
+    }
+
     #[test]
     fn a_full_arena_leaves_values_on_the_heap_and_a_copy_falls_back_to_it() {
         let len = ARENA_FROM_BYTES / 4;
@@ -220,7 +291,7 @@ mod tests {
         let other = Values::new(vec![3.0; len]).placed_in(&arena);
         assert!(!other.in_arena(), "no room");
         let _pulled = values.share_as(DType::F32).unwrap();
-        values.make_mut()[1] = 4.0;
+        values.update(|v| v[1] = 4.0);
         assert!(!values.in_arena(), "the copy went to the heap");
         assert_eq!(values.as_slice()[..2], [2.0, 4.0]);
     }

@@ -18,16 +18,29 @@
 //! memory budget and made sparse: a page takes memory only once a block
 //! that holds it is written. A freed block's pages stay made, for the next
 //! block placed there.
+//!
+//! The file starts with a [stamp](crate::stamp) per page. A block's stamp
+//! says which block it is and, while its values are their key's current
+//! ones, their version ([`Block::publish`]); every change to the values goes
+//! through [`Block::update`], which the stamp's sequence word brackets. A
+//! worker that learned where a key's values are (from a pull's answer) then
+//! reads them again with no request ([`ArenaView::read_current`]): when the
+//! block is still that key's and current, at the version it needs, and
+//! nothing changed while it copied.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use memmap2::{MmapOptions, MmapRaw};
 use offset_allocator::{Allocation, Allocator};
+use ps_proto::key::ParamKey;
 use rustix::fs::{MemfdFlags, Mode, OFlags, SealFlags};
 
 use crate::copy;
+use crate::stamp::{STAMP_BYTES, Stamp, stamp_pages};
 
 /// The arena's unit of allocation: one page.
 pub const PAGE: u64 = 4096;
@@ -37,7 +50,8 @@ pub const PAGE: u64 = 4096;
 /// ring, where a second copy of a few kilobytes costs less than lending.
 pub const ARENA_FROM_BYTES: usize = 64 << 10;
 
-/// The most pages an arena addresses (its allocator counts in `u32`): 16 TiB.
+/// The most data pages an arena addresses (its allocator counts in `u32`):
+/// 16 TiB.
 const MOST_PAGES: u64 = u32::MAX as u64;
 
 /// The seals every arena carries: its size is fixed, nothing but the
@@ -56,7 +70,12 @@ pub struct Arena {
     map: MmapRaw,
     /// Opened read-only, to hand to workers.
     read_only: OwnedFd,
+    /// The data pages, counted from the first after the stamps.
     pages: Mutex<Allocator>,
+    /// Pages of stamps before the first data page.
+    stamp_pages: u64,
+    /// The id of the last block made.
+    last_id: AtomicU64,
 }
 
 impl std::fmt::Debug for Arena {
@@ -68,16 +87,17 @@ impl std::fmt::Debug for Arena {
 }
 
 impl Arena {
-    /// A new arena of `bytes` (rounded up to whole pages, and to at most
-    /// 16 TiB), none of its pages made yet.
+    /// A new arena of `bytes` for values (rounded up to whole pages, and to
+    /// at most 16 TiB) after its stamps, none of its pages made yet.
     ///
     /// # Errors
     /// The system refused the memfd, its size, its mapping or its seals.
     pub fn create(bytes: u64) -> io::Result<Arc<Self>> {
         let pages = bytes.div_ceil(PAGE).clamp(1, MOST_PAGES);
+        let stamp_pages = stamp_pages(pages);
         let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
         let file = rustix::fs::memfd_create("candle-ps-values", flags)?;
-        rustix::fs::ftruncate(&file, pages * PAGE)?;
+        rustix::fs::ftruncate(&file, (stamp_pages + pages) * PAGE)?;
         // Mapped before it is sealed against writes: this mapping stays the
         // only writable one there can ever be.
         let map = MmapOptions::new().map_raw(&file)?;
@@ -88,6 +108,8 @@ impl Arena {
             map,
             read_only,
             pages: Mutex::new(Allocator::new(pages as u32)),
+            stamp_pages,
+            last_id: AtomicU64::new(0),
         }))
     }
 
@@ -96,7 +118,7 @@ impl Arena {
         self.read_only.as_fd()
     }
 
-    /// The arena's size in bytes.
+    /// The arena's size in bytes, its stamps included.
     pub fn bytes(&self) -> u64 {
         self.map.len() as u64
     }
@@ -112,8 +134,34 @@ impl Arena {
             allocation,
             len: values.len(),
         };
-        block.as_mut_slice().copy_from_slice(values);
+        let id = self.last_id.fetch_add(1, Ordering::Relaxed) + 1;
+        block.changing(|stamp, slice| {
+            stamp.set_id(id);
+            stamp.set_version(None);
+            slice.copy_from_slice(values);
+        });
         Some(block)
+    }
+
+    /// The stamp of the page at byte `offset`.
+    #[allow(unsafe_code)]
+    fn stamp(&self, offset: u64) -> &Stamp {
+        let page = offset / PAGE;
+        assert!(
+            page < self.stamp_pages * (PAGE / STAMP_BYTES),
+            "a page the stamps cover"
+        );
+        // SAFETY: the stamps fill the first `stamp_pages` pages of the
+        // mapping, which lives as long as `self`; the page's stamp lies there
+        // (checked above), aligned (pages are, and stamps are 32 bytes), and
+        // is only ever touched through atomics.
+        unsafe {
+            &*self
+                .map
+                .as_ptr()
+                .add((page * STAMP_BYTES) as usize)
+                .cast::<Stamp>()
+        }
     }
 
     /// Where `bytes` lie in the arena, when they lie wholly in it.
@@ -148,7 +196,7 @@ impl std::fmt::Debug for Block {
 impl Block {
     /// The block's byte offset in its arena.
     pub fn offset(&self) -> u64 {
-        u64::from(self.allocation.offset) * PAGE
+        (self.arena.stamp_pages + u64::from(self.allocation.offset)) * PAGE
     }
 
     /// A copy of the block in a new block of the same arena; `None` when
@@ -172,15 +220,36 @@ impl Block {
         }
     }
 
-    /// The values, to update in place.
+    /// Runs `update` on the values in place, the block's stamp saying
+    /// meanwhile that they are changing; its published version stays (the
+    /// owner publishes the next once the update is done).
+    pub fn update<T>(&mut self, update: impl FnOnce(&mut [f32]) -> T) -> T {
+        self.changing(|_, slice| update(slice))
+    }
+
+    /// Says in the block's stamp that its values are their key's current
+    /// values at `version`, or (`None`) that they are not. Only the block's
+    /// owner calls it, one call at a time, while it holds the block.
+    pub fn publish(&self, version: Option<u64>) {
+        self.arena
+            .stamp(self.offset())
+            .changing(|stamp| stamp.set_version(version));
+    }
+
+    /// Runs `change` on the block's stamp and values between two steps of
+    /// the stamp's sequence word.
     #[allow(unsafe_code)]
-    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+    fn changing<T>(&mut self, change: impl FnOnce(&Stamp, &mut [f32]) -> T) -> T {
+        let offset = self.offset();
         // SAFETY: as in `as_slice`; `&mut self` makes this the only reference
-        // to the block's bytes in this process.
-        unsafe {
-            let at = self.arena.map.as_mut_ptr().add(self.offset() as usize);
+        // to the block's bytes in this process. The stamp is another page's.
+        let slice = unsafe {
+            let at = self.arena.map.as_mut_ptr().add(offset as usize);
             std::slice::from_raw_parts_mut(at.cast::<f32>(), self.len)
-        }
+        };
+        self.arena
+            .stamp(offset)
+            .changing(|stamp| change(stamp, slice))
     }
 }
 
@@ -199,7 +268,13 @@ impl AsRef<[u8]> for BlockBytes {
 }
 
 impl Drop for Block {
+    /// Clears the block's stamp (no reader takes the page for it any more),
+    /// then frees its pages.
     fn drop(&mut self) {
+        self.arena.stamp(self.offset()).changing(|stamp| {
+            stamp.set_id(0);
+            stamp.set_version(None);
+        });
         self.arena.lock().free(self.allocation);
     }
 }
@@ -208,6 +283,22 @@ impl Drop for Block {
 #[derive(Debug)]
 pub struct ArenaView {
     map: MmapRaw,
+    /// Whether the server said its arena starts with stamps.
+    stamped: bool,
+    /// Where pulls found each key's values.
+    spots: Mutex<HashMap<ParamKey, Spot>>,
+}
+
+/// Where a key's values were found in an arena: a block, by its first byte
+/// and its id, and their length in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spot {
+    /// The block's first byte.
+    pub offset: u64,
+    /// The values' length in bytes.
+    pub len: u64,
+    /// The block's id, as its stamp said.
+    pub id: u64,
 }
 
 /// Why a received file is not an arena this process maps.
@@ -231,11 +322,12 @@ pub enum ArenaError {
 
 impl ArenaView {
     /// The arena in `file`, received from the server, which announced
-    /// `bytes` bytes; mapped read-only, nothing of it read or made now.
+    /// `bytes` bytes, and whether it starts with stamps; mapped read-only,
+    /// nothing of it read or made now.
     ///
     /// # Errors
     /// [`ArenaError`]: the file is not sealed, not that size, or not mappable.
-    pub fn open(file: OwnedFd, bytes: u64) -> Result<Self, ArenaError> {
+    pub fn open(file: OwnedFd, bytes: u64, stamped: bool) -> Result<Self, ArenaError> {
         let seals = rustix::fs::fcntl_get_seals(&file).map_err(io::Error::from)?;
         if !seals.contains(SIZE_SEALS) {
             return Err(ArenaError::NotSealed(seals));
@@ -248,7 +340,11 @@ impl ArenaView {
             });
         }
         let map = MmapOptions::new().map_raw_read_only(&file)?;
-        Ok(Self { map })
+        Ok(Self {
+            map,
+            stamped,
+            spots: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Copies `into.len()` bytes from `offset` into `into`.
@@ -257,10 +353,7 @@ impl ArenaView {
     /// The span runs past the arena's end (nothing is copied).
     #[allow(unsafe_code)]
     pub fn copy_out(&self, offset: u64, into: &mut [u8]) -> Result<(), String> {
-        let fits = offset
-            .checked_add(into.len() as u64)
-            .is_some_and(|end| end <= self.map.len() as u64);
-        if !fits {
+        if !self.holds(offset, into.len()) {
             return Err(format!(
                 "{} bytes at offset {offset} run past the end of a values arena of {} bytes",
                 into.len(),
@@ -273,6 +366,78 @@ impl ArenaView {
         // The server leaves these bytes unchanged until this worker says it
         // is done with them; one that breaks that changes only which bytes
         // arrive.
+        unsafe { self.copy_unchecked(offset, into) };
+        Ok(())
+    }
+
+    /// Copies the values at `spot` into `into` (their length) when the
+    /// block's stamp says they are still that block's, current, at
+    /// `min_version` or later, and nothing changed them while they were
+    /// copied: then their version. `None` otherwise (what `into` holds is
+    /// then unspecified), and for a view of an arena without stamps.
+    #[allow(unsafe_code)]
+    pub fn read_current(&self, spot: Spot, min_version: u64, into: &mut [u8]) -> Option<u64> {
+        let stamp = self.stamp(spot.offset)?;
+        let fits = spot.len == into.len() as u64 && self.holds(spot.offset, into.len());
+        let (seq, said) = stamp.begin().filter(|_| fits)?;
+        let version = said
+            .version
+            .filter(|&v| said.id == spot.id && v >= min_version)?;
+        // SAFETY: the span lies in the mapping (checked above). The server
+        // may change these bytes while they are copied (it writes through
+        // its own mapping, in another process); the stamp then tells, and
+        // the copy is thrown away.
+        unsafe { self.copy_unchecked(spot.offset, into) };
+        stamp.unchanged_since(seq).then_some(version)
+    }
+
+    /// Remembers that `key`'s values were found at `offset`, `len` bytes, as
+    /// the block its stamp names now (read while the server kept them for a
+    /// pull's answer, so the block cannot be changing). Nothing is
+    /// remembered from an arena without stamps.
+    pub fn remember(&self, key: &ParamKey, (offset, len): (u64, u64)) {
+        let Some(said) = self.stamp(offset).and_then(Stamp::read) else {
+            return;
+        };
+        let spot = Spot {
+            offset,
+            len,
+            id: said.id,
+        };
+        self.lock_spots().insert(key.clone(), spot);
+    }
+
+    /// Where `key`'s values were last found, if anywhere.
+    pub fn spot_of(&self, key: &ParamKey) -> Option<Spot> {
+        self.lock_spots().get(key).copied()
+    }
+
+    /// The stamp of the page at byte `offset`, when the arena has stamps and
+    /// they cover it.
+    #[allow(unsafe_code)]
+    fn stamp(&self, offset: u64) -> Option<&Stamp> {
+        let at = (offset / PAGE).checked_mul(STAMP_BYTES)?;
+        let covered = self.stamped && at < stamp_bytes_of(self.map.len() as u64);
+        // SAFETY: the stamp lies in the mapping (its first pages hold the
+        // stamps, checked above), aligned, and is only read through atomics.
+        covered.then(|| unsafe { &*self.map.as_ptr().add(at as usize).cast::<Stamp>() })
+    }
+
+    /// Whether `len` bytes from `offset` lie in the mapping.
+    fn holds(&self, offset: u64, len: usize) -> bool {
+        offset
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= self.map.len() as u64)
+    }
+
+    /// Copies `into.len()` bytes from `offset` into `into`.
+    ///
+    /// # Safety
+    /// The span lies in the mapping.
+    #[allow(unsafe_code)]
+    unsafe fn copy_unchecked(&self, offset: u64, into: &mut [u8]) {
+        // SAFETY: the caller's promise; the mapping cannot shrink (sealed,
+        // checked by `open`), and `into` is this process's own buffer.
         unsafe {
             let from = self.map.as_ptr().add(offset as usize);
             match into.len() >= copy::stream_from_bytes() {
@@ -280,8 +445,18 @@ impl ArenaView {
                 false => copy::copy(from, into.as_mut_ptr(), into.len()),
             }
         }
-        Ok(())
     }
+
+    fn lock_spots(&self) -> std::sync::MutexGuard<'_, HashMap<ParamKey, Spot>> {
+        self.spots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Bytes of stamps at the head of an arena file of `bytes` bytes: one stamp
+/// for every page of the file, in as many whole pages as that takes.
+fn stamp_bytes_of(bytes: u64) -> u64 {
+    let stamps = bytes / PAGE;
+    (stamps * STAMP_BYTES).div_ceil(PAGE) * PAGE
 }
 
 #[cfg(test)]
@@ -290,7 +465,7 @@ mod tests {
 
     fn view_of(arena: &Arena) -> ArenaView {
         let file = arena.file().try_clone_to_owned().unwrap();
-        ArenaView::open(file, arena.bytes()).unwrap()
+        ArenaView::open(file, arena.bytes(), true).unwrap()
     }
 
     #[test]
@@ -361,24 +536,152 @@ mod tests {
         }
     }
 
+    fn key(name: &str) -> ParamKey {
+        ParamKey::new(name, 0)
+    }
+
+    /// Learns where `block` lies, as a pull's answer would tell the worker.
+    fn learned(view: &ArenaView, name: &str, block: &Block) -> Spot {
+        let len = std::mem::size_of_val(block.as_slice()) as u64;
+        view.remember(&key(name), (block.offset(), len));
+        view.spot_of(&key(name)).expect("remembered")
+    }
+
+    #[test]
+    fn current_values_are_read_again_at_their_version_and_no_others() {
+        let arena = Arena::create(1 << 20).unwrap();
+        let view = view_of(&arena);
+        let mut block = arena.block(&[1.0; 2048]).unwrap();
+        let spot = learned(&view, "w", &block);
+        let mut into = vec![0u8; spot.len as usize];
+        assert_eq!(
+            view.read_current(spot, 0, &mut into),
+            None,
+            "not published yet"
+        );
+
+        block.publish(Some(3));
+        assert_eq!(view.read_current(spot, 3, &mut into), Some(3));
+        assert_eq!(into, bytemuck::cast_slice::<f32, u8>(&[1.0; 2048]));
+        assert_eq!(
+            view.read_current(spot, 4, &mut into),
+            None,
+            "older than asked"
+        );
+
+        block.update(|values| values.fill(2.0));
+        block.publish(Some(4));
+        assert_eq!(view.read_current(spot, 4, &mut into), Some(4));
+        assert_eq!(into, bytemuck::cast_slice::<f32, u8>(&[2.0; 2048]));
+
+        block.publish(None);
+        assert_eq!(view.read_current(spot, 0, &mut into), None, "superseded");
+        block.publish(Some(5));
+        let mut short = vec![0u8; 8];
+        assert_eq!(
+            view.read_current(spot, 0, &mut short),
+            None,
+            "not its length"
+        );
+        let past = Spot {
+            offset: arena.bytes(),
+            ..spot
+        };
+        assert_eq!(view.read_current(past, 0, &mut into), None, "past the end");
+    }
+
+    #[test]
+    fn a_freed_block_is_not_read_for_the_one_placed_where_it_was() {
+        let arena = Arena::create(1 << 20).unwrap();
+        let view = view_of(&arena);
+        let old = arena.block(&[1.0; 1024]).unwrap();
+        old.publish(Some(1));
+        let spot = learned(&view, "w", &old);
+        let offset = old.offset();
+        drop(old);
+        let new = arena.block(&[9.0; 1024]).unwrap();
+        assert_eq!(new.offset(), offset, "the same pages");
+        new.publish(Some(1));
+        let mut into = vec![0u8; spot.len as usize];
+        assert_eq!(view.read_current(spot, 0, &mut into), None, "another block");
+    }
+
+    #[test]
+    fn an_arena_without_stamps_is_never_read_directly() {
+        let arena = Arena::create(1 << 20).unwrap();
+        let file = arena.file().try_clone_to_owned().unwrap();
+        let view = ArenaView::open(file, arena.bytes(), false).unwrap();
+        let block = arena.block(&[1.0; 1024]).unwrap();
+        block.publish(Some(1));
+        view.remember(&key("w"), (block.offset(), 4096));
+        assert_eq!(view.spot_of(&key("w")), None, "nothing remembered");
+    }
+
+    /// A worker reading while the server updates in place either gets one
+    /// update's values whole, at that update's version, or nothing: never a
+    /// mix of two.
+    #[test]
+    fn a_read_racing_updates_in_place_is_whole_or_refused() {
+        let arena = Arena::create(8 << 20).unwrap();
+        let view = view_of(&arena);
+        let len = 256 << 10;
+        let mut block = arena.block(&vec![0.0; len]).unwrap();
+        block.publish(Some(0));
+        let spot = learned(&view, "w", &block);
+        let updates = 400u64;
+        let writer = std::thread::spawn(move || {
+            for version in 1..=updates {
+                block.update(|values| values.fill(version as f32));
+                block.publish(Some(version));
+            }
+            block
+        });
+        let mut into = vec![0u8; spot.len as usize];
+        let (mut whole, mut refused) = (0, 0);
+        while !writer.is_finished() {
+            match view.read_current(spot, 0, &mut into) {
+                Some(version) => {
+                    let values: &[f32] = bytemuck::cast_slice(&into);
+                    let first = values[0];
+                    assert!(values.iter().all(|&v| v == first), "a torn read");
+                    assert!(
+                        first >= version as f32,
+                        "values older than the version said"
+                    );
+                    whole += 1;
+                }
+                None => refused += 1,
+            }
+        }
+        let block = writer.join().unwrap();
+        assert_eq!(view.read_current(spot, updates, &mut into), Some(updates));
+        assert!(whole + refused > 0);
+        drop(block);
+    }
+
     #[test]
     fn a_view_refuses_an_unsealed_or_resized_file_and_a_span_past_its_end() {
         let bare = rustix::fs::memfd_create("t", MemfdFlags::CLOEXEC).unwrap();
         rustix::fs::ftruncate(&bare, PAGE).unwrap();
         assert!(matches!(
-            ArenaView::open(bare, PAGE),
+            ArenaView::open(bare, PAGE, true),
             Err(ArenaError::NotSealed(_))
         ));
         let arena = Arena::create(PAGE).unwrap();
+        assert_eq!(
+            arena.bytes(),
+            2 * PAGE,
+            "a page of values, a page of stamps"
+        );
         let file = arena.file().try_clone_to_owned().unwrap();
         assert!(matches!(
-            ArenaView::open(file, 2 * PAGE),
+            ArenaView::open(file, 3 * PAGE, true),
             Err(ArenaError::WrongSize { .. })
         ));
         let view = view_of(&arena);
         let mut into = [0u8; 16];
-        assert!(view.copy_out(PAGE - 8, &mut into).is_err());
+        assert!(view.copy_out(2 * PAGE - 8, &mut into).is_err());
         assert!(view.copy_out(u64::MAX - 4, &mut into).is_err());
-        assert!(view.copy_out(PAGE - 16, &mut into).is_ok());
+        assert!(view.copy_out(2 * PAGE - 16, &mut into).is_ok());
     }
 }

@@ -518,6 +518,7 @@ async fn hand_region(
         refusal: String::new(),
         ring_bytes,
         arena_bytes: arena.as_ref().map_or(0, |arena| arena.bytes()),
+        arena_stamped: arena.is_some(),
         same_runtime,
     };
     let [a, b, c, d] = bells.worker_ends();
@@ -673,7 +674,7 @@ async fn connect_naming(
     let capacity = read_header(&region, welcome.ring_bytes)?;
     let arena = match handed.arena {
         None => None,
-        Some(file) => Some(open_arena(file, welcome.arena_bytes).await?),
+        Some(file) => Some(open_arena(file, welcome.arena_bytes, welcome.arena_stamped).await?),
     };
     let mut end = WorkerEnd {
         requests: RingWriter::new(
@@ -756,9 +757,13 @@ impl Handed {
     }
 }
 
-/// Maps the values arena `file` of `bytes`, read-only.
-async fn open_arena(file: OwnedFd, bytes: u64) -> Result<Arc<ArenaView>, HandshakeError> {
-    let view = off_runtime(move || ArenaView::open(file, bytes)).await?;
+/// Maps the values arena `file` of `bytes`, read-only, with stamps or not.
+async fn open_arena(
+    file: OwnedFd,
+    bytes: u64,
+    stamped: bool,
+) -> Result<Arc<ArenaView>, HandshakeError> {
+    let view = off_runtime(move || ArenaView::open(file, bytes, stamped)).await?;
     Ok(Arc::new(
         view.map_err(|e| HandshakeError::Protocol(e.to_string()))?,
     ))
@@ -1103,9 +1108,17 @@ mod tests {
     #[tokio::test]
     async fn the_arena_goes_only_to_a_worker_that_takes_it() {
         let (welcome, files) = welcomed(false).await;
-        assert_eq!((welcome.arena_bytes, files), (0, 5));
+        assert_eq!(
+            (welcome.arena_bytes, welcome.arena_stamped, files),
+            (0, false, 5)
+        );
         let (welcome, files) = welcomed(true).await;
-        assert_eq!((welcome.arena_bytes, files), (1 << 20, 6));
+        // 259 pages' stamps, its own three pages' among them.
+        let bytes = (1 << 20) + 3 * crate::arena::PAGE;
+        assert_eq!(
+            (welcome.arena_bytes, welcome.arena_stamped, files),
+            (bytes, true, 6)
+        );
     }
 
     /// A worker gets the rings it asks for, rounded up to a power of two,

@@ -9,7 +9,10 @@
 //! - [`region`]: the sealed memfd: atomic control words and bulk copies of
 //!   data (with [`arena`] and [`copy`], this crate's only `unsafe`).
 //! - [`arena`]: the server's values arena for large keys, which workers map
-//!   read-only and copy pulled values out of once.
+//!   read-only and copy pulled values out of once, or read again with no
+//!   request while they stay current.
+//! - [`stamp`]: the arena's stamps, which say whether a block's values are
+//!   still current and unchanged while a worker reads them.
 //! - [`lending`]: the server's side of answers sent by their arena offset,
 //!   held until the worker has copied them.
 //! - [`copy`]: those copies, in AVX2 registers where present, and elements
@@ -52,6 +55,7 @@ pub mod pool;
 pub mod region;
 pub mod ring;
 pub mod serving;
+pub mod stamp;
 
 pub use caller::{AnswerReader, AnswerRing, Closed, Queued, RequestRing, Sent, worker_rings};
 pub use handshake::{HandshakeError, Offers, SMALLEST_RING_BYTES, admit, connect, connect_asking};

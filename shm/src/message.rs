@@ -517,7 +517,7 @@ pub async fn read_head<M: Payloads>(
 }
 
 /// Reads a payload's arena offset off `ring` and copies the payload from
-/// `arena` into `into` (its length).
+/// `arena` into `into` (its length); returns the offset.
 ///
 /// # Errors
 /// The ring failed, or the payload does not lie in the arena (corrupt).
@@ -525,14 +525,15 @@ pub(crate) async fn copy_from_arena(
     ring: &mut RingReader,
     arena: Option<&ArenaView>,
     into: &mut [u8],
-) -> Result<(), RingError> {
+) -> Result<u64, RingError> {
     let offset = ring.read_word().await?;
     let Some(arena) = arena else {
         return Err(RingError::Corrupt(
             "a payload in a missing arena".to_string(),
         ));
     };
-    arena.copy_out(offset, into).map_err(RingError::Corrupt)
+    arena.copy_out(offset, into).map_err(RingError::Corrupt)?;
+    Ok(offset)
 }
 
 /// Reads message `seq`: its header, with the payloads (no more than
@@ -686,6 +687,7 @@ mod tests {
             crate::arena::ArenaView::open(
                 arena.file().try_clone_to_owned().unwrap(),
                 arena.bytes(),
+                true,
             )
             .unwrap(),
         );

@@ -47,16 +47,28 @@ async fn server(mode: DataPathMode, transport: TransportConfig) -> LocalServers 
 
 /// A client taking `mode`, with `big` and `small` placed.
 async fn client(addrs: Vec<String>, mode: DataPathMode) -> PsClient {
+    client_placing(addrs, mode, &[("big", LARGE), ("small", 4)]).await
+}
+
+/// A client taking `mode`, with `keys` (names and lengths) placed.
+async fn client_placing(
+    addrs: Vec<String>,
+    mode: DataPathMode,
+    keys: &[(&str, usize)],
+) -> PsClient {
     let config = ClientConfig {
         data_path: mode,
         ..ClientConfig::new(addrs)
     };
     let mut client = PsClient::connect(config).await.expect("connect");
-    let infos = [("big", LARGE), ("small", 4)].map(|(name, len)| ParamInfo {
-        name: name.into(),
-        shape: vec![len],
-        dtype: DType::F32,
-    });
+    let infos: Vec<ParamInfo> = keys
+        .iter()
+        .map(|&(name, len)| ParamInfo {
+            name: name.into(),
+            shape: vec![len],
+            dtype: DType::F32,
+        })
+        .collect();
     client.place(&infos).await.expect("place");
     client
 }
@@ -272,6 +284,54 @@ async fn stats(addr: &str) -> v1::StatsResponse {
 /// Pushes the server applied so far.
 async fn pushes(addr: &str) -> u64 {
     stats(addr).await.pushes
+}
+
+/// A large key a pull found in the server's values arena is read there
+/// again with no request, at each version it reaches, with the values a
+/// request gives; a pull for a version the key has not reached still goes
+/// to the server, and waits there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_key_pulled_once_is_read_again_from_the_arena_at_each_version() {
+    let servers = server(DataPathMode::Shm, TransportConfig::default()).await;
+    let addr = servers.addrs()[0].clone();
+    let client = client_placing(servers.addrs(), DataPathMode::Shm, &[("big", LARGE)]).await;
+    let initial = [ParamBytes::new("big", values(LARGE, |i| i as f32))];
+    let registered = client.register(&initial, &optim::sgd(0.5)).await;
+    registered.expect("register");
+    let pulls = async || stats(&addr).await.pulls;
+
+    let first = client.pull(Version(0)).await.expect("a pull");
+    let asked = pulls().await;
+    let again = client.pull(Version(0)).await.expect("a pull");
+    assert_eq!(again["big"].values, first["big"].values);
+    assert_eq!(again["big"].version, Version(0));
+    assert_eq!(pulls().await, asked, "read from the arena, not asked for");
+
+    let grads = [ParamBytes::new("big", values(LARGE, |i| (i % 5) as f32))];
+    let mut into = BTreeMap::new();
+    let (waiting, pushed) = tokio::join!(client.pull_into(Version(1), &mut into), async {
+        // The pull of version 1 is at the server before the push that
+        // brings it (or after: it then finds it there).
+        client.push(Rank(0), Step(0), &grads).await.expect("a push")
+    });
+    waiting.expect("a pull that waited for version 1");
+    assert_eq!(pushed, 1);
+    let expected: Vec<f32> = (0..LARGE)
+        .map(|i| i as f32 - 0.5 * (i % 5) as f32)
+        .collect();
+    assert_eq!(into["big"].values, expected);
+    assert_eq!(into["big"].version, Version(1));
+
+    let asked = pulls().await;
+    let read = client.pull(Version(1)).await.expect("a pull");
+    assert_eq!(
+        (read["big"].values.as_slice(), read["big"].version),
+        (expected.as_slice(), Version(1))
+    );
+    assert_eq!(pulls().await, asked, "read from the arena again");
+    let grpc = client_placing(servers.addrs(), DataPathMode::Grpc, &[("big", LARGE)]).await;
+    let requested = grpc.pull(Version(0)).await.expect("a pull over gRPC");
+    assert_eq!(requested["big"].values, expected, "what a request gives");
 }
 
 /// The bytes of its memory budget that a server with 1 MiB rings
