@@ -562,7 +562,8 @@ impl Shards {
         sinks: Vec<PartSink<'_>>,
         min_version: Version,
     ) -> Result<(Vec<(ParamKey, Version)>, Duration), ClientError> {
-        let (read, sinks) = read_direct(server, sinks, min_version).await;
+        let wanted = (min_version, self.map_version);
+        let (read, sinks) = read_direct(server, sinks, wanted).await;
         let direct = finished(&read).map_err(|malformed| ClientError::Protocol {
             what: Rpc::Pull,
             addr: server.addr.clone(),
@@ -644,13 +645,14 @@ impl Shards {
 }
 
 /// Reads each of `sinks` that it can straight from `server`'s values arena,
-/// at `min_version` or later ([`PartSink::read_direct`]): those read, and
-/// those left to pull. Only a session open through shared memory with an
-/// arena has any, and only parts a pull found in the arena before.
+/// at `min_version` or later, routed by shard map `routed_by`
+/// ([`PartSink::read_direct`]): those read, and those left to pull. Only a
+/// session open through shared memory with an arena has any, and only parts
+/// a pull found in the arena before.
 async fn read_direct<'a>(
     server: &Server,
     sinks: Vec<PartSink<'a>>,
-    min_version: Version,
+    wanted: (Version, MapVersion),
 ) -> (Vec<PartSink<'a>>, Vec<PartSink<'a>>) {
     let bytes: usize = sinks.iter().map(PartSink::byte_len).sum();
     let arena = match bytes >= ARENA_FROM_BYTES {
@@ -662,7 +664,7 @@ async fn read_direct<'a>(
     };
     let (mut read, mut left) = (Vec::new(), Vec::new());
     for mut sink in sinks {
-        match sink.read_direct(&arena, min_version) {
+        match sink.read_direct(&arena, wanted) {
             true => read.push(sink),
             false => left.push(sink),
         }

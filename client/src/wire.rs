@@ -234,9 +234,14 @@ impl<'a> PartSink<'a> {
     /// Reads the whole part straight from the server's values `arena`, with
     /// no request, when a pull found it there before and its block still
     /// holds the key's current values, at `min_version` or later, unchanged
-    /// while they were copied ([`ArenaView::read_current`]). False when not
-    /// (the part's buffer may then hold anything, and is pulled as usual).
-    pub(crate) fn read_direct(&mut self, arena: &ArenaView, min_version: Version) -> bool {
+    /// while they were copied, and the server has applied no shard map newer
+    /// than `routed_by` ([`ArenaView::read_current`]). False when not (the
+    /// part's buffer may then hold anything, and is pulled as usual).
+    pub(crate) fn read_direct(
+        &mut self,
+        arena: &ArenaView,
+        (min_version, routed_by): (Version, MapVersion),
+    ) -> bool {
         let header = self.cursor.header();
         if header.dtype != DType::F32 || !cfg!(target_endian = "little") {
             return false;
@@ -246,7 +251,8 @@ impl<'a> PartSink<'a> {
         };
         let header = header.clone();
         let into = bytemuck::cast_slice_mut::<f32, u8>(self.values);
-        let Some(version) = arena.read_current(spot, min_version.get(), into) else {
+        let wanted = (min_version.get(), routed_by.get());
+        let Some(version) = arena.read_current(spot, wanted, into) else {
             return false;
         };
         if self.cursor.advance(&header, 0, into.len()).is_err() {

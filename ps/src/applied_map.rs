@@ -3,12 +3,17 @@
 //! (the worker refreshes and retries). A newer one means this server is behind the
 //! scheduler: it asks its follower to fetch the map now and waits briefly, so a
 //! worker that learnt of a new map first (for example the group size of a group
-//! that just formed) is not refused for the server's lag.
+//! that just formed) is not refused for the server's lag. With a values arena,
+//! the version applied is also written into it, so that a worker reading values
+//! there with no request reads them only when its own map is not stale
+//! ([`Arena::publish_map`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ps_proto::ids::MapVersion;
+use ps_shm::arena::Arena;
 use tokio::sync::{Notify, watch};
 
 use crate::error::{Error, Result};
@@ -22,6 +27,8 @@ pub struct AppliedMap {
     applied: watch::Sender<MapVersion>,
     wanted: Notify,
     following: AtomicBool,
+    /// The values arena that says which version is applied, if any.
+    arena: OnceLock<Arc<Arena>>,
 }
 
 impl Default for AppliedMap {
@@ -30,6 +37,7 @@ impl Default for AppliedMap {
             applied: watch::Sender::new(MapVersion::UNROUTED),
             wanted: Notify::new(),
             following: AtomicBool::new(false),
+            arena: OnceLock::new(),
         }
     }
 }
@@ -46,8 +54,23 @@ impl AppliedMap {
             let newer = version > *applied;
             if newer {
                 *applied = version;
+                // Under the watch's lock: one write at a time, in order.
+                if let Some(arena) = self.arena.get() {
+                    arena.publish_map(version.get());
+                }
             }
             newer
+        });
+    }
+
+    /// Writes the version applied, now and at every change, into `arena`
+    /// (the first arena given; later ones are ignored).
+    pub fn mirror_into(&self, arena: Arc<Arena>) {
+        self.applied.send_if_modified(|applied| {
+            if self.arena.set(Arc::clone(&arena)).is_ok() {
+                arena.publish_map(applied.get());
+            }
+            false
         });
     }
 
@@ -129,6 +152,34 @@ mod tests {
                 current: MapVersion(3)
             })
         ));
+    }
+
+    /// A worker reading the arena with no request reads only as a request
+    /// would be admitted: the arena says which map is applied, from the
+    /// moment it is given and at every newer one.
+    #[test]
+    fn the_arena_says_which_map_is_applied() {
+        use ps_shm::arena::ArenaView;
+        let arena = Arena::create(1 << 20).unwrap();
+        let block = arena.block(&[1.0; 1024]).unwrap();
+        block.publish(Some(0));
+        let file = arena.file().try_clone_to_owned().unwrap();
+        let view = ArenaView::open(file, arena.bytes(), true).unwrap();
+        let key = ps_proto::key::ParamKey::new("w", 0);
+        view.remember(&key, (block.offset(), 4096));
+        let spot = view.spot_of(&key).unwrap();
+        let read = |routed_by| view.read_current(spot, (0, routed_by), &mut [0u8; 4096]);
+
+        let map = AppliedMap::default();
+        map.set(MapVersion(2));
+        map.mirror_into(Arc::clone(&arena));
+        assert_eq!(
+            (read(1), read(2)),
+            (None, Some(0)),
+            "applied before the arena came"
+        );
+        map.set(MapVersion(3));
+        assert_eq!((read(2), read(3), read(0)), (None, Some(0), Some(0)));
     }
 
     #[tokio::test]

@@ -163,6 +163,9 @@ impl Store {
     /// Keeps large keys' values in `arena`, which workers with a shared-memory
     /// session map read-only, so that their pulls copy the values once.
     pub fn with_arena(mut self, arena: Option<Arc<Arena>>) -> Self {
+        if let Some(arena) = &arena {
+            self.map.mirror_into(Arc::clone(arena));
+        }
         self.arena = arena;
         self
     }

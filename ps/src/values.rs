@@ -253,7 +253,7 @@ mod tests {
         view.remember(&key, (offset, bytes.len() as u64));
         drop(bytes);
         let spot = view.spot_of(&key).unwrap();
-        view.read_current(spot, min_version, &mut vec![0u8; spot.len as usize])
+        view.read_current(spot, (min_version, 0), &mut vec![0u8; spot.len as usize])
     }
 
     #[test]

@@ -143,6 +143,15 @@ impl Arena {
         Some(block)
     }
 
+    /// Says which shard-map version the server has applied, in the stamp of
+    /// the arena's first page (a page of stamps, where no block starts):
+    /// a worker whose map is older reads nothing with no request
+    /// ([`ArenaView::read_current`]). One call at a time, versions rising.
+    pub fn publish_map(&self, version: u64) {
+        self.stamp(0)
+            .changing(|stamp| stamp.set_version(Some(version)));
+    }
+
     /// The stamp of the page at byte `offset`.
     #[allow(unsafe_code)]
     fn stamp(&self, offset: u64) -> &Stamp {
@@ -373,10 +382,20 @@ impl ArenaView {
     /// Copies the values at `spot` into `into` (their length) when the
     /// block's stamp says they are still that block's, current, at
     /// `min_version` or later, and nothing changed them while they were
-    /// copied: then their version. `None` otherwise (what `into` holds is
-    /// then unspecified), and for a view of an arena without stamps.
+    /// copied, and the server has applied no shard map newer than
+    /// `routed_by` (0: none, as a request routed without a scheduler):
+    /// then their version. `None` otherwise (what `into` holds is then
+    /// unspecified), and for a view of an arena without stamps.
     #[allow(unsafe_code)]
-    pub fn read_current(&self, spot: Spot, min_version: u64, into: &mut [u8]) -> Option<u64> {
+    pub fn read_current(
+        &self,
+        spot: Spot,
+        (min_version, routed_by): (u64, u64),
+        into: &mut [u8],
+    ) -> Option<u64> {
+        if !self.map_admits(routed_by) {
+            return None;
+        }
         let stamp = self.stamp(spot.offset)?;
         let fits = spot.len == into.len() as u64 && self.holds(spot.offset, into.len());
         let (seq, said) = stamp.begin().filter(|_| fits)?;
@@ -405,6 +424,17 @@ impl ArenaView {
             id: said.id,
         };
         self.lock_spots().insert(key.clone(), spot);
+    }
+
+    /// Whether a read routed by shard map `routed_by` is as a request would
+    /// be admitted: routed without a scheduler (0), or by a map no older
+    /// than the one the server has applied ([`Arena::publish_map`]).
+    fn map_admits(&self, routed_by: u64) -> bool {
+        let applied = self
+            .stamp(0)
+            .and_then(Stamp::read)
+            .and_then(|said| said.version);
+        routed_by == 0 || applied.is_some_and(|applied| routed_by >= applied)
     }
 
     /// Where `key`'s values were last found, if anywhere.
@@ -555,31 +585,35 @@ mod tests {
         let spot = learned(&view, "w", &block);
         let mut into = vec![0u8; spot.len as usize];
         assert_eq!(
-            view.read_current(spot, 0, &mut into),
+            view.read_current(spot, (0, 0), &mut into),
             None,
             "not published yet"
         );
 
         block.publish(Some(3));
-        assert_eq!(view.read_current(spot, 3, &mut into), Some(3));
+        assert_eq!(view.read_current(spot, (3, 0), &mut into), Some(3));
         assert_eq!(into, bytemuck::cast_slice::<f32, u8>(&[1.0; 2048]));
         assert_eq!(
-            view.read_current(spot, 4, &mut into),
+            view.read_current(spot, (4, 0), &mut into),
             None,
             "older than asked"
         );
 
         block.update(|values| values.fill(2.0));
         block.publish(Some(4));
-        assert_eq!(view.read_current(spot, 4, &mut into), Some(4));
+        assert_eq!(view.read_current(spot, (4, 0), &mut into), Some(4));
         assert_eq!(into, bytemuck::cast_slice::<f32, u8>(&[2.0; 2048]));
 
         block.publish(None);
-        assert_eq!(view.read_current(spot, 0, &mut into), None, "superseded");
+        assert_eq!(
+            view.read_current(spot, (0, 0), &mut into),
+            None,
+            "superseded"
+        );
         block.publish(Some(5));
         let mut short = vec![0u8; 8];
         assert_eq!(
-            view.read_current(spot, 0, &mut short),
+            view.read_current(spot, (0, 0), &mut short),
             None,
             "not its length"
         );
@@ -587,7 +621,11 @@ mod tests {
             offset: arena.bytes(),
             ..spot
         };
-        assert_eq!(view.read_current(past, 0, &mut into), None, "past the end");
+        assert_eq!(
+            view.read_current(past, (0, 0), &mut into),
+            None,
+            "past the end"
+        );
     }
 
     #[test]
@@ -603,7 +641,39 @@ mod tests {
         assert_eq!(new.offset(), offset, "the same pages");
         new.publish(Some(1));
         let mut into = vec![0u8; spot.len as usize];
-        assert_eq!(view.read_current(spot, 0, &mut into), None, "another block");
+        assert_eq!(
+            view.read_current(spot, (0, 0), &mut into),
+            None,
+            "another block"
+        );
+    }
+
+    #[test]
+    fn a_read_routed_by_a_map_older_than_the_servers_is_refused() {
+        let arena = Arena::create(1 << 20).unwrap();
+        let view = view_of(&arena);
+        let block = arena.block(&[1.0; 1024]).unwrap();
+        block.publish(Some(1));
+        let spot = learned(&view, "w", &block);
+        let mut into = vec![0u8; spot.len as usize];
+        assert_eq!(
+            view.read_current(spot, (0, 0), &mut into),
+            Some(1),
+            "no scheduler"
+        );
+        arena.publish_map(4);
+        assert_eq!(view.read_current(spot, (0, 3), &mut into), None, "stale");
+        assert_eq!(view.read_current(spot, (0, 4), &mut into), Some(1));
+        assert_eq!(
+            view.read_current(spot, (0, 5), &mut into),
+            Some(1),
+            "the server behind"
+        );
+        assert_eq!(
+            view.read_current(spot, (0, 0), &mut into),
+            Some(1),
+            "unrouted"
+        );
     }
 
     #[test]
@@ -639,7 +709,7 @@ mod tests {
         let mut into = vec![0u8; spot.len as usize];
         let (mut whole, mut refused) = (0, 0);
         while !writer.is_finished() {
-            match view.read_current(spot, 0, &mut into) {
+            match view.read_current(spot, (0, 0), &mut into) {
                 Some(version) => {
                     let values: &[f32] = bytemuck::cast_slice(&into);
                     let first = values[0];
@@ -654,7 +724,10 @@ mod tests {
             }
         }
         let block = writer.join().unwrap();
-        assert_eq!(view.read_current(spot, updates, &mut into), Some(updates));
+        assert_eq!(
+            view.read_current(spot, (updates, 0), &mut into),
+            Some(updates)
+        );
         assert!(whole + refused > 0);
         drop(block);
     }
