@@ -56,7 +56,7 @@ impl AppliedMap {
                 *applied = version;
                 // Under the watch's lock: one write at a time, in order.
                 if let Some(arena) = self.arena.get() {
-                    arena.publish_map(version.get());
+                    arena.publish_map(Some(version.get()));
                 }
             }
             newer
@@ -68,7 +68,7 @@ impl AppliedMap {
     pub fn mirror_into(&self, arena: Arc<Arena>) {
         self.applied.send_if_modified(|applied| {
             if self.arena.set(Arc::clone(&arena)).is_ok() {
-                arena.publish_map(applied.get());
+                arena.publish_map(Some(applied.get()));
             }
             false
         });

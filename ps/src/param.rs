@@ -284,29 +284,20 @@ impl KeyState {
         let scale = 1.0 / group.workers.max(1) as f32;
         match group.consistency {
             Consistency::Bsp if group.workers <= 1 => {
-                self.update(Gradient::Wire(grad), scale);
-                self.set_version(Version::after(step));
+                self.update(Gradient::Wire(grad), scale, Version::after(step));
                 None
             }
             Consistency::Bsp => self.accumulate(live, worker, grad),
             Consistency::Ssp { .. } => {
-                self.update(Gradient::Wire(grad), scale);
-                self.set_version(self.group_clock(live));
+                let version = self.group_clock(live);
+                self.update(Gradient::Wire(grad), scale, version);
                 None
             }
             Consistency::Asp => {
-                self.update(Gradient::Wire(grad), scale);
-                self.set_version(self.version.next());
+                self.update(Gradient::Wire(grad), scale, self.version.next());
                 None
             }
         }
-    }
-
-    /// Moves the key to `version`, once its values are updated, and says so
-    /// in their stamp ([`Values::publish`]).
-    fn set_version(&mut self, version: Version) {
-        self.version = version;
-        self.values.publish(version);
     }
 
     fn accumulate(
@@ -341,21 +332,22 @@ impl KeyState {
             return None;
         }
         let sum = std::mem::take(&mut self.pending.sum);
-        self.update(
-            Gradient::Dense(&sum),
-            1.0 / self.pending.workers.len() as f32,
-        );
+        let scale = 1.0 / self.pending.workers.len() as f32;
+        self.update(Gradient::Dense(&sum), scale, self.version.next());
         self.pending.sum = sum;
         self.pending.workers.clear();
-        self.set_version(self.version.next());
         let started = self.pending.started.take();
         Some(started.map_or(Duration::ZERO, |s| s.elapsed()))
     }
 
-    fn update(&mut self, grad: Gradient<'_>, scale: f32) {
+    /// Applies `grad` times `scale` to the values, which makes them the
+    /// key's values at `version` (said in their stamp in the same change,
+    /// [`Values::update`]).
+    fn update(&mut self, grad: Gradient<'_>, scale: f32, version: Version) {
         let optimizer = &mut self.optimizer;
         self.values
-            .update(|values| optimizer.apply(values, grad, scale));
+            .update(version, |values| optimizer.apply(values, grad, scale));
+        self.version = version;
         self.snapshot = None;
     }
 

@@ -95,7 +95,7 @@ pub async fn run_with_metrics(
         config.clone(),
         checkpointer.as_ref().map(|(c, _)| Arc::clone(c)),
     );
-    let shared_memory = crate::shared_memory::bind(&config, arena)?;
+    let shared_memory = crate::shared_memory::bind(&config, arena.clone())?;
     let service = match &shared_memory {
         Some((offers, _)) => service.with_shared_memory(Arc::clone(offers)),
         None => service,
@@ -151,6 +151,11 @@ pub async fn run_with_metrics(
             () = begun.cancelled() => {}
         }
         tracing::info!(%addr, "ps-server shutting down: finishing requests in flight");
+        if let Some(arena) = &arena {
+            // Workers on this host stop reading values with no request, as
+            // their requests are refused from now on.
+            arena.close();
+        }
         health
             .set_not_serving::<ParameterServerServer<ParameterService>>()
             .await;

@@ -117,16 +117,17 @@ impl Values {
         self.as_slice().is_empty()
     }
 
-    /// Runs `update` on the values in place: copied first only when a pull
-    /// still holds them (which then stop being the key's current values).
-    /// Their published version stays until the next [`Values::publish`].
-    pub fn update<T>(&mut self, update: impl FnOnce(&mut [f32]) -> T) -> T {
+    /// Runs `update` on the values in place, which makes them the key's
+    /// values at `version`: copied first only when a pull still holds them
+    /// (those then stop being the key's current values). In an arena, the
+    /// block's stamp says the new version in the same change as the update.
+    pub fn update<T>(&mut self, version: Version, update: impl FnOnce(&mut [f32]) -> T) -> T {
         if Arc::get_mut(&mut self.0).is_none() {
             self.superseded();
         }
         match Arc::make_mut(&mut self.0) {
             Held::Heap(values) => update(values),
-            Held::Arena(block) => block.update(update),
+            Held::Arena(block) => block.update(Some(version.get()), update),
         }
     }
 
@@ -196,7 +197,7 @@ mod tests {
     fn an_update_copies_only_while_a_pull_holds_the_values() {
         let mut values = Values::new(vec![1.0; 4]);
         let alone = values.as_slice().as_ptr();
-        values.update(|v| v[0] = 2.0);
+        values.update(Version(1), |v| v[0] = 2.0);
         assert_eq!(
             values.as_slice().as_ptr(),
             alone,
@@ -204,7 +205,7 @@ mod tests {
         );
 
         let pulled = values.share_as(DType::F32).unwrap();
-        values.update(|v| v[0] = 3.0);
+        values.update(Version(1), |v| v[0] = 3.0);
         assert_ne!(
             values.as_slice().as_ptr(),
             alone,
@@ -230,7 +231,7 @@ mod tests {
         let at = arena
             .offset_of(&pulled)
             .expect("a pull's bytes are the arena's");
-        values.update(|v| v[0] = 5.0);
+        values.update(Version(1), |v| v[0] = 5.0);
         assert!(values.in_arena(), "copied into a new block");
         let moved = values.share_as(DType::F32).unwrap();
         assert_ne!(arena.offset_of(&moved), Some(at));
@@ -259,6 +260,7 @@ mod tests {
     #[test]
     fn values_in_the_arena_are_current_until_superseded_replaced_or_dropped() {
         let arena = Arena::create(8 << 20).unwrap();
+        arena.publish_map(Some(0));
         let len = ARENA_FROM_BYTES / 4;
         let mut values = Values::new(vec![1.0; len]).placed_in(&arena);
         assert_eq!(read_directly(&arena, &values, 0), None, "not published yet");
@@ -268,7 +270,7 @@ mod tests {
         // An update under a pull copies: the pulled block is no longer current.
         let pulled = values.share_as(DType::F32).unwrap();
         let old = Values(Arc::clone(&values.0));
-        values.update(|v| v[0] = 5.0);
+        values.update(Version(1), |v| v[0] = 5.0);
         assert_eq!(read_directly(&arena, &old, 0), None, "superseded");
         values.publish(Version(3));
         assert_eq!(read_directly(&arena, &values, 3), Some(3));
@@ -291,7 +293,7 @@ mod tests {
         let other = Values::new(vec![3.0; len]).placed_in(&arena);
         assert!(!other.in_arena(), "no room");
         let _pulled = values.share_as(DType::F32).unwrap();
-        values.update(|v| v[1] = 4.0);
+        values.update(Version(1), |v| v[1] = 4.0);
         assert!(!values.in_arena(), "the copy went to the heap");
         assert_eq!(values.as_slice()[..2], [2.0, 4.0]);
     }

@@ -31,7 +31,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -76,6 +76,8 @@ pub struct Arena {
     stamp_pages: u64,
     /// The id of the last block made.
     last_id: AtomicU64,
+    /// Set once the server stops serving ([`Arena::close`]).
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for Arena {
@@ -110,6 +112,7 @@ impl Arena {
             pages: Mutex::new(Allocator::new(pages as u32)),
             stamp_pages,
             last_id: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
         }))
     }
 
@@ -143,13 +146,25 @@ impl Arena {
         Some(block)
     }
 
-    /// Says which shard-map version the server has applied, in the stamp of
-    /// the arena's first page (a page of stamps, where no block starts):
-    /// a worker whose map is older reads nothing with no request
-    /// ([`ArenaView::read_current`]). One call at a time, versions rising.
-    pub fn publish_map(&self, version: u64) {
-        self.stamp(0)
-            .changing(|stamp| stamp.set_version(Some(version)));
+    /// Says which shard-map version the server has applied (0: it follows
+    /// no scheduler), or (`None`) that it is not serving, in the stamp of
+    /// the arena's first page (a page of stamps, where no block starts).
+    /// Until the first call, and after a `None`, workers read nothing with
+    /// no request; with a version, only reads routed by it, or by none
+    /// ([`ArenaView::read_current`]).
+    pub fn publish_map(&self, version: Option<u64>) {
+        self.stamp(0).changing(|stamp| {
+            let closed = self.closed.load(Ordering::SeqCst);
+            stamp.set_version(version.filter(|_| !closed));
+        });
+    }
+
+    /// Says, for good, that the server is not serving: from now on workers
+    /// read nothing with no request (their requests are refused while the
+    /// server shuts down, and so are these reads).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.publish_map(None);
     }
 
     /// The stamp of the page at byte `offset`.
@@ -229,16 +244,20 @@ impl Block {
         }
     }
 
-    /// Runs `update` on the values in place, the block's stamp saying
-    /// meanwhile that they are changing; its published version stays (the
-    /// owner publishes the next once the update is done).
-    pub fn update<T>(&mut self, update: impl FnOnce(&mut [f32]) -> T) -> T {
-        self.changing(|_, slice| update(slice))
+    /// Runs `update` on the values in place and says in the same change of
+    /// the block's stamp that they are current at `version` (or, `None`,
+    /// not), so that no reader sees the new values under the old version.
+    pub fn update<T>(&mut self, version: Option<u64>, update: impl FnOnce(&mut [f32]) -> T) -> T {
+        self.changing(|stamp, slice| {
+            let updated = update(slice);
+            stamp.set_version(version);
+            updated
+        })
     }
 
     /// Says in the block's stamp that its values are their key's current
-    /// values at `version`, or (`None`) that they are not. Only the block's
-    /// owner calls it, one call at a time, while it holds the block.
+    /// values at `version`, or (`None`) that they are not. Called by the
+    /// block's owner while it holds the block.
     pub fn publish(&self, version: Option<u64>) {
         self.arena
             .stamp(self.offset())
@@ -382,8 +401,8 @@ impl ArenaView {
     /// Copies the values at `spot` into `into` (their length) when the
     /// block's stamp says they are still that block's, current, at
     /// `min_version` or later, and nothing changed them while they were
-    /// copied, and the server has applied no shard map newer than
-    /// `routed_by` (0: none, as a request routed without a scheduler):
+    /// copied, and the server is serving by shard map `routed_by` (or the
+    /// read is routed by none, 0, as a request made without a scheduler):
     /// then their version. `None` otherwise (what `into` holds is then
     /// unspecified), and for a view of an arena without stamps.
     #[allow(unsafe_code)]
@@ -399,9 +418,8 @@ impl ArenaView {
         let stamp = self.stamp(spot.offset)?;
         let fits = spot.len == into.len() as u64 && self.holds(spot.offset, into.len());
         let (seq, said) = stamp.begin().filter(|_| fits)?;
-        let version = said
-            .version
-            .filter(|&v| said.id == spot.id && v >= min_version)?;
+        let same_block = said.id == spot.id && said.id != 0;
+        let version = said.version.filter(|&v| same_block && v >= min_version)?;
         // SAFETY: the span lies in the mapping (checked above). The server
         // may change these bytes while they are copied (it writes through
         // its own mapping, in another process); the stamp then tells, and
@@ -411,11 +429,13 @@ impl ArenaView {
     }
 
     /// Remembers that `key`'s values were found at `offset`, `len` bytes, as
-    /// the block its stamp names now (read while the server kept them for a
-    /// pull's answer, so the block cannot be changing). Nothing is
-    /// remembered from an arena without stamps.
+    /// the block its stamp names now (read while the server keeps them for a
+    /// pull's answer, so that block cannot be freed meanwhile). Nothing is
+    /// remembered from an arena without stamps, where no block starts, or
+    /// while the stamp is changing (the values being marked superseded).
     pub fn remember(&self, key: &ParamKey, (offset, len): (u64, u64)) {
-        let Some(said) = self.stamp(offset).and_then(Stamp::read) else {
+        let said = self.stamp(offset).and_then(Stamp::read);
+        let Some(said) = said.filter(|said| said.id != 0) else {
             return;
         };
         let spot = Spot {
@@ -426,15 +446,17 @@ impl ArenaView {
         self.lock_spots().insert(key.clone(), spot);
     }
 
-    /// Whether a read routed by shard map `routed_by` is as a request would
-    /// be admitted: routed without a scheduler (0), or by a map no older
-    /// than the one the server has applied ([`Arena::publish_map`]).
+    /// Whether the server is serving ([`Arena::publish_map`]) and a read
+    /// routed by shard map `routed_by` is as a request it admits at once:
+    /// routed by no map (0), or by the map it has applied. (A request
+    /// routed by a newer map waits for the server to catch up, and one by an
+    /// older map is refused: such reads are asked for.)
     fn map_admits(&self, routed_by: u64) -> bool {
         let applied = self
             .stamp(0)
             .and_then(Stamp::read)
             .and_then(|said| said.version);
-        routed_by == 0 || applied.is_some_and(|applied| routed_by >= applied)
+        applied.is_some_and(|applied| routed_by == 0 || routed_by == applied)
     }
 
     /// Where `key`'s values were last found, if anywhere.
@@ -570,6 +592,13 @@ mod tests {
         ParamKey::new(name, 0)
     }
 
+    /// An arena of `bytes` whose server serves with no scheduler.
+    fn serving(bytes: u64) -> Arc<Arena> {
+        let arena = Arena::create(bytes).unwrap();
+        arena.publish_map(Some(0));
+        arena
+    }
+
     /// Learns where `block` lies, as a pull's answer would tell the worker.
     fn learned(view: &ArenaView, name: &str, block: &Block) -> Spot {
         let len = std::mem::size_of_val(block.as_slice()) as u64;
@@ -579,7 +608,7 @@ mod tests {
 
     #[test]
     fn current_values_are_read_again_at_their_version_and_no_others() {
-        let arena = Arena::create(1 << 20).unwrap();
+        let arena = serving(1 << 20);
         let view = view_of(&arena);
         let mut block = arena.block(&[1.0; 2048]).unwrap();
         let spot = learned(&view, "w", &block);
@@ -599,8 +628,7 @@ mod tests {
             "older than asked"
         );
 
-        block.update(|values| values.fill(2.0));
-        block.publish(Some(4));
+        block.update(Some(4), |values| values.fill(2.0));
         assert_eq!(view.read_current(spot, (4, 0), &mut into), Some(4));
         assert_eq!(into, bytemuck::cast_slice::<f32, u8>(&[2.0; 2048]));
 
@@ -630,7 +658,7 @@ mod tests {
 
     #[test]
     fn a_freed_block_is_not_read_for_the_one_placed_where_it_was() {
-        let arena = Arena::create(1 << 20).unwrap();
+        let arena = serving(1 << 20);
         let view = view_of(&arena);
         let old = arena.block(&[1.0; 1024]).unwrap();
         old.publish(Some(1));
@@ -649,31 +677,25 @@ mod tests {
     }
 
     #[test]
-    fn a_read_routed_by_a_map_older_than_the_servers_is_refused() {
+    fn a_read_is_admitted_as_a_request_by_the_map_the_server_serves_at_once() {
         let arena = Arena::create(1 << 20).unwrap();
         let view = view_of(&arena);
         let block = arena.block(&[1.0; 1024]).unwrap();
         block.publish(Some(1));
         let spot = learned(&view, "w", &block);
-        let mut into = vec![0u8; spot.len as usize];
-        assert_eq!(
-            view.read_current(spot, (0, 0), &mut into),
-            Some(1),
-            "no scheduler"
-        );
-        arena.publish_map(4);
-        assert_eq!(view.read_current(spot, (0, 3), &mut into), None, "stale");
-        assert_eq!(view.read_current(spot, (0, 4), &mut into), Some(1));
-        assert_eq!(
-            view.read_current(spot, (0, 5), &mut into),
-            Some(1),
-            "the server behind"
-        );
-        assert_eq!(
-            view.read_current(spot, (0, 0), &mut into),
-            Some(1),
-            "unrouted"
-        );
+        let read = |routed_by| view.read_current(spot, (0, routed_by), &mut [0u8; 4096]);
+        assert_eq!(read(0), None, "not serving yet");
+        arena.publish_map(Some(0));
+        assert_eq!(read(0), Some(1), "no scheduler");
+        arena.publish_map(Some(4));
+        assert_eq!(read(3), None, "stale: asked, and refused");
+        assert_eq!(read(4), Some(1));
+        assert_eq!(read(5), None, "the server behind: asked, and waits");
+        assert_eq!(read(0), Some(1), "routed by no map");
+        arena.close();
+        assert_eq!((read(0), read(4)), (None, None), "shutting down");
+        arena.publish_map(Some(5));
+        assert_eq!(read(5), None, "closed for good");
     }
 
     #[test]
@@ -692,7 +714,7 @@ mod tests {
     /// mix of two.
     #[test]
     fn a_read_racing_updates_in_place_is_whole_or_refused() {
-        let arena = Arena::create(8 << 20).unwrap();
+        let arena = serving(8 << 20);
         let view = view_of(&arena);
         let len = 256 << 10;
         let mut block = arena.block(&vec![0.0; len]).unwrap();
@@ -701,8 +723,7 @@ mod tests {
         let updates = 400u64;
         let writer = std::thread::spawn(move || {
             for version in 1..=updates {
-                block.update(|values| values.fill(version as f32));
-                block.publish(Some(version));
+                block.update(Some(version), |values| values.fill(version as f32));
             }
             block
         });

@@ -14,9 +14,14 @@
 //!   current values, plus one, or 0 while they are not (not yet published,
 //!   superseded by a copy elsewhere, or the key's no longer).
 //!
+//! The first page's stamp, where no block starts, says instead which shard
+//! map the server has applied, in its version word ([`crate::arena::Arena::publish_map`]),
+//! or none while the server is not serving.
+//!
 //! Only the server writes stamps, each block's stamp only through the block
-//! (one writer at a time: the block's owner, or its last holder as it is
-//! freed). A worker maps them read-only and reads them with atomic loads.
+//! (its owner, or its last holder as it is freed). A change that finds
+//! another under way waits for it, so two never interleave. A worker maps
+//! the stamps read-only and reads them with atomic loads.
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
@@ -45,15 +50,21 @@ pub struct Said {
 impl Stamp {
     /// Runs `change` on the stamp's other words and the block's values
     /// between two steps of the sequence word, so that no reader takes what
-    /// it saw meanwhile for whole.
+    /// it saw meanwhile for whole. A change already under way (another
+    /// thread's) is waited for first; one that panics still ends its step.
     pub(crate) fn changing<T>(&self, change: impl FnOnce(&Self) -> T) -> T {
-        let seq = self.seq.load(Ordering::Relaxed);
-        self.seq.store(seq | 1, Ordering::Relaxed);
+        let seq = loop {
+            let seq = self.seq.load(Ordering::Relaxed);
+            let odd = Ordering::Relaxed;
+            if seq & 1 == 0 && self.seq.compare_exchange(seq, seq + 1, odd, odd).is_ok() {
+                break seq;
+            }
+            std::hint::spin_loop();
+        };
         // The odd word is seen before any of the changes.
         fence(Ordering::Release);
-        let changed = change(self);
-        self.seq.store((seq | 1) + 1, Ordering::Release);
-        changed
+        let _end = Ended(&self.seq, seq + 2);
+        change(self)
     }
 
     /// Sets the id of the block starting here (inside [`Stamp::changing`]).
@@ -90,6 +101,15 @@ impl Stamp {
     pub(crate) fn read(&self) -> Option<Said> {
         let (seq, said) = self.begin()?;
         self.unchanged_since(seq).then_some(said)
+    }
+}
+
+/// Ends a change: sets the sequence word even again as it drops.
+struct Ended<'a>(&'a AtomicU64, u64);
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        self.0.store(self.1, Ordering::Release);
     }
 }
 
@@ -153,6 +173,34 @@ mod tests {
         let (seq, said) = stamp.begin().unwrap();
         assert_eq!(said.version, Some(1));
         assert!(stamp.unchanged_since(seq));
+    }
+
+    /// Two changes never interleave: each waits for the other's to end (a
+    /// read-then-write of the version word inside them loses no count), and
+    /// one that panics still ends.
+    #[test]
+    fn changes_take_turns_and_a_panicking_one_still_ends() {
+        let stamp = std::sync::Arc::new(stamp());
+        let count = |stamp: &Stamp| {
+            for _ in 0..20_000 {
+                stamp.changing(|s| {
+                    let now = s.version.load(Ordering::Relaxed);
+                    std::hint::spin_loop();
+                    s.version.store(now + 1, Ordering::Relaxed);
+                });
+            }
+        };
+        let other = std::thread::spawn({
+            let stamp = std::sync::Arc::clone(&stamp);
+            move || count(&stamp)
+        });
+        count(&stamp);
+        other.join().unwrap();
+        assert_eq!(stamp.read().and_then(|said| said.version), Some(40_000 - 1));
+
+        let panicked = std::panic::catch_unwind(|| stamp.changing(|_| panic!("a change fails")));
+        assert!(panicked.is_err());
+        assert!(stamp.read().is_some(), "the sequence word is even again");
     }
 
     #[test]
