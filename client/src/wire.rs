@@ -234,9 +234,10 @@ impl<'a> PartSink<'a> {
     /// Reads the whole part straight from the server's values `arena`, with
     /// no request, when a pull found it there before and its block still
     /// holds the key's current values, at `min_version` or later, unchanged
-    /// while they were copied, and the server has applied no shard map newer
-    /// than `routed_by` ([`ArenaView::read_current`]). False when not (the
-    /// part's buffer may then hold anything, and is pulled as usual).
+    /// while they were copied, with the server serving by shard map
+    /// `routed_by`, or routed by none ([`ArenaView::read_current`]). False
+    /// when not (the part's buffer may then hold anything, and is pulled as
+    /// usual).
     pub(crate) fn read_direct(
         &mut self,
         arena: &ArenaView,

@@ -5,8 +5,8 @@
 //! worker that learnt of a new map first (for example the group size of a group
 //! that just formed) is not refused for the server's lag. With a values arena,
 //! the version applied is also written into it, so that a worker reading values
-//! there with no request reads them only when its own map is not stale
-//! ([`Arena::publish_map`]).
+//! there with no request reads them only when it routes by that map, or by
+//! none ([`Arena::publish_map`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
