@@ -215,10 +215,7 @@ impl<'a> PartSink<'a> {
         let len = lent.next_len().ok_or(MalformedReply::Missing(
             "a pulled tensor without its payload",
         ))?;
-        let as_kept = header.dtype == DType::F32
-            && cfg!(target_endian = "little")
-            && len == std::mem::size_of_val(self.values) as u64;
-        if !as_kept {
+        if !self.kept_as(header.dtype, len) {
             let data = lent.read_next_whole().await.map_err(PulledError::Ring)?;
             return Ok(self.write(header, 0, vec![data], version)?);
         }
@@ -244,12 +241,12 @@ impl<'a> PartSink<'a> {
         (min_version, routed_by): (Version, MapVersion),
     ) -> bool {
         let header = self.cursor.header();
-        if header.dtype != DType::F32 || !cfg!(target_endian = "little") {
-            return false;
-        }
         let Some(spot) = arena.spot_of(&header.key) else {
             return false;
         };
+        if !self.kept_as(header.dtype, spot.len) {
+            return false;
+        }
         let header = header.clone();
         let into = bytemuck::cast_slice_mut::<f32, u8>(self.values);
         let wanted = (min_version.get(), routed_by.get());
@@ -261,6 +258,15 @@ impl<'a> PartSink<'a> {
         }
         self.note_version(Version(version));
         true
+    }
+
+    /// Whether `len` bytes of `dtype` are the part's values as this buffer
+    /// keeps them (`f32`, little-endian, the whole part), to be copied
+    /// straight into it.
+    fn kept_as(&self, dtype: DType, len: u64) -> bool {
+        dtype == DType::F32
+            && cfg!(target_endian = "little")
+            && len == std::mem::size_of_val(self.values) as u64
     }
 
     /// Keeps the oldest version any of the part's chunks came at.

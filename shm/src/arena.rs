@@ -40,7 +40,7 @@ use ps_proto::key::ParamKey;
 use rustix::fs::{MemfdFlags, Mode, OFlags, SealFlags};
 
 use crate::copy;
-use crate::stamp::{STAMP_BYTES, Stamp, stamp_pages};
+use crate::stamp::{STAMP_BYTES, Stamp, stamp_at, stamp_pages};
 
 /// The arena's unit of allocation: one page.
 pub const PAGE: u64 = 4096;
@@ -177,15 +177,8 @@ impl Arena {
         );
         // SAFETY: the stamps fill the first `stamp_pages` pages of the
         // mapping, which lives as long as `self`; the page's stamp lies there
-        // (checked above), aligned (pages are, and stamps are 32 bytes), and
-        // is only ever touched through atomics.
-        unsafe {
-            &*self
-                .map
-                .as_ptr()
-                .add((page * STAMP_BYTES) as usize)
-                .cast::<Stamp>()
-        }
+        // (checked above).
+        unsafe { stamp_at(self.map.as_ptr(), page) }
     }
 
     /// Where `bytes` lie in the arena, when they lie wholly in it.
@@ -468,11 +461,12 @@ impl ArenaView {
     /// they cover it.
     #[allow(unsafe_code)]
     fn stamp(&self, offset: u64) -> Option<&Stamp> {
-        let at = (offset / PAGE).checked_mul(STAMP_BYTES)?;
+        let page = offset / PAGE;
+        let at = page.checked_mul(STAMP_BYTES)?;
         let covered = self.stamped && at < stamp_bytes_of(self.map.len() as u64);
         // SAFETY: the stamp lies in the mapping (its first pages hold the
-        // stamps, checked above), aligned, and is only read through atomics.
-        covered.then(|| unsafe { &*self.map.as_ptr().add(at as usize).cast::<Stamp>() })
+        // stamps, checked above), which lives as long as `self`.
+        covered.then(|| unsafe { stamp_at(self.map.as_ptr(), page) })
     }
 
     /// Whether `len` bytes from `offset` lie in the mapping.

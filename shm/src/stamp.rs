@@ -104,6 +104,18 @@ impl Stamp {
     }
 }
 
+/// The stamp of page `page` in a mapping that starts at `base` with stamps.
+///
+/// # Safety
+/// The mapping holds the stamps of at least `page + 1` pages from `base`
+/// (aligned: it starts on a page) and outlives `'a`; they are only touched
+/// through atomics.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn stamp_at<'a>(base: *const u8, page: u64) -> &'a Stamp {
+    // SAFETY: the caller's promise.
+    unsafe { &*base.add((page * STAMP_BYTES) as usize).cast::<Stamp>() }
+}
+
 /// Ends a change: sets the sequence word even again as it drops.
 struct Ended<'a>(&'a AtomicU64, u64);
 
