@@ -85,6 +85,7 @@ fn answer_to(request: &v1::SessionRequest) -> v1::SessionAnswer {
         outcome: Some(Outcome::Pull(v1::PullResponse {
             tensors: vec![v1::PulledTensor {
                 version: n,
+                arena: None,
                 tensor: Some(tensor),
             }],
         })),

@@ -223,7 +223,6 @@ impl<'a> PartSink<'a> {
         advanced.map_err(MalformedReply::from)?;
         let into = bytemuck::cast_slice_mut::<f32, u8>(self.values);
         lent.read_next(into).await.map_err(PulledError::Ring)?;
-        lent.remember_last_as(self.key());
         self.note_version(version);
         Ok(())
     }

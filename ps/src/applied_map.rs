@@ -166,7 +166,8 @@ mod tests {
         let file = arena.file().try_clone_to_owned().unwrap();
         let view = ArenaView::open(file, arena.bytes(), true).unwrap();
         let key = ps_proto::key::ParamKey::new("w", 0);
-        view.remember(&key, (block.offset(), 4096));
+        let spot = arena.spot_of(bytemuck::cast_slice(block.as_slice()));
+        view.remember(&key, spot.expect("a block's values start it"));
         let spot = view.spot_of(&key).unwrap();
         let read = |routed_by| view.read_current(spot, (0, routed_by), &mut [0u8; 4096]);
 

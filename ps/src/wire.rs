@@ -154,6 +154,7 @@ pub fn pulled_tensor(pulled: Pulled) -> v1::PulledTensor {
     v1::PulledTensor {
         tensor: Some(pulled.header.into_tensor(pulled.data)),
         version: pulled.version.get(),
+        arena: None,
     }
 }
 

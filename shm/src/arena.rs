@@ -1,9 +1,10 @@
-//! [`Arena`]: a server's memory file for the values of its large keys,
+//! [`Arena`]: a server's memory file for the values of its keys of
+//! [`ARENA_FROM_BYTES`] or more,
 //! which every worker holding a shared-memory session with it maps
-//! read-only ([`ArenaView`]). A pull's answer then names where the values
-//! are instead of carrying them, and the worker copies them once, from the
-//! arena straight into its own memory: one copy across the cores, where a
-//! copy into the ring and another out of it made two.
+//! read-only ([`ArenaView`]). A pull's answer then names where large values
+//! are ([`LEND_FROM_BYTES`]) instead of carrying them, and the worker copies
+//! them once, from the arena straight into its own memory: one copy across
+//! the cores, where a copy into the ring and another out of it made two.
 //!
 //! The server allocates a key's values in the arena ([`Arena::block`]) and
 //! owns them there as [`Block`]s; copy-on-write stays as it was (a block a
@@ -13,7 +14,7 @@
 //! file descriptor opened read-only. So nobody but the server writes the
 //! arena's bytes, and the server may hold Rust references to its own blocks.
 //!
-//! A worker can read every value of this server's large keys through its
+//! A worker can read every value of this server's keys in the arena through its
 //! view, as it could by pulling them. The file is sized to the server's
 //! memory budget and made sparse: a page takes memory only once a block
 //! that holds it is written. A freed block's pages stay made, for the next
@@ -45,10 +46,18 @@ use crate::stamp::{STAMP_BYTES, Stamp, stamp_at, stamp_pages};
 /// The arena's unit of allocation: one page.
 pub const PAGE: u64 = 4096;
 
-/// Keys of at least this many bytes of values are kept in the arena;
-/// smaller ones stay on the heap, and their pulls are copied through the
-/// ring, where a second copy of a few kilobytes costs less than lending.
-pub const ARENA_FROM_BYTES: usize = 64 << 10;
+/// Keys of at least this many bytes of values are kept in the arena, where
+/// a worker reads them again with no request ([`ArenaView::read_current`]);
+/// smaller ones stay on the heap. A block takes whole pages, so a key of
+/// this size takes a page and leaves half of it unused, and a larger one
+/// less. (A 4 KiB key split over two servers is two parts of this size.)
+pub const ARENA_FROM_BYTES: usize = 2 << 10;
+
+/// An answer's payloads of at least this many bytes that lie in the arena
+/// go by their offset, and the worker copies them from there
+/// ([`crate::lending`]); smaller ones are copied through the ring, where a
+/// second copy of a few kilobytes costs less than keeping them lent.
+pub const LEND_FROM_BYTES: usize = 64 << 10;
 
 /// The most data pages an arena addresses (its allocator counts in `u32`):
 /// 16 TiB.
@@ -179,6 +188,26 @@ impl Arena {
         // mapping, which lives as long as `self`; the page's stamp lies there
         // (checked above).
         unsafe { stamp_at(self.map.as_ptr(), page) }
+    }
+
+    /// Where `bytes` lie as the values of a block from its start, and which
+    /// block, while it holds them (the caller keeps `bytes`, and so the
+    /// block, alive): what a pull's answer tells the worker
+    /// ([`ArenaView::remember`]). `None` when they do not lie in the arena
+    /// from a block's start, or its stamp is changing.
+    pub fn spot_of(&self, bytes: &[u8]) -> Option<Spot> {
+        let data_from = self.stamp_pages * PAGE;
+        let offset = self
+            .offset_of(bytes)
+            .filter(|&at| at % PAGE == 0 && at >= data_from)?;
+        // A stamp names a block only on its first page, and only while it
+        // lives (a freed block's is cleared).
+        let said = self.stamp(offset).read().filter(|said| said.id != 0)?;
+        Some(Spot {
+            offset,
+            len: bytes.len() as u64,
+            id: said.id,
+        })
     }
 
     /// Where `bytes` lie in the arena, when they lie wholly in it.
@@ -421,21 +450,15 @@ impl ArenaView {
         stamp.unchanged_since(seq).then_some(version)
     }
 
-    /// Remembers that `key`'s values were found at `offset`, `len` bytes, as
-    /// the block its stamp names now (read while the server keeps them for a
-    /// pull's answer, so that block cannot be freed meanwhile). Nothing is
-    /// remembered from an arena without stamps, where no block starts, or
-    /// while the stamp is changing (the values being marked superseded).
-    pub fn remember(&self, key: &ParamKey, (offset, len): (u64, u64)) {
-        let said = self.stamp(offset).and_then(Stamp::read);
-        let Some(said) = said.filter(|said| said.id != 0) else {
+    /// Remembers that a pull's answer found `key`'s values at `spot`, as
+    /// the server said ([`Arena::spot_of`]). Nothing is remembered from an
+    /// arena without stamps, for a block with no id, or for a spot that
+    /// does not lie in the mapping.
+    pub fn remember(&self, key: &ParamKey, spot: Spot) {
+        let fits = usize::try_from(spot.len).is_ok_and(|len| self.holds(spot.offset, len));
+        if spot.id == 0 || !fits || self.stamp(spot.offset).is_none() {
             return;
-        };
-        let spot = Spot {
-            offset,
-            len,
-            id: said.id,
-        };
+        }
         self.lock_spots().insert(key.clone(), spot);
     }
 
@@ -595,8 +618,8 @@ mod tests {
 
     /// Learns where `block` lies, as a pull's answer would tell the worker.
     fn learned(view: &ArenaView, name: &str, block: &Block) -> Spot {
-        let len = std::mem::size_of_val(block.as_slice()) as u64;
-        view.remember(&key(name), (block.offset(), len));
+        let spot = block.arena.spot_of(bytemuck::cast_slice(block.as_slice()));
+        view.remember(&key(name), spot.expect("a block's values start it"));
         view.spot_of(&key(name)).expect("remembered")
     }
 
@@ -699,7 +722,8 @@ mod tests {
         let view = ArenaView::open(file, arena.bytes(), false).unwrap();
         let block = arena.block(&[1.0; 1024]).unwrap();
         block.publish(Some(1));
-        view.remember(&key("w"), (block.offset(), 4096));
+        let spot = arena.spot_of(bytemuck::cast_slice(block.as_slice()));
+        view.remember(&key("w"), spot.expect("the server knows where it is"));
         assert_eq!(view.spot_of(&key("w")), None, "nothing remembered");
     }
 

@@ -38,7 +38,7 @@ use tokio::sync::{Mutex, Notify, OwnedMutexGuard, mpsc};
 use crate::arena::ArenaView;
 use crate::handshake::WorkerEnd;
 use crate::lent::{Answer, LEND_AT_BYTES, LentPayloads};
-use crate::message::{Encoded, MessageError, read_head, skip_words, wait_whole};
+use crate::message::{Encoded, MessageError, read_head, remember_spots, skip_words, wait_whole};
 use crate::pool::BufferPool;
 use crate::ring::{Released, RingReader, RingWriter};
 
@@ -445,7 +445,11 @@ impl AnswerReader {
         wait_whole(&reading.ring, LEND_AT_BYTES).await?;
         reading.reading_from = Some(reading.ring.position());
         let arena = reading.arena.as_ref();
-        let head = read_head::<v1::SessionAnswer>(&mut reading.ring, reading.seq, arena).await?;
+        let mut head =
+            read_head::<v1::SessionAnswer>(&mut reading.ring, reading.seq, arena).await?;
+        if let Some(arena) = arena {
+            remember_spots(&mut head.message, arena);
+        }
         let total = head.payload_bytes();
         if total > reading.payload_limit {
             let limit = reading.payload_limit;

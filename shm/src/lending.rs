@@ -66,6 +66,12 @@ impl Lending {
         })
     }
 
+    /// Says in `answer` where its pulled values lie in the arena, for the
+    /// worker to read them there again ([`crate::message::tell_spots`]).
+    pub(crate) fn tell_spots(&self, answer: &mut ps_proto::v1::SessionAnswer) {
+        crate::message::tell_spots(answer, &self.arena);
+    }
+
     /// Keeps answer `seq`'s lent payloads, `bytes` in all, until the worker
     /// releases it.
     pub(crate) fn keep(&self, seq: u64, bytes: u64, payloads: Vec<Bytes>) {
@@ -110,7 +116,7 @@ mod tests {
     use ps_proto::v1;
 
     use super::*;
-    use crate::arena::ARENA_FROM_BYTES;
+    use crate::arena::LEND_FROM_BYTES;
     use crate::region::Region;
     use crate::ring::RELEASED_WORD;
 
@@ -140,16 +146,12 @@ mod tests {
     #[test]
     fn lending_stops_at_its_limit_and_goes_on_once_the_worker_releases() {
         let arena = Arena::create(1 << 20).unwrap();
-        let values = vec![1.0f32; ARENA_FROM_BYTES / 4];
+        let values = vec![1.0f32; LEND_FROM_BYTES / 4];
         let bytes = || crate::arena::shared_bytes(Arc::new(arena.block(&values).unwrap()));
         let region = Arc::new(Region::create(4096).unwrap());
         let released = Released::of(Arc::clone(&region));
-        let lending = Lending::new(
-            Arc::clone(&arena),
-            released,
-            ARENA_FROM_BYTES as u64 * 3 / 2,
-        );
-        let one = ARENA_FROM_BYTES as u64;
+        let lending = Lending::new(Arc::clone(&arena), released, LEND_FROM_BYTES as u64 * 3 / 2);
+        let one = LEND_FROM_BYTES as u64;
 
         let mut first = carrying(vec![Bytes::from(vec![0u8; 1 << 17]), bytes(), bytes()]);
         assert_eq!(

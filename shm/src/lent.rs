@@ -18,7 +18,6 @@
 //! those values go (`crate::ring::Released`).
 
 use bytes::Bytes;
-use ps_proto::key::ParamKey;
 use ps_proto::v1;
 use tokio::sync::OwnedMutexGuard;
 use tonic::Status;
@@ -83,8 +82,6 @@ pub struct LentPayloads {
     next: usize,
     /// While a read is under way: where the ring stood when it began.
     reading_from: Option<u64>,
-    /// Where the last payload read from the arena lay, and its length.
-    last_in_arena: Option<(u64, u64)>,
     broken: bool,
 }
 
@@ -116,7 +113,6 @@ impl LentPayloads {
             releases,
             next: 0,
             reading_from: None,
-            last_in_arena: None,
             broken: false,
         }
     }
@@ -157,32 +153,16 @@ impl LentPayloads {
         // hands the rest of this payload back to be read past.
         self.reading_from = Some(ring.position());
         let read = match self.lens[self.next] & IN_ARENA {
-            0 => ring.read(into).await.map(|()| None),
-            _ => copy_from_arena(ring, self.arena.as_deref(), into)
-                .await
-                .map(Some),
+            0 => ring.read(into).await,
+            _ => copy_from_arena(ring, self.arena.as_deref(), into).await,
         };
-        match read {
-            Ok(offset) => self.last_in_arena = offset.map(|at| (at, into.len() as u64)),
-            Err(error) => {
-                self.broken = true;
-                return Err(broke(error));
-            }
+        if let Err(error) = read {
+            self.broken = true;
+            return Err(broke(error));
         }
         self.reading_from = None;
         self.next += 1;
         Ok(())
-    }
-
-    /// Remembers, in the arena's view, that the payload just read holds
-    /// `key`'s values, when it was read from the arena: a later pull of
-    /// `key` may then read them there with no request
-    /// ([`ArenaView::read_current`]). Called while these payloads are held,
-    /// so the server keeps that block as it is.
-    pub fn remember_last_as(&self, key: &ParamKey) {
-        if let (Some(arena), Some(spot)) = (&self.arena, self.last_in_arena) {
-            arena.remember(key, spot);
-        }
     }
 
     /// Reads the next payload into a buffer of its own.

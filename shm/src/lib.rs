@@ -8,7 +8,7 @@
 //!
 //! - [`region`]: the sealed memfd: atomic control words and bulk copies of
 //!   data (with [`arena`] and [`copy`], this crate's only `unsafe`).
-//! - [`arena`]: the server's values arena for large keys, which workers map
+//! - [`arena`]: the server's values arena for keys of 2 KiB or more, which workers map
 //!   read-only and copy pulled values out of once, or read again with no
 //!   request while they stay current.
 //! - [`stamp`]: the arena's stamps, which say whether a block's values are

@@ -23,11 +23,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use prost::Message;
 use ps_proto::header::TensorHeader;
+use ps_proto::key::ParamKey;
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
 
-use crate::arena::{ARENA_FROM_BYTES, Arena, ArenaView};
+use crate::arena::{ARENA_FROM_BYTES, Arena, ArenaView, LEND_FROM_BYTES, Spot};
 use crate::copy::Mark;
 use crate::pool::{BufferPool, Hold};
 use crate::ring::{RingError, RingReader, RingWriter};
@@ -116,10 +117,6 @@ fn tensors_of_push(push: &mut v1::PushRequest) -> impl Iterator<Item = &mut v1::
     push.grads.iter_mut()
 }
 
-fn tensors_of_pull(pull: &mut v1::PullResponse) -> impl Iterator<Item = &mut v1::Tensor> {
-    pull.tensors.iter_mut().filter_map(|t| t.tensor.as_mut())
-}
-
 fn request_tensors(request: &mut v1::SessionRequest) -> Vec<&mut v1::Tensor> {
     match &mut request.op {
         Some(Op::Push(push)) => tensors_of_push(push).collect(),
@@ -133,14 +130,56 @@ fn request_tensors(request: &mut v1::SessionRequest) -> Vec<&mut v1::Tensor> {
 }
 
 fn answer_tensors(answer: &mut v1::SessionAnswer) -> Vec<&mut v1::Tensor> {
+    pulled_of(answer)
+        .iter_mut()
+        .filter_map(|pulled| pulled.tensor.as_mut())
+        .collect()
+}
+
+/// The pulled tensors of an answer: a pull's, or a push-and-pull's.
+fn pulled_of(answer: &mut v1::SessionAnswer) -> &mut [v1::PulledTensor] {
     match &mut answer.outcome {
-        Some(Outcome::Pull(pull)) => tensors_of_pull(pull).collect(),
-        Some(Outcome::PushPull(both)) => both
-            .pull
-            .as_mut()
-            .map(|pull| tensors_of_pull(pull).collect())
-            .unwrap_or_default(),
-        _ => Vec::new(),
+        Some(Outcome::Pull(pull)) => &mut pull.tensors,
+        Some(Outcome::PushPull(both)) => match &mut both.pull {
+            Some(pull) => &mut pull.tensors,
+            None => &mut [],
+        },
+        _ => &mut [],
+    }
+}
+
+/// Says in `answer`, for each pulled tensor whose values lie in `arena`
+/// from a block's start, where they lie ([`Arena::spot_of`]), so that the
+/// worker may read them there again with no request.
+pub(crate) fn tell_spots(answer: &mut v1::SessionAnswer, arena: &Arena) {
+    for pulled in pulled_of(answer) {
+        let spot = pulled
+            .tensor
+            .as_ref()
+            .filter(|tensor| tensor.data.len() >= ARENA_FROM_BYTES)
+            .and_then(|tensor| arena.spot_of(&tensor.data));
+        pulled.arena = spot.map(|spot| v1::ArenaSpot {
+            offset: spot.offset,
+            len: spot.len,
+            block: spot.id,
+        });
+    }
+}
+
+/// Remembers in `arena` where `answer` said each pulled tensor's values
+/// lie ([`tell_spots`]), by the tensor's key.
+pub(crate) fn remember_spots(answer: &mut v1::SessionAnswer, arena: &ArenaView) {
+    for pulled in pulled_of(answer) {
+        let (Some(tensor), Some(spot)) = (&pulled.tensor, &pulled.arena) else {
+            continue;
+        };
+        let key = ParamKey::new(tensor.name.clone(), tensor.part);
+        let spot = Spot {
+            offset: spot.offset,
+            len: spot.len,
+            id: spot.block,
+        };
+        arena.remember(&key, spot);
     }
 }
 
@@ -228,13 +267,13 @@ impl Encoded {
     }
 
     /// Sends by their offset in `arena` the payloads of at least
-    /// [`ARENA_FROM_BYTES`] that lie wholly in it, as long as `room` takes
+    /// [`LEND_FROM_BYTES`] that lie wholly in it, as long as `room` takes
     /// their bytes; says how many bytes it sent so.
     pub(crate) fn lend_from(&mut self, arena: &Arena, room: &mut impl FnMut(u64) -> bool) -> u64 {
         let mut lent = 0;
         for (payload, slot) in self.payloads.iter().zip(&mut self.in_arena) {
             let len = payload.len() as u64;
-            if payload.len() < ARENA_FROM_BYTES {
+            if payload.len() < LEND_FROM_BYTES {
                 continue;
             }
             if let Some(offset) = arena.offset_of(payload).filter(|_| room(len)) {
@@ -517,7 +556,7 @@ pub async fn read_head<M: Payloads>(
 }
 
 /// Reads a payload's arena offset off `ring` and copies the payload from
-/// `arena` into `into` (its length); returns the offset.
+/// `arena` into `into` (its length).
 ///
 /// # Errors
 /// The ring failed, or the payload does not lie in the arena (corrupt).
@@ -525,15 +564,14 @@ pub(crate) async fn copy_from_arena(
     ring: &mut RingReader,
     arena: Option<&ArenaView>,
     into: &mut [u8],
-) -> Result<u64, RingError> {
+) -> Result<(), RingError> {
     let offset = ring.read_word().await?;
     let Some(arena) = arena else {
         return Err(RingError::Corrupt(
             "a payload in a missing arena".to_string(),
         ));
     };
-    arena.copy_out(offset, into).map_err(RingError::Corrupt)?;
-    Ok(offset)
+    arena.copy_out(offset, into).map_err(RingError::Corrupt)
 }
 
 /// Reads message `seq`: its header, with the payloads (no more than
@@ -642,6 +680,7 @@ mod tests {
         };
         let pulled = v1::PulledTensor {
             version: 1,
+            arena: None,
             tensor: Some(tensor),
         };
         v1::SessionAnswer {
@@ -653,6 +692,64 @@ mod tests {
         }
     }
 
+    /// An answer pulling `named` tensors, each as its bytes.
+    fn pulling(named: Vec<(&str, Bytes)>) -> v1::SessionAnswer {
+        let mut answer = pulled(Bytes::new());
+        let Some(Outcome::Pull(pull)) = &mut answer.outcome else {
+            unreachable!("a pull's answer")
+        };
+        let one = pull.tensors.pop().expect("one tensor");
+        pull.tensors = named
+            .into_iter()
+            .map(|(name, data)| {
+                let mut pulled = one.clone();
+                let tensor = pulled.tensor.as_mut().expect("a tensor");
+                (tensor.name, tensor.shape) = (name.to_string(), vec![data.len() as u64 / 4]);
+                tensor.data = data;
+                pulled
+            })
+            .collect();
+        answer
+    }
+
+    /// An answer says where each of its pulled values lie in the arena (from
+    /// a block's start), and the worker remembers it by key and reads them
+    /// there; values on the heap get no spot. A spot told of a block freed
+    /// before the worker reads it never reads the block placed there next,
+    /// another key's.
+    #[test]
+    fn an_answer_tells_where_its_values_lie_and_a_freed_blocks_spot_reads_nothing() {
+        let arena = Arena::create(1 << 20).unwrap();
+        arena.publish_map(Some(0));
+        let file = arena.file().try_clone_to_owned().unwrap();
+        let view = ArenaView::open(file, arena.bytes(), true).unwrap();
+        let block = Arc::new(arena.block(&[2.0f32; ARENA_FROM_BYTES / 4]).unwrap());
+        block.publish(Some(3));
+        let in_arena = crate::arena::shared_bytes(Arc::clone(&block));
+        let on_heap = Bytes::from(vec![0u8; ARENA_FROM_BYTES]);
+        let mut answer = pulling(vec![("a", in_arena.clone()), ("b", on_heap)]);
+        tell_spots(&mut answer, &arena);
+        remember_spots(&mut answer, &view);
+        let spot = view.spot_of(&ParamKey::new("a", 0)).expect("told");
+        let at = arena.offset_of(&in_arena).unwrap();
+        assert_eq!((spot.offset, spot.len), (at, ARENA_FROM_BYTES as u64));
+        assert_eq!(view.spot_of(&ParamKey::new("b", 0)), None, "on the heap");
+        let mut into = vec![0u8; ARENA_FROM_BYTES];
+        assert_eq!(view.read_current(spot, (3, 0), &mut into), Some(3));
+        assert_eq!(into, in_arena);
+
+        drop((answer, in_arena));
+        drop(Arc::into_inner(block).expect("the last holder"));
+        let other = arena.block(&[9.0f32; ARENA_FROM_BYTES / 4]).unwrap();
+        other.publish(Some(5));
+        assert_eq!(
+            other.offset(),
+            spot.offset,
+            "placed where the freed one was"
+        );
+        assert_eq!(view.read_current(spot, (0, 0), &mut into), None);
+    }
+
     /// A payload in the arena goes as one word, its offset, and a reader
     /// given the arena's view reads the values from there; a reader without
     /// one refuses the message, and one given an offset past the arena's end
@@ -660,7 +757,7 @@ mod tests {
     #[tokio::test]
     async fn a_payload_in_the_arena_goes_by_its_offset_and_is_read_from_there() {
         let arena = crate::arena::Arena::create(1 << 20).unwrap();
-        let values: Vec<f32> = (0..ARENA_FROM_BYTES / 4).map(|i| i as f32).collect();
+        let values: Vec<f32> = (0..LEND_FROM_BYTES / 4).map(|i| i as f32).collect();
         let block = Arc::new(arena.block(&values).unwrap());
         let bytes = crate::arena::shared_bytes(Arc::clone(&block));
         let mut message = Encoded::of(pulled(bytes.clone()));

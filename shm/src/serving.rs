@@ -367,11 +367,14 @@ impl Answers {
         if let Some(why) = self.ended {
             return Err(SessionEnded(why));
         }
-        let Ok(answer) = answer else {
+        let Ok(mut answer) = answer else {
             self.ended = Some("this side ended the session");
             self.task.abort();
             return Ok(());
         };
+        if let Some(lending) = &self.lending {
+            lending.tell_spots(&mut answer);
+        }
         let mut message = Encoded::of(answer);
         if let Some(lending) = &self.lending {
             // Kept before the worker can read it: its release may come as

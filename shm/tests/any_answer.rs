@@ -16,6 +16,7 @@ fn pulled(id: u64, values: &[u8]) -> v1::SessionAnswer {
         outcome: Some(v1::session_answer::Outcome::Pull(v1::PullResponse {
             tensors: vec![v1::PulledTensor {
                 version: 1,
+                arena: None,
                 tensor: Some(v1::Tensor {
                     name: "w".into(),
                     part: 0,

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use ps_proto::v1;
 use ps_proto::v1::session_answer::Outcome;
 use ps_proto::v1::session_request::Op;
-use ps_shm::arena::{ARENA_FROM_BYTES, Arena, Block};
+use ps_shm::arena::{Arena, Block, LEND_FROM_BYTES};
 use ps_shm::handshake::in_process_ends_with;
 use ps_shm::lent::LEND_AT_BYTES;
 use ps_shm::pool::BufferPool;
@@ -56,6 +56,7 @@ fn pulled(id: u64, block: &Arc<Block>) -> v1::SessionAnswer {
         outcome: Some(Outcome::Pull(v1::PullResponse {
             tensors: vec![v1::PulledTensor {
                 version: 1,
+                arena: None,
                 tensor: Some(tensor),
             }],
         })),
@@ -109,10 +110,10 @@ async fn values_in_the_arena_are_read_from_it_and_held_until_the_worker_is_done(
     request(&mut serving, &working, 10).await;
     assert_eq!(Arc::strong_count(&large), 1, "let go once released");
 
-    // Between the arena's threshold and the lending one: read whole, and
-    // released as soon as it is.
-    let middle = block(&arena, ARENA_FROM_BYTES / 4, 7.0);
-    const { assert!((ARENA_FROM_BYTES as u64) < LEND_AT_BYTES) };
+    // Lent by its offset, but below what a worker reads while lent: read
+    // whole, and released as soon as it is.
+    let middle = block(&arena, LEND_FROM_BYTES / 4, 7.0);
+    const { assert!((LEND_FROM_BYTES as u64) < LEND_AT_BYTES) };
     serving.answers.send(Ok(pulled(2, &middle))).await.unwrap();
     let answer = working.answers.next().await.unwrap().unwrap();
     assert!(answer.lent.is_none());

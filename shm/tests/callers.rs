@@ -85,6 +85,7 @@ async fn a_read_cut_off_before_it_moved_the_ring_leaves_the_session_as_it_was() 
 fn pulled(id: u64, bytes: usize) -> v1::SessionAnswer {
     let tensor = v1::PulledTensor {
         version: id,
+        arena: None,
         tensor: Some(v1::Tensor {
             name: "w".into(),
             part: 0,

@@ -46,6 +46,7 @@ fn pulled(id: u64, payloads: &[Vec<u8>]) -> v1::SessionAnswer {
         .enumerate()
         .map(|(i, data)| v1::PulledTensor {
             version: id,
+            arena: None,
             tensor: Some(v1::Tensor {
                 name: format!("w{i}"),
                 part: 0,

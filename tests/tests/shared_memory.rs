@@ -286,16 +286,29 @@ async fn pushes(addr: &str) -> u64 {
     stats(addr).await.pushes
 }
 
-/// A large key a pull found in the server's values arena is read there
-/// again with no request, at each version it reaches, with the values a
-/// request gives; a pull for a version the key has not reached still goes
-/// to the server, and waits there.
+/// A large key a pull found in the server's values arena (its answer lent
+/// from there) is read there again with no request, at each version it
+/// reaches, with the values a request gives; a pull for a version the key
+/// has not reached still goes to the server, and waits there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_key_pulled_once_is_read_again_from_the_arena_at_each_version() {
+    read_again_from_the_arena_at_each_version(LARGE).await;
+}
+
+/// The same for a 4 KiB key, whose answers are copied through the ring:
+/// the answer says where its values lie in the arena.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_key_pulled_once_is_read_again_from_the_arena_at_each_version() {
+    read_again_from_the_arena_at_each_version(1024).await;
+}
+
+/// A key of `len` values pulled once, then read from the arena with no
+/// request at each version it reaches (see the two tests above).
+async fn read_again_from_the_arena_at_each_version(len: usize) {
     let servers = server(DataPathMode::Shm, TransportConfig::default()).await;
     let addr = servers.addrs()[0].clone();
-    let client = client_placing(servers.addrs(), DataPathMode::Shm, &[("big", LARGE)]).await;
-    let initial = [ParamBytes::new("big", values(LARGE, |i| i as f32))];
+    let client = client_placing(servers.addrs(), DataPathMode::Shm, &[("big", len)]).await;
+    let initial = [ParamBytes::new("big", values(len, |i| i as f32))];
     let registered = client.register(&initial, &optim::sgd(0.5)).await;
     registered.expect("register");
     let pulls = async || stats(&addr).await.pulls;
@@ -307,7 +320,7 @@ async fn a_large_key_pulled_once_is_read_again_from_the_arena_at_each_version() 
     assert_eq!(again["big"].version, Version(0));
     assert_eq!(pulls().await, asked, "read from the arena, not asked for");
 
-    let grads = [ParamBytes::new("big", values(LARGE, |i| (i % 5) as f32))];
+    let grads = [ParamBytes::new("big", values(len, |i| (i % 5) as f32))];
     let mut into = BTreeMap::new();
     let (waiting, pushed) = tokio::join!(client.pull_into(Version(1), &mut into), async {
         // The pull of version 1 is at the server before the push that
@@ -316,9 +329,7 @@ async fn a_large_key_pulled_once_is_read_again_from_the_arena_at_each_version() 
     });
     waiting.expect("a pull that waited for version 1");
     assert_eq!(pushed, 1);
-    let expected: Vec<f32> = (0..LARGE)
-        .map(|i| i as f32 - 0.5 * (i % 5) as f32)
-        .collect();
+    let expected: Vec<f32> = (0..len).map(|i| i as f32 - 0.5 * (i % 5) as f32).collect();
     assert_eq!(into["big"].values, expected);
     assert_eq!(into["big"].version, Version(1));
 
@@ -329,7 +340,7 @@ async fn a_large_key_pulled_once_is_read_again_from_the_arena_at_each_version() 
         (expected.as_slice(), Version(1))
     );
     assert_eq!(pulls().await, asked, "read from the arena again");
-    let grpc = client_placing(servers.addrs(), DataPathMode::Grpc, &[("big", LARGE)]).await;
+    let grpc = client_placing(servers.addrs(), DataPathMode::Grpc, &[("big", len)]).await;
     let requested = grpc.pull(Version(0)).await.expect("a pull over gRPC");
     assert_eq!(requested["big"].values, expected, "what a request gives");
 }
