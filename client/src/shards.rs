@@ -648,14 +648,14 @@ impl Shards {
 /// at `min_version` or later, routed by shard map `routed_by`
 /// ([`PartSink::read_direct`]): those read, and those left to pull. Only a
 /// session open through shared memory with an arena has any, and only parts
-/// a pull found in the arena before.
+/// of [`ARENA_FROM_BYTES`] or more whose place an earlier pull's answer said.
 async fn read_direct<'a>(
     server: &Server,
     sinks: Vec<PartSink<'a>>,
     wanted: (Version, MapVersion),
 ) -> (Vec<PartSink<'a>>, Vec<PartSink<'a>>) {
-    let bytes: usize = sinks.iter().map(PartSink::byte_len).sum();
-    let arena = match bytes >= ARENA_FROM_BYTES {
+    let in_arena = |sink: &PartSink<'_>| sink.byte_len() >= ARENA_FROM_BYTES;
+    let arena = match sinks.iter().any(in_arena) {
         true => server.values_arena().await,
         false => None,
     };
@@ -664,7 +664,7 @@ async fn read_direct<'a>(
     };
     let (mut read, mut left) = (Vec::new(), Vec::new());
     for mut sink in sinks {
-        match sink.read_direct(&arena, wanted) {
+        match in_arena(&sink) && sink.read_direct(&arena, wanted) {
             true => read.push(sink),
             false => left.push(sink),
         }

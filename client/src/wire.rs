@@ -228,7 +228,7 @@ impl<'a> PartSink<'a> {
     }
 
     /// Reads the whole part straight from the server's values `arena`, with
-    /// no request, when a pull found it there before and its block still
+    /// no request, when an earlier pull's answer said where it lies and that block still
     /// holds the key's current values, at `min_version` or later, unchanged
     /// while they were copied, with the server serving by shard map
     /// `routed_by`, or routed by none ([`ArenaView::read_current`]). False

@@ -45,6 +45,14 @@ impl ParamSpec {
         self.header.len()
     }
 
+    /// `arena`, for a key whose values it may hold: one pulled in `f32`.
+    /// Workers copy only `f32` values out of the arena (a half-precision
+    /// pull is a snapshot on the heap), so another dtype's values there
+    /// would only take whole pages for nothing.
+    pub fn arena_for<'a>(&self, arena: Option<&'a Arc<Arena>>) -> Option<&'a Arc<Arena>> {
+        arena.filter(|_| self.header.dtype == DType::F32)
+    }
+
     /// The most bytes a key of this spec holds, charged to the memory budget when
     /// it is registered: its `f32` values, optimizer state, a BSP accumulator
     /// (whenever the consistency model is BSP, whose group may grow) and one

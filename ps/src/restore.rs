@@ -88,14 +88,14 @@ pub struct Offered<'a> {
 }
 
 /// A key this server lacks, built from the best source; logs the choice.
-/// A worker's values go straight into `arena` when it holds large keys.
+/// A worker's values go straight into `arena` when the key belongs there.
 pub fn new_key(
     spec: &ParamSpec,
     offered: Offered<'_>,
     (archive, arena): (Option<&Archive>, Option<&Arc<Arena>>),
 ) -> KeyState {
     let values = || match offered.values {
-        Some(values) => Values::copied_into(values, arena),
+        Some(values) => Values::copied_into(values, spec.arena_for(arena)),
         None => Values::new(vec![0.0; spec.len()]),
     };
     let saved = archive.and_then(|a| a.lookup(&spec.header.key, offered.version > Version(0)));
@@ -141,7 +141,7 @@ pub fn refresh_key(
     };
     tracing::warn!(key = %spec.header.key, had = %state.version(), version = %offered.version, "a worker holds a newer copy of this key; taking its values (optimizer state kept)");
     state.restore(
-        Values::copied_into(values, arena),
+        Values::copied_into(values, spec.arena_for(arena)),
         offered.version,
         offered.ranks,
     );

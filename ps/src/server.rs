@@ -200,7 +200,7 @@ pub async fn run_with_metrics(
 
 /// The shard's store: its pull waits end when the shutdown begins, it
 /// restores keys from the checkpoint folder when there is one, and it keeps
-/// large keys in the values arena when there is one.
+/// keys of 2 KiB or more in the values arena when there is one.
 fn open_store(
     config: &ServerConfig,
     shutdown_begun: &CancellationToken,

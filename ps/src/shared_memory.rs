@@ -28,15 +28,19 @@ const HANDSHAKES_AT_ONCE: usize = 16;
 /// How long the accept loop waits after the socket fails to accept.
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// The values arena large keys live in when `config` offers shared memory,
-/// sized to the memory budget (its pages are made only as values fill
-/// them). Without one (the system refused it, which is logged), workers on
-/// this host still use shared memory, their pulls copied through the ring.
+/// The values arena the keys of `ARENA_FROM_BYTES` or more live in when
+/// `config` offers shared memory, sized to twice the memory budget (its
+/// pages are made only as values fill them). The budget charges a key its
+/// values at least twice over (with the copy an update makes while a pull
+/// holds them), but a block takes whole pages: keys of 2 KiB fill one of
+/// twice their size, and twice the budget leaves room for the copies.
+/// Without one (the system refused it, which is logged), workers on this
+/// host still use shared memory, their pulls copied through the ring.
 pub(crate) fn arena(config: &ServerConfig) -> Option<Arc<Arena>> {
     if !config.shared_memory.mode.tries_shm() {
         return None;
     }
-    match Arena::create(config.memory_budget as u64) {
+    match Arena::create((config.memory_budget as u64).saturating_mul(2)) {
         Ok(arena) => Some(arena),
         Err(error) => {
             tracing::warn!(%error, "no values arena; shared-memory pulls are copied through the ring");

@@ -115,7 +115,7 @@ pub struct Store {
     workers: AtomicU32,
     map: AppliedMap,
     archive: Option<Archive>,
-    /// Where large keys' values go, for workers on this host to read.
+    /// Where `f32` keys' values of 2 KiB or more go, for workers on this host to read.
     arena: Option<Arc<Arena>>,
     budget: Arc<MemoryBudget>,
     counters: Counters,
@@ -160,7 +160,7 @@ impl Store {
         self
     }
 
-    /// Keeps large keys' values in `arena`, which workers with a shared-memory
+    /// Keeps `f32` keys' values of 2 KiB or more in `arena`, which workers with a shared-memory
     /// session map read-only, so that their pulls copy the values once.
     pub fn with_arena(mut self, arena: Option<Arc<Arena>>) -> Self {
         if let Some(arena) = &arena {
@@ -786,7 +786,7 @@ fn insert_or_refresh(
     }
     let mut state = new_key(&spec, offered, (archive, arena));
     // A key resumed from a checkpoint comes on the heap.
-    if let Some(arena) = arena {
+    if let Some(arena) = spec.arena_for(arena) {
         state.place_in(arena);
     }
     let version = state.version();

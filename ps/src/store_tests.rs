@@ -260,8 +260,39 @@ fn a_key_given_twice_is_named_among_few_keys_and_among_many() {
     }
 }
 
-/// A store keeping large keys in a values arena: a key of 64 KiB or more is
-/// pulled from the arena (its bytes lie in it), a smaller one from the heap,
+/// Only keys pulled in `f32` take the arena's pages: a bf16 key's pulls are
+/// snapshots on the heap, so its values stay there too, and an `f32` key
+/// registered after it finds the arena's one page free.
+#[tokio::test]
+async fn a_half_precision_key_leaves_the_arena_to_f32_keys() {
+    let arena = ps_shm::arena::Arena::create(ps_shm::arena::PAGE).unwrap();
+    let store = store(Consistency::Asp, 1).with_arena(Some(Arc::clone(&arena)));
+    let len = ps_shm::arena::ARENA_FROM_BYTES / 4;
+    let half = ParamSpec {
+        header: TensorHeader::new(key("half"), DType::BF16, vec![len]),
+        ..spec("half", len)
+    };
+    let values = TensorData::from_f32(DType::BF16, vec![len], &vec![1.0; len]);
+    store
+        .register(vec![(half, Some(values))], Version(0))
+        .expect("register");
+    let full = vec![(spec("full", len), Some(tensor(&vec![1.0; len])))];
+    store.register(full, Version(0)).expect("register");
+    let pulled = store
+        .pull(
+            &[key("full")],
+            Version(0),
+            Duration::from_secs(1),
+            MapVersion(0),
+        )
+        .await
+        .expect("pull")
+        .remove(0);
+    assert!(arena.offset_of(&pulled.data).is_some(), "the page was free");
+}
+
+/// A store keeping keys in a values arena: a key of `ARENA_FROM_BYTES` or
+/// more is pulled from the arena (its bytes lie in it), a smaller one from the heap,
 /// and a push under a pull that holds the old values leaves that pull's
 /// version as it was.
 #[tokio::test]

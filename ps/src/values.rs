@@ -3,10 +3,10 @@
 //! values themselves, with no snapshot copy; an update copies them only while a
 //! pull still holds the version it replaces.
 //!
-//! A large key's values may live in the server's values arena
-//! ([`ps_shm::arena`]), which workers on its host map read-only: a pull over
-//! shared memory then sends where they are, and the worker copies them
-//! once. A copy made for an update goes into the same arena when it has
+//! The values of an `f32` key of 2 KiB or more (`ARENA_FROM_BYTES`) may live
+//! in the server's values arena ([`ps_shm::arena`]), which workers on its host
+//! map read-only: a pull over shared memory then says where they are (and
+//! for 64 KiB or more sends them so, the worker copying them once). A copy made for an update goes into the same arena when it has
 //! room, and onto the heap when not. While they are the key's current
 //! values, their block's stamp says at which version ([`Values::publish`]),
 //! so that a worker may read them again with no request; an update in place

@@ -48,9 +48,9 @@ pub const PAGE: u64 = 4096;
 
 /// Keys of at least this many bytes of values are kept in the arena, where
 /// a worker reads them again with no request ([`ArenaView::read_current`]);
-/// smaller ones stay on the heap. A block takes whole pages, so a key of
-/// this size takes a page and leaves half of it unused, and a larger one
-/// less. (A 4 KiB key split over two servers is two parts of this size.)
+/// smaller ones stay on the heap. A block takes whole pages, so up to a page
+/// less a few bytes is left unused: half of a key of this size's page. (A
+/// 4 KiB key split over two servers is two parts of this size.)
 pub const ARENA_FROM_BYTES: usize = 2 << 10;
 
 /// An answer's payloads of at least this many bytes that lie in the arena
@@ -453,10 +453,11 @@ impl ArenaView {
     /// Remembers that a pull's answer found `key`'s values at `spot`, as
     /// the server said ([`Arena::spot_of`]). Nothing is remembered from an
     /// arena without stamps, for a block with no id, or for a spot that
-    /// does not lie in the mapping.
+    /// does not start a page of the mapping and lie in it.
     pub fn remember(&self, key: &ParamKey, spot: Spot) {
         let fits = usize::try_from(spot.len).is_ok_and(|len| self.holds(spot.offset, len));
-        if spot.id == 0 || !fits || self.stamp(spot.offset).is_none() {
+        let starts_a_page = spot.offset % PAGE == 0;
+        if spot.id == 0 || !fits || !starts_a_page || self.stamp(spot.offset).is_none() {
             return;
         }
         self.lock_spots().insert(key.clone(), spot);
