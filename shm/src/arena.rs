@@ -199,7 +199,7 @@ impl Arena {
         let data_from = self.stamp_pages * PAGE;
         let offset = self
             .offset_of(bytes)
-            .filter(|&at| at % PAGE == 0 && at >= data_from)?;
+            .filter(|&at| at.is_multiple_of(PAGE) && at >= data_from)?;
         // A stamp names a block only on its first page, and only while it
         // lives (a freed block's is cleared).
         let said = self.stamp(offset).read().filter(|said| said.id != 0)?;
@@ -456,7 +456,7 @@ impl ArenaView {
     /// does not start a page of the mapping and lie in it.
     pub fn remember(&self, key: &ParamKey, spot: Spot) {
         let fits = usize::try_from(spot.len).is_ok_and(|len| self.holds(spot.offset, len));
-        let starts_a_page = spot.offset % PAGE == 0;
+        let starts_a_page = spot.offset.is_multiple_of(PAGE);
         if spot.id == 0 || !fits || !starts_a_page || self.stamp(spot.offset).is_none() {
             return;
         }
