@@ -6,8 +6,9 @@
 //! The values of an `f32` key of 2 KiB or more (`ARENA_FROM_BYTES`) may live
 //! in the server's values arena ([`ps_shm::arena`]), which workers on its host
 //! map read-only: a pull over shared memory then says where they are (and
-//! for 64 KiB or more sends them so, the worker copying them once). A copy made for an update goes into the same arena when it has
-//! room, and onto the heap when not. While they are the key's current
+//! for 64 KiB or more sends them so, the worker copying them once). A copy
+//! made for an update goes into the same arena when it has room, and onto
+//! the heap when not (for good: later copies follow). While they are the key's current
 //! values, their block's stamp says at which version ([`Values::publish`]),
 //! so that a worker may read them again with no request; an update in place
 //! is bracketed by the stamp, and values superseded (copied for an update
