@@ -73,13 +73,18 @@ fn push(store: &Store, worker: u32, step: u64, grad: f32) -> Result<Vec<Pushed>>
     )
 }
 
-async fn values(store: &Store, name: &str) -> (Vec<f32>, u64) {
+/// `name`'s values as a pull of version 0 gets them.
+async fn pulled(store: &Store, name: &str) -> crate::entry::Pulled {
     let keys = [key(name)];
-    let pulled = store
+    store
         .pull(&keys, Version(0), Duration::from_secs(1), MapVersion(0))
         .await
         .expect("pull")
-        .remove(0);
+        .remove(0)
+}
+
+async fn values(store: &Store, name: &str) -> (Vec<f32>, u64) {
+    let pulled = pulled(store, name).await;
     let data =
         TensorData::new(pulled.header.dtype, pulled.header.shape, pulled.data).expect("decode");
     (data.to_f32_vec(), pulled.version.get())
@@ -278,17 +283,8 @@ async fn a_half_precision_key_leaves_the_arena_to_f32_keys() {
         .expect("register");
     let full = vec![(spec("full", len), Some(tensor(&vec![1.0; len])))];
     store.register(full, Version(0)).expect("register");
-    let pulled = store
-        .pull(
-            &[key("full")],
-            Version(0),
-            Duration::from_secs(1),
-            MapVersion(0),
-        )
-        .await
-        .expect("pull")
-        .remove(0);
-    assert!(arena.offset_of(&pulled.data).is_some(), "the page was free");
+    let full = pulled(&store, "full").await;
+    assert!(arena.offset_of(&full.data).is_some(), "the page was free");
 }
 
 /// A store keeping keys in a values arena: a key of `ARENA_FROM_BYTES` or
@@ -305,33 +301,22 @@ async fn large_keys_live_in_the_arena_and_a_held_pull_keeps_its_version() {
         (spec("small", 4), Some(tensor(&[1.0; 4]))),
     ];
     store.register(params, Version(0)).expect("register");
-    let pull = |name: &'static str| {
-        let store = &store;
-        async move {
-            store
-                .pull(
-                    &[key(name)],
-                    Version(0),
-                    Duration::from_secs(1),
-                    MapVersion(0),
-                )
-                .await
-                .expect("pull")
-                .remove(0)
-        }
-    };
-    let held = pull("big").await;
+    let held = pulled(&store, "big").await;
     assert!(
         arena.offset_of(&held.data).is_some(),
         "pulled from the arena"
     );
-    assert!(arena.offset_of(&pull("small").await.data).is_none());
+    assert!(
+        arena
+            .offset_of(&pulled(&store, "small").await.data)
+            .is_none()
+    );
     let grad = vec![0.5; large];
     store
         .push(Rank(0), Step(0), vec![(key("big"), tensor(&grad))])
         .unwrap();
     assert_eq!(&held.data[..4], 1.0f32.to_le_bytes(), "the held version");
-    let after = pull("big").await;
+    let after = pulled(&store, "big").await;
     assert!(
         arena.offset_of(&after.data).is_some(),
         "the copy is in the arena"
