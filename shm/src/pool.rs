@@ -35,8 +35,8 @@ pub const KEPT_BUFFERS: usize = 64;
 /// Payloads smaller than this never pass through the pool: the allocator's
 /// own per-thread caches hand them out with no page faults, where the pool
 /// takes its lock three times a payload (to take, lend and give back), a
-/// lock the server's sessions share across threads. At 4 KiB pushes with 2
-/// servers and 2 workers, the pool was 6 % of each server's samples.
+/// lock all of a server's sessions share. At 4 KiB pushes with 2 servers
+/// and 2 workers, the pool was about 6 % of each server's samples.
 pub const POOLED_FROM: usize = 16 << 10;
 
 /// What a lent buffer keeps alive until its last clone drops, such as the
