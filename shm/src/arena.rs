@@ -14,10 +14,10 @@
 //! file descriptor opened read-only. So nobody but the server writes the
 //! arena's bytes, and the server may hold Rust references to its own blocks.
 //!
-//! A worker can read every value of this server's keys in the arena through its
-//! view, as it could by pulling them. The file is sized to the server's
-//! memory budget and made sparse: a page takes memory only once a block
-//! that holds it is written. A freed block's pages stay made, for the next
+//! A worker can read every value of this server's keys in the arena through
+//! its view, as it could by pulling them. The file is sized by the server
+//! (twice its memory budget: `ps_server`'s `shared_memory::arena`) and made
+//! sparse: a page takes memory only once a block that holds it is written. A freed block's pages stay made, for the next
 //! block placed there.
 //!
 //! The file starts with a [stamp](crate::stamp) per page. A block's stamp
