@@ -21,6 +21,8 @@
 //!   copies bypass the cache.
 //! - [`bell`]: doorbells (pipes, or in-process for a session on one runtime),
 //!   rung only for a side that sleeps.
+//! - [`stores`]: whether a ring writer copies a large write in with ordinary
+//!   or streaming stores, by what each has cost it lately.
 //! - [`ring`]: a single-producer, single-consumer ring of words with spinning,
 //!   then sleeping, waits.
 //! - [`message`]: session requests and answers on a ring, tensors as raw bytes,
@@ -56,6 +58,7 @@ pub mod region;
 pub mod ring;
 pub mod serving;
 pub mod stamp;
+pub mod stores;
 
 pub use caller::{AnswerReader, AnswerRing, Closed, Queued, RequestRing, Sent, worker_rings};
 pub use handshake::{HandshakeError, Offers, SMALLEST_RING_BYTES, admit, connect, connect_asking};

@@ -146,14 +146,30 @@ impl Region {
     /// # Panics
     /// The bytes run past the region's end (a bug in the caller, which
     /// works out every span from its own positions).
-    #[allow(unsafe_code)]
     pub fn copy_in(&self, word: usize, from: &[u8]) {
+        self.copy_in_by(word, from, false);
+    }
+
+    /// [`Region::copy_in`], with stores that bypass the cache when
+    /// `streaming` (then the bytes are in memory, in order with this
+    /// thread's later stores, when it returns).
+    ///
+    /// # Panics
+    /// As [`Region::copy_in`].
+    #[allow(unsafe_code)]
+    pub fn copy_in_by(&self, word: usize, from: &[u8], streaming: bool) {
         let at = self.byte_span(word, from.len());
         // SAFETY: `byte_span` checked that `at..at + from.len()` lies in the
         // mapping, which stays mapped (and sealed at its size) while `self`
         // lives. Only raw pointers touch the shared bytes, never a reference,
         // and `from` is this process's own memory, so the two cannot overlap.
-        unsafe { copy::copy(from.as_ptr(), self.map.as_mut_ptr().add(at), from.len()) };
+        unsafe {
+            let to = self.map.as_mut_ptr().add(at);
+            match streaming {
+                true => copy::copy_streaming(from.as_ptr(), to, from.len()),
+                false => copy::copy(from.as_ptr(), to, from.len()),
+            }
+        };
     }
 
     /// Copies the region's bytes from word `word` on into `into`.

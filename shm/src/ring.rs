@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use crate::bell::{Bell, Ringer};
 use crate::copy::Mark;
 use crate::region::Region;
+use crate::stores::{Kind, Stores};
 
 /// How long a side with nothing to do polls before it sleeps on its bell:
 /// longer than a small model's compute between two exchanges (about 65 µs
@@ -391,6 +392,8 @@ pub struct RingWriter {
     /// A `head` the reader stored: a later one lower than this is corrupt,
     /// not a smaller room to wait for.
     head_seen: AtomicU64,
+    /// How large writes are copied in.
+    stores: Stores,
 }
 
 /// The reading end of a ring.
@@ -427,15 +430,21 @@ impl RingWriter {
             tail,
             published: tail,
             head_seen: AtomicU64::new(0),
+            stores: Stores::default(),
         }
     }
 
     /// Writes `bytes` as whole words (the last one padded with zeros), waiting
-    /// for room as the reader frees it.
+    /// for room as the reader frees it. A large write is copied by the
+    /// stores that have cost least lately, and timed, waits included, for
+    /// the next choice ([`crate::stores`]).
     ///
     /// # Errors
     /// The reader's `head` is corrupt, or the bell failed.
     pub async fn write(&mut self, bytes: &[u8]) -> Result<(), RingError> {
+        let kind = self.stores.pick(bytes.len());
+        let streaming = kind == Some(Kind::Streaming);
+        let started = kind.map(|_| Instant::now());
         let mut done = 0;
         while done < bytes.len() {
             let left = (bytes.len() - done).div_ceil(8) as u64;
@@ -444,7 +453,7 @@ impl RingWriter {
             let now = (len * 8).min(bytes.len() - done);
             let whole = now - now % 8;
             let region = &self.end.region;
-            region.copy_in(first, &bytes[done..done + whole]);
+            region.copy_in_by(first, &bytes[done..done + whole], streaming);
             if whole < now {
                 let mut last = [0u8; 8];
                 last[..now - whole].copy_from_slice(&bytes[done + whole..done + now]);
@@ -455,6 +464,9 @@ impl RingWriter {
             if self.tail - self.published >= PUBLISH_WORDS {
                 self.flush();
             }
+        }
+        if let (Some(kind), Some(started)) = (kind, started) {
+            self.stores.learn(kind, bytes.len(), started.elapsed());
         }
         Ok(())
     }
@@ -831,6 +843,40 @@ mod tests {
         );
         let error = writer.write(&[1u8; 8]).await.unwrap_err();
         assert!(matches!(error, RingError::Corrupt(_)), "{error}");
+    }
+
+    /// Large writes through a ring smaller than each, by both kinds of
+    /// stores (each kind has a first round of its own), arrive exact and
+    /// in order, odd lengths included.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn large_writes_arrive_exact_whichever_stores_copy_them() {
+        let ring_bytes = crate::handshake::SMALLEST_RING_BYTES;
+        let (mut writer, mut reader, _, _) = in_process(ring_bytes).unwrap();
+        let writes: Vec<Vec<u8>> = (0..2 * crate::stores::TRIAL_ROUND as usize + 1)
+            .map(|n| {
+                let len = 2 * ring_bytes as usize + 8 * n + n % 8;
+                (0..len).map(|i| (i * 31 + n) as u8).collect()
+            })
+            .collect();
+        let expected = writes.clone();
+        let writing = tokio::spawn(async move {
+            for bytes in &writes {
+                writer.write(bytes).await.unwrap();
+            }
+            writer.flush();
+            writer
+        });
+        for bytes in expected {
+            let mut read = vec![0u8; bytes.len().next_multiple_of(8)];
+            reader.read(&mut read).await.unwrap();
+            assert_eq!(&read[..bytes.len()], &bytes[..]);
+        }
+        let writer = writing.await.unwrap();
+        assert!(
+            writer.stores.picked_both(),
+            "both kinds of stores wrote: {:?}",
+            writer.stores
+        );
     }
 
     /// A reader with nothing to read sleeps once it has spun, which its
