@@ -291,7 +291,7 @@ mod tests {
                 let kind = stores.pick(LARGE).unwrap();
                 written += 1;
                 let per_byte = match kind {
-                    Kind::Ordinary if written % 8 == 0 => 300,
+                    Kind::Ordinary if written.is_multiple_of(8) => 300,
                     Kind::Ordinary => 10,
                     Kind::Streaming => 12,
                 };
