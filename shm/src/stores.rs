@@ -201,14 +201,24 @@ mod tests {
     /// Writes `n` large writes, each costing `ordinary` or `streaming`
     /// nanoseconds a byte by the kind picked; the kinds picked.
     fn write(stores: &mut Stores, n: u64, ordinary: u64, streaming: u64) -> Vec<Kind> {
+        write_costing(stores, n, |kind, _| match kind {
+            Kind::Ordinary => ordinary,
+            Kind::Streaming => streaming,
+        })
+    }
+
+    /// Writes `n` large writes, each costing what `per_byte` says for the
+    /// kind picked and the write's place in its round; the kinds picked.
+    fn write_costing(
+        stores: &mut Stores,
+        n: u64,
+        mut per_byte: impl FnMut(Kind, u64) -> u64,
+    ) -> Vec<Kind> {
         (0..n)
             .map(|_| {
                 let kind = stores.pick(LARGE).expect("a large write is measured");
-                let per_byte = match kind {
-                    Kind::Ordinary => ordinary,
-                    Kind::Streaming => streaming,
-                };
-                stores.learn(kind, LARGE, Duration::from_nanos(per_byte * LARGE as u64));
+                let cost = per_byte(kind, stores.picked);
+                stores.learn(kind, LARGE, Duration::from_nanos(cost * LARGE as u64));
                 kind
             })
             .collect()
@@ -286,19 +296,14 @@ mod tests {
         // or behind a reader that lost its core): their mean would be more
         // than twice streaming stores' cost, their median is not.
         let mut written = 0u64;
-        let kinds: Vec<Kind> = (0..2 * CYCLE)
-            .map(|_| {
-                let kind = stores.pick(LARGE).unwrap();
-                written += 1;
-                let per_byte = match kind {
-                    Kind::Ordinary if written.is_multiple_of(8) => 300,
-                    Kind::Ordinary => 10,
-                    Kind::Streaming => 12,
-                };
-                stores.learn(kind, LARGE, Duration::from_nanos(per_byte * LARGE as u64));
-                kind
-            })
-            .collect();
+        let kinds = write_costing(&mut stores, 2 * CYCLE, |kind, _| {
+            written += 1;
+            match kind {
+                Kind::Ordinary if written.is_multiple_of(8) => 300,
+                Kind::Ordinary => 10,
+                Kind::Streaming => 12,
+            }
+        });
         assert_eq!(count(&kinds, Kind::Ordinary), 2 * MAIN_ROUND);
     }
 
@@ -306,18 +311,13 @@ mod tests {
     fn a_rounds_first_writes_and_one_slow_write_do_not_turn_the_writer() {
         let mut stores = Stores::default();
         // Each round's first writes cost what the other kind left behind.
-        let kinds: Vec<Kind> = (0..FIRST + CYCLE)
-            .map(|_| {
-                let kind = stores.pick(LARGE).unwrap();
-                let per_byte = match (kind, stores.picked <= UNMEASURED) {
-                    (_, true) => 50,
-                    (Kind::Ordinary, false) => 1,
-                    (Kind::Streaming, false) => 3,
-                };
-                stores.learn(kind, LARGE, Duration::from_nanos(per_byte * LARGE as u64));
-                kind
-            })
-            .collect();
+        let kinds = write_costing(&mut stores, FIRST + CYCLE, |kind, picked| {
+            match (kind, picked <= UNMEASURED) {
+                (_, true) => 50,
+                (Kind::Ordinary, false) => 1,
+                (Kind::Streaming, false) => 3,
+            }
+        });
         assert_eq!(count(&kinds[FIRST as usize..], Kind::Ordinary), MAIN_ROUND);
         // A copy preempted midway measures far dearer once.
         stores.learn(
